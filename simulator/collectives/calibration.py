@@ -1,0 +1,98 @@
+"""Collective-model constants, one set per hardware generation, each with its source.
+
+A :class:`Calibration` says how far real NCCL falls short of the wires:
+
+* ``tier_efficiency`` derates link capacities per tier (protocol headers, PCIe and NIC
+  efficiency, kernel pipelining): the network runs on ``capacity x efficiency``;
+* ``nvls_efficiency`` is the extra factor of NVLink-SHARP reductions over plain NVLink
+  traffic (NCCL >= 2.28 itself uses 0.85 on Hopper and 0.74 on Blackwell,
+  ``nvlsEfficiency`` in tuning.cc);
+* NCCL's latency tables and protocol factors (:mod:`.nccl`) apply unless ``ideal``.
+
+``IDEAL`` turns every factor off and charges a fixed latency per pipeline step: with it
+the flow model must reproduce the textbook alpha-beta formulas exactly (tests).
+
+How the numbers were fitted: ``experiments/calibrate_nccl.py`` prints the fits and the
+error tables; the A100 constants use only the 1-2 host rows (8 and 16 GPUs) of
+``shared/reference/nccl-tests-azure-a100/all_reduce.csv``; the 4-16 host rows are the
+held-out check (tests/simulator/test_nccl_validation.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from topologies import ConfigError
+
+__all__ = ["Calibration", "CALIBRATIONS", "IDEAL", "get_calibration"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Calibration:
+    name: str
+    tier_efficiency: dict[str, float] = field(default_factory=lambda: {"nvlink": 1.0, "pcie": 1.0, "ib": 1.0,
+                                                                       "xrack": 1.0})
+    """Achieved fraction of each tier's link capacity (bus bandwidth / wire rate)."""
+    nvls_efficiency: float = 1.0
+    """NVLS reduction rate relative to derated NVLink (see module docstring)."""
+    ideal: bool = False
+    """No NCCL factors: fixed ``step_latency_s`` per step, all factors 1, no plateau."""
+    step_latency_s: float = 0.0
+    """Latency per pipeline step when ``ideal``."""
+    intra_latency_scale: float = 1.0
+    """Multiplies NCCL's base and intra-node latencies (platform and NCCL version differ)."""
+    inter_latency_scale: float = 1.0
+    """Multiplies NCCL's network latencies."""
+    ring_plateau: bool = True
+    """Apply NCCL's 1.4x latency factor to large multi-node ring all-reduces ("plateau
+    effect of ring", tuning.cc); off where large-message measurements show no such term."""
+    link_latency: bool = True
+    """Add the physical latency of inter-node routes (NCCL's graph.latencyInter)."""
+    source: str = ""
+
+
+_AZ = "shared/reference/nccl-tests-azure-a100/all_reduce.csv"
+_MB = "shared/reference/nccl_microbenchmarks.csv"
+
+CALIBRATIONS: dict[str, Calibration] = {
+    # A100, fitted on the 8- and 16-GPU rows of _AZ only (experiments/calibrate_nccl.py):
+    # tier efficiencies from the >= 1 GiB plateaus -- 8 GPUs reach 230.9 GB/s bus bandwidth
+    # of 300 GB/s NVLink (0.770); 2 hosts (ring over 8 HDR rails of 25 GB/s) 127.4 of 200
+    # (0.637); latency scales by least squares of log error over the 1 MiB - 16 GiB rows
+    # on a grid of 0.25: intra 2.0, inter 1.5.  NCCL's ring "plateau" factor is off: the
+    # 16-GPU rows above 256 MiB show no extra latency.  These rows come from an older
+    # NCCL on virtual machines, hence slower per-step latencies than tuning.cc's.
+    "ampere": Calibration(name="ampere", tier_efficiency={"nvlink": 0.770, "pcie": 1.0, "ib": 0.637, "xrack": 0.637},
+                          intra_latency_scale=2.0, inter_latency_scale=1.5, ring_plateau=False,
+                          source=f"{_AZ} (8 and 16 GPU rows)"),
+    # Hopper: H200 8-GPU ring all-reduce 367.2 GB/s bus bandwidth of 450 (0.816) and
+    # NVLS 480.0 GB/s at 16 GiB (_MB, stas00/ml-engineering, NCCL 2.27.7).  NVLS moves
+    # S(1 + 1/n) per GPU each way against ring's 2(n-1)/n S, so its rate over the derated
+    # NVLink is 480/367.2 x 1.125/1.75 = 0.840 (NCCL 2.28 uses 0.85 for Hopper).
+    # Scale-out: 4 x P5en (H200, EFA) ring all-reduce 364.9 GB/s bus bandwidth of 8 x 50 GB/s
+    # = 0.912 (_MB).  NCCL's latency tables as they are.
+    "hopper": Calibration(name="hopper", tier_efficiency={"nvlink": 0.816, "pcie": 1.0, "ib": 0.912, "xrack": 0.912},
+                          nvls_efficiency=0.840, source=f"{_MB} (H200 NVLS/ring 16 GiB rows, P5en 4-node row)"),
+    # Blackwell: no ring-only single-node figure in _MB yet; NVLink and network efficiency
+    # taken equal to Hopper's and NVLS scaled by NCCL 2.28's nvlsEfficiency ratio
+    # (0.74 / 0.85).  Provisional until the validation issue fits the P6-B200 rows.
+    "blackwell": Calibration(name="blackwell",
+                             tier_efficiency={"nvlink": 0.816, "pcie": 1.0, "ib": 0.912, "xrack": 0.912},
+                             nvls_efficiency=0.840 * 0.74 / 0.85,
+                             source="provisional: Hopper values, NVLS scaled by NCCL 2.28 nvlsEfficiency"),
+}
+
+IDEAL = Calibration(name="ideal", ideal=True, step_latency_s=0.0, link_latency=False,
+                    source="textbook alpha-beta: no efficiencies, fixed latency per step")
+
+
+def get_calibration(name_or_cal: "str | Calibration") -> Calibration:
+    if isinstance(name_or_cal, Calibration):
+        return name_or_cal
+    if name_or_cal == "ideal":
+        return IDEAL
+    try:
+        return CALIBRATIONS[name_or_cal]
+    except KeyError:
+        raise ConfigError("calibration", name_or_cal,
+                          f"unknown calibration; known: ideal, {', '.join(CALIBRATIONS)}") from None

@@ -1,0 +1,366 @@
+"""Collectives on the flow network: rendezvous, algorithm choice, latency, flows.
+
+Semantics (NCCL's): every member of a group issues the call; it starts when the last
+member arrives and completes for all members together.  Calls match by
+``(group_id, seq)`` -- the per-group sequence number -- and a member that issues a
+different kind or size under the same number is an error.  Point-to-point transfers
+match by a key both sides give (DESIGN.md: source stage, destination stage, chunk,
+micro-batch, phase).
+
+A started call waits its NCCL latency (:func:`.nccl.latency_us`; a fixed per-step
+alpha with the ideal calibration), then puts its plan's channel flows on the network;
+it completes when the last flow finishes.  Algorithm and protocol are chosen per call
+by least predicted time among those NCCL would enable (:func:`.nccl.enabled_algorithms`),
+unless forced.  The prediction is the same model without contention: latency plus the
+uncontended transfer time of the plan's flows, divided by NCCL's protocol/algorithm
+bandwidth factor; for the tree, whose bandwidth NCCL models as half the ring bus
+bandwidth, the prediction follows NCCL's formula.
+
+Everything is callbacks on simpy events: no process per collective, no ``AllOf``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import simpy
+
+from topologies import Cluster, ConfigError
+from topologies.specs import TIERS
+
+from ..maxmin import max_min_rates
+from ..network import FlowNetwork
+from . import nccl
+from .calibration import CALIBRATIONS, Calibration, get_calibration
+from .plans import Plan, alltoall_plan, node_blocks, nvls_plan, nvls_tree_plan, p2p_plan, ring_plan, tree_plan
+
+__all__ = ["CollectiveEngine", "CollectiveRecord", "CollectiveError", "KINDS", "effective_capacity"]
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
+
+
+class CollectiveError(RuntimeError):
+    """A program issued mismatched collectives (different kind or size at one sequence number)."""
+
+
+def effective_capacity(cluster: Cluster, cal: Calibration) -> np.ndarray:
+    """Link capacities derated by the calibration's per-tier efficiency."""
+    eff = np.array([cal.tier_efficiency.get(t.value, 1.0) for t in TIERS])
+    return cluster.link_capacity * eff[cluster.link_tier]
+
+
+@dataclass(slots=True)
+class CollectiveRecord:
+    """One completed call (for tests, timelines and reports)."""
+
+    group_id: int
+    seq: int
+    kind: str
+    size_bytes: float
+    algo: str
+    proto: str
+    arrive_s: float
+    start_s: float
+    end_s: float
+    latency_s: float
+
+
+@dataclass(slots=True)
+class _Call:
+    kind: str
+    size: float
+    expected: int
+    algo: str | None
+    proto: str | None
+    sizes: np.ndarray | None
+    root: int | None
+    arrived: int = 0
+    first_s: float = 0.0
+    event: simpy.Event | None = None
+    waiting: list = field(default_factory=list)
+
+
+class CollectiveEngine:
+    """Runs collectives of registered groups over a :class:`FlowNetwork`.
+
+    Parameters
+    ----------
+    env : simpy.Environment
+    cluster : Cluster
+    calibration : Calibration or name, optional
+        Defaults to the cluster GPU's generation.
+    network : FlowNetwork, optional
+        Share one network between several engines or other traffic; by default the
+        engine builds one on the calibrated link capacities.
+    """
+
+    def __init__(self, env: simpy.Environment, cluster: Cluster, calibration: "Calibration | str | None" = None,
+                 network: FlowNetwork | None = None):
+        self.env = env
+        self.cluster = cluster
+        self.cal = get_calibration(calibration) if calibration is not None else CALIBRATIONS[cluster.gpu.generation]
+        self.capacity = effective_capacity(cluster, self.cal)
+        self.net = network if network is not None else FlowNetwork(env, self.capacity)
+        self.groups: dict[int, tuple[int, ...]] = {}
+        self._calls: dict[tuple[int, int], _Call] = {}
+        self._p2p: dict[tuple, list] = {}
+        self._plan_cache: dict[tuple, tuple[Plan, float]] = {}
+        self.records: list[CollectiveRecord] = []
+        self.generation = cluster.gpu.generation
+        self.nvls_capable = cluster.gpu.nvls and cluster.nvlink_domain_size > 2
+
+    # -- groups ------------------------------------------------------------------------------
+    def register_group(self, members, group_id: int | None = None) -> int:
+        members = tuple(int(m) for m in members)
+        if len(set(members)) != len(members):
+            raise ConfigError("group", members, "a GPU appears twice in one group")
+        for m in members:
+            if not 0 <= m < self.cluster.num_gpus:
+                raise ConfigError("group", m, f"GPU ids must be in [0, {self.cluster.num_gpus})")
+        gid = len(self.groups) if group_id is None else group_id
+        if gid in self.groups and self.groups[gid] != members:
+            raise ConfigError("group_id", gid, "already registered with other members")
+        self.groups[gid] = members
+        return gid
+
+    # -- plans and prediction ----------------------------------------------------------------
+    def plan(self, members: tuple[int, ...], kind: str, algo: str, root: int | None = None) -> tuple[Plan, float]:
+        """The plan and its uncontended seconds per payload byte (cached)."""
+        key = (members, kind, algo, root)
+        hit = self._plan_cache.get(key)
+        if hit is not None:
+            return hit
+        c = self.cluster
+        if algo == "ring":
+            p = ring_plan(c, members, kind, root)
+        elif algo == "tree":
+            p = tree_plan(c, members)
+        elif algo == "nvls":
+            p = nvls_plan(c, members)
+        elif algo == "nvls_tree":
+            p = nvls_tree_plan(c, members)
+        else:
+            raise ConfigError("algo", algo, f"unknown algorithm; known: {', '.join(nccl.ALGORITHMS)}")
+        spb = self._seconds_per_byte(p)
+        self._plan_cache[key] = (p, spb)
+        return p, spb
+
+    def _seconds_per_byte(self, p: Plan) -> float:
+        """Uncontended transfer time per payload byte: max over flows of bytes / rate."""
+        if not p.flows:
+            return 0.0
+        lens = [f.links.size for f in p.flows]
+        ptr = np.zeros(len(lens) + 1, dtype=np.int64)
+        ptr[1:] = np.cumsum(lens)
+        links = np.concatenate([f.links for f in p.flows])
+        coefs = np.concatenate([f.coefs for f in p.flows])
+        rate = max_min_rates(ptr, links, coefs, self.capacity)
+        bpb = np.array([f.bytes_per_byte for f in p.flows])
+        return float(np.max(bpb / rate))
+
+    def _nvls_factor(self, algo: str) -> float:
+        return self.cal.nvls_efficiency if algo in ("nvls", "nvls_tree") and not self.cal.ideal else 1.0
+
+    def bandwidth_factor(self, kind: str, algo: str, proto: str, n_nodes: int, size: float) -> float:
+        if self.cal.ideal:
+            return 1.0
+        return nccl.bandwidth_factor(kind, algo, proto, n_nodes, size) * self._nvls_factor(algo)
+
+    def ll_cap(self, algo: str, proto: str, n_nodes: int) -> float | None:
+        """NCCL's cap on LL bus bandwidth (bytes/s), or None."""
+        if self.cal.ideal or proto != "LL" or algo not in ("ring", "tree"):
+            return None
+        row = nccl.LL_MAX_BW_GBPS[self.generation]
+        return row[min(n_nodes, 3) - 1] * 1e9
+
+    @staticmethod
+    def _bus_per_alg(kind: str, plan: Plan) -> float:
+        """Bus bandwidth per unit algorithm bandwidth, for comparing with bus-bandwidth caps."""
+        n = plan.n_ranks
+        return {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n,
+                "reduce_scatter": (n - 1) / n}.get(kind, 1.0)
+
+    def latency_s(self, kind: str, plan: Plan, proto: str, size: float) -> float:
+        """Latency of one call with this plan and protocol (seconds)."""
+        n, N = plan.n_ranks, plan.n_nodes
+        if self.cal.ideal:
+            a = self.cal.step_latency_s
+            if plan.algo == "ring":
+                return nccl.num_steps(kind, n) * a if kind != "broadcast" else (n - 1) * a
+            if plan.algo == "tree":
+                return 2 * ((n // N - 1) + nccl._log2i(N)) * a
+            if plan.algo == "nvls":
+                return 2 * a
+            if plan.algo == "nvls_tree":
+                return (2 + 2 * nccl._log2i(N)) * a
+            return a
+        lat_inter_us = plan.latency_inter_s * 1e6 if self.cal.link_latency else 0.0
+        if plan.algo == "direct":
+            hw = "net" if plan.n_nodes > 1 else "nvlink"
+            scale = self.cal.inter_latency_scale if plan.n_nodes > 1 else self.cal.intra_latency_scale
+            return (nccl.HW_LAT_US[hw]["ring"][2] * scale + lat_inter_us) * 1e-6
+        lat = nccl.latency_us(kind, plan.algo, proto, n, N, plan.intra_hw, lat_inter_us,
+                              self.cal.intra_latency_scale, self.cal.inter_latency_scale)
+        if (self.cal.ring_plateau and plan.algo == "ring" and proto == "Simple" and N > 1 and kind == "all_reduce"
+                and size / (plan.n_channels * n) >= 64):
+            lat *= nccl.RING_PLATEAU_FACTOR[self.generation]
+        return lat * 1e-6
+
+    def predict(self, members, kind: str, size: float) -> dict[tuple[str, str], float]:
+        """Predicted time (s) of every enabled (algorithm, protocol) for one call."""
+        members = tuple(members)
+        blocks = node_blocks(self.cluster, members)
+        N = len(blocks)
+        ppn = len(members) // N
+        equal = all(len(b) == ppn for b in blocks)
+        out = {}
+        for algo, proto in nccl.enabled_algorithms(kind, N, self.nvls_capable and equal, ppn):
+            if algo == "nvls_tree" and not equal:
+                continue
+            if algo == "tree":
+                # NCCL models the tree's bandwidth as half the ring's bus bandwidth
+                rplan, rspb = self.plan(members, "all_reduce", "ring")
+                n = len(members)
+                spb = rspb / (2 * (n - 1) / n) * 2.0
+                plan = self.plan(members, kind, "tree")[0]
+            else:
+                plan, spb = self.plan(members, kind, algo)
+            f = self.bandwidth_factor(kind, algo, proto, N, size)
+            t_bw = size * spb / f
+            cap = self.ll_cap(algo, proto, N)
+            if cap is not None:      # LL bus bandwidth is capped at llMaxBw
+                t_bw = max(t_bw, size * self._bus_per_alg(kind, plan) / cap)
+            lat = self.latency_s(kind, plan, proto, size)
+            out[(algo, proto)] = lat + t_bw
+        return out
+
+    def choose(self, members, kind: str, size: float, algo: str | None = None,
+               proto: str | None = None) -> tuple[str, str]:
+        """NCCL's choice: least predicted time, optionally restricted to ``algo``/``proto``."""
+        if algo is not None and proto is not None:
+            return algo, proto
+        pred = self.predict(members, kind, size)
+        cands = [(t, a, p) for (a, p), t in pred.items()
+                 if (algo is None or a == algo) and (proto is None or p == proto)]
+        if not cands:
+            raise ConfigError("algo", (algo, proto), f"not enabled for {kind} on this group; enabled: {sorted(pred)}")
+        t, a, p = min(cands, key=lambda x: (x[0], nccl.ALGORITHMS.index(x[1]), nccl.PROTOCOLS.index(x[2])))
+        return a, p
+
+    # -- issuing -----------------------------------------------------------------------------
+    def issue(self, group_id: int, seq: int, kind: str, size_bytes: float, *, count: int = 1,
+              algo: str | None = None, proto: str | None = None, sizes: np.ndarray | None = None,
+              root: int | None = None) -> simpy.Event:
+        """One member (or ``count`` folded members) arrives at call ``seq`` of ``group_id``.
+
+        ``size_bytes`` follows nccl-tests: the all-reduce/broadcast buffer, the full
+        (gathered / unscattered) buffer for all-gather and reduce-scatter, and for
+        all-to-all the bytes each member sends in total (split evenly), unless
+        ``sizes[i, j]`` gives every pair.  Returns the completion event (shared by all
+        members).
+        """
+        if kind not in KINDS or kind == "send_recv":
+            raise ConfigError("kind", kind, f"must be one of {', '.join(k for k in KINDS if k != 'send_recv')}")
+        members = self.groups.get(group_id)
+        if members is None:
+            raise ConfigError("group_id", group_id, "not registered")
+        key = (group_id, seq)
+        call = self._calls.get(key)
+        if call is None:
+            call = _Call(kind, float(size_bytes), len(members), algo, proto, sizes, root,
+                         first_s=self.env.now, event=self.env.event())
+            self._calls[key] = call
+        elif call.kind != kind or call.size != float(size_bytes):
+            raise CollectiveError(f"group {group_id} call {seq}: {kind} of {size_bytes} bytes does not match "
+                                  f"the {call.kind} of {call.size} bytes its other members issued")
+        call.arrived += count
+        if call.arrived > call.expected:
+            raise CollectiveError(f"group {group_id} call {seq}: more arrivals than members")
+        if call.arrived == call.expected:
+            del self._calls[key]
+            self._start(group_id, seq, members, call)
+        return call.event
+
+    def pending(self) -> list[str]:
+        """Calls and transfers still waiting for members (for deadlock reports)."""
+        out = [f"group {g} call {s}: {c.kind}, {c.arrived}/{c.expected} members arrived"
+               for (g, s), c in self._calls.items()]
+        out += [f"p2p {k}: waiting for its peer" for k in self._p2p]
+        return out
+
+    def _start(self, group_id: int, seq: int, members, call: _Call) -> None:
+        env = self.env
+        size = call.size
+        if call.kind == "all_to_all":
+            n = len(members)
+            sizes = call.sizes if call.sizes is not None else np.full((n, n), size / n)
+            if sizes.shape != (n, n):
+                raise ConfigError("sizes", sizes.shape, f"must be ({n}, {n}) for this group")
+            plan = alltoall_plan(self.cluster, members, sizes)
+            algo, proto, scale = "direct", "Simple", 1.0
+        elif len(members) == 1:
+            self._finish(call, group_id, seq, "none", "none", env.now, 0.0)
+            return
+        else:
+            algo, proto = self.choose(members, call.kind, size, call.algo, call.proto)
+            plan = self.plan(members, call.kind, algo, call.root)[0]
+            scale = size / self.bandwidth_factor(call.kind, algo, proto, plan.n_nodes, size)
+        lat = self.latency_s(call.kind, plan, proto, size)
+        cap = self.ll_cap(algo, proto, plan.n_nodes)
+        t_min = size * self._bus_per_alg(call.kind, plan) / cap if cap else 0.0
+        flows = [(f.links, f.coefs, f.bytes_per_byte * scale, 1.0,
+                  f.bytes_per_byte * scale / t_min if t_min > 0 else np.inf) for f in plan.flows]
+
+        start = env.now
+        finish = lambda _e: self._finish(call, group_id, seq, algo, proto, start, lat)  # noqa: E731
+
+        def go(_ev):
+            self.net.transfer_group(flows).callbacks.append(finish)
+
+        if lat > 0:
+            env.timeout(lat).callbacks.append(go)
+        else:
+            go(None)
+
+    def _finish(self, call: _Call, group_id, seq, algo, proto, start, lat) -> None:
+        now = self.env.now
+        self.records.append(CollectiveRecord(group_id, seq, call.kind, call.size, algo, proto, call.first_s,
+                                             start, now, lat))
+        call.event.succeed(now)
+
+    # -- point to point ----------------------------------------------------------------------
+    def send_recv(self, key, src: int, dst: int, size_bytes: float, side: str) -> simpy.Event:
+        """One side (``'send'`` or ``'recv'``) of a transfer matched by ``key``.
+
+        The transfer starts when both sides have arrived (rendezvous, as NCCL's
+        blocking send/recv pairs) and completes for both together.
+        """
+        if side not in ("send", "recv"):
+            raise ConfigError("side", side, "must be 'send' or 'recv'")
+        entry = self._p2p.get(key)
+        if entry is None:
+            ev = self.env.event()
+            self._p2p[key] = [side, src, dst, float(size_bytes), ev, self.env.now]
+            return ev
+        other, s, d, size, ev, first = entry
+        if other == side or (s, d, size) != (src, dst, float(size_bytes)):
+            raise CollectiveError(f"p2p {key}: {side} {src}->{dst} {size_bytes} B does not match "
+                                  f"{other} {s}->{d} {size} B")
+        del self._p2p[key]
+        plan = p2p_plan(self.cluster, src, dst)
+        lat = self.latency_s("send_recv", plan, "Simple", size)
+        start = self.env.now
+        call = _Call("send_recv", size, 2, "direct", "Simple", None, None, first_s=first, event=ev)
+
+        def go(_e):
+            f = plan.flows[0]
+            done = self.net.transfer_group([(f.links, f.coefs, size, 1.0, np.inf)])
+            done.callbacks.append(lambda _x: self._finish(call, -1, key, "direct", "Simple", start, lat))
+
+        if lat > 0:
+            self.env.timeout(lat).callbacks.append(go)
+        else:
+            go(None)
+        return ev

@@ -1,0 +1,149 @@
+"""NCCL's own collective cost model: latency tables, protocol factors, enable rules.
+
+Every number here is read from NVIDIA/nccl ``src/graph/tuning.cc`` at tag v2.27.7-1
+(commit 593de54e), except where marked [2.28+] (v2.30.7-1, commit 73cf1122).  Units as
+in NCCL: latencies in microseconds; we convert to seconds at the edge.
+
+NCCL predicts ``time = latency + nBytes / algBw`` per (algorithm, protocol) and picks the
+smallest.  clustersim keeps NCCL's latency model verbatim and its protocol and
+algorithm bandwidth factors; the bandwidth itself comes from the flow network (the
+uncontended rate of the collective's channels over the real links), so prediction and
+simulation agree when nothing else runs.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["ALGORITHMS", "PROTOCOLS", "BASE_LAT_US", "HW_LAT_US", "TREE_CORRECTION", "LL_MAX_BW_GBPS",
+           "latency_us", "bandwidth_factor", "enabled_algorithms"]
+
+ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree")
+PROTOCOLS = ("LL", "LL128", "Simple")
+_P = {p: i for i, p in enumerate(PROTOCOLS)}
+
+# tuning.cc L132-137: baseLat[algo][proto] (us)
+BASE_LAT_US = {
+    "tree": (6.8, 14.0, 8.4),
+    "ring": (6.6, 14.0, 8.4),
+    "nvls": (0.0, 0.0, 0.0),
+    "nvls_tree": (0.0, 0.0, 0.0),
+}
+
+# tuning.cc L143-156: hwLat[NVLINK | PCI | NET][algo][proto] (us)
+HW_LAT_US = {
+    "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": (0, 0, 25.0), "nvls_tree": (0, 0, 25.0)},
+    "pci": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7), "nvls": (0, 0, 0.0), "nvls_tree": (0, 0, 0.0)},
+    "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "nvls": (0, 0, 18.0), "nvls_tree": (0, 0, 14.0)},
+}
+
+# tuning.cc L555-559: treeCorrectionFactor[proto][log2(nBytes >> 6)], applied to tree all-reduce
+TREE_CORRECTION = {
+    "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
+    "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
+}
+
+# tuning.cc L165-170: llMaxBws[row][N1 | N2 | N4] (GB/s, caps the total LL bus bandwidth).
+# Row: single node -> GPU generation; multi node -> CPU vendor (Intel row 0).
+LL_MAX_BW_GBPS = {
+    "ampere": (87.7, 39.0, 20.4),
+    "hopper": (141.0, 39.0, 20.4),
+    "blackwell": (2 * 141.0, 39.0, 20.4),
+}
+
+# Network post overhead (tuning.cc getNetOverhead, L201-209): 1 us on Intel/other CPUs.
+NET_OVERHEAD_US = 1.0
+# Ring Simple all-reduce across nodes, "plateau effect of ring" (tuning.cc L561-578).
+RING_PLATEAU_FACTOR = {"ampere": 1.4, "hopper": 1.4, "blackwell": 1.4}
+
+
+def _log2i(x: int) -> int:
+    return int(math.floor(math.log2(x))) if x >= 1 else 0
+
+
+def num_steps(kind: str, n: int) -> int:
+    """Pipeline steps of a ring collective over n ranks (tuning.cc L250-252)."""
+    if kind == "all_reduce":
+        return 2 * (n - 1)
+    if kind in ("all_gather", "reduce_scatter"):
+        return n - 1
+    return n
+
+
+def latency_us(kind: str, algo: str, proto: str, n_ranks: int, n_nodes: int, intra_hw: str = "nvlink",
+               latency_inter_us: float = 0.0, intra_scale: float = 1.0, inter_scale: float = 1.0) -> float:
+    """NCCL's latency for one call (tuning.cc L328-378, v2.27.7), in microseconds.
+
+    ``latency_inter_us`` plays the role of ``graph.latencyInter`` (zero for NCCL's IB
+    transport); clustersim passes the physical latency of the slowest inter-node route.
+    ``intra_scale`` multiplies the base and intra-node terms, ``inter_scale`` the network
+    terms (per-generation calibration).
+    """
+    p = _P[proto]
+    lat = BASE_LAT_US[algo][p] * intra_scale
+    intra = HW_LAT_US[intra_hw][algo][p] * intra_scale
+    ppn = n_ranks / n_nodes
+    net_algo = "tree" if ppn == 1 and algo == "ring" else algo
+    inter = HW_LAT_US["net"][net_algo][p] * inter_scale + latency_inter_us
+    if proto == "Simple":
+        inter += latency_inter_us        # the flush term
+    if algo == "ring":
+        if kind in ("broadcast", "reduce"):
+            hw = "net" if n_nodes > 1 else intra_hw
+            scale = inter_scale if n_nodes > 1 else intra_scale
+            return lat + num_steps(kind, n_ranks) * HW_LAT_US[hw]["ring"][p] * scale
+        overhead = NET_OVERHEAD_US * (3 if proto == "Simple" else 1) if n_nodes > 1 else 0.0
+        intra = max(intra, overhead)
+        nsteps = num_steps(kind, n_ranks)
+        n_inter = 0 if n_nodes == 1 else (2 * (n_nodes - 1) if kind == "all_reduce" else n_nodes - 1)
+        return lat + (nsteps - n_inter) * intra + n_inter * inter
+    if algo == "tree":
+        return lat + 2 * ((n_ranks // n_nodes - 1) * intra + _log2i(n_nodes) * inter)
+    if algo == "nvls":
+        return intra + (inter if n_nodes > 1 else 0.0)
+    if algo == "nvls_tree":
+        return lat + intra + 2 * _log2i(n_nodes) * inter
+    raise ValueError(algo)
+
+
+def bandwidth_factor(kind: str, algo: str, proto: str, n_nodes: int, size_bytes: float) -> float:
+    """Fraction of the link bandwidth NCCL expects an (algorithm, protocol) to reach.
+
+    Ring LL 0.5 and LL128 0.92; tree all-reduce 0.92 (any protocol), then LL 1/3.8 and
+    LL128 7/9 (one node) or 120/128, times the size-dependent tree correction
+    (tuning.cc L279-298 and L555-578).  NVLS factors live in the calibration.
+    """
+    f = 1.0
+    if algo == "ring":
+        f = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}[proto]
+    elif algo == "tree":
+        f = 0.92
+        if proto == "LL":
+            f /= 3.8
+        elif proto == "LL128":
+            f *= (7.0 / 9.0) if n_nodes == 1 else (120.0 / 128.0)
+        if kind == "all_reduce":
+            log_size = _log2i(int(size_bytes) >> 6) if size_bytes >= 64 else -1
+            table = TREE_CORRECTION[proto]
+            if 0 <= log_size < len(table):
+                f *= table[log_size]
+    return f
+
+
+def enabled_algorithms(kind: str, n_nodes: int, nvls_capable: bool, ppn: int) -> list[tuple[str, str]]:
+    """(algorithm, protocol) pairs NCCL would consider for a call (tuning.cc L255-264, L436-471;
+    enqueue.cc updateCollCostTable).
+
+    Broadcast: ring.  All-gather / reduce-scatter: ring.  All-reduce: ring and tree (tree
+    only across nodes here: inside one node NCCL's tree is a chain that never wins),
+    NVLS on one NVSwitch node (Hopper+, more than 2 GPUs), NVLS-tree across nodes.
+    NVLS across nodes needs CollNet/SHARP, which clustersim does not model yet.
+    """
+    out = [("ring", p) for p in PROTOCOLS]
+    if kind == "all_reduce":
+        if n_nodes > 1:
+            out += [("tree", p) for p in PROTOCOLS]
+        if nvls_capable and ppn > 2:
+            out.append(("nvls", "Simple") if n_nodes == 1 else ("nvls_tree", "Simple"))
+    return out

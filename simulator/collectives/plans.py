@@ -1,0 +1,241 @@
+"""Flow templates of collective algorithms: which coupled flows a call puts on which links.
+
+A :class:`Plan` is the list of channel flows one collective call starts, each with its
+route (link ids and coefficients) and its wire bytes per payload byte, plus the shape
+NCCL's latency model needs (ranks, nodes).  "Node" means NVLink domain here: what
+NCCL's rings and trees treat as one node (a DGX host, or a whole NVL72 rack).
+
+Algorithms (payload ``S`` bytes; ``n`` ranks; ``N`` nodes of ``ppn`` ranks; ``C``
+channels = rails the members of a node can use):
+
+``ring``       C coupled ring channels; channel ``c`` enters every node at its member on
+               rail ``c`` and leaves it through the same rail (PXN relay for the last
+               member), as NCCL's rail-aligned rings do.  Each carries
+               ``S/C x 2(n-1)/n`` (all-reduce), ``S/C x (n-1)/n`` (all-gather,
+               reduce-scatter) or ``S/C`` (broadcast, a chain from the root).
+``tree``       all-reduce across nodes: per channel, two complementary binary trees over
+               the nodes (double binary tree), each reducing up and broadcasting down
+               ``S/(2C)``; inside a node a chain through the members.
+``nvls``       NVLink SHARP inside one NVSwitch node: one coupled flow over every
+               member's NVLink port, ``S (1 + 1/ppn)`` each way (in-switch reduce of each
+               slice, then multicast of the reduced slice).
+``nvls_tree``  NVLS inside each node plus, per rail, a double binary tree across nodes on
+               the node's ``S/ppn`` slice.
+``direct``     all-to-all: one independent flow per (source, destination) pair, routed
+               with PXN; send/recv: one flow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from topologies import Cluster
+
+__all__ = ["ChannelFlow", "Plan", "node_blocks", "ring_plan", "tree_plan", "nvls_plan", "nvls_tree_plan",
+           "alltoall_plan", "p2p_plan", "binary_tree", "double_binary_tree"]
+
+
+@dataclass(slots=True)
+class ChannelFlow:
+    """One flow of a plan: route, and wire bytes per payload byte of the call."""
+
+    links: np.ndarray
+    coefs: np.ndarray
+    bytes_per_byte: float
+    inter_node: bool = False
+
+
+@dataclass(slots=True)
+class Plan:
+    algo: str
+    flows: list[ChannelFlow]
+    n_ranks: int
+    n_nodes: int
+    n_channels: int
+    latency_inter_s: float = 0.0
+    """Largest physical latency among the plan's inter-node routes."""
+    intra_hw: str = "nvlink"
+    extra: dict = field(default_factory=dict)
+
+
+def node_blocks(cluster: Cluster, members) -> list[list[int]]:
+    """Members grouped by NVLink domain, domains in order of first appearance."""
+    blocks: dict[int, list[int]] = {}
+    for g in members:
+        blocks.setdefault(cluster.domain_of(g), []).append(g)
+    return list(blocks.values())
+
+
+def _concat(cluster: Cluster, edges, pxn: bool = True):
+    links, coefs, lat = [], [], 0.0
+    for a, b in edges:
+        r = cluster.route(a, b, pxn=pxn)
+        links.append(r.links)
+        coefs.append(r.coefs)
+        if cluster.domain_of(a) != cluster.domain_of(b):
+            lat = max(lat, cluster.router.path_latency(r))
+    if not links:
+        return np.empty(0, dtype=np.int64), np.empty(0), 0.0
+    return np.concatenate(links), np.concatenate(coefs), lat
+
+
+def _channels(cluster: Cluster, blocks) -> list[int]:
+    """Rails every node of the group can use (at least one pseudo-rail)."""
+    if len(blocks) == 1 or cluster.nics_per_host == 0:
+        return [0]
+    common = None
+    for b in blocks:
+        rails = {cluster.rail_of(g) for g in b}
+        common = rails if common is None else common & rails
+    return sorted(common) if common else [cluster.rail_of(blocks[0][0])]
+
+
+def _rotate(cluster: Cluster, block: list[int], rail: int) -> list[int]:
+    for i, g in enumerate(block):
+        if cluster.rail_of(g) == rail:
+            return block[i:] + block[:i]
+    return block
+
+
+def ring_plan(cluster: Cluster, members, kind: str, root: int | None = None) -> Plan:
+    members = list(members)
+    n = len(members)
+    blocks = node_blocks(cluster, members)
+    rails = _channels(cluster, blocks)
+    C = len(rails)
+    per = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
+           "broadcast": 1.0, "reduce": 1.0}[kind]
+    flows, lat = [], 0.0
+    for rail in rails:
+        order = [g for b in blocks for g in (_rotate(cluster, b, rail) if len(blocks) > 1 else b)]
+        if kind in ("broadcast", "reduce"):
+            r = order.index(root if root is not None else members[0])
+            order = order[r:] + order[:r]
+            edges = list(zip(order[:-1], order[1:]))
+        else:
+            edges = list(zip(order, order[1:] + order[:1]))
+        links, coefs, l = _concat(cluster, edges)
+        lat = max(lat, l)
+        flows.append(ChannelFlow(links, coefs, per / C, inter_node=len(blocks) > 1))
+    return Plan("ring", flows, n, len(blocks), C, lat)
+
+
+def binary_tree(n: int) -> list[int]:
+    """Parent of each rank 0..n-1 in an in-order binary tree whose interior ranks are odd.
+
+    Rank ``r`` sits at position ``p = r + 1`` of the complete in-order tree over
+    positions 1, 2, 3, ...; its height is the number of trailing zero bits of ``p``, so
+    every odd position (even rank) is a leaf.  Positions beyond ``n`` are dropped and
+    their surviving child is attached to the nearest surviving ancestor.
+    """
+    def up(p: int) -> int:
+        h = (p & -p).bit_length() - 1
+        return p + (1 << h) if (p >> h) & 3 == 1 else p - (1 << h)
+
+    top = 1 << (n.bit_length() - 1)           # root position: largest power of two <= n
+    parent = [-1] * n
+    for r in range(n):
+        p = r + 1
+        if p == top:
+            continue
+        q = up(p)
+        while q > n:
+            q = up(q)
+        parent[r] = q - 1
+    return parent
+
+
+def double_binary_tree(n: int) -> tuple[list[int], list[int]]:
+    """Two binary trees over ranks 0..n-1; a rank is interior in at most one of them.
+
+    Tree A has odd interior ranks (:func:`binary_tree`); tree B is the same tree over
+    ranks shifted by one, so its interior ranks are even: every rank is a leaf in at
+    least one tree, and each tree carries half the data (Sanders, Speck and Traeff,
+    "Two-tree algorithms for full bandwidth broadcast, reduction and scan", 2009; the
+    scheme NCCL 2.4 adopted).
+    """
+    a = binary_tree(n)
+    b = [-1] * n
+    for r in range(n):                          # rank r takes position (r + 1) % n of tree A
+        pa = a[(r + 1) % n]
+        b[r] = -1 if pa < 0 else (pa - 1) % n
+    return a, b
+
+
+def _tree_flows(cluster: Cluster, reps: list[int], chains: list[list[int]], share: float):
+    """Two coupled flows (trees A and B) over node representatives plus intra-node chains."""
+    flows, lat = [], 0.0
+    chain_edges = [e for ch in chains for i in range(len(ch) - 1) for e in ((ch[i + 1], ch[i]), (ch[i], ch[i + 1]))]
+    for parent in double_binary_tree(len(reps)):
+        edges = list(chain_edges)
+        for child, par in enumerate(parent):
+            if par >= 0:
+                edges += [(reps[child], reps[par]), (reps[par], reps[child])]
+        links, coefs, l = _concat(cluster, edges)
+        lat = max(lat, l)
+        flows.append(ChannelFlow(links, coefs, share, inter_node=True))
+    return flows, lat
+
+
+def tree_plan(cluster: Cluster, members) -> Plan:
+    members = list(members)
+    blocks = node_blocks(cluster, members)
+    rails = _channels(cluster, blocks)
+    C = len(rails)
+    flows, lat = [], 0.0
+    for rail in rails:
+        chains = [_rotate(cluster, b, rail) for b in blocks]
+        f, l = _tree_flows(cluster, [ch[0] for ch in chains], chains, 1.0 / (2 * C))
+        flows += f
+        lat = max(lat, l)
+    return Plan("tree", flows, len(members), len(blocks), C, lat)
+
+
+def _nvls_flow(cluster: Cluster, block: list[int]) -> ChannelFlow:
+    r = cluster.router
+    links = np.concatenate([r.nvl_up[block], r.nvl_down[block]])
+    return ChannelFlow(links, np.ones(links.size), 1.0 + 1.0 / len(block))
+
+
+def nvls_plan(cluster: Cluster, members) -> Plan:
+    members = list(members)
+    return Plan("nvls", [_nvls_flow(cluster, members)], len(members), 1, 1)
+
+
+def nvls_tree_plan(cluster: Cluster, members) -> Plan:
+    members = list(members)
+    blocks = node_blocks(cluster, members)
+    ppn = len(blocks[0])
+    flows = [_nvls_flow(cluster, b) for b in blocks]
+    lat = 0.0
+    for i in range(ppn):
+        reps = [b[i] for b in blocks]
+        f, l = _tree_flows(cluster, reps, [], 1.0 / (2 * ppn))
+        flows += f
+        lat = max(lat, l)
+    return Plan("nvls_tree", flows, len(members), len(blocks), ppn, lat)
+
+
+def alltoall_plan(cluster: Cluster, members, sizes: np.ndarray) -> Plan:
+    """``sizes[i, j]``: bytes member i sends to member j (bytes_per_byte holds them)."""
+    members = list(members)
+    blocks = node_blocks(cluster, members)
+    flows, lat = [], 0.0
+    for i, a in enumerate(members):
+        for j, b in enumerate(members):
+            if i != j and sizes[i, j] > 0:
+                r = cluster.route(a, b, pxn=True)
+                inter = cluster.domain_of(a) != cluster.domain_of(b)
+                if inter:
+                    lat = max(lat, cluster.router.path_latency(r))
+                flows.append(ChannelFlow(r.links, r.coefs, float(sizes[i, j]), inter_node=inter))
+    return Plan("direct", flows, len(members), len(blocks), 1, lat)
+
+
+def p2p_plan(cluster: Cluster, src: int, dst: int) -> Plan:
+    r = cluster.route(src, dst, pxn=True)
+    inter = cluster.domain_of(src) != cluster.domain_of(dst)
+    lat = cluster.router.path_latency(r) if inter else 0.0
+    return Plan("direct", [ChannelFlow(r.links, r.coefs, 1.0, inter_node=inter)], 2, 2 if inter else 1, 1, lat)

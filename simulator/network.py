@@ -1,0 +1,320 @@
+"""Flow-level fluid network on simpy.
+
+What is modelled
+----------------
+Every live flow has a route (link ids with per-link coefficients, see
+:class:`topologies.routing.Route`), remaining bytes, a weight (the number of identical
+member flows it stands for) and an optional rate cap.  Live flows share link
+capacities max-min fairly (:mod:`simulator.maxmin`); a flow's rate is constant between
+two re-solves, so its remaining bytes fall linearly and its finishing instant is exact.
+
+A *coupled* flow -- one ring, tree or chain channel of a collective -- has the union of
+its edges' links as its route: it moves at the rate of its slowest edge, and a link its
+channel crosses twice is charged twice.  Independent per-edge flows would let
+uncontended edges finish early and hand bandwidth to others that the real ring still
+uses, so collectives never do that.
+
+Event discipline
+----------------
+* Rates are re-solved at most once per simulated instant: a flow start or finish only
+  marks the network dirty and schedules one zero-delay "solve" event; that event defers
+  itself while other events of the same instant are still queued, so all starts and
+  finishes of an instant (including processes woken by those finishes) share one solve.
+* One versioned "next completion" timer replaces per-flow timers: after a solve the
+  network schedules a single timeout at the earliest finishing instant; a later solve
+  bumps the version and the stale timer does nothing when it fires.
+* Flows live in preallocated numpy arrays (grown by doubling); routes live in one
+  link/coefficient pool, compacted when mostly garbage.  Flows that start at the same
+  instant on the same route with the same size and cap merge into one weighted flow.
+
+Accounting: bytes carried and busy time per link (weighted by flow multiplicity and
+route coefficient), and :meth:`FlowNetwork.snapshot` for utilisation over a window.
+
+Not modelled: packet-level effects (congestion control dynamics, head-of-line blocking,
+incast collapse); propagation latency is added by the callers (collectives, p2p) as a
+delay before the bytes flow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import time
+
+import numpy as np
+import simpy
+
+from .maxmin import max_min_rates
+
+__all__ = ["FlowNetwork", "NetworkSnapshot"]
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkSnapshot:
+    """Counters at one simulated instant (for utilisation over a window)."""
+
+    time_s: float
+    link_bytes: np.ndarray
+    link_busy_s: np.ndarray
+
+
+class FlowNetwork:
+    """Live fluid flows over links with capacities ``capacity`` (bytes/s, per link id).
+
+    Parameters
+    ----------
+    env : simpy.Environment
+    capacity : numpy.ndarray
+        Effective capacity per link id, bytes/s.
+    """
+
+    def __init__(self, env: simpy.Environment, capacity: np.ndarray, initial_flows: int = 1024):
+        self.env = env
+        self.capacity = np.asarray(capacity, dtype=float)
+        self.num_links = self.capacity.size
+        n = max(16, initial_flows)
+        self._rem = np.zeros(n)
+        self._rate = np.zeros(n)
+        self._weight = np.ones(n)
+        self._cap = np.full(n, np.inf)
+        self._size = np.zeros(n)
+        self._off = np.zeros(n, dtype=np.int64)
+        self._len = np.zeros(n, dtype=np.int64)
+        self._group = np.zeros(n, dtype=np.int64)
+        self._free = list(range(n - 1, -1, -1))
+        self._active: list[int] = []
+        self._pool_links = np.empty(4096, dtype=np.int64)
+        self._pool_coefs = np.empty(4096)
+        self._pool_top = 0
+        self._pool_live = 0
+        self._groups: dict[int, list] = {}      # group id -> [remaining flows, event]
+        self._next_group = 0
+        self._merge: dict[tuple, int] = {}      # identical flows of one group -> slot
+        self._last = env.now
+        self._pending = False
+        self._version = 0
+        self._load_links = np.empty(0, dtype=np.int64)
+        self._load = np.empty(0)
+        self.link_bytes = np.zeros(self.num_links)
+        self.link_busy_s = np.zeros(self.num_links)
+        self.num_solves = 0
+        self.num_flows = 0
+        self.solve_wall_s = 0.0
+        self.max_live_flows = 0
+
+    # -- public ------------------------------------------------------------------------------
+    @property
+    def live_flows(self) -> int:
+        return len(self._active)
+
+    def transfer(self, links: np.ndarray, size_bytes: float, *, coefs: np.ndarray | None = None,
+                 weight: float = 1.0, cap: float = np.inf) -> simpy.Event:
+        """Start one flow now; the event succeeds when its last byte arrives."""
+        return self.transfer_group([(links, coefs, size_bytes, weight, cap)])
+
+    def transfer_group(self, flows) -> simpy.Event:
+        """Start several flows now; the event succeeds when all of them have finished.
+
+        ``flows`` is an iterable of ``(links, coefs | None, size_bytes, weight, cap)``.
+        """
+        ev = self.env.event()
+        gid = self._next_group
+        self._next_group += 1
+        count = 0
+        self._advance()
+        now = self.env.now
+        for links, coefs, size, weight, cap in flows:
+            if size <= 0 or len(links) == 0 and not np.isfinite(cap):
+                continue
+            links = np.asarray(links, dtype=np.int64)
+            coefs = np.ones(links.size) if coefs is None else np.asarray(coefs, dtype=float)
+            key = (links.tobytes(), coefs.tobytes(), float(size), float(cap))
+            slot = self._merge.get(key)
+            if slot is not None:
+                self._weight[slot] += weight
+                continue
+            slot = self._alloc()
+            self._rem[slot] = size
+            self._size[slot] = size
+            self._rate[slot] = 0.0
+            self._weight[slot] = weight
+            self._cap[slot] = cap
+            self._group[slot] = gid
+            self._store_route(slot, links, coefs)
+            self._merge[key] = slot
+            self._active.append(slot)
+            count += 1
+            self.num_flows += 1
+        self._merge.clear()
+        if count == 0:
+            ev.succeed(now)
+            return ev
+        self._groups[gid] = [count, ev]
+        self._kick()
+        return ev
+
+    def snapshot(self) -> NetworkSnapshot:
+        """Counters now (bytes and busy time per link), for utilisation over a window."""
+        self._advance()
+        return NetworkSnapshot(self.env.now, self.link_bytes.copy(), self.link_busy_s.copy())
+
+    @staticmethod
+    def utilization(a: NetworkSnapshot, b: NetworkSnapshot, capacity: np.ndarray) -> np.ndarray:
+        """Per-link utilisation between two snapshots: bytes / (capacity x window)."""
+        window = b.time_s - a.time_s
+        if window <= 0:
+            return np.zeros_like(capacity)
+        return (b.link_bytes - a.link_bytes) / (capacity * window)
+
+    # -- internals ---------------------------------------------------------------------------
+    def _alloc(self) -> int:
+        if not self._free:
+            n = self._rem.size
+            for name in ("_rem", "_rate", "_weight", "_cap", "_size", "_off", "_len", "_group"):
+                old = getattr(self, name)
+                new = np.empty(2 * n, dtype=old.dtype)
+                new[:n] = old
+                setattr(self, name, new)
+            self._free = list(range(2 * n - 1, n - 1, -1))
+        return self._free.pop()
+
+    def _store_route(self, slot: int, links: np.ndarray, coefs: np.ndarray) -> None:
+        n = links.size
+        if self._pool_top + n > self._pool_links.size:
+            self._compact(n)
+        top = self._pool_top
+        self._pool_links[top:top + n] = links
+        self._pool_coefs[top:top + n] = coefs
+        self._off[slot] = top
+        self._len[slot] = n
+        self._pool_top += n
+        self._pool_live += n
+
+    def _compact(self, extra: int) -> None:
+        act = np.asarray(self._active, dtype=np.int64)
+        need = self._pool_live + extra
+        size = self._pool_links.size
+        while size < 2 * need:
+            size *= 2
+        links, coefs = self._gather(act)
+        self._pool_links = np.empty(size, dtype=np.int64)
+        self._pool_coefs = np.empty(size)
+        n = links.size
+        self._pool_links[:n] = links
+        self._pool_coefs[:n] = coefs
+        if act.size:
+            lens = self._len[act]
+            offs = np.zeros(act.size, dtype=np.int64)
+            np.cumsum(lens[:-1], out=offs[1:])
+            self._off[act] = offs
+        self._pool_top = n
+        self._pool_live = n
+
+    def _gather(self, act: np.ndarray):
+        """Concatenated routes of slots ``act`` (CSR order), vectorised."""
+        if act.size == 0:
+            return np.empty(0, dtype=np.int64), np.empty(0)
+        lens = self._len[act]
+        total = int(lens.sum())
+        starts = self._off[act]
+        base = np.repeat(starts - np.concatenate(([0], np.cumsum(lens)[:-1])), lens)
+        idx = base + np.arange(total)
+        return self._pool_links[idx], self._pool_coefs[idx]
+
+    def _advance(self) -> None:
+        now = self.env.now
+        dt = now - self._last
+        if dt > 0 and self._active:
+            act = np.asarray(self._active, dtype=np.int64)
+            self._rem[act] -= self._rate[act] * dt
+            if self._load_links.size:
+                self.link_bytes[self._load_links] += self._load * dt
+                self.link_busy_s[self._load_links] += dt
+        self._last = now
+
+    def _kick(self) -> None:
+        if not self._pending:
+            self._pending = True
+            ev = self.env.event()
+            ev.callbacks.append(self._on_kick)
+            ev.succeed()
+
+    def _on_kick(self, _ev) -> None:
+        env = self.env
+        if env.peek() == env.now:
+            # Other events of this instant are still queued: solve after them.
+            ev = env.event()
+            ev.callbacks.append(self._on_kick)
+            ev.succeed()
+            return
+        self._pending = False
+        self._advance()
+        if self._finish_done():
+            self._kick()        # the finishes wake processes at this instant: solve after them
+            return
+        self._solve()
+
+    def _on_timer(self, version: int) -> None:
+        if version != self._version:
+            return
+        self._advance()
+        self._finish_done()
+        self._kick()
+
+    def _finish_done(self) -> bool:
+        if not self._active:
+            return False
+        act = np.asarray(self._active, dtype=np.int64)
+        rem = self._rem[act]
+        now = self.env.now
+        done = (rem <= self._size[act] * 1e-12) | (rem <= self._rate[act] * (abs(now) * 4e-16 + 1e-18))
+        if not done.any():
+            return False
+        finished = act[done]
+        self._active = act[~done].tolist()
+        self._pool_live -= int(self._len[finished].sum())
+        # load of finished flows leaves their links (the next solve recomputes the rest)
+        links, coefs = self._gather(finished)
+        lens = self._len[finished]
+        w = np.repeat(self._weight[finished], lens)
+        s = np.repeat(self._size[finished], lens)
+        # exact byte accounting: correct the integrated bytes for rounding of rem
+        rem_nz = np.repeat(self._rem[finished], lens)
+        np.add.at(self.link_bytes, links, rem_nz * w * coefs)
+        for slot in finished.tolist():
+            gid = int(self._group[slot])
+            g = self._groups[gid]
+            g[0] -= 1
+            if g[0] == 0:
+                del self._groups[gid]
+                g[1].succeed(now)
+            self._free.append(slot)
+        return True
+
+    def _solve(self) -> None:
+        self._version += 1
+        if not self._active:
+            self._load_links = np.empty(0, dtype=np.int64)
+            self._load = np.empty(0)
+            return
+        t0 = time.perf_counter()
+        act = np.asarray(self._active, dtype=np.int64)
+        lens = self._len[act]
+        ptr = np.zeros(act.size + 1, dtype=np.int64)
+        np.cumsum(lens, out=ptr[1:])
+        links, coefs = self._gather(act)
+        rate = max_min_rates(ptr, links, coefs, self.capacity, self._weight[act], self._cap[act])
+        self._rate[act] = rate
+        self.num_solves += 1
+        self.max_live_flows = max(self.max_live_flows, act.size)
+        load = np.bincount(links, weights=np.repeat(rate * self._weight[act], lens) * coefs,
+                           minlength=self.num_links)
+        self._load_links = np.flatnonzero(load)
+        self._load = load[self._load_links]
+        self.solve_wall_s += time.perf_counter() - t0
+        with np.errstate(divide="ignore"):
+            t_next = float(np.min(self._rem[act] / rate))
+        if not np.isfinite(t_next):
+            return          # nothing can progress (no capacity): the engine's deadlock check reports it
+        version = self._version
+        timer = self.env.timeout(max(t_next, 0.0))
+        timer.callbacks.append(lambda _e, v=version: self._on_timer(v))

@@ -1,0 +1,170 @@
+"""Collectives through the flow network against independent closed forms, and their rules."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import simpy
+
+from simulator.collectives import IDEAL, CollectiveEngine, CollectiveError
+from simulator.collectives import analytic as A
+from topologies import build_cluster
+
+ALPHA = 3e-6
+CAL = dataclasses.replace(IDEAL, step_latency_s=ALPHA)
+REL = 1e-9
+
+
+def fast_nvlink_cluster(num_nodes, **kw):
+    """DGX-like hosts whose NVLink is 10x the NIC, so NICs are the only bottleneck across hosts."""
+    cfg = {"gpu": "H100-SXM", "num_nodes": num_nodes, "gpus_per_host": 8, "nvlink_domain_size": 8,
+           "nvlink_bandwidth": "2000 GB/s", "pcie_bandwidth": "400 GB/s", "nics_per_host": 8, "nic": "ndr",
+           "hosts_per_leaf": 32}
+    cfg.update(kw)
+    return build_cluster(cfg)
+
+
+def run_one(cluster, members, kind, size, algo=None, proto="Simple", cal=CAL, **kw):
+    env = simpy.Environment()
+    eng = CollectiveEngine(env, cluster, cal)
+    g = eng.register_group(members)
+    eng.issue(g, 0, kind, size, count=len(members), algo=algo, proto=proto, **kw)
+    env.run()
+    r = eng.records[-1]
+    return r.end_s - r.arrive_s, eng
+
+
+def close(a, b):
+    assert abs(a - b) <= REL * max(abs(a), abs(b)), (a, b)
+
+
+S = 256 * 2**20
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_ring_inside_one_host(dgx2, n):
+    B = 450e9
+    close(run_one(dgx2, range(n), "all_reduce", S, "ring")[0], A.ring_all_reduce(n, S, B, ALPHA))
+    close(run_one(dgx2, range(n), "all_gather", S, "ring")[0], A.ring_all_gather(n, S, B, ALPHA))
+    close(run_one(dgx2, range(n), "reduce_scatter", S, "ring")[0], A.ring_reduce_scatter(n, S, B, ALPHA))
+    close(run_one(dgx2, range(n), "broadcast", S, "ring")[0], A.chain_broadcast(n, S, B, ALPHA))
+
+
+@pytest.mark.parametrize("hosts", [2, 4])
+def test_ring_across_hosts_uses_one_channel_per_rail(hosts):
+    c = fast_nvlink_cluster(hosts)
+    n = 8 * hosts
+    B = 8 * 50e9                      # eight rail channels, each held to its 400 Gb/s NIC
+    close(run_one(c, range(n), "all_reduce", S, "ring")[0], A.ring_all_reduce(n, S, B, ALPHA))
+    close(run_one(c, range(n), "all_gather", S, "ring")[0], A.ring_all_gather(n, S, B, ALPHA))
+    # data parallelism across hosts: one GPU per host, one rail, one channel
+    members = [8 * h + 3 for h in range(hosts)]
+    close(run_one(c, members, "all_reduce", S, "ring")[0], A.ring_all_reduce(hosts, S, 50e9, ALPHA))
+
+
+@pytest.mark.parametrize("hosts", [2, 4, 8])
+def test_double_binary_tree_across_hosts(hosts):
+    c = fast_nvlink_cluster(hosts)
+    t, _ = run_one(c, range(8 * hosts), "all_reduce", S, "tree")
+    close(t, A.tree_all_reduce(hosts, 8, S, 8 * 50e9, ALPHA))
+
+
+def test_nvls_inside_one_host(dgx2):
+    close(run_one(dgx2, range(8), "all_reduce", S, "nvls")[0], A.nvls_all_reduce(8, S, 450e9, ALPHA))
+
+
+@pytest.mark.parametrize("hosts", [1, 2, 3])
+def test_uniform_all_to_all(hosts):
+    c = build_cluster("dgx-h100", num_nodes=max(hosts, 1))
+    n = 8 * hosts
+    t, _ = run_one(c, range(n), "all_to_all", n * 4 * 2**20, proto=None)
+    close(t, A.uniform_all_to_all(hosts, 8, 4 * 2**20, 450e9, 50e9, ALPHA))
+
+
+def test_send_recv_and_uneven_all_to_all(dgx2):
+    env = simpy.Environment()
+    eng = CollectiveEngine(env, dgx2, CAL)
+    ev1 = eng.send_recv(("act", 0, 1), 0, 8, S, "send")
+    ev2 = eng.send_recv(("act", 0, 1), 0, 8, S, "recv")
+    assert ev1 is ev2
+    env.run()
+    close(eng.records[-1].end_s, A.p2p(S, 50e9, ALPHA))
+    # uneven all-to-all inside a host: the busiest sender sets the time
+    sizes = np.zeros((4, 4))
+    sizes[0, 1:] = [3e8, 1e8, 1e8]
+    sizes[2, 3] = 1e8
+    t, _ = run_one(dgx2, range(4), "all_to_all", 0.0, proto=None, sizes=sizes)
+    close(t, 5e8 / 450e9 + ALPHA)      # GPU 0's NVLink port carries 5e8 bytes
+
+
+def test_collectives_start_when_the_last_member_arrives(dgx2):
+    env = simpy.Environment()
+    eng = CollectiveEngine(env, dgx2, CAL)
+    g = eng.register_group(range(4))
+    events = []
+
+    def member(k):
+        yield env.timeout(k * 1e-3)
+        ev = eng.issue(g, 0, "all_reduce", S, algo="ring", proto="Simple")
+        events.append(ev)
+        yield ev
+        assert env.now == pytest.approx(3e-3 + A.ring_all_reduce(4, S, 450e9, ALPHA), rel=REL)
+
+    for k in range(4):
+        env.process(member(k))
+    env.run()
+    assert len(set(map(id, events))) == 1 and eng.records[0].start_s == pytest.approx(3e-3)
+
+
+def test_mismatched_collective_is_an_error(dgx2):
+    env = simpy.Environment()
+    eng = CollectiveEngine(env, dgx2, CAL)
+    g = eng.register_group(range(2))
+    eng.issue(g, 0, "all_reduce", S)
+    with pytest.raises(CollectiveError, match="does not match"):
+        eng.issue(g, 0, "all_gather", S)
+    with pytest.raises(CollectiveError, match="does not match"):
+        eng.issue(g, 0, "all_reduce", S / 2)
+
+
+def test_concurrent_collectives_contend_on_shared_links():
+    # a TP ring inside host 0 and an all-to-all over the same NVLink ports slow each other down
+    c = build_cluster("dgx-h100", num_nodes=1)
+    alone, _ = run_one(c, range(8), "all_reduce", S, "ring")
+    env = simpy.Environment()
+    eng = CollectiveEngine(env, c, CAL)
+    g1 = eng.register_group(range(8))
+    g2 = eng.register_group(range(8), group_id=7)
+    eng.issue(g1, 0, "all_reduce", S, count=8, algo="ring", proto="Simple")
+    eng.issue(g2, 0, "all_to_all", S, count=8)
+    env.run()
+    ring = next(r for r in eng.records if r.kind == "all_reduce")
+    assert ring.end_s > alone * 1.2
+
+
+def test_oversubscribed_fabric_slows_a_cross_leaf_ring_by_the_bottleneck_ratio():
+    """Eight DP rings (one per rail) over 4 hosts, 2 hosts per leaf, interleaved across leaves."""
+    order = [0, 2, 1, 3]
+    times, expected = {}, {}
+    for ratio in (1.0, 2.0):
+        c = build_cluster({"gpu": "H100-SXM", "num_nodes": 4, "nics_per_host": 8, "nic": "ndr",
+                           "hosts_per_leaf": 2, "rail_optimized": False, "oversubscription": ratio})
+        env = simpy.Environment()
+        eng = CollectiveEngine(env, c, CAL)
+        uses = np.zeros(c.num_links)
+        for rail in range(8):
+            members = [8 * h + rail for h in order]
+            g = eng.register_group(members)
+            eng.issue(g, 0, "all_reduce", S, count=4, algo="ring", proto="Simple")
+            for a, b in zip(members, members[1:] + members[:1]):
+                np.add.at(uses, c.route(a, b).links, c.route(a, b).coefs)
+        env.run()
+        times[ratio] = max(r.end_s for r in eng.records)
+        # all rings are alike, so max-min gives each the rate of the most loaded link
+        used = uses > 0
+        expected[ratio] = float(np.min(c.link_capacity[used] / uses[used]))
+        assert any("spine" in c.link_nodes[l][1] for l in np.flatnonzero(used))
+    bw_ratio = expected[1.0] / expected[2.0]
+    assert bw_ratio > 1.5            # the test is not vacuous: the uplinks are the bottleneck at 2:1
+    t_bw = {k: v - 6 * ALPHA for k, v in times.items()}
+    close(t_bw[2.0] / t_bw[1.0], bw_ratio)

@@ -1,0 +1,71 @@
+"""The vectorised max-min solver against textbook cases and a naive oracle."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from simulator.maxmin import max_min_rates
+from tests.simulator.naive_maxmin import naive_max_min
+
+
+def solve(routes, capacity, weights=None, caps=None):
+    ptr = np.zeros(len(routes) + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum([len(r) for r in routes])
+    links = np.array([l for r in routes for l, _ in r], dtype=np.int64)
+    coefs = np.array([c for r in routes for _, c in r], dtype=float)
+    return max_min_rates(ptr, links, coefs, np.asarray(capacity, float),
+                         None if weights is None else np.asarray(weights, float),
+                         None if caps is None else np.asarray(caps, float))
+
+
+def test_two_flows_one_bottleneck_get_half_each():
+    r = solve([[(0, 1)], [(0, 1)]], [10.0])
+    assert r.tolist() == [5.0, 5.0]
+
+
+def test_parking_lot():
+    # Three links in a row, capacity 1; one long flow over all three, one short flow per link.
+    # Max-min: every link is shared by two flows, so everyone gets 1/2.
+    long = [(0, 1), (1, 1), (2, 1)]
+    r = solve([long, [(0, 1)], [(1, 1)], [(2, 1)]], [1.0, 1.0, 1.0])
+    np.testing.assert_allclose(r, [0.5, 0.5, 0.5, 0.5])
+    # With a fat middle link the short middle flow takes what the long flow leaves.
+    r = solve([long, [(0, 1)], [(1, 1)], [(2, 1)]], [1.0, 3.0, 1.0])
+    np.testing.assert_allclose(r, [0.5, 0.5, 2.5, 0.5])
+
+
+def test_weights_cap_and_coupled_ring():
+    # a weighted flow counts as w identical flows
+    np.testing.assert_allclose(solve([[(0, 1)], [(0, 1)]], [9.0], weights=[2, 1]), [3.0, 3.0])
+    # a cap frees bandwidth for the others
+    np.testing.assert_allclose(solve([[(0, 1)], [(0, 1)]], [10.0], caps=[2.0, np.inf]), [2.0, 8.0])
+    # a coupled ring over three edges runs at its slowest edge
+    np.testing.assert_allclose(solve([[(0, 1), (1, 1), (2, 1)]], [5.0, 2.0, 7.0]), [2.0])
+    # a link crossed twice by one flow gives it half the capacity
+    np.testing.assert_allclose(solve([[(0, 1), (0, 1)]], [8.0]), [4.0])
+
+
+routes_st = st.integers(2, 12).flatmap(lambda L: st.tuples(
+    st.just(L),
+    st.lists(st.lists(st.tuples(st.integers(0, L - 1), st.sampled_from([0.5, 1.0, 1.0, 2.0])),
+                      min_size=1, max_size=5), min_size=1, max_size=12),
+    st.lists(st.floats(0.5, 100.0), min_size=L, max_size=L),
+))
+
+
+@settings(max_examples=150, deadline=None)
+@given(routes_st, st.data())
+def test_agrees_with_naive_oracle(inst, data):
+    L, routes, capacity = inst
+    n = len(routes)
+    weights = data.draw(st.lists(st.sampled_from([1.0, 1.0, 2.0, 3.0]), min_size=n, max_size=n))
+    caps = data.draw(st.lists(st.sampled_from([np.inf, np.inf, 1.0, 7.5]), min_size=n, max_size=n))
+    fast = solve(routes, capacity, weights, caps)
+    ref = naive_max_min(routes, capacity, weights, caps)
+    np.testing.assert_allclose(fast, ref, rtol=1e-7, atol=1e-9)
+    # never above capacity
+    load = np.zeros(L)
+    for f, r in enumerate(routes):
+        for l, c in r:
+            load[l] += fast[f] * c * weights[f]
+    assert np.all(load <= np.asarray(capacity) * (1 + 1e-9))

@@ -1,0 +1,226 @@
+"""Structural routing: GPU-to-GPU routes as arrays of link ids, without graph search.
+
+Routes follow the structure the builders draw, so a route costs O(1) table look-ups and
+16,384-GPU clusters need no all-pairs computation.  Policies (``ClusterSpec.routing``):
+
+``dmodk``      deterministic per destination (InfiniBand's D-mod-K): the spine plane is
+               the destination NIC's port number on its leaf modulo the spine count.
+``ecmp_hash``  a seeded hash of (source NIC, destination NIC, flow key) picks the plane,
+               as RoCE ECMP does per flow; collisions are what it models.
+``adaptive``   the flow is spread evenly over all planes (and cores): every spine link
+               of the route carries a fraction of the flow (coefficient 1/planes).
+
+PXN (NCCL >= 2.12): traffic from a GPU to a GPU on another rail is first moved over
+NVLink to the peer GPU of the source host that sits on the destination's rail, then
+leaves through that peer's NIC, so it stays on one rail of the fabric.  It applies when
+the source host has such a peer in its NVLink domain; otherwise the route crosses rails
+through the spines.
+
+A route is a :class:`Route`: link ids plus per-link coefficients (bytes carried on the
+link per byte of the flow; 1 except for ``adaptive`` spreading).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, TYPE_CHECKING
+
+import numpy as np
+
+from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+
+__all__ = ["Route", "Router", "mix64"]
+
+_MASK = (1 << 64) - 1
+
+
+def mix64(x: int) -> int:
+    """SplitMix64 finaliser: a fixed, platform-independent integer hash."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+class Route(NamedTuple):
+    """Links a flow crosses, with the bytes each carries per byte of the flow."""
+
+    links: np.ndarray
+    coefs: np.ndarray
+
+    @property
+    def latency_key(self) -> tuple:
+        return tuple(self.links.tolist())
+
+
+_EMPTY = Route(np.empty(0, dtype=np.int64), np.empty(0, dtype=float))
+
+
+class Router:
+    """Route tables of one cluster.  Built once from the graph's node attributes."""
+
+    def __init__(self, cluster: "Cluster"):
+        c = cluster
+        g = c.graph
+        lid = c.link_id
+        self.cluster = c
+        self.policy = c.spec.routing
+        self.pxn_default = c.spec.pxn
+        self.seed = c.spec.seed
+        n = c.num_gpus
+        self.nvl_up = np.full(n, -1, dtype=np.int64)
+        self.nvl_down = np.full(n, -1, dtype=np.int64)
+        self.pcie_up = np.full(n, -1, dtype=np.int64)
+        self.pcie_down = np.full(n, -1, dtype=np.int64)
+        for i in range(n):
+            gpu = f"gpu{i}"
+            for nb in g.successors(gpu):
+                kind = g.nodes[nb]["kind"]
+                if kind == "nvswitch":
+                    self.nvl_up[i] = lid[(gpu, nb)]
+                    self.nvl_down[i] = lid[(nb, gpu)]
+                elif kind == "nic":
+                    self.pcie_up[i] = lid[(gpu, nb)]
+                    self.pcie_down[i] = lid[(nb, gpu)]
+        nics = sorted((a["index"], name) for name, a in g.nodes(data=True) if a["kind"] == "nic")
+        self.nic_names = [name for _, name in nics]
+        num_nics = len(nics)
+        self.nic_up = np.full(num_nics, -1, dtype=np.int64)
+        self.nic_down = np.full(num_nics, -1, dtype=np.int64)
+        self.nic_leaf = np.full(num_nics, -1, dtype=np.int64)
+        leaves = sorted(((a["pod"], a["index"]), name) for name, a in g.nodes(data=True) if a["kind"] == "leaf")
+        self.leaf_index = {name: i for i, (_, name) in enumerate(leaves)}
+        self.leaf_pod = np.array([p for (p, _), _ in leaves], dtype=np.int64)
+        self.nic_port = np.zeros(num_nics, dtype=np.int64)
+        ports_used: dict[int, int] = {}
+        for k, name in enumerate(self.nic_names):
+            for nb in g.successors(name):
+                if g.nodes[nb]["kind"] == "leaf":
+                    self.nic_up[k] = lid[(name, nb)]
+                    self.nic_down[k] = lid[(nb, name)]
+                    leaf = self.leaf_index[nb]
+                    self.nic_leaf[k] = leaf
+                    self.nic_port[k] = ports_used.get(leaf, 0)
+                    ports_used[leaf] = self.nic_port[k] + 1
+        spines = sorted(((a["pod"], a["index"]), name) for name, a in g.nodes(data=True) if a["kind"] == "spine")
+        self.num_pods = 1 + (max(p for (p, _), _ in spines) if spines else 0)
+        self.num_spines = (len(spines) // self.num_pods) if spines else 0
+        cores = sorted((a["index"], name) for name, a in g.nodes(data=True) if a["kind"] == "core")
+        self.num_cores = len(cores)
+        S, C = self.num_spines, self.num_cores
+        self.leaf_spine = np.full((len(leaves), max(S, 1)), -1, dtype=np.int64)
+        self.spine_leaf = np.full((len(leaves), max(S, 1)), -1, dtype=np.int64)
+        for i, ((p, _), leaf) in enumerate(leaves):
+            for s in range(S):
+                sp = f"spine{p}.{s}"
+                self.leaf_spine[i, s] = lid[(leaf, sp)]
+                self.spine_leaf[i, s] = lid[(sp, leaf)]
+        self.spine_core = np.full((self.num_pods, max(S, 1), max(C, 1)), -1, dtype=np.int64)
+        self.core_spine = np.full((self.num_pods, max(S, 1), max(C, 1)), -1, dtype=np.int64)
+        for p in range(self.num_pods if C else 0):
+            for s in range(S):
+                for cc in range(C):
+                    self.spine_core[p, s, cc] = lid[(f"spine{p}.{s}", f"core{cc}")]
+                    self.core_spine[p, s, cc] = lid[(f"core{cc}", f"spine{p}.{s}")]
+        spec = c.spec
+        self.hosts_per_pod = spec.hosts_per_rack or spec.num_nodes
+        self.rail_optimized = spec.rail_optimized
+        self._cache: dict[tuple, Route] = {}
+
+    # -- pieces ------------------------------------------------------------------------------
+    def _plane(self, src_nic: int, dst_nic: int, flow_key: int, n: int) -> int:
+        if self.policy == "ecmp_hash":
+            h = mix64(((src_nic * 0x100000001B3) ^ (dst_nic << 20) ^ (flow_key << 40) ^ self.seed) & _MASK)
+            return h % n
+        # D-mod-K: the destination's port number on its leaf picks the plane
+        return int(self.nic_port[dst_nic]) % n
+
+    def _fabric(self, src_nic: int, dst_nic: int, flow_key: int) -> tuple[list[int], list[float]]:
+        la, lb = int(self.nic_leaf[src_nic]), int(self.nic_leaf[dst_nic])
+        links = [int(self.nic_up[src_nic])]
+        coefs = [1.0]
+        if la != lb:
+            S, C = self.num_spines, self.num_cores
+            pa, pb = int(self.leaf_pod[la]), int(self.leaf_pod[lb])
+            if self.policy == "adaptive":
+                planes = [(s, cc) for s in range(S) for cc in range(C if pa != pb else 1)]
+                w = 1.0 / len(planes)
+                for s in range(S):
+                    links.append(int(self.leaf_spine[la, s])); coefs.append(1.0 / S)
+                if pa != pb:
+                    for s, cc in planes:
+                        links += [int(self.spine_core[pa, s, cc]), int(self.core_spine[pb, s, cc])]
+                        coefs += [w, w]
+                for s in range(S):
+                    links.append(int(self.spine_leaf[lb, s])); coefs.append(1.0 / S)
+            else:
+                s = self._plane(src_nic, dst_nic, flow_key, S)
+                links.append(int(self.leaf_spine[la, s])); coefs.append(1.0)
+                if pa != pb:
+                    cc = self._plane(src_nic, dst_nic, flow_key + 0x5bd1e995, C) if C > 1 else 0
+                    links += [int(self.spine_core[pa, s, cc]), int(self.core_spine[pb, s, cc])]
+                    coefs += [1.0, 1.0]
+                links.append(int(self.spine_leaf[lb, s])); coefs.append(1.0)
+        links.append(int(self.nic_down[dst_nic])); coefs.append(1.0)
+        return links, coefs
+
+    def pxn_peer(self, src: int, dst: int) -> int:
+        """The GPU of ``src``'s host on ``dst``'s rail (PXN relay), or ``src`` when none."""
+        c = self.cluster
+        rail = c.rail_of(dst)
+        if rail == c.rail_of(src) or rail < 0:
+            return src
+        per = c.gpus_per_host // c.nics_per_host
+        peer = c.host_of(src) * c.gpus_per_host + rail * per
+        if c.domain_of(peer) != c.domain_of(src) or self.nvl_up[src] < 0:
+            return src
+        return peer
+
+    # -- public ------------------------------------------------------------------------------
+    def route(self, src: int, dst: int, *, pxn: bool | None = None, flow_key: int = 0) -> Route:
+        """Route from GPU ``src`` to GPU ``dst``.
+
+        ``pxn`` defaults to the cluster's setting; ``flow_key`` matters only to
+        ``ecmp_hash`` (different keys may hash onto different planes).
+        """
+        if pxn is None:
+            pxn = self.pxn_default
+        key = (src, dst, pxn, flow_key if self.policy == "ecmp_hash" else 0)
+        r = self._cache.get(key)
+        if r is not None:
+            return r
+        c = self.cluster
+        if not (0 <= src < c.num_gpus and 0 <= dst < c.num_gpus):
+            raise ConfigError("route", (src, dst), f"GPU ids must be in [0, {c.num_gpus})")
+        if src == dst:
+            r = _EMPTY
+        elif c.domain_of(src) == c.domain_of(dst):
+            r = Route(np.array([self.nvl_up[src], self.nvl_down[dst]], dtype=np.int64), np.ones(2))
+        else:
+            if c.nic_of(src) < 0:
+                raise ConfigError("cluster", c.spec.name, f"no path from gpu{src} to gpu{dst}")
+            links: list[int] = []
+            coefs: list[float] = []
+            relay = self.pxn_peer(src, dst) if (pxn and self.rail_optimized) else src
+            if relay != src:
+                links += [int(self.nvl_up[src]), int(self.nvl_down[relay])]
+                coefs += [1.0, 1.0]
+            sn, dn = c.nic_of(relay), c.nic_of(dst)
+            links.append(int(self.pcie_up[relay])); coefs.append(1.0)
+            if sn != dn:
+                if self.nic_leaf[sn] < 0 or self.nic_leaf[dn] < 0:
+                    raise ConfigError("cluster", c.spec.name, f"no path from gpu{src} to gpu{dst}")
+                fl, fc = self._fabric(sn, dn, flow_key)
+                links += fl; coefs += fc
+            links.append(int(self.pcie_down[dst])); coefs.append(1.0)
+            r = Route(np.array(links, dtype=np.int64), np.array(coefs, dtype=float))
+        self._cache[key] = r
+        return r
+
+    def path_latency(self, route: Route) -> float:
+        """Sum of the physical latencies of a route's links (spread links weighted by share)."""
+        if route.links.size == 0:
+            return 0.0
+        return float(np.dot(self.cluster.link_latency[route.links], route.coefs))
