@@ -1,0 +1,149 @@
+"""Command line: ``clustersim topo | collectives | demo``.
+
+Exit status: 0 done, 2 bad input (one line on stderr, no traceback), 1 internal error.
+(``clustersim run`` arrives with the end-to-end engine.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from topologies import CLUSTER_PRESETS, ConfigError, build_cluster
+from topologies.units import fmt_bytes, parse_size
+
+__all__ = ["main", "collective_table"]
+
+
+def _load_cluster(arg: str, overrides: list[str]):
+    """A preset name or a YAML file (a mapping, or a scenario with a ``cluster:`` key), plus key=value overrides."""
+    path = Path(arg)
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            raise ConfigError("cluster", arg, "file not found")
+        with path.open() as f:
+            data = yaml.safe_load(f)
+        if isinstance(data, dict) and "cluster" in data:
+            data = data["cluster"]
+        cfg = data if isinstance(data, dict) else {"preset": data}
+    else:
+        cfg = {"preset": arg}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError("--set", item, "expected key=value")
+        key, value = item.split("=", 1)
+        cfg[key] = yaml.safe_load(value)
+    return build_cluster(cfg)
+
+
+def collective_table(cluster, sizes, calibration=None) -> list[dict]:
+    """Predicted-and-simulated times of typical groups' collectives on an idle cluster."""
+    import simpy
+
+    from .collectives import CollectiveEngine
+
+    gph = cluster.gpus_per_host
+    groups = {f"TP {min(gph, cluster.num_gpus)} (one host)": list(range(min(gph, cluster.num_gpus)))}
+    if cluster.num_hosts > 1:
+        groups[f"DP {cluster.num_hosts} (one GPU per host)"] = [h * gph for h in range(cluster.num_hosts)]
+        groups[f"all {cluster.num_gpus} GPUs"] = list(range(cluster.num_gpus))
+    rows = []
+    for label, members in groups.items():
+        n = len(members)
+        for kind in ("all_reduce", "all_gather", "all_to_all"):
+            for size in sizes:
+                env = simpy.Environment()
+                eng = CollectiveEngine(env, cluster, calibration)
+                g = eng.register_group(members)
+                eng.issue(g, 0, kind, size, count=n)
+                env.run()
+                r = eng.records[-1]
+                t = r.end_s - r.arrive_s
+                bus = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "all_to_all": (n - 1) / n}[kind]
+                rows.append({"group": label, "kind": kind, "size_bytes": size, "algo": r.algo, "proto": r.proto,
+                             "time_s": t, "busbw_GBps": size / t * bus / 1e9})
+    return rows
+
+
+def _print_table(rows) -> None:
+    print(f"{'group':<28} {'collective':<11} {'size':>9} {'choice':<16} {'time':>10} {'bus bw':>11}")
+    for r in rows:
+        print(f"{r['group']:<28} {r['kind']:<11} {fmt_bytes(r['size_bytes']):>9} {r['algo'] + '/' + r['proto']:<16} "
+              f"{r['time_s'] * 1e6:>8.1f}us {r['busbw_GBps']:>7.1f}GB/s")
+
+
+def _contention_demo(cluster) -> None:
+    """A data-parallel all-reduce alone, then sharing the fabric with an all-to-all."""
+    import simpy
+
+    from .collectives import CollectiveEngine
+
+    gph = cluster.gpus_per_host
+    dp = [h * gph for h in range(cluster.num_hosts)]
+    size = 1 << 30
+    times = {}
+    for label in ("alone", "with all-to-all"):
+        env = simpy.Environment()
+        eng = CollectiveEngine(env, cluster)
+        g = eng.register_group(dp)
+        eng.issue(g, 0, "all_reduce", size, count=len(dp))
+        if label != "alone":
+            a2a = eng.register_group(range(cluster.num_gpus), group_id=99)
+            eng.issue(a2a, 0, "all_to_all", size, count=cluster.num_gpus)
+        env.run()
+        rec = next(r for r in eng.records if r.kind == "all_reduce")
+        times[label] = rec.end_s - rec.arrive_s
+    print(f"\ncontention: 1 GiB all-reduce over {len(dp)} hosts (rail 0) takes {times['alone'] * 1e3:.2f} ms alone, "
+          f"{times['with all-to-all'] * 1e3:.2f} ms while a 1 GiB all-to-all over all {cluster.num_gpus} GPUs "
+          f"shares the NICs ({times['with all-to-all'] / times['alone']:.2f}x)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="clustersim", description="Discrete-event simulator of LLM training clusters.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("topo", help="summarise a cluster (preset name or YAML)")
+    p.add_argument("cluster", help=f"preset ({', '.join(CLUSTER_PRESETS)}) or YAML file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a cluster field")
+    p.add_argument("--route", nargs=2, type=int, metavar=("SRC", "DST"), help="print the route between two GPUs")
+    p = sub.add_parser("collectives", help="time typical collectives on an idle cluster")
+    p.add_argument("cluster", nargs="?", default="dgx-h100")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--sizes", default="1MiB,64MiB,1GiB", help="comma-separated message sizes")
+    p.add_argument("--json", action="store_true", help="print JSON rows")
+    sub.add_parser("demo", help="the default demo: a 32-GPU H100 cluster, its collectives and contention")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "topo":
+            c = _load_cluster(args.cluster, args.set)
+            print(c.summary())
+            if args.route:
+                r = c.route(*args.route)
+                for l, coef in zip(r.links, r.coefs):
+                    u, v = c.link_nodes[l]
+                    print(f"  {u} -> {v}  {c.link_capacity[l] / 1e9:g} GB/s" + (f" x{coef:.3g}" if coef != 1 else ""))
+        elif args.cmd == "collectives":
+            c = _load_cluster(args.cluster, args.set)
+            sizes = [parse_size(s.strip(), "--sizes") for s in args.sizes.split(",")]
+            rows = collective_table(c, sizes)
+            if args.json:
+                print(json.dumps(rows, indent=1))
+            else:
+                print(c.summary() + "\n")
+                _print_table(rows)
+        elif args.cmd == "demo":
+            c = build_cluster("dgx-h100", num_nodes=4)
+            print(c.summary() + "\n")
+            _print_table(collective_table(c, [2**20, 64 * 2**20, 2**30]))
+            _contention_demo(c)
+    except ConfigError as e:
+        print(f"clustersim: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""The console script: real output, exit codes, one-line errors."""
+
+import json
+import subprocess
+import sys
+
+from simulator.cli import main
+
+
+def test_demo_prints_real_numbers(capsys):
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "32 x H100-SXM" in out and "nvls/Simple" in out and "contention:" in out
+
+
+def test_collectives_json(capsys):
+    assert main(["collectives", "dgx-a100", "--sizes", "1MiB,1GiB", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["kind"] for r in rows} == {"all_reduce", "all_gather", "all_to_all"}
+    big = next(r for r in rows if r["kind"] == "all_reduce" and r["size_bytes"] == 2**30)
+    assert 200 < big["busbw_GBps"] < 300          # A100 NVLink ring: ~231 GB/s (calibrated)
+
+
+def test_bad_input_exits_2_with_one_line():
+    p = subprocess.run([sys.executable, "-m", "simulator.cli", "topo", "dgx-h100", "--set", "nic_bandwidth=-1"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2
+    assert p.stderr.strip().count("\n") == 0 and "cluster.nic_bandwidth" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_topo_route(capsys):
+    assert main(["topo", "dgx-h100", "--set", "num_nodes=2", "--route", "0", "9"]) == 0
+    assert "nic0.1 -> leaf0.1" in capsys.readouterr().out
