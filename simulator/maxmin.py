@@ -94,7 +94,7 @@ def max_min_rates(ptr: np.ndarray, links: np.ndarray, coefs: np.ndarray | None, 
     fcap_a = fcap[fids]
     rounds = 0
     share = np.empty(Lc)
-    lmin = np.empty(Lc)
+    notb = np.empty(Lc, dtype=bool)
     while fids.size:
         rounds += 1
         share.fill(np.inf)
@@ -102,12 +102,17 @@ def max_min_rates(ptr: np.ndarray, links: np.ndarray, coefs: np.ndarray | None, 
         share[live] = np.maximum(rem[live], 0.0) / cnt[live]
         starts = np.zeros(fids.size, dtype=np.int64)
         np.cumsum(seg[:-1], out=starts[1:])
-        smin = np.minimum.reduceat(share[nz_link], starts)
+        s_nz = share[nz_link]
+        smin = np.minimum.reduceat(s_nz, starts)
         fmin = np.minimum(smin, fcap_a)
         fmin_nz = np.repeat(fmin, seg)
-        lmin.fill(np.inf)
-        np.minimum.at(lmin, nz_link, fmin_nz)
-        bott = share <= lmin * (1.0 + _REL)
+        # A link is a local bottleneck when no flow crossing it is held lower elsewhere:
+        # share <= fmin (1 + tol) for every crossing flow.  Marking the links that fail it
+        # is a plain scatter (no ufunc.at).
+        lower = fmin_nz * (1.0 + _REL) < s_nz
+        notb.fill(False)
+        notb[nz_link[lower]] = True
+        bott = ~notb
         frozen = np.logical_or.reduceat(bott[nz_link], starts) | (fcap_a <= smin * (1.0 + _REL))
         rate[fids[frozen]] = fmin[frozen]
         fro_nz = np.repeat(frozen, seg)

@@ -168,3 +168,22 @@ def test_oversubscribed_fabric_slows_a_cross_leaf_ring_by_the_bottleneck_ratio()
     assert bw_ratio > 1.5            # the test is not vacuous: the uplinks are the bottleneck at 2:1
     t_bw = {k: v - 6 * ALPHA for k, v in times.items()}
     close(t_bw[2.0] / t_bw[1.0], bw_ratio)
+
+
+def test_same_input_same_records():
+    def once():
+        c = build_cluster("dgx-h100", num_nodes=4, routing="ecmp_hash", seed=7)
+        env = simpy.Environment()
+        eng = CollectiveEngine(env, c)
+        tp = eng.register_group(range(8))
+        dp = eng.register_group([0, 8, 16, 24])
+        ep = eng.register_group(range(32))
+        for seq in range(3):
+            eng.issue(tp, seq, "all_reduce", 64 * 2**20, count=8)
+            eng.issue(dp, seq, "reduce_scatter", 2**30, count=4)
+            eng.issue(ep, seq, "all_to_all", 2**28, count=32)
+        env.run()
+        return [(r.group_id, r.seq, r.algo, r.proto, r.start_s, r.end_s) for r in eng.records], eng.net.link_bytes
+    a, bytes_a = once()
+    b, bytes_b = once()
+    assert a == b and np.array_equal(bytes_a, bytes_b)
