@@ -93,34 +93,43 @@ def max_min_rates(ptr: np.ndarray, links: np.ndarray, coefs: np.ndarray | None, 
     fcap = np.full(F, np.inf) if cap is None else np.asarray(cap, dtype=float)
     fcap_a = fcap[fids]
     rounds = 0
-    share = np.empty(Lc)
-    notb = np.empty(Lc, dtype=bool)
+    notb = np.zeros(Lc, dtype=bool)
     while fids.size:
         rounds += 1
-        share.fill(np.inf)
-        live = cnt > _EPS
-        share[live] = np.maximum(rem[live], 0.0) / cnt[live]
+        # Shares of the links live flows cross: per link when routes are long (ring
+        # channels put many entries on few links), else on the live route entries only,
+        # so late rounds with few live flows stay cheap.
+        if nz_link.size > 2 * Lc:   # many route entries per link: evaluate shares per link
+            share = np.full(Lc, np.inf)
+            np.divide(np.maximum(rem, 0.0), cnt, out=share, where=cnt > _EPS)
+            s_nz = share[nz_link]
+        else:                       # few: evaluate them on the live routes only
+            c_nz = cnt[nz_link]
+            s_nz = np.maximum(rem[nz_link], 0.0) / np.where(c_nz > _EPS, c_nz, 1.0)
+            s_nz[c_nz <= _EPS] = np.inf
         starts = np.zeros(fids.size, dtype=np.int64)
         np.cumsum(seg[:-1], out=starts[1:])
-        s_nz = share[nz_link]
         smin = np.minimum.reduceat(s_nz, starts)
         fmin = np.minimum(smin, fcap_a)
         fmin_nz = np.repeat(fmin, seg)
-        # A link is a local bottleneck when no flow crossing it is held lower elsewhere:
-        # share <= fmin (1 + tol) for every crossing flow.  Marking the links that fail it
-        # is a plain scatter (no ufunc.at).
+        # A link is a local bottleneck when no flow crossing it is held lower elsewhere
+        # (share <= fmin (1 + tol) for every crossing flow); mark the links that fail it.
         lower = fmin_nz * (1.0 + _REL) < s_nz
-        notb.fill(False)
+        notb[nz_link] = False
         notb[nz_link[lower]] = True
-        bott = ~notb
-        frozen = np.logical_or.reduceat(bott[nz_link], starts) | (fcap_a <= smin * (1.0 + _REL))
+        bott_nz = ~notb[nz_link]
+        frozen = np.logical_or.reduceat(bott_nz, starts) | (fcap_a <= smin * (1.0 + _REL))
         rate[fids[frozen]] = fmin[frozen]
+        # Every flow crossing a bottleneck link froze, so those links drop out with them.
         fro_nz = np.repeat(frozen, seg)
         k = nz_link[fro_nz]
         u = use[fro_nz]
-        rem -= np.bincount(k, weights=u * fmin_nz[fro_nz], minlength=Lc)
-        cnt -= np.bincount(k, weights=u, minlength=Lc)
-        cnt[bott] = 0.0
+        if 8 * k.size > Lc:        # dense release: one pass over the link table
+            rem -= np.bincount(k, weights=u * fmin_nz[fro_nz], minlength=Lc)
+            cnt -= np.bincount(k, weights=u, minlength=Lc)
+        else:                       # sparse release: touch only the freed links
+            np.subtract.at(rem, k, u * fmin_nz[fro_nz])
+            np.subtract.at(cnt, k, u)
         keep_nz = ~fro_nz
         keep = ~frozen
         nz_link, use = nz_link[keep_nz], use[keep_nz]
