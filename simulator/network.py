@@ -272,12 +272,10 @@ class FlowNetwork:
         finished = act[done]
         self._active = act[~done].tolist()
         self._pool_live -= int(self._len[finished].sum())
-        # load of finished flows leaves their links (the next solve recomputes the rest)
+        # exact byte accounting: add what rounding left in rem (about 0) to the links
         links, coefs = self._gather(finished)
         lens = self._len[finished]
         w = np.repeat(self._weight[finished], lens)
-        s = np.repeat(self._size[finished], lens)
-        # exact byte accounting: correct the integrated bytes for rounding of rem
         rem_nz = np.repeat(self._rem[finished], lens)
         np.add.at(self.link_bytes, links, rem_nz * w * coefs)
         for slot in finished.tolist():

@@ -18,7 +18,7 @@ arrays of link ids (see :mod:`topologies.routing`).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import networkx as nx
@@ -27,7 +27,7 @@ import yaml
 
 from . import builders
 from .errors import ConfigError, check_keys
-from .specs import (LINK_LATENCY_S, NIC_SPECS, PCIE_BANDWIDTH, TIER_INDEX, TIERS, GPUSpec, Tier,
+from .specs import (LINK_LATENCY_S, PCIE_BANDWIDTH, TIER_INDEX, TIERS, GPUSpec, Tier,
                     get_gpu_spec, get_nic_spec)
 from .units import fmt_bw, parse_bandwidth, parse_time
 

@@ -9,7 +9,7 @@ matmul FLOP/s, measured with stas00's mamf-finder) feed the compute model later.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 from .errors import ConfigError

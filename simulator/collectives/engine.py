@@ -22,7 +22,6 @@ Everything is callbacks on simpy events: no process per collective, no ``AllOf``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import simpy

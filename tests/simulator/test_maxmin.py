@@ -1,7 +1,6 @@
 """The vectorised max-min solver against textbook cases and a naive oracle."""
 
 import numpy as np
-import pytest
 from hypothesis import given, settings, strategies as st
 
 from simulator.maxmin import max_min_rates
