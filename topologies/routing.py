@@ -50,10 +50,6 @@ class Route(NamedTuple):
     links: np.ndarray
     coefs: np.ndarray
 
-    @property
-    def latency_key(self) -> tuple:
-        return tuple(self.links.tolist())
-
 
 _EMPTY = Route(np.empty(0, dtype=np.int64), np.empty(0, dtype=float))
 

@@ -21,7 +21,7 @@ Everything is callbacks on simpy events: no process per collective, no ``AllOf``
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import simpy
@@ -78,7 +78,6 @@ class _Call:
     arrived: int = 0
     first_s: float = 0.0
     event: simpy.Event | None = None
-    waiting: list = field(default_factory=list)
 
 
 class CollectiveEngine:
@@ -220,7 +219,7 @@ class CollectiveEngine:
                 continue
             if algo == "tree":
                 # NCCL models the tree's bandwidth as half the ring's bus bandwidth
-                rplan, rspb = self.plan(members, "all_reduce", "ring")
+                _, rspb = self.plan(members, "all_reduce", "ring")
                 n = len(members)
                 spb = rspb / (2 * (n - 1) / n) * 2.0
                 plan = self.plan(members, kind, "tree")[0]

@@ -27,7 +27,7 @@ channels = rails the members of a node can use):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -57,7 +57,6 @@ class Plan:
     latency_inter_s: float = 0.0
     """Largest physical latency among the plan's inter-node routes."""
     intra_hw: str = "nvlink"
-    extra: dict = field(default_factory=dict)
 
 
 def node_blocks(cluster: Cluster, members) -> list[list[int]]:

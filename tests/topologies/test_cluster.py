@@ -27,7 +27,7 @@ def test_units():
 
 @pytest.mark.parametrize("preset", CLUSTER_PRESETS)
 def test_every_preset_builds_and_routes(preset):
-    c = build_cluster(preset, num_nodes=None) if False else build_cluster(preset)
+    c = build_cluster(preset)
     assert c.num_gpus == c.spec.num_nodes * c.spec.gpus_per_host
     assert len(c.gpus) == c.num_gpus
     assert np.all(c.link_capacity > 0)
