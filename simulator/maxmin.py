@@ -120,6 +120,8 @@ def max_min_rates(ptr: np.ndarray, links: np.ndarray, coefs: np.ndarray | None, 
         bott_nz = ~notb[nz_link]
         frozen = np.logical_or.reduceat(bott_nz, starts) | (fcap_a <= smin * (1.0 + _REL))
         rate[fids[frozen]] = fmin[frozen]
+        if frozen.all():
+            break
         # Every flow crossing a bottleneck link froze, so those links drop out with them.
         fro_nz = np.repeat(frozen, seg)
         k = nz_link[fro_nz]

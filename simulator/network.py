@@ -43,6 +43,7 @@ import time
 import numpy as np
 import simpy
 
+from .allocator import tune_allocator
 from .maxmin import max_min_rates
 
 __all__ = ["FlowNetwork", "NetworkSnapshot"]
@@ -68,6 +69,7 @@ class FlowNetwork:
     """
 
     def __init__(self, env: simpy.Environment, capacity: np.ndarray, initial_flows: int = 1024):
+        tune_allocator()            # solves allocate many large temporaries: see simulator.allocator
         self.env = env
         self.capacity = np.asarray(capacity, dtype=float)
         self.num_links = self.capacity.size

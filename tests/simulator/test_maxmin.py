@@ -68,3 +68,12 @@ def test_agrees_with_naive_oracle(inst, data):
         for l, c in r:
             load[l] += fast[f] * c * weights[f]
     assert np.all(load <= np.asarray(capacity) * (1 + 1e-9))
+
+
+def test_allocator_tuning_is_idempotent_and_changes_no_result():
+    from simulator.allocator import tune_allocator
+    routes = [[(0, 1), (1, 1)], [(1, 1)], [(0, 2.0)]]
+    before = solve(routes, [4.0, 6.0])
+    first = tune_allocator()
+    assert tune_allocator() is first
+    np.testing.assert_array_equal(solve(routes, [4.0, 6.0]), before)
