@@ -69,7 +69,8 @@ class ClusterSpec:
     pxn: bool = True
     """Forward cross-rail traffic over NVLink to the peer on the destination rail (NCCL PXN)."""
     sharp: bool = False
-    """In-network reduction (SHARP / CollNet) declared by the cluster."""
+    """The switches reduce in network (InfiniBand SHARP): enables NCCL's CollNet Direct and
+    multi-node NVLS for all-reduce across nodes."""
     seed: int = 0
     """Seed of the ECMP hash."""
 
@@ -155,10 +156,6 @@ def spec_from_mapping(cfg: dict | str) -> ClusterSpec:
     for key in ("rail_optimized", "pxn", "sharp"):
         if key in d and not isinstance(d[key], bool):
             raise ConfigError(f"cluster.{key}", d[key], "must be true or false")
-    if d.get("sharp"):
-        # Declared SHARP would enable NCCL's CollNet algorithms; until they are modelled,
-        # accepting the flag would silently simulate a cluster without it.
-        raise ConfigError("cluster.sharp", True, "in-network reduction (SHARP / CollNet) is not modelled yet")
     return ClusterSpec(
         name=str(d.get("name", "custom")), gpu=gpu, num_nodes=num_nodes, gpus_per_host=gph,
         nvlink_domain_size=_int(d, "nvlink_domain_size", min(gpu.nvlink_domain_size, gph * num_nodes)),

@@ -215,6 +215,27 @@ class Router:
         self._cache[key] = r
         return r
 
+    def reduction_tree(self, nics, plane: int) -> tuple[list[int], float]:
+        """Switch links of a SHARP aggregation tree over ``nics`` rooted in spine plane ``plane``.
+
+        Each NIC's stream enters its leaf; a leaf with member NICs sends one reduced
+        stream up to the plane's spine of its pod and receives the result back; pods
+        meet at a core switch the same way.  Returns the links (both directions) and the
+        physical latency of the longest leaf-to-root path.  NIC links are not included.
+        """
+        leaves = sorted({int(self.nic_leaf[n]) for n in nics})
+        if len(leaves) <= 1 or self.num_spines == 0:
+            return [], 0.0
+        s = plane % self.num_spines
+        pods = sorted({int(self.leaf_pod[l]) for l in leaves})
+        links = [int(x) for l in leaves for x in (self.leaf_spine[l, s], self.spine_leaf[l, s])]
+        if len(pods) > 1:
+            c = plane % self.num_cores
+            links += [int(x) for p in pods for x in (self.spine_core[p, s, c], self.core_spine[p, s, c])]
+        lat = self.cluster.link_latency
+        depth = lat[links[0]] + (lat[links[-1]] if len(pods) > 1 else 0.0)
+        return links, float(depth)
+
     def path_latency(self, route: Route) -> float:
         """Sum of the physical latencies of a route's links (spread links weighted by share)."""
         if route.links.size == 0:

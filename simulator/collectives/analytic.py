@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 __all__ = ["ring_all_reduce", "ring_all_gather", "ring_reduce_scatter", "chain_broadcast", "tree_all_reduce",
-           "nvls_all_reduce", "p2p", "uniform_all_to_all"]
+           "nvls_all_reduce", "p2p", "uniform_all_to_all", "sharp_all_reduce"]
 
 
 def ring_all_reduce(n: int, S: float, B: float, alpha: float) -> float:
@@ -70,3 +70,15 @@ def uniform_all_to_all(num_nodes: int, ppn: int, s: float, B_nvlink: float, B_ni
     nvl = (ppn - 1) * s * num_nodes / B_nvlink if ppn > 1 else 0.0
     nic = ppn * (num_nodes - 1) * s / B_nic if num_nodes > 1 else 0.0
     return max(nvl, nic) + alpha
+
+
+def sharp_all_reduce(ppn: int, S: float, B_nvlink: float, B_nic: float, alpha: float, nvls: bool = False) -> float:
+    """In-network (SHARP) all-reduce across nodes of ``ppn`` ranks, every rank a NIC head.
+
+    Inside a node: direct reduce-scatter plus all-gather, 2 (ppn-1)/ppn S per NVLink port
+    (NVLS: S (1 + 1/ppn)); across nodes each head moves its S/ppn slice to the switches
+    and back once.  The two stages pipeline, so the slower one sets the time; latency
+    2 alpha (up the aggregation tree and down).
+    """
+    intra = (1 + 1 / ppn) * S / B_nvlink if nvls else 2 * (ppn - 1) / ppn * S / B_nvlink
+    return max(intra, S / ppn / B_nic) + 2 * alpha

@@ -33,7 +33,8 @@ from ..maxmin import max_min_rates
 from ..network import FlowNetwork
 from . import nccl
 from .calibration import CALIBRATIONS, Calibration, get_calibration
-from .plans import Plan, alltoall_plan, node_blocks, nvls_plan, nvls_tree_plan, p2p_plan, ring_plan, tree_plan
+from .plans import (Plan, alltoall_plan, collnet_plan, node_blocks, nvls_plan, nvls_tree_plan, p2p_plan, ring_plan,
+                    tree_plan)
 
 __all__ = ["CollectiveEngine", "CollectiveRecord", "CollectiveError", "KINDS", "effective_capacity"]
 
@@ -136,7 +137,10 @@ class CollectiveEngine:
         elif algo == "tree":
             p = tree_plan(c, members)
         elif algo == "nvls":
-            p = nvls_plan(c, members)
+            multi = len(node_blocks(c, members)) > 1
+            p = collnet_plan(c, members, nvls=True) if multi else nvls_plan(c, members)
+        elif algo == "collnet_direct":
+            p = collnet_plan(c, members, nvls=False)
         elif algo == "nvls_tree":
             p = nvls_tree_plan(c, members)
         else:
@@ -158,13 +162,19 @@ class CollectiveEngine:
         bpb = np.array([f.bytes_per_byte for f in p.flows])
         return float(np.max(bpb / rate))
 
-    def _nvls_factor(self, algo: str) -> float:
-        return self.cal.nvls_efficiency if algo in ("nvls", "nvls_tree") and not self.cal.ideal else 1.0
+    def _algo_factor(self, algo: str) -> float:
+        if self.cal.ideal:
+            return 1.0
+        if algo in ("nvls", "nvls_tree"):
+            return self.cal.nvls_efficiency
+        if algo == "collnet_direct":
+            return nccl.COLLNET_FACTOR[self.generation]
+        return 1.0
 
     def bandwidth_factor(self, kind: str, algo: str, proto: str, n_nodes: int, size: float) -> float:
         if self.cal.ideal:
             return 1.0
-        return nccl.bandwidth_factor(kind, algo, proto, n_nodes, size) * self._nvls_factor(algo)
+        return nccl.bandwidth_factor(kind, algo, proto, n_nodes, size) * self._algo_factor(algo)
 
     def ll_cap(self, algo: str, proto: str, n_nodes: int) -> float | None:
         """NCCL's cap on LL bus bandwidth (bytes/s), or None."""
@@ -189,7 +199,7 @@ class CollectiveEngine:
                 return nccl.num_steps(kind, n) * a if kind != "broadcast" else (n - 1) * a
             if plan.algo == "tree":
                 return 2 * ((n // N - 1) + nccl._log2i(N)) * a
-            if plan.algo == "nvls":
+            if plan.algo in ("nvls", "collnet_direct"):
                 return 2 * a
             if plan.algo == "nvls_tree":
                 return (2 + 2 * nccl._log2i(N)) * a
@@ -214,8 +224,9 @@ class CollectiveEngine:
         ppn = len(members) // N
         equal = all(len(b) == ppn for b in blocks)
         out = {}
-        for algo, proto in nccl.enabled_algorithms(kind, N, self.nvls_capable and equal, ppn):
-            if algo == "nvls_tree" and not equal:
+        sharp = self.cluster.spec.sharp
+        for algo, proto in nccl.enabled_algorithms(kind, N, self.nvls_capable and equal, ppn, sharp):
+            if algo in ("nvls_tree", "collnet_direct") and not equal:
                 continue
             if algo == "tree":
                 # NCCL models the tree's bandwidth as half the ring's bus bandwidth

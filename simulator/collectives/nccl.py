@@ -18,7 +18,7 @@ import math
 __all__ = ["ALGORITHMS", "PROTOCOLS", "BASE_LAT_US", "HW_LAT_US", "TREE_CORRECTION", "LL_MAX_BW_GBPS",
            "latency_us", "bandwidth_factor", "enabled_algorithms"]
 
-ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree")
+ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree", "collnet_direct")
 PROTOCOLS = ("LL", "LL128", "Simple")
 _P = {p: i for i, p in enumerate(PROTOCOLS)}
 
@@ -28,13 +28,17 @@ BASE_LAT_US = {
     "ring": (6.6, 14.0, 8.4),
     "nvls": (0.0, 0.0, 0.0),
     "nvls_tree": (0.0, 0.0, 0.0),
+    "collnet_direct": (0.0, 0.0, 0.0),
 }
 
 # tuning.cc L143-156: hwLat[NVLINK | PCI | NET][algo][proto] (us)
 HW_LAT_US = {
-    "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": (0, 0, 25.0), "nvls_tree": (0, 0, 25.0)},
-    "pci": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7), "nvls": (0, 0, 0.0), "nvls_tree": (0, 0, 0.0)},
-    "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "nvls": (0, 0, 18.0), "nvls_tree": (0, 0, 14.0)},
+    "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": (0, 0, 25.0), "nvls_tree": (0, 0, 25.0),
+               "collnet_direct": (0, 0, 3.7)},
+    "pci": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7), "nvls": (0, 0, 0.0), "nvls_tree": (0, 0, 0.0),
+            "collnet_direct": (0, 0, 3.7)},
+    "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "nvls": (0, 0, 18.0), "nvls_tree": (0, 0, 14.0),
+            "collnet_direct": (0, 0, 31.0)},
 }
 
 # tuning.cc L555-559: treeCorrectionFactor[proto][log2(nBytes >> 6)], applied to tree all-reduce
@@ -51,6 +55,11 @@ LL_MAX_BW_GBPS = {
     "hopper": (141.0, 39.0, 20.4),
     "blackwell": (2 * 141.0, 39.0, 20.4),
 }
+
+# CollNet Direct Simple bus bandwidth on sm90+ (tuning.cc L279-298: "busBw *= 0.85").
+COLLNET_FACTOR = {"ampere": 1.0, "hopper": 0.85, "blackwell": 0.85}
+# CollNet Direct "arity serialization" latency per extra local rank (us, tuning.cc L362-364).
+COLLNET_ARITY_US = 0.4
 
 # Network post overhead (tuning.cc getNetOverhead, L201-209): 1 us on Intel/other CPUs.
 NET_OVERHEAD_US = 1.0
@@ -104,6 +113,9 @@ def latency_us(kind: str, algo: str, proto: str, n_ranks: int, n_nodes: int, int
         return intra + (inter if n_nodes > 1 else 0.0)
     if algo == "nvls_tree":
         return lat + intra + 2 * _log2i(n_nodes) * inter
+    if algo == "collnet_direct":
+        p_int = n_ranks // n_nodes
+        return lat + 2 * (min(1, p_int - 1) * intra + (p_int - 1) * COLLNET_ARITY_US) + inter
     raise ValueError(algo)
 
 
@@ -131,14 +143,16 @@ def bandwidth_factor(kind: str, algo: str, proto: str, n_nodes: int, size_bytes:
     return f
 
 
-def enabled_algorithms(kind: str, n_nodes: int, nvls_capable: bool, ppn: int) -> list[tuple[str, str]]:
+def enabled_algorithms(kind: str, n_nodes: int, nvls_capable: bool, ppn: int,
+                       sharp: bool = False) -> list[tuple[str, str]]:
     """(algorithm, protocol) pairs NCCL would consider for a call (tuning.cc L255-264, L436-471;
     enqueue.cc updateCollCostTable).
 
     Broadcast: ring.  All-gather / reduce-scatter: ring.  All-reduce: ring and tree (tree
     only across nodes here: inside one node NCCL's tree is a chain that never wins),
-    NVLS on one NVSwitch node (Hopper+, more than 2 GPUs), NVLS-tree across nodes.
-    NVLS across nodes needs CollNet/SHARP, which clustersim does not model yet.
+    NVLS on one NVSwitch node (Hopper+, more than 2 GPUs), NVLS-tree across nodes.  Where
+    the cluster declares SHARP (NCCL's CollNet enabled) an all-reduce across nodes may
+    also use CollNet Direct (at most 8 local ranks) and NVLS across nodes.
     """
     out = [("ring", p) for p in PROTOCOLS]
     if kind == "all_reduce":
@@ -146,4 +160,8 @@ def enabled_algorithms(kind: str, n_nodes: int, nvls_capable: bool, ppn: int) ->
             out += [("tree", p) for p in PROTOCOLS]
         if nvls_capable and ppn > 2:
             out.append(("nvls", "Simple") if n_nodes == 1 else ("nvls_tree", "Simple"))
+            if n_nodes > 1 and sharp:
+                out.append(("nvls", "Simple"))
+        if n_nodes > 1 and sharp and ppn <= 8:
+            out.append(("collnet_direct", "Simple"))
     return out

@@ -21,6 +21,12 @@ channels = rails the members of a node can use):
                slice, then multicast of the reduced slice).
 ``nvls_tree``  NVLS inside each node plus, per rail, a double binary tree across nodes on
                the node's ``S/ppn`` slice.
+``collnet_direct``  all-reduce with SHARP (cluster declares it): inside each node every
+               member reduce-scatters and later all-gathers over NVLink
+               (``2 (ppn-1)/ppn x S`` each way), and member ``i`` of every node sends slice
+               ``i`` (``S/ppn``) through its NIC into the switches' aggregation tree and
+               gets the reduced slice back.  ``nvls`` across nodes is the same with the
+               NVLS in-switch reduction inside the nodes.
 ``direct``     all-to-all: one independent flow per (source, destination) pair, routed
                with PXN; send/recv: one flow.
 """
@@ -33,7 +39,7 @@ import numpy as np
 
 from topologies import Cluster
 
-__all__ = ["ChannelFlow", "Plan", "node_blocks", "ring_plan", "tree_plan", "nvls_plan", "nvls_tree_plan",
+__all__ = ["ChannelFlow", "Plan", "node_blocks", "ring_plan", "tree_plan", "nvls_plan", "nvls_tree_plan", "collnet_plan",
            "alltoall_plan", "p2p_plan", "binary_tree", "double_binary_tree"]
 
 
@@ -215,6 +221,31 @@ def nvls_tree_plan(cluster: Cluster, members) -> Plan:
         flows += f
         lat = max(lat, l)
     return Plan("nvls_tree", flows, len(members), len(blocks), ppn, lat)
+
+
+def collnet_plan(cluster: Cluster, members, nvls: bool) -> Plan:
+    """SHARP all-reduce across nodes (``collnet_direct``, or ``nvls`` when ``nvls``)."""
+    members = list(members)
+    blocks = node_blocks(cluster, members)
+    ppn = len(blocks[0])
+    r = cluster.router
+    flows = []
+    for b in blocks:
+        if nvls:
+            flows.append(_nvls_flow(cluster, b))
+        elif ppn > 1:
+            links = np.concatenate([r.nvl_up[b], r.nvl_down[b]])
+            flows.append(ChannelFlow(links, np.ones(links.size), 2.0 * (ppn - 1) / ppn))
+    lat = 0.0
+    for i in range(ppn):
+        heads = [b[i] for b in blocks]
+        nics = [cluster.nic_of(g) for g in heads]
+        tree, depth = r.reduction_tree(nics, plane=i)
+        links = [int(x) for g, n in zip(heads, nics)
+                 for x in (r.pcie_up[g], r.nic_up[n], r.nic_down[n], r.pcie_down[g])] + tree
+        lat = max(lat, 2 * (depth + cluster.link_latency[r.nic_up[nics[0]]]))
+        flows.append(ChannelFlow(np.array(links, dtype=np.int64), np.ones(len(links)), 1.0 / ppn, inter_node=True))
+    return Plan("nvls" if nvls else "collnet_direct", flows, len(members), len(blocks), ppn, lat)
 
 
 def alltoall_plan(cluster: Cluster, members, sizes: np.ndarray) -> Plan:

@@ -187,3 +187,30 @@ def test_same_input_same_records():
     a, bytes_a = once()
     b, bytes_b = once()
     assert a == b and np.array_equal(bytes_a, bytes_b)
+
+
+@pytest.mark.parametrize("hosts", [2, 4])
+@pytest.mark.parametrize("algo", ["collnet_direct", "nvls"])
+def test_sharp_all_reduce_across_leaves(hosts, algo):
+    # two hosts per leaf, so the aggregation tree climbs to a spine
+    c = fast_nvlink_cluster(hosts, hosts_per_leaf=2, sharp=True)
+    t, eng = run_one(c, range(8 * hosts), "all_reduce", S, algo)
+    close(t, A.sharp_all_reduce(8, S, 2000e9, 50e9, ALPHA, nvls=(algo == "nvls")))
+    plan = eng.plan(tuple(range(8 * hosts)), "all_reduce", algo)[0]
+    spine_links = [l for f in plan.flows for l in f.links if "spine" in c.link_nodes[l][1]]
+    assert bool(spine_links) == (hosts > 2)
+
+
+def test_sharp_is_offered_only_where_declared():
+    plain = build_cluster("dgx-h100", num_nodes=4)
+    sharp = build_cluster("dgx-h100", num_nodes=4, sharp=True)
+    members = tuple(range(32))
+    algos = {a for a, _ in CollectiveEngine(simpy.Environment(), plain).predict(members, "all_reduce", 2**30)}
+    assert "collnet_direct" not in algos and "nvls" not in algos
+    eng = CollectiveEngine(simpy.Environment(), sharp)
+    pred = eng.predict(members, "all_reduce", 2**30)
+    assert {("collnet_direct", "Simple"), ("nvls", "Simple")} <= set(pred)
+    # in-network reduction moves S/8 per NIC instead of a ring's ~2S/8: it wins for large messages
+    assert eng.choose(members, "all_reduce", 2**30)[0] in ("collnet_direct", "nvls")
+    with pytest.raises(Exception):
+        CollectiveEngine(simpy.Environment(), plain).choose(members, "all_reduce", 2**30, algo="collnet_direct")

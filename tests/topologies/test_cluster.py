@@ -135,7 +135,7 @@ def test_routing_policies():
     ({"preset": "dgx-h100", "oversubscription": 0}, "cluster.oversubscription"),
     ({"preset": "gb200-nvl72", "num_nodes": 20}, "cluster.nvlink_domain_size"),
     ({"gpu": "Z100", "num_nodes": 1}, "cluster.gpu"),
-    ({"preset": "dgx-h100", "sharp": True}, "cluster.sharp"),
+    ({"preset": "dgx-h100", "sharp": "yes"}, "cluster.sharp"),
 ])
 def test_bad_input_names_field_value_and_rule(cfg, field):
     with pytest.raises(ConfigError) as e:
