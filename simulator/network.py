@@ -167,6 +167,24 @@ class FlowNetwork:
             return np.zeros_like(capacity)
         return (b.link_bytes - a.link_bytes) / (capacity * window)
 
+    @staticmethod
+    def tier_summary(a: NetworkSnapshot, b: NetworkSnapshot, capacity: np.ndarray, link_tier: np.ndarray,
+                     tier_names) -> dict[str, dict[str, float]]:
+        """Per tier, between two snapshots: bytes carried, busy link-seconds, and mean
+        utilisation (bytes over the tier's total capacity x window)."""
+        window = b.time_s - a.time_s
+        moved = b.link_bytes - a.link_bytes
+        busy = b.link_busy_s - a.link_busy_s
+        out = {}
+        for i, name in enumerate(tier_names):
+            sel = link_tier == i
+            if not sel.any():
+                continue
+            cap = float(capacity[sel].sum())
+            out[str(name)] = {"bytes": float(moved[sel].sum()), "busy_link_s": float(busy[sel].sum()),
+                              "utilization": float(moved[sel].sum() / (cap * window)) if window > 0 else 0.0}
+        return out
+
     # -- internals ---------------------------------------------------------------------------
     def _alloc(self) -> int:
         if not self._free:

@@ -78,3 +78,15 @@ def test_rates_are_solved_once_per_instant():
     # starts at t=0 (1 solve), all finish together at t=0.5 (1 solve), starts at t=1,
     # finish at t=1.5: four instants with flows changing, and no more solves than that
     assert net.num_solves <= 4
+
+
+def test_per_tier_accounting_over_a_window():
+    env = simpy.Environment()
+    net = FlowNetwork(env, np.array([10.0, 10.0, 20.0]))
+    tier = np.array([0, 0, 1])
+    start = net.snapshot()
+    net.transfer(np.array([0, 2]), 10.0)      # 1 s at 10 B/s over tiers 0 and 1
+    env.run()
+    s = FlowNetwork.tier_summary(start, net.snapshot(), net.capacity, tier, ["nvlink", "ib"])
+    assert s["nvlink"] == {"bytes": 10.0, "busy_link_s": 1.0, "utilization": 0.5}
+    assert s["ib"] == {"bytes": 10.0, "busy_link_s": 1.0, "utilization": 0.5}
