@@ -1,0 +1,360 @@
+"""`ParallelConfig`: the 5D parallel layout, its training knobs, and their validation.
+
+Degrees
+-------
+Dense layers use the axes (tp, cp, dp, pp); MoE layers use (etp, ep, edp, pp) over the
+same ranks, with ``tp * cp * dp == etp * ep * edp`` (Megatron-Core "MoE parallel
+folding"; etp defaults to tp).  Two ways to write the degrees are accepted:
+
+* **Folded form** (Megatron-Core's own): give ``dp`` as the dense data-parallel degree
+  and any of ``etp`` / ``edp``; the missing expert degree is derived from the identity
+  above.  Example: 64 GPUs, ``tp=2, cp=1, dp=8, pp=4, ep=4, etp=1`` gives ``edp=4``.
+* **Five-degree shorthand** (the seed texts' ``world = dp * tp * pp * cp * ep``): give
+  ``dp`` *without* ``etp`` / ``edp``; EP is carved out of data parallelism, so the dense
+  data-parallel degree is ``dp * ep``, ``etp = tp`` and ``edp = dp * cp``.  Example:
+  64 GPUs, ``dp=2, tp=2, pp=4, cp=1, ep=4`` is dense DP 8, expert DP 2.
+
+A Megatron-LM command line states the dense DP implicitly (world / (tp * cp * pp)) and
+it *includes* EP; :meth:`ParallelConfig.from_megatron` takes that form.
+
+``dp = -1`` means "whatever is left": resolved against the GPU count by
+:meth:`ParallelConfig.resolve`.
+
+All errors are :class:`~topologies.ConfigError` naming the field, the value and the rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+from topologies import ConfigError
+from topologies.errors import check_keys
+
+__all__ = ["ParallelConfig", "SCHEDULE_NAMES", "RECOMPUTE_KINDS", "split_layers", "parse_pipeline_layout"]
+
+SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "dualpipe")
+RECOMPUTE_KINDS = ("none", "selective", "full")
+RECOMPUTE_METHODS = ("uniform", "block")
+RECOMPUTE_MODULES = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_proj", "shared_experts")
+MESH_AXES = ("tp", "cp", "ep", "dp", "pp")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelConfig:
+    """A 5D parallel layout plus the knobs that shape a training step."""
+
+    tp: int = 1
+    """Tensor-parallel degree (dense layers). 1 means disabled."""
+    cp: int = 1
+    """Context-parallel degree: the sequence is split over cp ranks (load-balanced causal split)."""
+    dp: int = 1
+    """Dense data-parallel degree (folded form); -1 before :meth:`resolve` means "the rest"."""
+    pp: int = 1
+    """Pipeline-parallel degree."""
+    ep: int = 1
+    """Expert-parallel degree (MoE layers)."""
+    etp: int = 0
+    """Expert tensor-parallel degree; 0 means "same as tp"."""
+    edp: int = 0
+    """Expert data-parallel degree; 0 means "derived": tp*cp*dp / (etp*ep)."""
+    micro_batch_size: int = 1
+    """Sequences per micro-batch per data-parallel rank."""
+    global_batch_size: int = 0
+    """Sequences per optimizer step over all replicas; 0 means micro_batch_size * dp."""
+    seq_len: int | None = None
+    """Tokens per sequence; None means the model's default."""
+    schedule: str = "1f1b"
+    """Pipeline schedule: gpipe | 1f1b | interleaved_1f1b | zb_h1 | dualpipe."""
+    vpp: int = 1
+    """Model chunks (virtual stages) per pipeline rank; > 1 only with interleaved_1f1b."""
+    zero_stage: int = 1
+    """ZeRO stage 0-3 (3 = FSDP: parameters sharded and gathered per layer)."""
+    distributed_optimizer: bool = True
+    """Megatron's distributed optimizer (ZeRO-1 style sharding of optimizer state over DP)."""
+    sequence_parallel: bool = True
+    """Sequence parallelism in the TP group (norms and dropout sharded along the sequence)."""
+    recompute: str = "selective"
+    """Activation recomputation: none | selective | full."""
+    recompute_num_layers: int | None = None
+    """With full recompute: layers per stage (uniform: per group) that recompute."""
+    recompute_method: str = "uniform"
+    """With full recompute: uniform | block (Megatron's --recompute-method)."""
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    """With selective recompute: modules recomputed (Megatron-Core's --recompute-modules)."""
+    mesh_order: str = "tp-cp-ep-dp-pp"
+    """Rank order of the mesh axes, innermost first (Megatron's convention)."""
+    num_layers_in_first_pipeline_stage: int | None = None
+    num_layers_in_last_pipeline_stage: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    pipeline_layout: str | None = None
+    """Explicit layer layout, Megatron style: virtual stages separated by '|', tokens
+    ``E`` (embedding), ``t`` (transformer layer), ``m`` (MTP layer), ``L`` (loss), with
+    repetition ``t*3`` and ``(tt|)*2``."""
+
+    # -- derived ---------------------------------------------------------------------------
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        if self.edp:
+            return self.edp
+        return (self.tp * self.cp * self.dp) // (self.expert_tp * self.ep)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def batch_size(self) -> int:
+        """Global batch in sequences (``global_batch_size``, or one micro-batch per replica)."""
+        return self.global_batch_size or self.micro_batch_size * self.dp
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per step per data-parallel replica."""
+        return self.batch_size // (self.micro_batch_size * self.dp)
+
+    # -- construction ----------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "parallel") -> "ParallelConfig":
+        """From a YAML mapping; see the module docstring for the two ways to give degrees."""
+        if not isinstance(d, dict):
+            raise ConfigError(where, d, "expected a mapping")
+        names = {f.name for f in dataclasses.fields(cls)}
+        check_keys(d, names, where)
+        kw = dict(d)
+        if "recompute_modules" in kw and isinstance(kw["recompute_modules"], list):
+            kw["recompute_modules"] = tuple(kw["recompute_modules"])
+        for key in ("tp", "cp", "dp", "pp", "ep", "etp", "edp", "micro_batch_size", "global_batch_size", "vpp",
+                    "zero_stage", "seq_len", "recompute_num_layers", "num_layers_in_first_pipeline_stage",
+                    "num_layers_in_last_pipeline_stage"):
+            v = kw.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise ConfigError(f"{where}.{key}", v, "must be an integer")
+        for key in ("distributed_optimizer", "sequence_parallel", "account_for_embedding_in_pipeline_split",
+                    "account_for_loss_in_pipeline_split"):
+            if key in kw and not isinstance(kw[key], bool):
+                raise ConfigError(f"{where}.{key}", kw[key], "must be true or false")
+        shorthand = "etp" not in d and "edp" not in d and kw.get("ep", 1) > 1 and kw.get("dp", 1) != -1
+        if shorthand:
+            # five-degree form: EP carved from data parallelism
+            dp, ep, cp = kw.get("dp", 1), kw["ep"], kw.get("cp", 1)
+            kw["dp"] = dp * ep
+            kw["etp"] = kw.get("tp", 1)
+            kw["edp"] = dp * cp
+        cfg = cls(**kw)
+        cfg.check(where)
+        return cfg
+
+    @classmethod
+    def from_megatron(cls, *, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, etp: int | None = None,
+                      world_size: int, **kw) -> "ParallelConfig":
+        """Megatron-LM's degrees: dense DP is implicit (world / (tp*cp*pp)) and includes EP."""
+        denom = tp * cp * pp
+        if world_size % denom:
+            raise ConfigError("world_size", world_size, f"must be divisible by tp*cp*pp = {denom}")
+        dp = world_size // denom
+        etp = tp if etp is None else etp
+        if (tp * cp * dp) % (etp * ep):
+            raise ConfigError("ep", ep, f"etp*ep = {etp * ep} must divide tp*cp*dp = {tp * cp * dp}")
+        cfg = cls(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, etp=etp, edp=(tp * cp * dp) // (etp * ep), **kw)
+        cfg.check()
+        return cfg
+
+    def resolve(self, num_gpus: int) -> "ParallelConfig":
+        """Fill ``dp = -1`` from the GPU count and check the world size."""
+        cfg = self
+        if self.dp == -1:
+            rest = self.tp * self.cp * self.pp
+            if num_gpus % rest:
+                raise ConfigError("parallel.dp", -1,
+                                  f"the GPU count {num_gpus} is not divisible by tp*cp*pp = {rest}")
+            cfg = dataclasses.replace(self, dp=num_gpus // rest)
+            cfg.check()
+        if cfg.world_size != num_gpus:
+            raise ConfigError("parallel", cfg.describe(),
+                              f"tp*cp*dp*pp = {cfg.world_size} must equal the number of GPUs, {num_gpus}")
+        return cfg
+
+    def describe(self) -> str:
+        s = f"tp={self.tp} cp={self.cp} dp={self.dp} pp={self.pp}"
+        if self.ep > 1 or self.etp:
+            s += f" | etp={self.expert_tp} ep={self.ep} edp={self.expert_dp}"
+        return s
+
+    # -- validation --------------------------------------------------------------------------
+    def check(self, where: str = "parallel") -> None:
+        """Rules that need no model or cluster."""
+        for key in ("tp", "cp", "pp", "ep", "vpp", "micro_batch_size"):
+            v = getattr(self, key)
+            if v < 1:
+                raise ConfigError(f"{where}.{key}", v, "must be >= 1")
+        if self.dp < 1 and self.dp != -1:
+            raise ConfigError(f"{where}.dp", self.dp, "must be >= 1, or -1 for the rest of the GPUs")
+        for key in ("etp", "edp", "global_batch_size"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{where}.{key}", getattr(self, key), "must be >= 0 (0: derived)")
+        if self.dp != -1:
+            dense = self.tp * self.cp * self.dp
+            if self.edp:
+                if self.expert_tp * self.ep * self.edp != dense:
+                    raise ConfigError(f"{where}.edp", self.edp,
+                                      f"etp*ep*edp = {self.expert_tp}*{self.ep}*{self.edp} must equal "
+                                      f"tp*cp*dp = {dense} (MoE parallel folding)")
+            elif dense % (self.expert_tp * self.ep):
+                raise ConfigError(f"{where}.ep", self.ep,
+                                  f"etp*ep = {self.expert_tp * self.ep} must divide tp*cp*dp = {dense}")
+            if self.batch_size % (self.micro_batch_size * self.dp):
+                raise ConfigError(f"{where}.global_batch_size", self.global_batch_size,
+                                  f"must be a multiple of micro_batch_size x dp = {self.micro_batch_size * self.dp}")
+        if self.schedule not in SCHEDULE_NAMES:
+            raise ConfigError(f"{where}.schedule", self.schedule, f"must be one of {', '.join(SCHEDULE_NAMES)}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ConfigError(f"{where}.zero_stage", self.zero_stage, "must be 0, 1, 2 or 3")
+        if self.recompute not in RECOMPUTE_KINDS:
+            raise ConfigError(f"{where}.recompute", self.recompute, f"must be one of {', '.join(RECOMPUTE_KINDS)}")
+        if self.recompute_method not in RECOMPUTE_METHODS:
+            raise ConfigError(f"{where}.recompute_method", self.recompute_method,
+                              f"must be one of {', '.join(RECOMPUTE_METHODS)}")
+        for m in self.recompute_modules:
+            if m not in RECOMPUTE_MODULES:
+                raise ConfigError(f"{where}.recompute_modules", m, f"unknown module; known: {', '.join(RECOMPUTE_MODULES)}")
+        if self.recompute_num_layers is not None and self.recompute_num_layers < 1:
+            raise ConfigError(f"{where}.recompute_num_layers", self.recompute_num_layers, "must be >= 1")
+        axes = self.mesh_order.split("-")
+        if sorted(axes) != sorted(MESH_AXES):
+            raise ConfigError(f"{where}.mesh_order", self.mesh_order,
+                              f"must name each of {', '.join(MESH_AXES)} once, innermost first")
+
+    def check_model(self, model, where: str = "parallel") -> None:
+        """Rules that involve the model (``model`` is a workloads ModelSpec)."""
+        heads = model.num_attention_heads
+        kv = model.num_kv_heads
+        if heads % self.tp:
+            raise ConfigError(f"{where}.tp", self.tp, f"must divide the attention heads ({heads})")
+        if kv % self.tp and self.tp % kv:
+            raise ConfigError(f"{where}.tp", self.tp,
+                              f"must divide the KV heads ({kv}) or be a multiple of them (replicated KV heads)")
+        moe = getattr(model, "moe", None)
+        if moe is not None:
+            if moe.num_experts % self.ep:
+                raise ConfigError(f"{where}.ep", self.ep, f"must divide the number of experts ({moe.num_experts})")
+        elif self.ep > 1:
+            raise ConfigError(f"{where}.ep", self.ep, "expert parallelism needs a mixture-of-experts model")
+        seq = self.seq_len or model.seq_len
+        if self.cp > 1 and seq % (2 * self.cp):
+            raise ConfigError(f"{where}.seq_len", seq,
+                              f"must be divisible by 2 x cp = {2 * self.cp} (load-balanced causal split)")
+        if self.sequence_parallel and self.tp > 1 and (seq // self.cp) % self.tp:
+            raise ConfigError(f"{where}.seq_len", seq, f"the per-CP-rank sequence must divide by tp = {self.tp} "
+                                                       "(sequence parallelism)")
+        split_layers(model.num_layers, self, mtp_layers=getattr(model, "mtp_layers", 0), where=where)
+
+    def check_schedule(self, where: str = "parallel") -> None:
+        """Micro-batch and vpp rules of the pipeline schedule."""
+        from .schedules import validate_schedule_config
+        validate_schedule_config(self.schedule, self.pp, self.num_microbatches, self.vpp)
+
+
+# -- pipeline split --------------------------------------------------------------------------
+_KNOBS = ("num_layers_in_first_pipeline_stage, num_layers_in_last_pipeline_stage, "
+          "account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split or pipeline_layout")
+
+
+def parse_pipeline_layout(layout: str, where: str = "parallel.pipeline_layout") -> list[list[str]]:
+    """Megatron-style layout string -> list of virtual stages, each a list of tokens.
+
+    >>> parse_pipeline_layout("Et*2|(tt|)*2,tL")
+    [['E', 't', 't'], ['t', 't'], ['t', 't'], ['t', 'L']]
+    """
+    text = layout.replace(",", "").replace(" ", "")
+
+    def expand(s: str) -> str:
+        # innermost parenthesised groups first, then single-token repetition
+        pat = re.compile(r"\(([^()]*)\)\*(\d+)")
+        while True:
+            new = pat.sub(lambda m: m.group(1) * int(m.group(2)), s)
+            if new == s:
+                break
+            s = new
+        return re.sub(r"([EtmL])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), s)
+
+    flat = expand(text)
+    if re.search(r"[^EtmL|]", flat):
+        raise ConfigError(where, layout, "tokens must be E, t, m, L, '|', with repetition x*n or (...)*n")
+    return [list(stage) for stage in flat.split("|")]
+
+
+def split_layers(num_layers: int, cfg: ParallelConfig, mtp_layers: int = 0,
+                 where: str = "parallel") -> list[list[int]]:
+    """Transformer layers per (stage, chunk): ``result[stage][chunk]``.
+
+    Megatron's rules: without knobs the layers divide evenly over pp x vpp virtual
+    stages; ``num_layers_in_first/last_pipeline_stage`` fix the edge stages and split the
+    rest evenly; ``account_for_embedding/loss_in_pipeline_split`` count the embedding /
+    loss as one layer of the first / last stage; ``pipeline_layout`` gives every virtual
+    stage explicitly (virtual stage ``k`` is chunk ``k // pp`` of stage ``k % pp``).
+    """
+    pp, vpp = cfg.pp, cfg.vpp
+    nvs = pp * vpp
+    if cfg.pipeline_layout is not None:
+        stages = parse_pipeline_layout(cfg.pipeline_layout, f"{where}.pipeline_layout")
+        if len(stages) != nvs:
+            raise ConfigError(f"{where}.pipeline_layout", cfg.pipeline_layout,
+                              f"has {len(stages)} virtual stages; pp x vpp = {nvs}")
+        counts = [s.count("t") for s in stages]
+        if sum(counts) != num_layers:
+            raise ConfigError(f"{where}.pipeline_layout", cfg.pipeline_layout,
+                              f"places {sum(counts)} transformer layers; the model has {num_layers}")
+        if stages[0][:1] != ["E"] or stages[-1][-1:] != ["L"]:
+            raise ConfigError(f"{where}.pipeline_layout", cfg.pipeline_layout,
+                              "must start with the embedding E and end with the loss L")
+        if sum(s.count("m") for s in stages) != mtp_layers:
+            raise ConfigError(f"{where}.pipeline_layout", cfg.pipeline_layout,
+                              f"places {sum(s.count('m') for s in stages)} MTP layers; the model has {mtp_layers}")
+        return [[counts[c * pp + s] for c in range(vpp)] for s in range(pp)]
+    first, last = cfg.num_layers_in_first_pipeline_stage, cfg.num_layers_in_last_pipeline_stage
+    total = num_layers + int(cfg.account_for_embedding_in_pipeline_split) + int(cfg.account_for_loss_in_pipeline_split)
+    if pp == 1 and vpp == 1:
+        return [[num_layers]]
+    per_stage = [None] * pp
+    fixed = 0
+    if first is not None:
+        per_stage[0] = first
+        fixed += first
+    if last is not None:
+        per_stage[-1] = last
+        fixed += last
+    free = [i for i in range(pp) if per_stage[i] is None]
+    rest = total - fixed
+    if rest < 0 or (free and rest % len(free)) or (not free and rest != 0):
+        raise ConfigError(f"{where}.pp", pp, f"{num_layers} layers do not split over {pp} pipeline stages "
+                                             f"(x {vpp} virtual stages) as given; use {_KNOBS}")
+    for i in free:
+        per_stage[i] = rest // len(free)
+    if cfg.account_for_embedding_in_pipeline_split:
+        per_stage[0] -= 1
+    if cfg.account_for_loss_in_pipeline_split:
+        per_stage[-1] -= 1
+    out = []
+    for s, n in enumerate(per_stage):
+        slots = n + (1 if (s == 0 and cfg.account_for_embedding_in_pipeline_split) else 0) \
+            + (1 if (s == pp - 1 and cfg.account_for_loss_in_pipeline_split) else 0)
+        if n < 0 or slots % vpp:
+            raise ConfigError(f"{where}.pp", pp, f"{num_layers} layers do not split over {pp} pipeline stages "
+                                                 f"x {vpp} virtual stages; use {_KNOBS}")
+        chunk = [slots // vpp] * vpp
+        if s == 0 and cfg.account_for_embedding_in_pipeline_split:
+            chunk[0] -= 1
+        if s == pp - 1 and cfg.account_for_loss_in_pipeline_split:
+            chunk[-1] -= 1
+        if min(chunk) < 0:
+            raise ConfigError(f"{where}.pp", pp, f"a virtual stage would get no layer; use {_KNOBS}")
+        out.append(chunk)
+    return out
+
