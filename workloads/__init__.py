@@ -1,6 +1,13 @@
-"""Model specs, parallel configurations, schedules, cost and memory models (issues 3-4).
+"""Model specs, parallel configurations, device mesh and pipeline schedules.
 
-Empty until the workloads issues land; it may import only from ``topologies``.
+Imports only from ``topologies`` (the lower layer).
 """
 
-__all__: list[str] = []
+from .hf_config import model_from_hf_config
+from .megatron_args import from_megatron_args
+from .mesh import GROUP_AXES, RankGrid
+from .model import MODEL_PRESETS, MLASpec, ModelSpec, MoESpec, load_model
+from .parallel import ParallelConfig, split_layers
+
+__all__ = ["ModelSpec", "MoESpec", "MLASpec", "MODEL_PRESETS", "load_model", "model_from_hf_config",
+           "from_megatron_args", "ParallelConfig", "split_layers", "RankGrid", "GROUP_AXES"]

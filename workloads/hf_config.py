@@ -1,0 +1,220 @@
+"""Import a Hugging Face ``config.json`` as a :class:`~workloads.model.ModelSpec`.
+
+Covers the decoder-only families whose configs share Llama's keys: ``llama``,
+``mistral``, ``mixtral``, ``qwen2``, ``qwen2_moe``, ``qwen3``, ``qwen3_moe``,
+``deepseek_v2`` and ``deepseek_v3``.  All of them use SwiGLU MLPs, RMSNorm and rotary
+positions; what differs is read from the keys:
+
+=============================  ===========================================================
+ModelSpec                      config.json
+=============================  ===========================================================
+num_layers                     ``num_hidden_layers``
+hidden_size                    ``hidden_size``
+ffn_hidden_size                ``intermediate_size`` (dense MLP)
+num_attention_heads            ``num_attention_heads``
+num_kv_heads                   ``num_key_value_heads`` (default: the attention heads)
+head_dim                       ``head_dim`` (absent or null: hidden / heads)
+vocab_size                     ``vocab_size``
+seq_len                        the ``seq_len`` argument, else ``max_position_embeddings``
+tied_embeddings                ``tie_word_embeddings`` (default false, as in these families)
+qkv_bias                       always for qwen2 / qwen2_moe; else ``attention_bias``
+add_bias_linear                ``attention_bias`` and ``mlp_bias`` both true
+qk_norm                        always for qwen3 / qwen3_moe
+moe.num_experts                ``num_local_experts`` | ``n_routed_experts`` | ``num_experts``
+moe.top_k                      ``num_experts_per_tok``
+moe.expert_ffn_hidden_size     ``moe_intermediate_size``, else ``intermediate_size`` (Mixtral)
+moe.num_shared_experts         ``n_shared_experts`` (DeepSeek, each ``moe_intermediate_size``) or
+                               1 of ``shared_expert_intermediate_size`` (Qwen2-MoE)
+moe layer pattern              ``first_k_dense_replace`` + ``moe_layer_freq`` (DeepSeek);
+                               ``decoder_sparse_step`` + ``mlp_only_layers`` (Qwen MoE)
+moe.router_bias                deepseek_v3 (``e_score_correction_bias``)
+mla                            ``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``,
+                               ``qk_rope_head_dim``, ``v_head_dim``
+mtp_layers                     ``num_nextn_predict_layers``
+=============================  ===========================================================
+
+Keys not listed (rope scaling, sliding windows, dtypes, token ids, quantisation) are
+ignored, so configs of unknown families load as Llama-like models when they carry the
+required keys.  Not represented exactly: Llama's ``attention_bias`` without
+``mlp_bias`` (read as q/k/v biases; the output-projection bias, ``h`` per layer, is left
+out), DeepSeek's ``attention_bias`` with MLA (left out), and Qwen2-MoE's shared-expert
+gate (``h`` per layer).  No released checkpoint of these families sets the first two.
+The importer only reads the file it is given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+
+from topologies import ConfigError
+
+from .model import MLASpec, ModelSpec, MoESpec
+
+__all__ = ["HF_MODEL_TYPES", "model_from_hf_config"]
+
+#: Families whose configs this importer knows; others load as Llama-like models.
+HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+                  "deepseek_v2", "deepseek_v3")
+_QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")
+_QK_NORM_TYPES = ("qwen3", "qwen3_moe")
+_GATED_ACTIVATIONS = ("silu", "swish")
+
+
+def _read(path_or_dict, where: str) -> tuple[dict, str]:
+    if isinstance(path_or_dict, Mapping):
+        return dict(path_or_dict), "Hugging Face config (mapping)"
+    if not isinstance(path_or_dict, (str, os.PathLike)):
+        raise ConfigError(where, path_or_dict, "expected a path to a config.json or a mapping")
+    path = os.fspath(path_or_dict)
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(where, path, "file not found") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(where, path, f"not a readable JSON file ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(where, path, "the JSON file does not hold an object")
+    return data, f"Hugging Face config.json: {path}"
+
+
+def _req(cfg: dict, key: str, where: str):
+    if cfg.get(key) is None:
+        raise ConfigError(f"{where}.{key}", None, "required key missing from the Hugging Face config")
+    return cfg[key]
+
+
+def _moe(cfg: dict, num_layers: int, model_type: str, where: str) -> MoESpec | None:
+    experts_key = next((k for k in ("num_local_experts", "n_routed_experts", "num_experts") if cfg.get(k)), None)
+    if experts_key is None:
+        return None
+    num_experts = cfg[experts_key]
+    top_k = _req(cfg, "num_experts_per_tok", where)
+    ffn_key = "moe_intermediate_size" if cfg.get("moe_intermediate_size") else "intermediate_size"
+    expert_ffn = _req(cfg, ffn_key, where)
+    kw: dict = dict(num_experts=num_experts, top_k=top_k, expert_ffn_hidden_size=expert_ffn)
+    if cfg.get("n_shared_experts"):
+        kw.update(num_shared_experts=cfg["n_shared_experts"], shared_expert_ffn_hidden_size=expert_ffn)
+    elif cfg.get("shared_expert_intermediate_size"):
+        kw.update(num_shared_experts=1, shared_expert_ffn_hidden_size=cfg["shared_expert_intermediate_size"])
+    # layer pattern: DeepSeek's (first k dense, then every freq-th) or Qwen's (sparse step, dense list)
+    first_k = cfg.get("first_k_dense_replace") or 0
+    freq = cfg.get("moe_layer_freq") or 1
+    step = cfg.get("decoder_sparse_step") or 1
+    dense_list = cfg.get("mlp_only_layers") or []
+    if not isinstance(dense_list, list):
+        raise ConfigError(f"{where}.mlp_only_layers", dense_list, "must be a list of layer indices")
+    if step != 1 or dense_list:
+        # Qwen: layer i is MoE when i is not listed and (i + 1) % decoder_sparse_step == 0
+        pattern = [int(i not in dense_list and (i + 1) % step == 0) for i in range(num_layers)]
+        if first_k:
+            pattern = [0 if i < first_k else p for i, p in enumerate(pattern)]
+        k = next((i for i, p in enumerate(pattern) if p), num_layers)
+        if freq == 1 and all(pattern[k:]):
+            kw["first_k_dense"] = k            # a dense prefix: keep the compact form
+        else:
+            kw["moe_layer_pattern"] = tuple(pattern)
+    else:
+        kw.update(first_k_dense=first_k, moe_layer_freq=freq)
+    if model_type == "deepseek_v3" or cfg.get("topk_method") == "noaux_tc":
+        kw["router_bias"] = True
+    try:
+        return MoESpec(**kw)
+    except ConfigError as e:
+        keys = {"num_experts": experts_key, "top_k": "num_experts_per_tok", "expert_ffn_hidden_size": ffn_key,
+                "num_shared_experts": "n_shared_experts", "first_k_dense": "first_k_dense_replace",
+                "moe_layer_pattern": "mlp_only_layers"}
+        key = e.field.split(".", 1)[-1]
+        raise ConfigError(f"{where}.{keys.get(key, key)}", e.value, e.rule) from None
+
+
+def model_from_hf_config(path_or_dict, *, name: str | None = None, seq_len: int | None = None,
+                         where: str = "hf_config") -> ModelSpec:
+    """A ModelSpec from a Hugging Face ``config.json`` (a local file, its folder, or the parsed mapping).
+
+    Parameters
+    ----------
+    path_or_dict
+        Path of a ``config.json`` (or of the folder holding it), or its contents as a mapping.
+    name
+        Name for the spec; default: the config's ``_name_or_path``, else its ``model_type``.
+    seq_len
+        Training sequence length; default ``max_position_embeddings`` (often the long-context
+        limit, e.g. 131072 for Llama 3.1, rather than the pre-training length).
+    where
+        Field prefix for error messages.
+
+    Returns
+    -------
+    ModelSpec
+
+    Raises
+    ------
+    ConfigError
+        A required key is missing (the error names it), a value is invalid, or the file
+        cannot be read.  Unknown keys are ignored.
+    """
+    cfg, source = _read(path_or_dict, where)
+    model_type = str(cfg.get("model_type") or "")
+    num_layers = _req(cfg, "num_hidden_layers", where)
+    hidden = _req(cfg, "hidden_size", where)
+    heads = _req(cfg, "num_attention_heads", where)
+    act = cfg.get("hidden_act", "silu")
+    if act not in _GATED_ACTIVATIONS:
+        raise ConfigError(f"{where}.hidden_act", act,
+                          "only SiLU-gated MLPs (SwiGLU) are supported for Llama-style configs")
+    if seq_len is None:
+        seq_len = _req(cfg, "max_position_embeddings", where)
+    attention_bias = bool(cfg.get("attention_bias", False))
+    mlp_bias = bool(cfg.get("mlp_bias", False))
+    kw: dict = dict(
+        name=name or str(cfg.get("_name_or_path") or model_type or "hf-model"),
+        num_layers=num_layers,
+        hidden_size=hidden,
+        ffn_hidden_size=_req(cfg, "intermediate_size", where),
+        num_attention_heads=heads,
+        num_kv_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim"),
+        vocab_size=_req(cfg, "vocab_size", where),
+        seq_len=seq_len,
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        mlp="swiglu",
+        norm="rmsnorm",
+        position_embedding="rope",
+        add_bias_linear=attention_bias and mlp_bias,
+        qkv_bias=model_type in _QKV_BIAS_TYPES or (attention_bias and not mlp_bias),
+        qk_norm=model_type in _QK_NORM_TYPES,
+        mtp_layers=cfg.get("num_nextn_predict_layers") or 0,
+        source=source,
+    )
+    if isinstance(num_layers, int) and not isinstance(num_layers, bool) and num_layers > 0:
+        kw["moe"] = _moe(cfg, num_layers, model_type, where)
+    if cfg.get("kv_lora_rank"):
+        mla_kw = {k: _req(cfg, k, where) for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                                                   "v_head_dim")}
+        try:
+            kw["mla"] = MLASpec(q_lora_rank=cfg.get("q_lora_rank"), **mla_kw)
+        except ConfigError as e:
+            raise ConfigError(f"{where}.{e.field.split('.', 1)[-1]}", e.value, e.rule) from None
+        kw["head_dim"] = None                  # transformers sets head_dim = qk_rope_head_dim; not ours
+        kw["num_kv_heads"] = heads
+        kw["qkv_bias"] = False                 # MLA's attention_bias (q_a, kv_a, o) is not represented alone
+    try:
+        return ModelSpec(**kw)
+    except ConfigError as e:
+        raise ConfigError(_hf_field(e.field, where), e.value, e.rule) from None
+
+
+# ModelSpec field -> config.json key, to name the user's key in errors
+_HF_KEYS = {"num_layers": "num_hidden_layers", "ffn_hidden_size": "intermediate_size",
+            "num_kv_heads": "num_key_value_heads", "seq_len": "max_position_embeddings",
+            "tied_embeddings": "tie_word_embeddings", "mtp_layers": "num_nextn_predict_layers"}
+
+
+def _hf_field(field: str, where: str) -> str:
+    key = field.split(".", 1)[-1]
+    return f"{where}.{_HF_KEYS.get(key, key)}"

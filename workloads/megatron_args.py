@@ -1,0 +1,192 @@
+"""Import a model and its parallel layout from Megatron-LM command-line arguments.
+
+``from_megatron_args("--num-layers 80 --hidden-size 8192 ... --tensor-model-parallel-size 8",
+num_gpus=512)`` returns ``(ModelSpec, ParallelConfig)``.  The GPU count is not an
+argument of Megatron-LM (the launcher sets it), so it is passed separately; Megatron's
+data-parallel degree is implicit and includes expert parallelism
+(:meth:`ParallelConfig.from_megatron`).
+
+Defaults follow Megatron-LM's argument parser where the flag is absent: GELU MLP,
+LayerNorm, learned absolute positions, biases on linear layers, tied embeddings
+(``--untie-embeddings-and-output-weights`` unties them).  Flags that do not change the
+work of a training step (logging, checkpointing, data paths, learning rate...) are
+ignored; flags that would and that clustersim does not model are an error, so nothing
+is silently dropped.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Sequence
+
+from topologies import ConfigError
+
+from .model import ModelSpec
+from .parallel import ParallelConfig
+
+__all__ = ["from_megatron_args"]
+
+# Flags taking a value, mapped to (section, key, type).  section "model" | "moe" | "mla" | "parallel" | "other".
+_VALUE_FLAGS: dict[str, tuple[str, str, type]] = {
+    "--num-layers": ("model", "num_layers", int),
+    "--hidden-size": ("model", "hidden_size", int),
+    "--ffn-hidden-size": ("model", "ffn_hidden_size", int),
+    "--num-attention-heads": ("model", "num_attention_heads", int),
+    "--num-query-groups": ("model", "num_kv_heads", int),
+    "--kv-channels": ("model", "head_dim", int),
+    "--seq-length": ("model", "seq_len", int),
+    "--max-position-embeddings": ("other", "max_position_embeddings", int),
+    "--vocab-size": ("model", "vocab_size", int),
+    "--padded-vocab-size": ("model", "vocab_size", int),
+    "--make-vocab-size-divisible-by": ("other", "vocab_divisor", int),
+    "--normalization": ("other", "normalization", str),
+    "--position-embedding-type": ("other", "position_embedding_type", str),
+    "--hidden-dropout": ("model", "dropout", float),
+    "--attention-dropout": ("other", "attention_dropout", float),
+    "--num-experts": ("moe", "num_experts", int),
+    "--moe-router-topk": ("moe", "top_k", int),
+    "--moe-ffn-hidden-size": ("moe", "expert_ffn_hidden_size", int),
+    "--moe-shared-expert-intermediate-size": ("other", "shared_total", int),
+    "--moe-layer-freq": ("other", "moe_layer_freq", str),
+    "--moe-expert-capacity-factor": ("moe", "capacity_factor", float),
+    "--q-lora-rank": ("mla", "q_lora_rank", int),
+    "--kv-lora-rank": ("mla", "kv_lora_rank", int),
+    "--qk-head-dim": ("mla", "qk_nope_head_dim", int),
+    "--qk-pos-emb-head-dim": ("mla", "qk_rope_head_dim", int),
+    "--v-head-dim": ("mla", "v_head_dim", int),
+    "--mtp-num-layers": ("model", "mtp_layers", int),
+    "--tensor-model-parallel-size": ("parallel", "tp", int),
+    "--pipeline-model-parallel-size": ("parallel", "pp", int),
+    "--context-parallel-size": ("parallel", "cp", int),
+    "--expert-model-parallel-size": ("parallel", "ep", int),
+    "--expert-tensor-parallel-size": ("parallel", "etp", int),
+    "--num-layers-per-virtual-pipeline-stage": ("other", "layers_per_vstage", int),
+    "--virtual-pipeline-model-parallel-size": ("parallel", "vpp", int),
+    "--micro-batch-size": ("parallel", "micro_batch_size", int),
+    "--global-batch-size": ("parallel", "global_batch_size", int),
+    "--recompute-granularity": ("parallel", "recompute", str),
+    "--recompute-method": ("parallel", "recompute_method", str),
+    "--recompute-num-layers": ("parallel", "recompute_num_layers", int),
+    "--decoder-first-pipeline-num-layers": ("parallel", "num_layers_in_first_pipeline_stage", int),
+    "--decoder-last-pipeline-num-layers": ("parallel", "num_layers_in_last_pipeline_stage", int),
+    "--pipeline-model-parallel-layout": ("parallel", "pipeline_layout", str),
+}
+_LIST_FLAGS = {"--recompute-modules": ("parallel", "recompute_modules")}
+_SWITCHES: dict[str, tuple[str, str, object]] = {
+    "--swiglu": ("model", "mlp", "swiglu"),
+    "--untie-embeddings-and-output-weights": ("model", "tied_embeddings", False),
+    "--disable-bias-linear": ("model", "add_bias_linear", False),
+    "--add-qkv-bias": ("model", "qkv_bias", True),
+    "--qk-layernorm": ("model", "qk_norm", True),
+    "--group-query-attention": ("other", "gqa", True),
+    "--multi-latent-attention": ("other", "mla", True),
+    "--sequence-parallel": ("parallel", "sequence_parallel", True),
+    "--use-distributed-optimizer": ("parallel", "distributed_optimizer", True),
+    "--account-for-embedding-in-pipeline-split": ("parallel", "account_for_embedding_in_pipeline_split", True),
+    "--account-for-loss-in-pipeline-split": ("parallel", "account_for_loss_in_pipeline_split", True),
+    "--moe-router-enable-expert-bias": ("moe", "router_bias", True),
+    "--moe-pad-expert-input-to-capacity": ("other", "pad_to_capacity", True),
+}
+# Flags that change the step but have no meaning in clustersim yet.
+_UNSUPPORTED = {"--num-experts-per-layer", "--encoder-num-layers", "--decoder-num-layers"}
+
+
+def _tokens(argv: str | Sequence[str]) -> list[str]:
+    toks = shlex.split(argv) if isinstance(argv, str) else list(argv)
+    out = []
+    for t in toks:
+        if t.startswith("--") and "=" in t:
+            k, v = t.split("=", 1)
+            out += [k, v]
+        else:
+            out.append(t)
+    return out
+
+
+def from_megatron_args(argv: str | Sequence[str], num_gpus: int, name: str = "megatron-args"):
+    """Parse Megatron-LM arguments into ``(ModelSpec, ParallelConfig)`` for ``num_gpus`` GPUs."""
+    toks = _tokens(argv)
+    sec: dict[str, dict] = {"model": {}, "moe": {}, "mla": {}, "parallel": {}, "other": {}}
+    i = 0
+    while i < len(toks):
+        flag = toks[i]
+        if flag in _VALUE_FLAGS:
+            if i + 1 >= len(toks):
+                raise ConfigError(flag, None, "expects a value")
+            s, key, typ = _VALUE_FLAGS[flag]
+            try:
+                sec[s][key] = typ(toks[i + 1])
+            except ValueError:
+                raise ConfigError(flag, toks[i + 1], f"expects a {typ.__name__}") from None
+            i += 2
+        elif flag in _LIST_FLAGS:
+            s, key = _LIST_FLAGS[flag]
+            vals = []
+            i += 1
+            while i < len(toks) and not toks[i].startswith("--"):
+                vals.append(toks[i])
+                i += 1
+            sec[s][key] = tuple(vals)
+        elif flag in _SWITCHES:
+            s, key, val = _SWITCHES[flag]
+            sec[s][key] = val
+            i += 1
+        elif flag in _UNSUPPORTED:
+            raise ConfigError(flag, None, "changes the training step but is not modelled by clustersim")
+        elif flag.startswith("--"):
+            # not a flag that shapes the step (data, logging, optimizer hyper-parameters...):
+            # skip it and its value(s)
+            i += 1
+            while i < len(toks) and not toks[i].startswith("--"):
+                i += 1
+        else:
+            raise ConfigError("megatron_args", flag, "expected a --flag")
+    m, other, par = sec["model"], sec["other"], sec["parallel"]
+    # Megatron-LM defaults that differ from ModelSpec's (Llama-style) defaults
+    m.setdefault("mlp", "gelu")
+    m.setdefault("add_bias_linear", True)
+    m.setdefault("tied_embeddings", True)
+    norm = other.get("normalization", "LayerNorm")
+    m["norm"] = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}.get(norm, norm)
+    pos = other.get("position_embedding_type", "learned_absolute")
+    m["position_embedding"] = {"learned_absolute": "learned", "rope": "rope", "none": "none"}.get(pos, pos)
+    if not other.get("gqa"):
+        m.pop("num_kv_heads", None)
+    if "vocab_size" not in m:
+        raise ConfigError("--vocab-size", None, "required (Megatron reads it from the tokenizer; pass it)")
+    if sec["moe"]:
+        moe = dict(sec["moe"])
+        if "shared_total" in other:
+            moe["num_shared_experts"] = 1
+            moe["shared_expert_ffn_hidden_size"] = other["shared_total"]
+        freq = other.get("moe_layer_freq")
+        if freq is not None:
+            if freq.startswith("["):
+                moe["moe_layer_pattern"] = [int(x) for x in freq.strip("[]").split(",") if x.strip()]
+            else:
+                moe["moe_layer_freq"] = int(freq)
+        m["moe"] = moe
+    if other.get("mla"):
+        m["mla"] = dict(sec["mla"])
+    m["name"] = name
+    model = ModelSpec.from_dict(m, where="megatron_args")
+    if "layers_per_vstage" in other:
+        pp = par.get("pp", 1)
+        per_stage = model.num_layers // pp
+        if per_stage % other["layers_per_vstage"]:
+            raise ConfigError("--num-layers-per-virtual-pipeline-stage", other["layers_per_vstage"],
+                              f"must divide the layers per pipeline stage ({per_stage})")
+        par["vpp"] = per_stage // other["layers_per_vstage"]
+    if par.get("vpp", 1) > 1:
+        par["schedule"] = "interleaved_1f1b"
+    gran = par.pop("recompute", None)
+    par["recompute"] = gran if gran in ("full", "selective") else "none"
+    if gran is None:
+        par.setdefault("recompute_modules", ())
+    par.setdefault("sequence_parallel", False)
+    par.setdefault("distributed_optimizer", False)
+    par.setdefault("zero_stage", 1 if par["distributed_optimizer"] else 0)
+    par["seq_len"] = model.seq_len
+    cfg = ParallelConfig.from_megatron(world_size=num_gpus, **par)
+    cfg.check_model(model)
+    return model, cfg

@@ -1,0 +1,621 @@
+"""`ModelSpec`: decoder-only transformers, dense and mixture-of-experts, with exact parameter counts.
+
+What is modelled
+----------------
+A stack of ``num_layers`` pre-norm decoder layers between a word embedding (plus an
+optional learned position table) and an output layer, followed by optional DeepSeek-V3
+style multi-token-prediction (MTP) modules.  Each layer is
+
+* a norm, then attention: multi-head / grouped-query attention (``num_kv_heads``), or
+  DeepSeek's multi-head latent attention (``mla``); optional per-head q/k norms (Qwen3,
+  Megatron's ``qk_layernorm``);
+* a norm, then a feed-forward block: a dense MLP of ``ffn_hidden_size``, or in MoE layers
+  a router, ``num_experts`` routed experts of ``expert_ffn_hidden_size`` of which ``top_k``
+  run per token, and ``num_shared_experts`` that every token runs.
+
+``mlp`` is ``"gelu"`` (two matrices, ``h -> f -> h``) or ``"swiglu"`` (three: gate and up
+``h -> f``, down ``f -> h``); ``norm`` is ``"layernorm"`` (weight and bias, ``2h``) or
+``"rmsnorm"`` (weight, ``h``).  Nothing else is modelled: no encoder, no cross-attention,
+no sliding-window or linear-attention layers (a sliding window changes FLOPs, not
+parameters), no Qwen2-MoE shared-expert gate (``h`` parameters per layer).
+
+Parameter counts
+----------------
+With ``h`` the hidden size, ``H`` / ``K`` the query / key-value heads, ``d`` the head
+dimension, ``f`` an MLP width, ``V`` the vocabulary, ``s`` the sequence length,
+``n(x)`` the parameters of a norm of width ``x`` and ``m`` = 2 (gelu) or 3 (swiglu)::
+
+    attention (GQA)  h*H*d + 2*h*K*d + H*d*h   [+ H*d + 2*K*d  qkv biases]  [+ h  output bias]
+                     [+ 2*n(d)  q/k norms]
+    attention (MLA)  q:  h*q_lora + n(q_lora) + q_lora*H*(nope+rope)   (or h*H*(nope+rope) without q_lora)
+                     kv: h*(kv_lora+rope) + n(kv_lora) + kv_lora*H*(nope+v)
+                     out: H*v*h
+    MLP              m*h*f                      [+ (m-1)*f + h  biases]
+    MoE block        router h*E [+ E] + E * MLP(expert f) + S * MLP(shared f)
+    layer            2*n(h) + attention + (MLP | MoE block)
+    model            V*h (embedding) [+ s*h learned positions] + layers + n(h) (final norm)
+                     [+ V*h output layer unless tied]
+
+``[...]`` terms depend on ``add_bias_linear``, ``qkv_bias``, ``qk_norm``, ``router_bias``,
+``position_embedding`` and ``tied_embeddings``.  Megatron-LM's GPT (gelu, LayerNorm,
+biases, learned positions, tied embeddings) thus has ``12 l h^2 + 13 l h + (V + s) h + 2h``
+parameters: Narayanan et al. (SC'21) eq. for P plus the final LayerNorm, which their
+formula leaves out.
+
+MTP modules are counted DeepSeek's way: each has two input norms (``enorm``, ``hnorm``),
+the projection ``eh_proj`` (``2h x h``), one decoder layer shaped like the last layer of
+the main model and a final norm; it *shares* the embedding and the output layer with the
+main model, so they are not counted again.  Published totals exclude MTP: DeepSeek-V3's
+671B is the main model, and the checkpoint's 685B adds the 14B MTP module weights
+(11.5B unique plus stored copies of the shared 0.9B embedding and 0.9B output head;
+deepseek-ai/DeepSeek-V3 ``README_WEIGHTS.md``).  Hence ``num_params()`` excludes MTP and
+``num_params(include_mtp=True)`` adds the unique MTP parameters, which are what training
+holds in memory.
+
+Active parameters per token count every dense part, the router, the shared experts and
+``top_k`` routed experts of each MoE layer.  Publishers disagree on the input embedding:
+Mistral (Mixtral 12.9B) and Qwen (Qwen3 3.3B / 22B) count it; DeepSeek's 36.6B ("37B")
+does not (it counts the output head); hence ``num_active_params(include_embedding=...)``.
+
+Defaults
+--------
+Where a field is left out, ``ModelSpec`` assumes today's Llama-style decoder: SwiGLU,
+RMSNorm, rotary positions, no linear biases, untied embeddings.  This differs from
+Megatron-LM's GPT defaults (gelu, LayerNorm, learned absolute positions, biases, tied
+embeddings); every one of them is a field, and the Megatron GPT presets set them.
+``ffn_hidden_size`` defaults as in Megatron-LM: ``4h`` for gelu and
+``int(8h / 3 / 64) * 64`` for swiglu.
+
+All errors on user input are :class:`~topologies.ConfigError` naming the field, the value
+and the rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from topologies import ConfigError
+from topologies.errors import check_keys
+
+__all__ = ["BREAKDOWN_KEYS", "MLP_KINDS", "MODEL_PRESETS", "NORM_KINDS", "POSITION_EMBEDDINGS", "MLASpec",
+           "ModelSpec", "MoESpec", "load_model", "load_preset_mapping"]
+
+MLP_KINDS = ("gelu", "swiglu")
+NORM_KINDS = ("layernorm", "rmsnorm")
+POSITION_EMBEDDINGS = ("rope", "learned", "none")
+_MLP_MATRICES = {"gelu": 2, "swiglu": 3}
+_NORM_PARAMS_PER_ELEMENT = {"layernorm": 2, "rmsnorm": 1}   # weight (+ bias)
+
+PRESET_DIR = Path(__file__).parent / "presets" / "models"
+
+#: Keys of :meth:`ModelSpec.param_breakdown`, in order.
+BREAKDOWN_KEYS = ("embedding", "position_embedding", "attention", "mlp", "router", "routed_experts",
+                  "shared_experts", "norms", "output_layer", "mtp")
+
+
+# -- small checks ------------------------------------------------------------------------------
+def _int(where: str, key: str, v, minimum: int = 1, optional: bool = False) -> int | None:
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
+        raise ConfigError(f"{where}.{key}", v, f"must be an integer >= {minimum}")
+    return int(v)
+
+
+def _bool(where: str, key: str, v) -> bool:
+    if not isinstance(v, bool):
+        raise ConfigError(f"{where}.{key}", v, "must be true or false")
+    return v
+
+
+def _choice(where: str, key: str, v, choices: tuple[str, ...]) -> str:
+    if v not in choices:
+        raise ConfigError(f"{where}.{key}", v, f"must be one of {', '.join(choices)}")
+    return v
+
+
+def _set(obj, key: str, value) -> None:
+    # frozen dataclass: __post_init__ normalises its own fields (defaults, int coercion)
+    object.__setattr__(obj, key, value)
+
+
+def _relabel(err: ConfigError, old: str, new: str) -> ConfigError:
+    """The same error with the field prefix ``old`` replaced by ``new``."""
+    if old == new or not (err.field == old or err.field.startswith(old + ".")):
+        return err
+    return ConfigError(new + err.field[len(old):], err.value, err.rule)
+
+
+def _build(cls, kw: dict, default_where: str, where: str):
+    try:
+        return cls(**kw)
+    except ConfigError as e:
+        raise _relabel(e, default_where, where) from None
+
+
+# -- MoE and MLA -------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MoESpec:
+    """Mixture-of-experts feed-forward blocks: which layers have them and how they route."""
+
+    num_experts: int
+    """Routed experts per MoE layer (Mixtral 8, DeepSeek-V3 256, Qwen3-MoE 128)."""
+    top_k: int
+    """Routed experts each token runs (Megatron's ``moe_router_topk``)."""
+    expert_ffn_hidden_size: int | None = None
+    """Hidden width of one routed expert's MLP; None: the model's ``ffn_hidden_size``."""
+    num_shared_experts: int = 0
+    """Experts every token runs besides the routed ones (DeepSeek's ``n_shared_experts``)."""
+    shared_expert_ffn_hidden_size: int | None = None
+    """Hidden width of *one* shared expert; None: ``expert_ffn_hidden_size``.  Megatron's
+    ``moe_shared_expert_intermediate_size`` is the total, ``num_shared_experts`` times this."""
+    moe_layer_freq: int = 1
+    """Layer ``i`` (0-based) is MoE when ``i % moe_layer_freq == 0`` (and ``i >= first_k_dense``),
+    as in Megatron-LM's integer ``--moe-layer-freq`` and DeepSeek's ``moe_layer_freq``."""
+    first_k_dense: int = 0
+    """The first k layers are dense (DeepSeek's ``first_k_dense_replace``)."""
+    moe_layer_pattern: tuple[int, ...] | None = None
+    """Explicit per-layer flags, 1 = MoE, 0 = dense (Megatron's list form of ``--moe-layer-freq``);
+    overrides the two rules above, which must then keep their defaults."""
+    capacity_factor: float | None = None
+    """Tokens an expert accepts, as a multiple of the balanced share; excess tokens are dropped.
+    None: dropless (Megatron-Core's default, and Mixtral / DeepSeek / Qwen training)."""
+    router_bias: bool = False
+    """A per-expert bias on the router scores (DeepSeek-V3's auxiliary-loss-free balancing bias,
+    ``e_score_correction_bias``): ``num_experts`` extra parameters per MoE layer."""
+
+    def __post_init__(self):
+        w = "moe"
+        _set(self, "num_experts", _int(w, "num_experts", self.num_experts))
+        _set(self, "top_k", _int(w, "top_k", self.top_k))
+        if self.top_k > self.num_experts:
+            raise ConfigError(f"{w}.top_k", self.top_k, f"must be <= num_experts = {self.num_experts}")
+        _set(self, "expert_ffn_hidden_size", _int(w, "expert_ffn_hidden_size", self.expert_ffn_hidden_size,
+                                                  optional=True))
+        _set(self, "num_shared_experts", _int(w, "num_shared_experts", self.num_shared_experts, minimum=0))
+        shared = _int(w, "shared_expert_ffn_hidden_size", self.shared_expert_ffn_hidden_size, optional=True)
+        _set(self, "shared_expert_ffn_hidden_size", shared if shared is not None else self.expert_ffn_hidden_size)
+        _set(self, "moe_layer_freq", _int(w, "moe_layer_freq", self.moe_layer_freq))
+        _set(self, "first_k_dense", _int(w, "first_k_dense", self.first_k_dense, minimum=0))
+        if self.moe_layer_pattern is not None:
+            pat = self.moe_layer_pattern
+            if isinstance(pat, (str, bytes)) or not hasattr(pat, "__iter__"):
+                raise ConfigError(f"{w}.moe_layer_pattern", pat, "must be a list of 0/1 flags, one per layer")
+            pat = tuple(pat)
+            if not pat or any(not isinstance(x, numbers.Integral) or x not in (0, 1) for x in pat):
+                raise ConfigError(f"{w}.moe_layer_pattern", list(pat), "must be a list of 0/1 flags, one per layer")
+            if self.moe_layer_freq != 1 or self.first_k_dense != 0:
+                raise ConfigError(f"{w}.moe_layer_pattern", list(pat),
+                                  "give either moe_layer_pattern or moe_layer_freq / first_k_dense, not both")
+            _set(self, "moe_layer_pattern", tuple(int(x) for x in pat))
+        cf = self.capacity_factor
+        if cf is not None:
+            if isinstance(cf, bool) or not isinstance(cf, numbers.Real) or not cf > 0:
+                raise ConfigError(f"{w}.capacity_factor", cf, "must be a positive number, or null for dropless")
+            _set(self, "capacity_factor", float(cf))
+        _bool(w, "router_bias", self.router_bias)
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether decoder layer ``i`` (0-based) has a MoE block (no range check)."""
+        if self.moe_layer_pattern is not None:
+            return bool(self.moe_layer_pattern[i])
+        return i >= self.first_k_dense and i % self.moe_layer_freq == 0
+
+    @classmethod
+    def from_dict(cls, d: Mapping, where: str = "model.moe") -> "MoESpec":
+        """From a YAML mapping of MoESpec fields; unknown keys are errors."""
+        if not isinstance(d, Mapping):
+            raise ConfigError(where, d, "expected a mapping of MoESpec fields")
+        check_keys(d, [f.name for f in dataclasses.fields(cls)], where)
+        for key in ("num_experts", "top_k"):
+            if key not in d:
+                raise ConfigError(f"{where}.{key}", None, "required")
+        return _build(cls, dict(d), "moe", where)
+
+    def to_dict(self) -> dict:
+        """Plain mapping (lists, no tuples) that :meth:`from_dict` reads back to an equal spec."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if out["moe_layer_pattern"] is not None:
+            out["moe_layer_pattern"] = list(out["moe_layer_pattern"])
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2/V3): low-rank compressed queries and keys/values."""
+
+    q_lora_rank: int | None = None
+    """Rank of the query compression (1536 in DeepSeek-V3); None: queries projected directly
+    from the hidden state (DeepSeek-V2-Lite)."""
+    kv_lora_rank: int
+    """Rank of the joint key/value compression (512): the latent the KV cache stores."""
+    qk_nope_head_dim: int
+    """Per-head query/key dimension without rotary embedding (128)."""
+    qk_rope_head_dim: int
+    """Per-head query/key dimension with rotary embedding; the key part is shared by all heads (64)."""
+    v_head_dim: int
+    """Per-head value dimension (128)."""
+
+    def __post_init__(self):
+        w = "mla"
+        _set(self, "q_lora_rank", _int(w, "q_lora_rank", self.q_lora_rank, optional=True))
+        for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            _set(self, key, _int(w, key, getattr(self, key)))
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Query/key dimension per head: ``qk_nope_head_dim + qk_rope_head_dim``."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @classmethod
+    def from_dict(cls, d: Mapping, where: str = "model.mla") -> "MLASpec":
+        """From a YAML mapping of MLASpec fields; unknown keys are errors."""
+        if not isinstance(d, Mapping):
+            raise ConfigError(where, d, "expected a mapping of MLASpec fields")
+        check_keys(d, [f.name for f in dataclasses.fields(cls)], where)
+        for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if key not in d:
+                raise ConfigError(f"{where}.{key}", None, "required")
+        return _build(cls, dict(d), "mla", where)
+
+    def to_dict(self) -> dict:
+        """Plain mapping that :meth:`from_dict` reads back to an equal spec."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+# -- the model ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """A decoder-only transformer, dense or mixture-of-experts (see the module docstring).
+
+    Examples
+    --------
+    >>> m = ModelSpec(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=100, seq_len=16)
+    >>> (m.ffn_hidden_size, m.num_kv_heads, m.head_dim)
+    (128, 4, 16)
+    """
+
+    name: str = "custom"
+    """Preset or user name; carried into reports."""
+    num_layers: int
+    """Decoder layers of the main model (MTP modules not included)."""
+    hidden_size: int
+    """Model width ``h``."""
+    ffn_hidden_size: int | None = None
+    """Hidden width of a dense MLP; None: ``4h`` (gelu) or ``int(8h/3/64)*64`` (swiglu), Megatron's rule."""
+    num_attention_heads: int
+    """Query heads."""
+    num_kv_heads: int | None = None
+    """Key/value heads (grouped-query attention); None: ``num_attention_heads`` (multi-head)."""
+    head_dim: int | None = None
+    """Dimension per head; None: ``hidden_size / num_attention_heads``.  With ``mla`` it is
+    ``qk_nope_head_dim + qk_rope_head_dim``."""
+    vocab_size: int
+    """Vocabulary entries as stored (Megatron pads to a multiple of 128 x tp; presets give the model's own)."""
+    seq_len: int
+    """Default training sequence length in tokens (also the learned position table's length)."""
+    tied_embeddings: bool = False
+    """The output layer reuses the input embedding matrix."""
+    mlp: str = "swiglu"
+    """``gelu`` (2 matrices) or ``swiglu`` (3 matrices), for dense MLPs and experts alike."""
+    norm: str = "rmsnorm"
+    """``layernorm`` (weight + bias) or ``rmsnorm`` (weight only)."""
+    position_embedding: str = "rope"
+    """``rope`` (no parameters), ``learned`` (a ``seq_len x h`` table, GPT) or ``none``."""
+    add_bias_linear: bool = False
+    """Biases on every linear layer of attention and MLP (Megatron's ``--add-bias-linear``; GPT-3)."""
+    qkv_bias: bool = False
+    """Biases on the q, k, v projections only (Qwen2; Megatron's ``--add-qkv-bias``)."""
+    qk_norm: bool = False
+    """A norm over each head's query and key (Qwen3; Megatron's ``--qk-layernorm``): ``2 n(d)``."""
+    dropout: float = 0.0
+    """Hidden (residual) dropout probability, after attention and MLP; 0 disables it."""
+    moe: MoESpec | None = None
+    """Mixture-of-experts layers; None for a dense model."""
+    mla: MLASpec | None = None
+    """Multi-head latent attention instead of (grouped-query) multi-head attention."""
+    mtp_layers: int = 0
+    """Multi-token-prediction modules after the main model (DeepSeek-V3: 1)."""
+    source: str = ""
+    """Where the numbers come from (paper table, config file)."""
+
+    def __post_init__(self):
+        w = "model"
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"{w}.name", self.name, "must be a non-empty string")
+        if not isinstance(self.source, str):
+            raise ConfigError(f"{w}.source", self.source, "must be a string")
+        for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_len"):
+            _set(self, key, _int(w, key, getattr(self, key)))
+        for key in ("tied_embeddings", "add_bias_linear", "qkv_bias", "qk_norm"):
+            _bool(w, key, getattr(self, key))
+        _choice(w, "mlp", self.mlp, MLP_KINDS)
+        _choice(w, "norm", self.norm, NORM_KINDS)
+        _choice(w, "position_embedding", self.position_embedding, POSITION_EMBEDDINGS)
+        h, heads = self.hidden_size, self.num_attention_heads
+
+        ffn = _int(w, "ffn_hidden_size", self.ffn_hidden_size, optional=True)
+        if ffn is None:
+            ffn = 4 * h if self.mlp == "gelu" else max(64, int(4 * h * 2 / 3 / 64) * 64)
+        _set(self, "ffn_hidden_size", ffn)
+
+        kv = _int(w, "num_kv_heads", self.num_kv_heads, optional=True)
+        kv = heads if kv is None else kv
+        if heads % kv:
+            raise ConfigError(f"{w}.num_kv_heads", kv, f"must divide num_attention_heads = {heads}")
+        _set(self, "num_kv_heads", kv)
+
+        if self.mla is not None:
+            if not isinstance(self.mla, MLASpec):
+                raise ConfigError(f"{w}.mla", self.mla, "must be an MLASpec (or a mapping, via from_dict)")
+            if kv != heads:
+                raise ConfigError(f"{w}.num_kv_heads", kv,
+                                  f"must equal num_attention_heads = {heads} with mla (no grouped-query attention)")
+            if self.qkv_bias or self.qk_norm:
+                key = "qkv_bias" if self.qkv_bias else "qk_norm"
+                raise ConfigError(f"{w}.{key}", True, "does not apply to mla (use add_bias_linear)")
+            hd = _int(w, "head_dim", self.head_dim, optional=True)
+            if hd is not None and hd != self.mla.qk_head_dim:
+                raise ConfigError(f"{w}.head_dim", hd, "with mla the head dimension is qk_nope_head_dim + "
+                                                       f"qk_rope_head_dim = {self.mla.qk_head_dim}")
+            _set(self, "head_dim", self.mla.qk_head_dim)
+        else:
+            hd = _int(w, "head_dim", self.head_dim, optional=True)
+            if hd is None:
+                if h % heads:
+                    raise ConfigError(f"{w}.num_attention_heads", heads,
+                                      f"must divide hidden_size = {h}, or give head_dim")
+                hd = h // heads
+            _set(self, "head_dim", hd)
+
+        d = self.dropout
+        if isinstance(d, bool) or not isinstance(d, numbers.Real) or not 0 <= d < 1:
+            raise ConfigError(f"{w}.dropout", d, "must be a probability in [0, 1)")
+        _set(self, "dropout", float(d))
+        _set(self, "mtp_layers", _int(w, "mtp_layers", self.mtp_layers, minimum=0))
+
+        if self.moe is not None:
+            moe = self.moe
+            if not isinstance(moe, MoESpec):
+                raise ConfigError(f"{w}.moe", moe, "must be a MoESpec (or a mapping, via from_dict)")
+            if moe.expert_ffn_hidden_size is None:
+                moe = dataclasses.replace(moe, expert_ffn_hidden_size=ffn,
+                                          shared_expert_ffn_hidden_size=moe.shared_expert_ffn_hidden_size or ffn)
+                _set(self, "moe", moe)
+            n = self.num_layers
+            if moe.moe_layer_pattern is not None and len(moe.moe_layer_pattern) != n:
+                raise ConfigError(f"{w}.moe.moe_layer_pattern", list(moe.moe_layer_pattern),
+                                  f"has {len(moe.moe_layer_pattern)} flags; the model has num_layers = {n}")
+            if not any(moe.is_moe_layer(i) for i in range(n)):
+                key = "moe_layer_pattern" if moe.moe_layer_pattern is not None else "first_k_dense"
+                raise ConfigError(f"{w}.moe.{key}", getattr(moe, key) if key != "moe_layer_pattern"
+                                  else list(moe.moe_layer_pattern), f"leaves no MoE layer among {n} layers")
+
+    # -- construction ------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: Mapping, where: str = "model") -> "ModelSpec":
+        """From a mapping of ModelSpec fields (``moe`` and ``mla`` as nested mappings).
+
+        Unknown keys, missing required fields and bad values raise ConfigError naming
+        ``where.<field>``.
+        """
+        if not isinstance(d, Mapping):
+            raise ConfigError(where, d, "expected a preset name or a mapping of ModelSpec fields")
+        fields = dataclasses.fields(cls)
+        check_keys(d, [f.name for f in fields], where)
+        for f in fields:
+            if f.default is dataclasses.MISSING and f.name not in d:
+                raise ConfigError(f"{where}.{f.name}", None, "required")
+        kw = dict(d)
+        if isinstance(kw.get("moe"), Mapping):
+            kw["moe"] = MoESpec.from_dict(kw["moe"], f"{where}.moe")
+        if isinstance(kw.get("mla"), Mapping):
+            kw["mla"] = MLASpec.from_dict(kw["mla"], f"{where}.mla")
+        return _build(cls, kw, "model", where)
+
+    def to_dict(self) -> dict:
+        """Plain mapping (YAML-safe) that :meth:`from_dict` reads back to an equal spec."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["moe"] = None if self.moe is None else self.moe.to_dict()
+        out["mla"] = None if self.mla is None else self.mla.to_dict()
+        return out
+
+    # -- structure ---------------------------------------------------------------------------
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether decoder layer ``i`` (0-based, ``0 <= i < num_layers``) has a MoE block."""
+        if not 0 <= i < self.num_layers:
+            raise IndexError(f"layer {i} out of range for {self.num_layers} layers")
+        return self.moe is not None and self.moe.is_moe_layer(i)
+
+    def num_moe_layers(self) -> int:
+        """Decoder layers with a MoE block (MTP modules not included)."""
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    # -- parameter counts --------------------------------------------------------------------
+    def _norm(self, width: int) -> int:
+        return _NORM_PARAMS_PER_ELEMENT[self.norm] * width
+
+    def _mlp(self, f: int) -> int:
+        h, m = self.hidden_size, _MLP_MATRICES[self.mlp]
+        return m * h * f + (((m - 1) * f + h) if self.add_bias_linear else 0)
+
+    def _attention(self) -> int:
+        h, heads, bias = self.hidden_size, self.num_attention_heads, self.add_bias_linear
+        if self.mla is not None:
+            m = self.mla
+            q_out = heads * m.qk_head_dim
+            if m.q_lora_rank is None:
+                p = h * q_out + (q_out if bias else 0)
+            else:
+                p = h * m.q_lora_rank + self._norm(m.q_lora_rank) + m.q_lora_rank * q_out
+                p += (m.q_lora_rank + q_out) if bias else 0
+            kv_down, kv_up = m.kv_lora_rank + m.qk_rope_head_dim, heads * (m.qk_nope_head_dim + m.v_head_dim)
+            p += h * kv_down + self._norm(m.kv_lora_rank) + m.kv_lora_rank * kv_up
+            p += heads * m.v_head_dim * h
+            p += (kv_down + kv_up + h) if bias else 0
+            return p
+        q, kv = heads * self.head_dim, 2 * self.num_kv_heads * self.head_dim
+        p = h * q + h * kv + q * h
+        if bias or self.qkv_bias:
+            p += q + kv
+        if bias:
+            p += h
+        if self.qk_norm:
+            p += 2 * self._norm(self.head_dim)
+        return p
+
+    def layer_param_breakdown(self, i: int, *, active: bool = False) -> dict[str, int]:
+        """Parameters of decoder layer ``i`` by component.
+
+        Keys: ``attention``, ``mlp`` (dense layers), ``router``, ``routed_experts``,
+        ``shared_experts``, ``norms`` (the two pre-norms).  With ``active=True`` the routed
+        experts count ``top_k`` experts, the ones a token runs.  ``i == num_layers + k``
+        names MTP module ``k``'s decoder layer, shaped like the last main layer.
+        """
+        if not 0 <= i < self.num_layers + self.mtp_layers:
+            raise IndexError(f"layer {i} out of range for {self.num_layers} layers + {self.mtp_layers} MTP")
+        out = {"attention": self._attention(), "mlp": 0, "router": 0, "routed_experts": 0,
+               "shared_experts": 0, "norms": 2 * self._norm(self.hidden_size)}
+        moe_layer = self.is_moe_layer(min(i, self.num_layers - 1))
+        if moe_layer:
+            moe = self.moe
+            out["router"] = self.hidden_size * moe.num_experts + (moe.num_experts if moe.router_bias else 0)
+            n_routed = moe.top_k if active else moe.num_experts
+            out["routed_experts"] = n_routed * self._mlp(moe.expert_ffn_hidden_size)
+            out["shared_experts"] = moe.num_shared_experts * self._mlp(moe.shared_expert_ffn_hidden_size)
+        else:
+            out["mlp"] = self._mlp(self.ffn_hidden_size)
+        return out
+
+    def layer_num_params(self, i: int, *, active: bool = False) -> int:
+        """Total of :meth:`layer_param_breakdown`."""
+        return sum(self.layer_param_breakdown(i, active=active).values())
+
+    def mtp_module_params(self) -> int:
+        """Unique parameters of one MTP module: enorm, hnorm, eh_proj (2h x h), a decoder layer
+        shaped like the last main layer, and a final norm (embedding and output layer shared)."""
+        h = self.hidden_size
+        return 3 * self._norm(h) + 2 * h * h + self.layer_num_params(self.num_layers - 1)
+
+    def param_breakdown(self, *, active: bool = False) -> dict[str, int]:
+        """Parameters by component (keys :data:`BREAKDOWN_KEYS`), summed over layers.
+
+        ``norms`` holds the layers' pre-norms and the final norm; norms inside attention
+        (MLA's latent norms, q/k norms) count under ``attention``.  ``output_layer`` is 0
+        with tied embeddings.  ``mtp`` holds the unique parameters of all MTP modules and
+        is *not* part of :meth:`num_params` unless asked for.  With ``active=True`` routed
+        experts count ``top_k`` per MoE layer and ``mtp`` the module's active parameters.
+        """
+        h = self.hidden_size
+        out = dict.fromkeys(BREAKDOWN_KEYS, 0)
+        out["embedding"] = self.vocab_size * h
+        out["position_embedding"] = self.seq_len * h if self.position_embedding == "learned" else 0
+        per_kind: dict[bool, dict[str, int]] = {}
+        for i in range(self.num_layers):
+            kind = self.is_moe_layer(i)
+            if kind not in per_kind:
+                per_kind[kind] = self.layer_param_breakdown(i, active=active)
+            for key, v in per_kind[kind].items():
+                out[key] += v
+        out["norms"] += self._norm(h)
+        out["output_layer"] = 0 if self.tied_embeddings else self.vocab_size * h
+        if self.mtp_layers:
+            last = self.layer_num_params(self.num_layers - 1, active=active)
+            out["mtp"] = self.mtp_layers * (3 * self._norm(h) + 2 * h * h + last)
+        return out
+
+    def num_params(self, *, include_mtp: bool = False) -> int:
+        """Total parameters: embedding, layers, final norm and output layer unless tied.
+
+        MTP modules are left out, as in published totals (DeepSeek-V3 671B); pass
+        ``include_mtp=True`` for what training holds (unique MTP parameters added).
+        """
+        b = self.param_breakdown()
+        return sum(b.values()) - (0 if include_mtp else b["mtp"])
+
+    def num_active_params(self, *, include_embedding: bool = True, include_mtp: bool = False) -> int:
+        """Parameters one token runs through: dense parts, routers, shared and ``top_k`` experts.
+
+        ``include_embedding=False`` drops the input embedding tables (word and learned
+        positions), which are looked up rather than multiplied; the output layer stays (with
+        tied embeddings the shared matrix is counted once, as the output layer).  Mistral
+        and Qwen count the embedding in their active figures; DeepSeek does not.
+        """
+        b = self.param_breakdown(active=True)
+        total = sum(b.values()) - (0 if include_mtp else b["mtp"])
+        if not include_embedding:
+            total -= b["position_embedding"]
+            if not self.tied_embeddings:
+                total -= b["embedding"]
+        return total
+
+
+# -- presets -----------------------------------------------------------------------------------
+def _preset_names() -> list[str]:
+    return sorted(p.name[:-len(".yaml")] for p in PRESET_DIR.glob("*.yaml"))
+
+
+#: Names of the model presets in ``workloads/presets/models/`` (each YAML cites its source).
+MODEL_PRESETS: tuple[str, ...] = tuple(_preset_names())
+
+
+def load_preset_mapping(name: str, where: str = "model") -> dict:
+    """The mapping stored in ``presets/models/<name>.yaml`` (with ``name`` set)."""
+    if not isinstance(name, str) or "/" in name or not (PRESET_DIR / f"{name}.yaml").is_file():
+        raise ConfigError(where, name, f"unknown model preset; known: {', '.join(_preset_names())}")
+    path = PRESET_DIR / f"{name}.yaml"
+    with path.open() as f:
+        data = yaml.safe_load(f)
+    if not isinstance(data, dict):
+        raise ConfigError(where, name, f"preset file {path.name} does not hold a mapping")
+    data = dict(data)
+    data.setdefault("name", name)
+    return data
+
+
+def load_model(spec: str | Mapping | ModelSpec, where: str = "model") -> ModelSpec:
+    """A ModelSpec from a preset name, a preset plus overrides, or a mapping of fields.
+
+    Parameters
+    ----------
+    spec
+        ``"llama3-70b"`` (a name in :data:`MODEL_PRESETS`); ``{"preset": "llama3-70b",
+        "seq_len": 4096, ...}`` (the preset with fields replaced; ``moe`` and ``mla``
+        mappings are merged key by key into the preset's, ``moe: null`` removes it); a full
+        mapping of ModelSpec fields; or a ModelSpec, returned as is.
+    where
+        Field prefix for error messages.
+
+    Returns
+    -------
+    ModelSpec
+
+    Raises
+    ------
+    ConfigError
+        Unknown preset (the message lists the valid names), unknown key or bad value.
+    """
+    if isinstance(spec, ModelSpec):
+        return spec
+    if isinstance(spec, str):
+        return ModelSpec.from_dict(load_preset_mapping(spec, where), where)
+    if not isinstance(spec, Mapping):
+        raise ConfigError(where, spec, "expected a preset name or a mapping of ModelSpec fields")
+    if "preset" not in spec:
+        return ModelSpec.from_dict(spec, where)
+    base = load_preset_mapping(spec["preset"], f"{where}.preset")
+    merged = dict(base)
+    for key, value in spec.items():
+        if key == "preset":
+            continue
+        if key in ("moe", "mla") and isinstance(value, Mapping) and isinstance(base.get(key), Mapping):
+            merged[key] = {**base[key], **value}
+        else:
+            merged[key] = value
+    return ModelSpec.from_dict(merged, where)
