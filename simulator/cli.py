@@ -1,4 +1,4 @@
-"""Command line: ``clustersim topo | collectives | demo``.
+"""Command line: ``clustersim topo | collectives | schedule | demo``.
 
 Exit status: 0 done, 2 bad input (one line on stderr, no traceback), 1 internal error.
 (``clustersim run`` arrives with the end-to-end engine.)
@@ -102,6 +102,29 @@ def _contention_demo(cluster) -> None:
           f"shares the NICs ({times['with all-to-all'] / times['alone']:.2f}x)")
 
 
+def _print_schedule(args) -> None:
+    from workloads.schedules import (ActionCosts, format_table, get_schedule, peak_in_flight, schedule_timing,
+                                     validate, validate_schedule_config)
+
+    try:
+        f, b, w = (float(x) for x in args.costs.split(","))
+    except ValueError:
+        raise ConfigError("--costs", args.costs, "expected three numbers F,B,W") from None
+    validate_schedule_config(args.schedule, args.pp, args.microbatches, args.vpp, where="schedule")
+    sched = get_schedule(args.schedule)(args.pp, args.microbatches, args.vpp)
+    validate(sched)
+    print(f"{args.schedule}: pp={args.pp}, micro-batches={args.microbatches}, vpp={args.vpp}")
+    if args.list:
+        for s, row in enumerate(sched.actions):
+            print(f"stage {s}: " + " ".join(str(a) for a in row if a is not None))
+    else:
+        print(format_table(sched))
+    t = schedule_timing(sched, ActionCosts(f=f, b=b, w=w))
+    print(f"\nstep {t.step_time:g} (F={f:g}, B={b:g}, W={w:g} per chunk, free communication), "
+          f"bubble {t.bubble_fraction:.1%} of the step on the worst stage")
+    print("activations held at peak (micro-batch chunks) per stage: " + " ".join(map(str, peak_in_flight(sched))))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="clustersim", description="Discrete-event simulator of LLM training clusters.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -114,6 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--sizes", default="1MiB,64MiB,1GiB", help="comma-separated message sizes")
     p.add_argument("--json", action="store_true", help="print JSON rows")
+    p = sub.add_parser("schedule", help="print a pipeline schedule's action table and bubble")
+    p.add_argument("--schedule", default="1f1b", help="gpipe | 1f1b | interleaved_1f1b | zb_h1 | dualpipe")
+    p.add_argument("--pp", type=int, default=4, help="pipeline stages")
+    p.add_argument("--microbatches", type=int, default=8, help="micro-batches per step")
+    p.add_argument("--vpp", type=int, default=1, help="model chunks per stage (interleaved_1f1b)")
+    p.add_argument("--costs", default="1,1,1", metavar="F,B,W",
+                   help="per-chunk forward, input-gradient and weight-gradient costs for the bubble")
+    p.add_argument("--list", action="store_true", help="one line of actions per stage instead of the timed table")
     sub.add_parser("demo", help="the default demo: a 32-GPU H100 cluster, its collectives and contention")
     args = ap.parse_args(argv)
     try:
@@ -134,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(c.summary() + "\n")
                 _print_table(rows)
+        elif args.cmd == "schedule":
+            _print_schedule(args)
         elif args.cmd == "demo":
             c = build_cluster("dgx-h100", num_nodes=4)
             print(c.summary() + "\n")

@@ -32,3 +32,17 @@ def test_bad_input_exits_2_with_one_line():
 def test_topo_route(capsys):
     assert main(["topo", "dgx-h100", "--set", "num_nodes=2", "--route", "0", "9"]) == 0
     assert "nic0.1 -> leaf0.1" in capsys.readouterr().out
+
+
+def test_schedule_prints_every_schedule(capsys):
+    for name, vpp in (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zb_h1", 1), ("dualpipe", 1)):
+        assert main(["schedule", "--schedule", name, "--pp", "4", "--microbatches", "8", "--vpp", str(vpp)]) == 0
+        out = capsys.readouterr().out
+        assert "stage3" in out and "bubble" in out
+    assert main(["schedule", "--pp", "4", "--microbatches", "8", "--costs", "1,1,0"]) == 0
+    assert "bubble 27.3%" in capsys.readouterr().out         # (p-1)/(m+p-1) = 3/11 for 1F1B
+
+
+def test_schedule_bad_input_exit_2(capsys):
+    assert main(["schedule", "--schedule", "zb_h1", "--pp", "4", "--microbatches", "2"]) == 2
+    assert "schedule.num_microbatches" in capsys.readouterr().err

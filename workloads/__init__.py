@@ -8,6 +8,13 @@ from .megatron_args import from_megatron_args
 from .mesh import GROUP_AXES, RankGrid
 from .model import MODEL_PRESETS, MLASpec, ModelSpec, MoESpec, load_model
 from .parallel import ParallelConfig, split_layers
+from .schedules import (SCHEDULES, Action, ActionCosts, ActionKind, Schedule, ScheduleError, ScheduleTiming,
+                        format_table, get_schedule, min_microbatches, parse_action, peak_in_flight,
+                        schedule_timing, validate_schedule_config)
+from .schedules import validate as validate_schedule
 
 __all__ = ["ModelSpec", "MoESpec", "MLASpec", "MODEL_PRESETS", "load_model", "model_from_hf_config",
-           "from_megatron_args", "ParallelConfig", "split_layers", "RankGrid", "GROUP_AXES"]
+           "from_megatron_args", "ParallelConfig", "split_layers", "RankGrid", "GROUP_AXES",
+           "SCHEDULES", "Action", "ActionCosts", "ActionKind", "Schedule", "ScheduleError", "ScheduleTiming",
+           "format_table", "get_schedule", "min_microbatches", "parse_action", "peak_in_flight", "schedule_timing",
+           "validate_schedule", "validate_schedule_config"]

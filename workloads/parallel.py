@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from topologies import ConfigError
 from topologies.errors import check_keys
 
+from .schedules import SCHEDULE_NAMES, validate_schedule_config
+
 __all__ = ["ParallelConfig", "SCHEDULE_NAMES", "RECOMPUTE_KINDS", "split_layers", "parse_pipeline_layout"]
 
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "dualpipe")
 RECOMPUTE_KINDS = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
 RECOMPUTE_MODULES = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_proj", "shared_experts")
@@ -256,9 +257,8 @@ class ParallelConfig:
         split_layers(model.num_layers, self, mtp_layers=getattr(model, "mtp_layers", 0), where=where)
 
     def check_schedule(self, where: str = "parallel") -> None:
-        """Micro-batch and vpp rules of the pipeline schedule."""
-        from .schedules import validate_schedule_config
-        validate_schedule_config(self.schedule, self.pp, self.num_microbatches, self.vpp)
+        """Micro-batch and vpp rules of the pipeline schedule (minimum micro-batches per schedule)."""
+        validate_schedule_config(self.schedule, self.pp, self.num_microbatches, self.vpp, where=where)
 
 
 # -- pipeline split --------------------------------------------------------------------------

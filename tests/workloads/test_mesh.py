@@ -1,6 +1,5 @@
 """RankGrid against a naive nested-loop oracle and Megatron-Core's rank-generation rule."""
 
-import itertools
 import math
 
 import pytest

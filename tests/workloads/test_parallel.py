@@ -101,3 +101,14 @@ def test_pipeline_splits():
     assert split_layers(6, cfg) == [[1, 2], [2, 1]]          # virtual stage k = chunk k // pp of stage k % pp
     with pytest.raises(ConfigError, match="places 6 transformer layers"):
         split_layers(7, cfg)
+
+
+@pytest.mark.parametrize("d, field", [
+    ({"pp": 4, "dp": 1, "global_batch_size": 2, "schedule": "interleaved_1f1b", "vpp": 2}, "parallel.num_microbatches"),
+    ({"pp": 4, "dp": 1, "global_batch_size": 6, "schedule": "dualpipe"}, "parallel.num_microbatches"),
+    ({"pp": 4, "dp": 1, "global_batch_size": 8, "schedule": "1f1b", "vpp": 2}, "parallel.vpp"),
+])
+def test_schedule_rules_through_the_config(d, field):
+    with pytest.raises(ConfigError) as e:
+        ParallelConfig.from_dict(d).check_schedule()
+    assert e.value.field == field

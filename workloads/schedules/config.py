@@ -1,0 +1,152 @@
+"""Which (schedule, pp, num_microbatches, vpp) combinations are valid, and why.
+
+Every rule names its source.  The field names in the errors are the user's
+(``parallel.schedule``, ``parallel.pp``, ``parallel.vpp``); ``parallel.num_microbatches``
+is derived as ``global_batch_size / (micro_batch_size * dp)``, so a user fixes it through
+those three.
+"""
+
+from __future__ import annotations
+
+from topologies import ConfigError
+
+__all__ = ["SCHEDULE_NAMES", "min_microbatches", "validate_schedule_config"]
+
+SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "dualpipe")
+"""Registry keys, the same as DESIGN.md's ``parallel.schedule`` values."""
+
+_MB_HINT = " (num_microbatches = global_batch_size / (micro_batch_size * dp))"
+
+
+def _check_name(name: object, where: str) -> None:
+    if name not in SCHEDULE_NAMES:
+        raise ConfigError(f"{where}.schedule", name,
+                          f"unknown schedule; valid names: {', '.join(SCHEDULE_NAMES)}")
+
+
+def _check_positive_int(field: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(field, value, "must be a positive integer")
+
+
+def min_microbatches(name: str, pp: int, vpp: int = 1, *, where: str = "parallel") -> int:
+    """Smallest number of micro-batches per step the schedule accepts.
+
+    ==================  ========  ==================================================================
+    schedule            minimum   rule and source
+    ==================  ========  ==================================================================
+    ``gpipe``           1         any m (GPipe, Huang et al. 2019)
+    ``1f1b``            1         any m: Megatron-Core ``forward_backward_pipelining_without_
+                                  interleaving`` clips the warm-up to ``min(pp - rank - 1, m)``
+    ``interleaved_1f1b`` ``pp``   Megatron-Core ``forward_backward_pipelining_with_interleaving``
+                                  requires ``pp <= microbatch_group_size_per_vp_stage <= m``
+                                  and ``m % group`` to be 0 or ``>= pp``; the group size defaults
+                                  to ``pp`` (``ModelParallelConfig.__post_init__``), so by default
+                                  m must be a multiple of pp (checked by
+                                  :func:`validate_schedule_config`)
+    ``zb_h1``           ``pp``    the handcrafted ZB-H1 schedule (Qi et al. 2023, §2.1, Fig. 3)
+                                  delays the ``W`` passes of stage s by s micro-batches behind a
+                                  1F1B warm-up of ``pp - s - 1``; its closed-form bubble
+                                  ``(p-1)(T_F + T_B - T_W)`` assumes every stage reaches the
+                                  steady state, i.e. m >= p
+    ``dualpipe``        ``2*pp``  deepseek-ai/DualPipe ``dualpipe.py`` ``step()`` asserts
+                                  ``num_chunks % 2 == 0 and num_chunks >= num_ranks * 2`` (half the
+                                  micro-batches enter from each end) and ``num_ranks % 2 == 0``
+    ==================  ========  ==================================================================
+
+    ``vpp`` is accepted for symmetry with the other functions; no current rule depends on it.
+    ``where`` prefixes the field names in errors.
+    """
+    _check_name(name, where)
+    _check_positive_int(f"{where}.pp", pp)
+    _check_positive_int(f"{where}.vpp", vpp)
+    if name in ("gpipe", "1f1b"):
+        return 1
+    if name == "dualpipe":
+        return 2 * pp
+    return pp
+
+
+def validate_schedule_config(name: str, pp: int, num_microbatches: int, vpp: int = 1, *,
+                             microbatch_group_size: int | None = None, where: str = "parallel") -> None:
+    """Raise ``ConfigError(field, value, rule)`` if the schedule cannot run this configuration.
+
+    Parameters
+    ----------
+    name : str
+        Schedule name, one of :data:`SCHEDULE_NAMES`.
+    pp : int
+        Pipeline-parallel degree.
+    num_microbatches : int
+        Micro-batches per step.
+    vpp : int
+        Model chunks per stage; must be 1 except for ``interleaved_1f1b``, which needs >= 2.
+    microbatch_group_size : int, optional
+        Interleaved only: Megatron-Core's ``microbatch_group_size_per_vp_stage``
+        (micro-batches run back to back on one chunk); default ``pp``.
+    where : str
+        Prefix of the field names in errors (``"parallel"`` -> ``parallel.pp``, ...).
+
+    Notes
+    -----
+    Rules beyond :func:`min_microbatches`:
+
+    * ``vpp > 1`` needs ``interleaved_1f1b``; ``interleaved_1f1b`` needs ``vpp >= 2``
+      (Megatron-Core runs the non-interleaved schedule when no virtual size is set).
+    * ``interleaved_1f1b`` needs ``pp >= 2`` (Megatron-Core uses the interleaved schedule
+      only when ``pp > 1``; Megatron-LM's ``arguments.py`` further asks for ``pp > 2``
+      when p2p overlap is disabled, a communication-batching limit we do not model).
+    * ``dualpipe`` needs an even ``pp`` and an even number of micro-batches (DualPipe's
+      ``step()`` asserts both).
+    """
+    _check_name(name, where)
+    mb_field = f"{where}.num_microbatches"
+    _check_positive_int(f"{where}.pp", pp)
+    _check_positive_int(f"{where}.vpp", vpp)
+    _check_positive_int(mb_field, num_microbatches)
+    m = num_microbatches
+    if name != "interleaved_1f1b":
+        if vpp != 1:
+            raise ConfigError(f"{where}.vpp", vpp,
+                              "virtual pipeline stages (vpp > 1) need schedule 'interleaved_1f1b'; "
+                              f"'{name}' runs vpp = 1")
+        if microbatch_group_size is not None:
+            raise ConfigError(f"{where}.microbatch_group_size", microbatch_group_size,
+                              "applies to schedule 'interleaved_1f1b' only")
+    if name == "interleaved_1f1b":
+        if vpp < 2:
+            raise ConfigError(f"{where}.vpp", vpp,
+                              "schedule 'interleaved_1f1b' needs vpp >= 2 model chunks per stage; "
+                              "use '1f1b' for vpp = 1")
+        if pp < 2:
+            raise ConfigError(f"{where}.pp", pp, "schedule 'interleaved_1f1b' needs pp >= 2")
+        group = pp if microbatch_group_size is None else microbatch_group_size
+        if microbatch_group_size is not None:
+            _check_positive_int(f"{where}.microbatch_group_size", microbatch_group_size)
+            if group < pp:
+                raise ConfigError(f"{where}.microbatch_group_size", group,
+                                  f"must be >= pp = {pp} (Megatron-Core interleaved schedule)")
+        if m < group:
+            raise ConfigError(mb_field, m,
+                              f"schedule 'interleaved_1f1b' needs at least {group} micro-batches "
+                              f"(Megatron-Core: pp = {pp} <= microbatch_group_size_per_vp_stage = {group} "
+                              f"<= num_microbatches){_MB_HINT}")
+        if 0 < m % group < pp:
+            rule = (f"must be a multiple of pp = {pp}" if group == pp else
+                    f"m % microbatch_group_size = {m % group} must be 0 or >= pp = {pp}")
+            raise ConfigError(mb_field, m,
+                              f"schedule 'interleaved_1f1b' (Megatron-Core, microbatch_group_size_per_vp_stage "
+                              f"= {group}): {rule}{_MB_HINT}")
+        return
+    if name == "dualpipe":
+        if pp % 2:
+            raise ConfigError(f"{where}.pp", pp,
+                              "schedule 'dualpipe' needs an even pp (ranks pair up from both ends)")
+        if m % 2:
+            raise ConfigError(mb_field, m,
+                              f"schedule 'dualpipe' needs an even number of micro-batches "
+                              f"(half enter from each end){_MB_HINT}")
+    need = min_microbatches(name, pp, vpp, where=where)
+    if m < need:
+        raise ConfigError(mb_field, m,
+                          f"schedule '{name}' with pp = {pp} needs num_microbatches >= {need}{_MB_HINT}")
