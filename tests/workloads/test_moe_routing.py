@@ -1,0 +1,71 @@
+"""MoE routing distributions, capacity, and their effect on expert load and all-to-all."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import simpy
+
+from simulator.collectives import IDEAL, CollectiveEngine
+from topologies import ConfigError, build_cluster
+from workloads.moe_routing import apply_capacity, dispatch_matrix, expert_load, parse_routing, rank_load
+
+
+@pytest.mark.parametrize("spec", ["balanced", "forced_balanced", "skew(1.5)", "zipf(1.1)"])
+def test_loads_sum_to_tokens_times_topk_and_are_reproducible(spec):
+    r = parse_routing(spec)
+    a = expert_load(r, 4096, 64, 8, layer=3, microbatch=2, seed=7)
+    b = expert_load(r, 4096, 64, 8, layer=3, microbatch=2, seed=7)
+    assert a.sum() == 4096 * 8 and np.array_equal(a, b)
+    if spec != "balanced":       # a different layer draws differently
+        assert not np.array_equal(a, expert_load(r, 4096, 64, 8, layer=4, microbatch=2, seed=7))
+
+
+def test_skew_sets_max_over_mean_and_the_hottest_rank():
+    load = expert_load(parse_routing("skew(1.5)"), 8192, 8, 2, seed=1)
+    assert load.max() / load.mean() == pytest.approx(1.5, rel=1e-3)
+    balanced = expert_load(parse_routing("balanced"), 8192, 8, 2)
+    # one expert per EP rank: the hottest rank computes 1.5x the balanced case
+    assert rank_load(load, 8).max() / rank_load(balanced, 8).max() == pytest.approx(1.5, rel=1e-3)
+
+
+def test_skewed_all_to_all_is_bounded_by_the_hottest_receiver():
+    cluster = build_cluster("dgx-h100", num_nodes=1)
+    h_bytes = 8192 * 2                       # hidden 8192 in bf16
+    times = {}
+    for spec in ("balanced", "skew(1.5)"):
+        load = expert_load(parse_routing(spec), 4096 * 8, 8, 2, seed=3)
+        sizes = dispatch_matrix(load, 8, h_bytes)
+        env = simpy.Environment()
+        eng = CollectiveEngine(env, cluster, dataclasses.replace(IDEAL, step_latency_s=0.0))
+        g = eng.register_group(range(8))
+        eng.issue(g, 0, "all_to_all", 0.0, count=8, sizes=sizes)
+        env.run()
+        times[spec] = eng.records[-1].end_s
+        received = sizes.sum(axis=0) - np.diag(sizes)
+        sent = sizes.sum(axis=1) - np.diag(sizes)
+        bound = max(received.max(), sent.max()) / 450e9
+        assert times[spec] == pytest.approx(bound, rel=1e-9)
+    assert times["skew(1.5)"] / times["balanced"] == pytest.approx(1.5, rel=1e-3)
+
+
+def test_capacity_drops_and_pads():
+    load = np.array([300, 100, 100, 100])
+    kept, dropped = apply_capacity(load, 300, 2, 1.0)      # capacity ceil(1.0*600/4) = 150
+    assert kept.tolist() == [150, 100, 100, 100] and dropped == 150
+    padded, _ = apply_capacity(load, 300, 2, 1.0, pad_to_capacity=True)
+    assert padded.tolist() == [150] * 4
+    assert apply_capacity(load, 300, 2, None)[1] == 0
+
+
+def test_trace_and_bad_specs(tmp_path):
+    p = tmp_path / "trace.csv"
+    p.write_text("layer,microbatch,expert,tokens\n0,0,0,10\n0,0,1,30\n")
+    r = parse_routing({"trace": str(p)})
+    assert expert_load(r, 20, 2, 2).tolist() == [10, 30]
+    assert expert_load(r, 20, 2, 2, layer=5).tolist() == [20, 20]     # not in the trace: balanced
+    for bad in ("skew(0.5)", "uniform", "zipf(-1)", {"file": "x"}):
+        with pytest.raises(ConfigError):
+            parse_routing(bad)
+    with pytest.raises(ConfigError, match="parallel.ep"):
+        rank_load(np.ones(6), 4)
