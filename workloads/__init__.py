@@ -3,6 +3,9 @@
 Imports only from ``topologies`` (the lower layer).
 """
 
+from .costs import (FLOP_CONVENTIONS, PRECISION_RECIPES, ComputeModel, ComputeOp, MeasuredComputeModel,
+                    PrecisionRecipe, RooflineComputeModel, embedding_ops, get_recipe, layer_ops,
+                    model_flops_per_step, model_flops_per_token, optimizer_ops, output_ops)
 from .hf_config import model_from_hf_config
 from .megatron_args import from_megatron_args
 from .mesh import GROUP_AXES, RankGrid
@@ -17,4 +20,7 @@ __all__ = ["ModelSpec", "MoESpec", "MLASpec", "MODEL_PRESETS", "load_model", "mo
            "from_megatron_args", "ParallelConfig", "split_layers", "RankGrid", "GROUP_AXES",
            "SCHEDULES", "Action", "ActionCosts", "ActionKind", "Schedule", "ScheduleError", "ScheduleTiming",
            "format_table", "get_schedule", "min_microbatches", "parse_action", "peak_in_flight", "schedule_timing",
-           "validate_schedule", "validate_schedule_config"]
+           "validate_schedule", "validate_schedule_config",
+           "ComputeOp", "layer_ops", "embedding_ops", "output_ops", "optimizer_ops", "model_flops_per_step",
+           "model_flops_per_token", "FLOP_CONVENTIONS", "ComputeModel", "RooflineComputeModel",
+           "MeasuredComputeModel", "PrecisionRecipe", "PRECISION_RECIPES", "get_recipe"]

@@ -1,0 +1,312 @@
+"""Compute-time models and precision recipes: MAMF reproduction, quantisation envelopes, FP8 speed-up,
+recipe validation, measured per-op times."""
+
+import dataclasses
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from topologies import ConfigError, get_gpu_spec
+from workloads.costs.compute import (FLASH_ATTENTION_EFFICIENCY, HBM_EFFICIENCY, LAUNCH_OVERHEAD_S, ComputeModel,
+                                     GemmModel, MeasuredComputeModel, RooflineComputeModel, get_compute_model,
+                                     num_sms)
+from workloads.costs.flops import ComputeOp, layer_ops, sum_flops
+from workloads.costs.precision import (DTYPE_BYTES, PRECISION_RECIPES, get_recipe, quantize_ops,
+                                       weight_quantize_op, with_quantize_ops)
+from workloads.model import load_model
+from workloads.parallel import ParallelConfig
+
+H100 = get_gpu_spec("H100")
+A100 = get_gpu_spec("A100-SXM4-80GB")
+B200 = get_gpu_spec("B200")
+
+
+def gemm_op(m, n, k, phase="F", name="fc1"):
+    return ComputeOp(name, phase, "gemm", 2.0 * m * n * k, m, n, k)
+
+
+# -- (a) GEMM efficiency ---------------------------------------------------------------------------
+@pytest.mark.parametrize("gpu, shape, tflops", [
+    (H100, (2048, 2048, 13312), 794.5),          # hardware.csv: H100 bf16 best shape
+    (A100, (1024, 10240, 5120), 271.2),          # hardware.csv: A100 bf16 best shape
+    (B200, (1792, 16128, 3072), 1745.0),
+])
+def test_mamf_best_shape_reproduces_hardware_csv(gpu, shape, tflops):
+    # mamf-finder times back-to-back launches of one GEMM, so the host launch cost is
+    # hidden; the graph-launch cost (0.5 us) is what remains of the launch term
+    model = RooflineComputeModel(gpu, cuda_graphs=True)
+    op = gemm_op(*shape)
+    achieved = op.flops / model.op_time_s(op) / 1e12
+    assert abs(achieved - tflops) / tflops < 0.02
+    assert GemmModel.for_gpu(gpu).flops_per_s("bf16", [shape]) / 1e12 == pytest.approx(tflops, rel=1e-12)
+
+
+def test_h100_fp8_best_shape_and_never_above_mamf():
+    g = GemmModel.for_gpu(H100)
+    assert g.flops_per_s("fp8", [(1024, 9216, 14336)]) == pytest.approx(1402.6e12, rel=1e-12)
+    for shape in [(8192, 8192, 8192), (16384, 16384, 16384), (132 * 128, 256, 65536)]:
+        assert g.flops_per_s("bf16", [shape]) <= 794.5e12 * (1 + 1e-12)
+        assert g.flops_per_s("fp8", [shape]) <= 1402.6e12 * (1 + 1e-12)
+
+
+def test_sm_counts():
+    assert (num_sms(A100), num_sms(H100), num_sms(B200)) == (108, 132, 148)
+    assert num_sms(get_gpu_spec("GB300")) == 160 and num_sms(get_gpu_spec("H200")) == 132
+
+
+@pytest.mark.parametrize("gpu", [A100, H100, B200])
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_gemm_efficiency_monotone_on_tile_multiples(gpu, axis):
+    """Efficiency is non-decreasing in each of M, N, K when the size grows by doubling from
+    one tile (128) and the other two sit at 8192, a multiple of every tile: each size is a
+    whole number of tiles, so only wave quantisation and the per-tile fixed cost change,
+    and both can only improve.  (Between tile multiples the efficiency has the quantisation
+    saw-tooth and is not monotone; that is the point of modelling it.)"""
+    g = GemmModel.for_gpu(gpu)
+    effs = []
+    for size in [128 * 2 ** i for i in range(9)]:           # 128 .. 32768
+        shape = [8192, 8192, 8192]
+        shape[axis] = size
+        effs.append(g.efficiency_mnk("bf16", *shape))
+    assert all(b >= a * (1 - 1e-12) for a, b in itertools.pairwise(effs)), effs
+    assert effs[0] < effs[-1]
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_gemm_efficiency_monotone_at_multiples_of_tile_times_sms(axis):
+    # sizes j x 128 x SMs along one axis fill whole waves: utilisation is flat (equal)
+    g = GemmModel.for_gpu(H100)
+    effs = []
+    for j in range(1, 6):
+        shape = [8192, 8192, 8192]
+        shape[axis] = j * 128 * 132
+        effs.append(g.efficiency_mnk("bf16", *shape))
+    assert all(b >= a * (1 - 1e-12) for a, b in itertools.pairwise(effs))
+
+
+def test_wave_and_tile_quantisation_and_small_k():
+    g = GemmModel.for_gpu(H100)
+    full = g.efficiency_mnk("bf16", 8192, 8192, 8192)
+    # 132 tiles of 128 x 256 fill one wave exactly; one more row needs a second wave
+    one_wave = g.efficiency_mnk("bf16", 128 * 132, 256, 8192)
+    assert one_wave == pytest.approx(full, rel=0.05)
+    assert g.efficiency_mnk("bf16", 128 * 132 + 1, 256, 8192) < 0.75 * one_wave
+    # a GEMM that fills few SMs
+    assert g.efficiency_mnk("bf16", 128, 1024, 8192) < 0.1 * full
+    # the per-tile fixed cost: small K is slower
+    assert g.efficiency_mnk("bf16", 8192, 8192, 256) < 0.75 * full
+
+
+def test_grouped_gemm_efficiency_falls_with_few_tokens_per_expert():
+    model = RooflineComputeModel(H100)
+    effs = []
+    for t in (8, 32, 128, 1024):
+        groups = (float(t),) * 16
+        for phase, shape in (("F", (16 * t, 4096, 7168)), ("W", (7168, 4096, 16 * t))):
+            op = ComputeOp("expert_fc1", phase, "gemm", 2.0 * 16 * t * 4096 * 7168, *shape, groups=groups)
+            cost = model.op_cost(op)
+            effs.append((t, phase, cost.efficiency))
+    fwd = [e for t, ph, e in effs if ph == "F"]
+    wgrad = [e for t, ph, e in effs if ph == "W"]
+    assert fwd == sorted(fwd) and wgrad == sorted(wgrad)
+    assert fwd[0] < 0.1 * fwd[-1]                 # 8 tokens fill 1/16 of a 128-row tile
+
+
+# -- (b) attention ---------------------------------------------------------------------------------
+def test_flash_attention_efficiencies_and_ramp():
+    model = RooflineComputeModel(H100)
+    assert FLASH_ATTENTION_EFFICIENCY[("hopper", "bf16")]["F"] == 0.72    # FA3: up to 75 % fwd
+    assert FLASH_ATTENTION_EFFICIENCY[("ampere", "bf16")]["F"] == 0.70    # FA2: up to 73 % fwd
+    ops = {o.phase: o for o in layer_ops(load_model("llama3-70b"), ParallelConfig(tp=8, recompute="none"),
+                                         0, 1, 8192) if o.name == "core_attn"}
+    f, b = model.op_cost(ops["F"]), model.op_cost(ops["B"])
+    assert 0.6 < f.efficiency <= 0.72 and b.efficiency < f.efficiency
+    assert model.attention.efficiency("F", "bf16", 16384) == pytest.approx(0.72)
+    assert model.attention.efficiency("F", "bf16", 1024) < model.attention.efficiency("F", "bf16", 8192)
+    assert model.attention.efficiency("F", "bf16", 10 ** 6) == pytest.approx(0.72)   # capped
+    # attention stays BF16 under FP8 recipes (TE's fp8_dpa off by default)
+    assert RooflineComputeModel(H100, "fp8_delayed").op_cost(ops["F"]).dtype == "bf16"
+
+
+# -- (c) memory-bound and (d) launch --------------------------------------------------------------
+def test_elementwise_is_bytes_over_hbm_plus_launch():
+    op = ComputeOp("mlp_norm", "F", "elementwise", 0.0, mem_bytes=1e9, num_kernels=2)
+    eager = RooflineComputeModel(H100).op_time_s(op)
+    graphs = RooflineComputeModel(H100, cuda_graphs=True).op_time_s(op)
+    assert eager == pytest.approx(1e9 / (3.35e12 * HBM_EFFICIENCY) + 2 * LAUNCH_OVERHEAD_S[False])
+    assert graphs == pytest.approx(1e9 / (3.35e12 * HBM_EFFICIENCY) + 2 * LAUNCH_OVERHEAD_S[True])
+    tiny = ComputeOp("rope", "F", "elementwise", 0.0, mem_bytes=1e3, num_kernels=2)
+    with_graphs = RooflineComputeModel(H100, cuda_graphs=True).op_time_s(tiny)
+    assert with_graphs < 0.5 * RooflineComputeModel(H100).op_time_s(tiny)
+
+
+def test_small_gemm_is_memory_bound():
+    model = RooflineComputeModel(H100)
+    cost = model.op_cost(gemm_op(8, 8192, 8192))          # decode-like: weights dominate
+    assert cost.memory_s > cost.compute_s
+    assert cost.memory_s == pytest.approx(2 * (8 * 8192 + 8192 * 8192 + 8 * 8192) / (3.35e12 * HBM_EFFICIENCY))
+
+
+def test_vectorised_times_match_scalar():
+    model = RooflineComputeModel(H100)
+    ops = layer_ops(load_model("tiny-moe"), ParallelConfig(), 1)
+    times = model.op_times_s(ops)
+    assert isinstance(times, np.ndarray) and times.dtype == np.float64
+    assert np.array_equal(times, np.array([model.op_time_s(o) for o in ops]))
+    assert np.all(times > 0)
+
+
+# -- precision -------------------------------------------------------------------------------------
+def test_fp8_layer_is_faster_than_bf16_by_less_than_the_peak_ratio():
+    m = load_model("llama3-70b")
+    ops = layer_ops(m, ParallelConfig(tp=8, recompute="none"), 10, 1, 8192)
+    bf16 = RooflineComputeModel(H100, "bf16").op_times_s(ops).sum()
+    for name in ("fp8_delayed", "fp8_tensorwise", "fp8_blockwise"):
+        recipe = get_recipe(name)
+        fp8 = RooflineComputeModel(H100, recipe).op_times_s(with_quantize_ops(recipe, ops)).sum()
+        assert 1.0 < bf16 / fp8 < H100.peak_flops["fp8"] / H100.peak_flops["bf16"], name
+    # GEMMs alone: the MAMF ratio 1402.6 / 794.5, still below 2
+    gemms = [o for o in ops if o.op_class == "gemm"]
+    ratio = (RooflineComputeModel(H100).op_times_s(gemms).sum()
+             / RooflineComputeModel(H100, "fp8_delayed").op_times_s(gemms).sum())
+    assert 1.5 < ratio < 2.0
+
+
+def test_recipe_gemm_dtypes_per_role():
+    d = get_recipe("fp8_delayed")
+    assert (d.fprop_format, d.grad_format) == ("E4M3", "E5M2")          # TE HYBRID
+    assert [d.gemm_dtype(r) for r in ("fprop", "dgrad", "wgrad")] == ["fp8"] * 3
+    assert d.gemm_dtype("fprop", "output_gemm") == "bf16" and d.gemm_dtype("wgrad", "router") == "bf16"
+    assert get_recipe("fp8_blockwise").grad_format == "E4M3"
+    assert all(r.attention_dtype == "bf16" for r in PRECISION_RECIPES.values())
+    assert all(r.grad_reduce_dtype == "fp32" for r in PRECISION_RECIPES.values())
+    assert get_recipe("bf16", grad_reduce_dtype="bf16").grad_reduce_bytes == 2
+    assert get_recipe("bf16").peak_dtype == "bf16" and get_recipe("nvfp4").peak_dtype == "fp4"
+    assert get_recipe("bf16").param_gather_bytes_per_param == 2
+    assert get_recipe("fp8_delayed", fp8_param_gather=True).param_gather_bytes_per_param == 1
+    assert get_recipe("fp8_delayed").tp_gather_bytes_per_element == DTYPE_BYTES["fp8"]
+
+
+def test_nvfp4_keeps_edge_layers_in_bf16():
+    r = get_recipe("nvfp4", gpu=B200)
+    assert r.gemm_dtype("fprop", "fc1", 0, 80) == "bf16"                 # first two blocks
+    assert r.gemm_dtype("fprop", "fc1", 2, 80) == "fp4"
+    assert r.gemm_dtype("wgrad", "fc1", 72, 80) == "bf16"                # last eight blocks
+    assert r.gemm_dtype("dgrad", "fc1", 71, 80) == "fp4"
+    with pytest.raises(ValueError, match="num_layers"):
+        r.gemm_dtype("fprop", "fc1", 10)
+    model = RooflineComputeModel(B200, "nvfp4", num_layers=80)
+    op = layer_ops(load_model("llama3-70b"), ParallelConfig(tp=8, recompute="none"), 40, 1, 8192)[1]
+    assert model.op_cost(op).dtype == "fp4"
+
+
+def test_recipe_validation_errors():
+    with pytest.raises(ConfigError, match="known: bf16, fp8_delayed, fp8_tensorwise, fp8_blockwise, mxfp8, nvfp4"):
+        get_recipe("fp6")
+    for name in ("mxfp8", "nvfp4"):
+        with pytest.raises(ConfigError, match="needs a blackwell GPU; H100-SXM is hopper") as e:
+            get_recipe(name, gpu=H100)
+        assert e.value.field == "precision" and e.value.value == name
+        with pytest.raises(ConfigError, match="H100-SXM"):
+            RooflineComputeModel(H100, name)
+    with pytest.raises(ConfigError, match="A100-SXM4-80GB is ampere"):
+        RooflineComputeModel(A100, "fp8_delayed")
+    get_recipe("fp8_blockwise", gpu=H100)
+    get_recipe("nvfp4", gpu=B200)
+    with pytest.raises(ConfigError, match="grad_reduce_dtype"):
+        get_recipe("bf16", grad_reduce_dtype="fp8")
+    with pytest.raises(ConfigError, match="FP8 recipe"):
+        get_recipe("bf16", fp8_param_gather=True)
+
+
+def test_quantize_ops():
+    m = load_model("llama3-70b")
+    ops = layer_ops(m, ParallelConfig(tp=8, recompute="selective"), 5, 1, 8192)
+    assert quantize_ops(get_recipe("bf16"), ops) == []
+    r = get_recipe("fp8_delayed")
+    q = quantize_ops(r, ops)
+    gemms = [o for o in ops if o.op_class == "gemm"]
+    assert len(q) == sum(o.phase in ("F", "B") for o in gemms)          # fprop input, dgrad input; none for wgrad
+    qkv = next(o for o in q if o.name == "qkv_proj.quantize" and o.phase == "F")
+    assert qkv.mem_bytes == 8192 * 8192 * r.quantize_bytes_per_element and qkv.op_class == "elementwise"
+    merged = with_quantize_ops(r, ops)
+    i = merged.index(qkv)
+    assert merged[i + 1].name == "qkv_proj" and merged[i + 1].phase == "F"
+    assert weight_quantize_op(get_recipe("bf16"), 1e9) is None
+    assert weight_quantize_op(r, 1e9).mem_bytes == 4e9
+    assert get_recipe("fp8_tensorwise").quantize_bytes_per_element > r.quantize_bytes_per_element   # amax pass
+
+
+# -- measured --------------------------------------------------------------------------------------
+def test_measured_model_reads_csv_and_falls_back(tmp_path):
+    ops = layer_ops(load_model("tiny-dense"), ParallelConfig(recompute="selective"), 0)
+    qkv_f = next(o for o in ops if o.name == "qkv_proj" and o.phase == "F")
+    attn_f = next(o for o in ops if o.name == "core_attn" and o.phase == "F")
+    path = tmp_path / "times.csv"
+    path.write_text("name,phase,m,n,k,time_s\n"
+                    f"qkv_proj,F,{qkv_f.m},{qkv_f.n},{qkv_f.k},1.5e-5\n"
+                    f"core_attn,F,{attn_f.m},{attn_f.n},{attn_f.k},2.0e-5\n"
+                    "attn_norm,F,,,,3e-6\n")
+    roofline = RooflineComputeModel(H100)
+    model = MeasuredComputeModel(path, fallback=roofline)
+    assert isinstance(model, ComputeModel)
+    assert model.op_time_s(qkv_f) == 1.5e-5
+    assert model.op_time_s(next(o for o in ops if o.name == "attn_norm" and o.phase == "F")) == 3e-6
+    # the recomputed attention (phase B, recompute=True) uses the forward measurement
+    rc = next(o for o in ops if o.recompute)
+    assert model.op_time_s(rc) == 2.0e-5 and model.source_of(rc) == "measured"
+    fc1 = next(o for o in ops if o.name == "fc1" and o.phase == "F")
+    assert model.source_of(fc1) == "fallback:RooflineComputeModel"
+    assert model.op_time_s(fc1) == roofline.op_time_s(fc1)
+    missing = model.uncovered(ops)
+    assert ("fc1", "F", fc1.m, fc1.n, fc1.k) in missing and ("qkv_proj", "F", qkv_f.m, qkv_f.n, qkv_f.k) not in missing
+    times = model.op_times_s(ops)
+    assert len(times) == len(ops) and np.all(times > 0)
+    strict = MeasuredComputeModel(path)
+    with pytest.raises(ConfigError, match="no fallback"):
+        strict.op_time_s(fc1)
+    assert get_compute_model("measured") is MeasuredComputeModel
+
+
+@pytest.mark.parametrize("text, match", [
+    ("name,phase,time_s,gpu\nfc1,F,1e-3,h100\n", "unknown column"),
+    ("name,phase\nfc1,F\n", "required"),
+    ("name,phase,time_s\nfc1,X,1e-3\n", "phase"),
+    ("name,phase,time_s\nfc1,F,fast\n", "time_s"),
+    ("name,phase,time_s\nfc1,F,-1\n", "time_s"),
+    ("name,phase,m,time_s\nfc1,F,1.5,1e-3\n", "integer"),
+    ("name,phase,time_s\nfc1,F,1e-3\nfc1,F,2e-3\n", "duplicate"),
+])
+def test_measured_csv_errors(tmp_path, text, match):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        MeasuredComputeModel(path)
+
+
+def test_measured_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        MeasuredComputeModel(tmp_path / "none.csv")
+
+
+def test_layer_time_is_plausible_for_llama3_70b_on_h100():
+    # a sanity band, not a calibration: executed TFLOP/s of one TP-8 layer between 50 % and
+    # 85 % of the BF16 peak (GEMMs near MAMF, attention and element-wise ops below)
+    ops = layer_ops(load_model("llama3-70b"), ParallelConfig(tp=8, recompute="none"), 0, 1, 8192)
+    t = RooflineComputeModel(H100).op_times_s(ops).sum()
+    tflops = sum_flops(ops) / t / 1e12
+    assert 0.5 * 989 < tflops < 0.85 * 989
+    assert not math.isnan(t)
+
+
+def test_sub_models_are_replaceable():
+    # a GEMM model with only 128 x 256 tiles: same MAMF at its reference shape, its own quantisation
+    base = RooflineComputeModel(H100)
+    big_tiles = dataclasses.replace(base.gemm, tiles=((128, 256),))
+    model = RooflineComputeModel(H100, gemm=big_tiles)
+    assert model.gemm.flops_per_s("bf16", [(2048, 2048, 13312)]) == pytest.approx(794.5e12)
+    # 66 x 1 tiles of 128 x 256 fill half the SMs; 66 x 2 tiles of 128 x 128 fill them all
+    shape = (128 * 66, 256, 8192)
+    assert model.gemm.efficiency_mnk("bf16", *shape) < 0.55 * base.gemm.efficiency_mnk("bf16", *shape)

@@ -1,0 +1,549 @@
+"""Compute-time models: how long one :class:`~workloads.costs.flops.ComputeOp` runs on one GPU.
+
+The interface is :class:`ComputeModel` -- ``op_time_s(op)`` and the vectorised
+``op_times_s(ops)``.  Two implementations:
+
+* :class:`RooflineComputeModel` (default), built from four named sub-models::
+
+      time = max(flops / (peak x efficiency), bytes / (HBM bandwidth x memory efficiency))
+             + kernels x launch cost
+
+  (a) :class:`GemmModel` -- GEMM efficiency = the measured maximum achievable matmul
+      FLOP/s (MAMF, ``GPUSpec.mamf_flops``) scaled by tile and wave quantisation of the
+      actual sharded ``M, N, K`` and a per-tile fixed cost that penalises small ``K``;
+  (b) :class:`AttentionModel` -- FlashAttention forward / backward efficiency per GPU
+      generation, from the FlashAttention-2/-3/-4 papers, with a sequence-length ramp;
+  (c) :class:`MemoryModel` -- element-wise ops (norms, RoPE, SwiGLU, bias-dropout-add,
+      permutation, cross-entropy, optimizer, FP8 casts) as bytes over HBM at an
+      achievable fraction of the datasheet bandwidth;
+  (d) :class:`LaunchModel` -- a fixed cost per kernel launch, much smaller under CUDA graphs.
+
+  The GEMM dtype of each op comes from the precision recipe
+  (:mod:`workloads.costs.precision`): fprop, dgrad and wgrad may run in different dtypes,
+  the output layer and router stay BF16, attention runs in the recipe's attention dtype.
+  MoE experts are grouped GEMMs timed on the rank's actual tokens per expert: a group of
+  few tokens fills few rows of its tiles (and, in wgrad, runs a short ``K``), so expert
+  efficiency falls as tokens per expert shrink; the permutation around them is
+  memory-bound.
+
+* :class:`MeasuredComputeModel` -- per-op times from a CSV of measurements, falling back
+  to another model (named by :meth:`MeasuredComputeModel.source_of`) for ops not in it.
+
+Not modelled here: the slowdown of compute kernels that share the GPU with communication
+kernels (a simulator concern), clock throttling, L2 reuse between consecutive kernels.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from topologies import ConfigError, GPUSpec, get_gpu_spec
+
+from .flops import PHASES, ComputeOp, gemm_role
+from .precision import DTYPE_BYTES, PrecisionRecipe, get_recipe
+
+__all__ = ["ComputeModel", "RooflineComputeModel", "MeasuredComputeModel", "GemmModel", "AttentionModel",
+           "MemoryModel", "LaunchModel", "OpCost", "SM_COUNTS", "GEMM_TILES", "MAMF_BEST_SHAPES",
+           "MAMF_FALLBACK_FRACTION", "FLASH_ATTENTION_EFFICIENCY", "HBM_EFFICIENCY", "LAUNCH_OVERHEAD_S",
+           "COMPUTE_MODELS", "get_compute_model", "num_sms"]
+
+
+# -- constants, each with its source -----------------------------------------------------------
+SM_COUNTS: dict[str, int] = {
+    # Streaming multiprocessors per GPU.  A100: NVIDIA A100 Tensor Core GPU Architecture
+    # whitepaper (108 SMs enabled of 128).  H100 SXM5 / H200 / H800: NVIDIA H100 Tensor Core
+    # GPU Architecture whitepaper (132 SMs for SXM5; H200 and H800 are the same GH100
+    # configuration).  B200 / GB200: 148 SMs as reported by cudaGetDeviceProperties on B200
+    # systems (2 dies x 74 enabled; not in an NVIDIA datasheet).  B300 / GB300 (Blackwell
+    # Ultra): 160 SMs (NVIDIA Technical Blog, "Inside NVIDIA Blackwell Ultra", 2025).
+    "GB300": 160, "B300": 160, "GB200": 148, "B200": 148, "H800": 132, "H200": 132, "H100": 132, "A100": 108,
+}
+_SMS_BY_GENERATION = {"ampere": 108, "hopper": 132, "blackwell": 148}
+
+
+def num_sms(gpu: GPUSpec) -> int:
+    """SMs of ``gpu`` from :data:`SM_COUNTS` (by name prefix), else by generation."""
+    name = gpu.name.upper()
+    for prefix, n in SM_COUNTS.items():       # longest prefixes first (GB300 before B300)
+        if name.startswith(prefix):
+            return n
+    return _SMS_BY_GENERATION.get(gpu.generation, 132)
+
+
+GEMM_TILES: tuple[tuple[int, int], ...] = ((128, 256), (256, 128), (128, 128))
+"""Output tiles (rows x columns) one SM computes per work unit; the model takes the one
+with the best utilisation for each shape, as cuBLAS's heuristics pick among kernels.
+128x256 / 256x128 with two consumer warp groups and 128x128 are the BF16/FP8 tiles of
+CUTLASS's Hopper warp-specialised GEMMs (NVIDIA/cutlass ``examples/48_hopper_warp_specialized_gemm``,
+``include/cutlass/gemm/collective/builders/sm90_gmma_builder.inl``) and common cuBLAS
+kernel names (``..._128x256x64_...``); Ampere's CUTLASS SM80 kernels use the same
+threadblock tiles, and Blackwell's 2-SM 256x256 UMMA tile is 128x256 per SM.  All tiles
+are given the same per-SM throughput (the larger tiles' better data reuse is inside the
+measured MAMF), so for quantisation the finest tile, 128 x 128, never loses: the set
+models cuBLAS's freedom to pick a smaller tile for an awkward shape.  Split-K and
+stream-K kernels, which cuBLAS uses to soften wave quantisation, are not modelled."""
+
+GEMM_K_BLOCK = 64
+"""K step of one main-loop iteration (64 for BF16 tiles in CUTLASS SM80/SM90 kernels):
+``K`` is rounded up to it."""
+
+GEMM_K_OVERHEAD = 128
+"""Per-tile fixed cost in units of ``K``: prologue (filling the shared-memory pipeline)
+and epilogue (writing the output tile) take about two 64-deep main-loop iterations.  An
+assumption that makes small-``K`` GEMMs (MoE wgrad with few tokens per expert, MLA
+down-projections) slower, consistent in shape with the fall-off of mamf-finder sweeps at
+small ``K``; calibrate with :class:`MeasuredComputeModel` where it matters."""
+
+MAMF_BEST_SHAPES: dict[tuple[str, str], tuple[int, int, int]] = {
+    # (GPU, dtype) -> the M x N x K at which the MAMF in GPUSpec.mamf_flops was measured
+    # (shared/reference/hardware.csv, mamf_notes; stas00/ml-engineering mamf-finder).
+    ("A100-SXM4-80GB", "bf16"): (1024, 10240, 5120),
+    ("H100-SXM", "bf16"): (2048, 2048, 13312),
+    ("H100-SXM", "fp8"): (1024, 9216, 14336),
+    ("H200-SXM", "bf16"): (2048, 2048, 13312),     # "H200 is the same" as H100
+    ("H200-SXM", "fp8"): (1280, 4096, 12032),
+    ("B200", "bf16"): (1792, 16128, 3072),
+}
+_DEFAULT_BEST_SHAPE = (8192, 8192, 8192)
+
+MAMF_FALLBACK_FRACTION: dict[tuple[str, str], float] = {
+    # MAMF / dense peak where GPUSpec.mamf_flops has no entry for a dtype: the measured
+    # fractions of shared/reference/hardware.csv (mamf_*_eff_pct) for the same generation.
+    ("ampere", "bf16"): 0.869,      # A100 SXM 271.2 / 312
+    ("ampere", "fp16"): 0.869,
+    ("hopper", "bf16"): 0.803,      # H100 SXM 794.5 / 989
+    ("hopper", "fp16"): 0.803,
+    ("hopper", "fp8"): 0.709,       # H100 SXM 1402.6 / 1979
+    ("blackwell", "bf16"): 0.729,   # the lowest Blackwell row: GB200 1822 / 2500 (B200 77.6 %, B300 78.6 %)
+    ("blackwell", "fp16"): 0.729,
+    ("blackwell", "fp8"): 0.723,    # GB200 3615.6 / 5000 (B200 76.3 %, B300 74.5 %)
+}
+_MAMF_DEFAULT_FRACTION = 0.70
+"""Fallback for dtypes never measured (FP4, TF32): an assumption, below every measured row."""
+
+FLASH_ATTENTION_EFFICIENCY: dict[tuple[str, str], dict[str, float]] = {
+    # (generation, dtype) -> {"F": forward, "B": backward} fraction of the dense peak of
+    # that dtype, at long sequences (16k), head dim 128, relative to the FLOPs counted as in
+    # flash-attention's benchmark (causal: half; backward: 2.5 x forward).
+    #
+    # Ampere, FA2 (Dao, arXiv:2307.08691, §4.1 and Fig. 4-6 on A100 80GB): forward
+    # 50-73 % of peak ("up to 230 TFLOPs/s"), backward lower (about 160-190 TFLOP/s for
+    # head dim 128 at long sequences).
+    ("ampere", "bf16"): {"F": 0.70, "B": 0.55},
+    ("ampere", "fp16"): {"F": 0.70, "B": 0.55},
+    # Hopper, FA3 (Shah et al., arXiv:2407.08608): BF16/FP16 forward up to 740 TFLOP/s
+    # (75 % of 989) for long sequences, causal head dim 128 a few points lower; backward
+    # about 1.5-1.75x FA2's, 450-550 TFLOP/s (Fig. 6).  FP8 forward "close to 1.2
+    # PFLOPs/s" (61 % of 1979); the FP8 backward is not in the paper: assumed 0.45.
+    ("hopper", "bf16"): {"F": 0.72, "B": 0.52},
+    ("hopper", "fp16"): {"F": 0.72, "B": 0.52},
+    ("hopper", "fp8"): {"F": 0.60, "B": 0.45},
+    # Blackwell, FA4 (Zadouri, Dao et al., arXiv:2603.05451; Together AI blog
+    # "FlashAttention-4"): BF16 forward up to 1605-1613 TFLOP/s on B200 (71 %); the backward
+    # is assumed at Hopper's backward/forward ratio (0.72 -> 0.52), and FP8 as on Hopper.
+    ("blackwell", "bf16"): {"F": 0.71, "B": 0.51},
+    ("blackwell", "fp16"): {"F": 0.71, "B": 0.51},
+    ("blackwell", "fp8"): {"F": 0.60, "B": 0.45},
+}
+
+FA_SEQ_HALF = 384
+"""Sequence-length ramp of attention efficiency: ``eff(s) = eff_16k x r(s) / r(16384)``
+with ``r(s) = s / (s + 384)`` (capped at ``eff_16k``): 98 % of the long-sequence value at
+8k queries, 86 % at 2k, 58 % at 512 -- the shape of the causal curves in the FA2/FA3
+papers' figures (fewer query blocks per head fill fewer SMs; fixed per-block work).  A fit
+by eye; ``s`` is the query length per sequence on the rank (``s / cp`` under CP)."""
+_FA_REFERENCE_SEQ = 16384
+
+HBM_EFFICIENCY = 0.85
+"""Achievable fraction of the datasheet HBM bandwidth for fused element-wise kernels.  A
+device-to-device copy or STREAM triad on H100 SXM measures about 3.0-3.1 TB/s of 3.35
+(90-92 %, public STREAM/nvbandwidth reports); kernels with reductions (norms, softmax)
+or strided access (permutation) run somewhat below a copy, hence 0.85 for all
+generations."""
+
+LAUNCH_OVERHEAD_S: dict[bool, float] = {
+    # Per kernel.  Eager: a CUDA kernel launch costs a few microseconds of host time
+    # (NVIDIA Technical Blog, A. Gray, "Getting Started with CUDA Graphs", 2019: launch
+    # overheads of the same order as microsecond-scale kernels), and PyTorch's dispatcher
+    # adds more; when kernels are short the GPU waits for the host.  3 us is our estimate
+    # of the exposed cost per kernel.  CUDA graphs replay the launches from the device:
+    # ~0.5 us per kernel node (same blog: graph launch removes most of the per-kernel cost).
+    False: 3.0e-6,
+    True: 0.5e-6,
+}
+
+
+# -- sub-models ----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class GemmModel:
+    """(a) GEMM throughput: MAMF scaled by tile / wave quantisation and the small-``K`` cost.
+
+    For sub-GEMMs ``(M_i, N_i, K_i)`` (one, or one per group of a grouped GEMM) and a
+    tile ``TM x TN``::
+
+        tiles     = sum_i ceil(M_i / TM) ceil(N_i / TN)
+        tile cost = TM TN (ceil(K_i / 64) 64 + K0)            per tile of sub-GEMM i
+        waves     = ceil(tiles / SMs)
+        U         = sum_i M_i N_i K_i / (SMs x waves x mean tile cost)
+
+    ``U`` is the useful share of the SM-time the kernel occupies (idle SMs in the last
+    wave, padded tile rows and columns, padded ``K`` and the per-tile fixed cost ``K0``
+    all count as waste); the best of :data:`GEMM_TILES` is taken.  The achieved
+    throughput is ``MAMF x min(1, U / U_ref)``, ``U_ref`` being ``U`` at the shape where
+    the MAMF was measured (:data:`MAMF_BEST_SHAPES`), so the model reproduces the
+    measurement there and never exceeds it.  Efficiency = achieved / dense peak.
+    """
+
+    peak_flops: dict
+    """Dense peak FLOP/s per dtype (from the GPUSpec)."""
+    mamf_flops: dict
+    """MAMF per dtype: measured, or the :data:`MAMF_FALLBACK_FRACTION` of the peak."""
+    num_sms: int
+    reference_shapes: dict
+    """dtype -> (M, N, K) where the MAMF holds."""
+    tiles: tuple = GEMM_TILES
+    k_block: int = GEMM_K_BLOCK
+    k_overhead: int = GEMM_K_OVERHEAD
+    _u_ref: dict = field(default_factory=dict, init=False, compare=False, repr=False)   # cache of U_ref per dtype
+
+    @classmethod
+    def for_gpu(cls, gpu: GPUSpec) -> GemmModel:
+        """The model of ``gpu``, with fallbacks for dtypes it has no MAMF for."""
+        mamf = {}
+        for dtype, peak in gpu.peak_flops.items():
+            if dtype in gpu.mamf_flops:
+                mamf[dtype] = gpu.mamf_flops[dtype]
+            else:
+                mamf[dtype] = peak * MAMF_FALLBACK_FRACTION.get((gpu.generation, dtype), _MAMF_DEFAULT_FRACTION)
+        shapes = {dtype: MAMF_BEST_SHAPES.get((gpu.name, dtype), _DEFAULT_BEST_SHAPE) for dtype in gpu.peak_flops}
+        return cls(dict(gpu.peak_flops), mamf, num_sms(gpu), shapes)
+
+    def utilization(self, shapes: Sequence[tuple[float, float, float]]) -> float:
+        """Best-tile useful share ``U`` of SM time for the sub-GEMMs ``shapes`` (0..1)."""
+        shapes = [(m, n, k) for m, n, k in shapes if m > 0 and n > 0 and k > 0]
+        if not shapes:
+            return 1.0
+        useful = sum(m * n * k for m, n, k in shapes)
+        kb, k0, sms = self.k_block, self.k_overhead, self.num_sms
+        best = 0.0
+        for tm, tn in self.tiles:
+            tiles = 0
+            cost = 0.0
+            for m, n, k in shapes:
+                t = math.ceil(m / tm) * math.ceil(n / tn)
+                tiles += t
+                cost += t * tm * tn * (math.ceil(k / kb) * kb + k0)
+            waves = math.ceil(tiles / sms)
+            best = max(best, useful / (sms * waves * (cost / tiles)))
+        return best
+
+    def _reference_utilization(self, dtype: str) -> float:
+        u = self._u_ref.get(dtype)
+        if u is None:
+            u = self.utilization([self.reference_shapes.get(dtype, _DEFAULT_BEST_SHAPE)])
+            self._u_ref[dtype] = u
+        return u
+
+    def efficiency(self, dtype: str, shapes: Sequence[tuple[float, float, float]]) -> float:
+        """Achieved FLOP/s over the dense ``dtype`` peak for the sub-GEMMs ``shapes``."""
+        if dtype not in self.peak_flops:
+            raise ConfigError("precision", dtype, f"no {dtype} peak for this GPU; known: {', '.join(self.peak_flops)}")
+        u = min(1.0, self.utilization(shapes) / self._reference_utilization(dtype))
+        return self.mamf_flops[dtype] / self.peak_flops[dtype] * u
+
+    def efficiency_mnk(self, dtype: str, m: float, n: float, k: float) -> float:
+        """:meth:`efficiency` of one ``M x N x K`` GEMM."""
+        return self.efficiency(dtype, [(m, n, k)])
+
+    def flops_per_s(self, dtype: str, shapes: Sequence[tuple[float, float, float]]) -> float:
+        """Achieved FLOP/s for the sub-GEMMs ``shapes``."""
+        return self.peak_flops[dtype] * self.efficiency(dtype, shapes)
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionModel:
+    """(b) FlashAttention efficiency: :data:`FLASH_ATTENTION_EFFICIENCY` x a sequence ramp."""
+
+    generation: str
+    peak_flops: dict
+    table: dict = field(default_factory=lambda: dict(FLASH_ATTENTION_EFFICIENCY))
+    seq_half: int = FA_SEQ_HALF
+
+    def efficiency(self, phase: str, dtype: str, seq_len: float) -> float:
+        """Fraction of the ``dtype`` peak for a forward (``F``) or backward (``B``) pass with
+        ``seq_len`` queries per sequence on the rank."""
+        try:
+            eff = self.table[(self.generation, dtype)][phase]
+        except KeyError:
+            raise ConfigError("precision", dtype, f"no FlashAttention efficiency for {dtype} {phase} on "
+                                                  f"{self.generation} GPUs") from None
+        s = max(float(seq_len), 1.0)
+        ramp = (s / (s + self.seq_half)) / (_FA_REFERENCE_SEQ / (_FA_REFERENCE_SEQ + self.seq_half))
+        return eff * min(1.0, ramp)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryModel:
+    """(c) Memory-bound time: bytes over ``HBM bandwidth x efficiency``."""
+
+    hbm_bandwidth_bytes_per_s: float
+    efficiency: float = HBM_EFFICIENCY
+
+    def time_s(self, nbytes: float) -> float:
+        return float(nbytes) / (self.hbm_bandwidth_bytes_per_s * self.efficiency)
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchModel:
+    """(d) Launch overhead: ``kernels x per-kernel cost`` (:data:`LAUNCH_OVERHEAD_S`)."""
+
+    per_kernel_s: float
+
+    @classmethod
+    def for_graphs(cls, cuda_graphs: bool) -> LaunchModel:
+        return cls(LAUNCH_OVERHEAD_S[bool(cuda_graphs)])
+
+    def time_s(self, num_kernels: int) -> float:
+        return num_kernels * self.per_kernel_s
+
+
+class OpCost(NamedTuple):
+    """How :class:`RooflineComputeModel` timed one op."""
+
+    compute_s: float
+    """FLOPs over achieved FLOP/s."""
+    memory_s: float
+    """Bytes over achievable HBM bandwidth."""
+    launch_s: float
+    """Kernel launches."""
+    dtype: str
+    """Dtype whose peak applied ('' for element-wise ops)."""
+    efficiency: float
+    """Fraction of that peak (GEMM / attention); 0 for element-wise ops."""
+
+    @property
+    def time_s(self) -> float:
+        return max(self.compute_s, self.memory_s) + self.launch_s
+
+
+# -- the interface ---------------------------------------------------------------------------------
+class ComputeModel:
+    """Times compute ops.  Subclasses implement :meth:`op_time_s`."""
+
+    def op_time_s(self, op: ComputeOp) -> float:
+        """Seconds ``op`` takes on one GPU."""
+        raise NotImplementedError
+
+    def op_times_s(self, ops: Iterable[ComputeOp]) -> np.ndarray:
+        """Seconds per op, as a float64 array in the order of ``ops``."""
+        ops = list(ops)
+        return np.fromiter((self.op_time_s(o) for o in ops), dtype=np.float64, count=len(ops))
+
+
+def _sub_gemms(op: ComputeOp) -> list[tuple[float, float, float]]:
+    if not op.groups:
+        return [(op.m, op.n, op.k)]
+    if gemm_role(op) == "wgrad":                 # token dimension is K
+        return [(op.m, op.n, g) for g in op.groups]
+    return [(g, op.n, op.k) for g in op.groups]  # token dimension is M
+
+
+class RooflineComputeModel(ComputeModel):
+    """Default compute model: roofline over four sourced sub-models (see the module docstring).
+
+    Parameters
+    ----------
+    gpu
+        A :class:`~topologies.GPUSpec` or a GPU name (``"H100"``).
+    precision
+        A recipe name or :class:`~workloads.costs.precision.PrecisionRecipe`; ConfigError
+        if the GPU cannot run it.
+    cuda_graphs
+        Launch cost per kernel from :data:`LAUNCH_OVERHEAD_S` with or without CUDA graphs.
+    num_layers
+        Decoder layers including MTP modules; needed by recipes that keep the last
+        layers in BF16 (``nvfp4``).
+    gemm, attention, memory, launch
+        Replace a sub-model (e.g. a :class:`GemmModel` with other tiles).
+
+    Examples
+    --------
+    >>> from workloads.costs.flops import ComputeOp
+    >>> m = RooflineComputeModel("H100")
+    >>> op = ComputeOp("fc1", "F", "gemm", 2.0 * 8192 ** 3, 8192, 8192, 8192)
+    >>> round(op.flops / m.op_time_s(op) / 1e12)
+    788
+    """
+
+    def __init__(self, gpu: GPUSpec | str, precision: str | PrecisionRecipe = "bf16", cuda_graphs: bool = False,
+                 *, num_layers: int | None = None, gemm: GemmModel | None = None,
+                 attention: AttentionModel | None = None, memory: MemoryModel | None = None,
+                 launch: LaunchModel | None = None):
+        self.gpu = get_gpu_spec(gpu)
+        self.recipe = get_recipe(precision, gpu=self.gpu)
+        if not isinstance(cuda_graphs, bool):
+            raise ConfigError("cuda_graphs", cuda_graphs, "must be true or false")
+        self.cuda_graphs = cuda_graphs
+        self.num_layers = num_layers
+        self.gemm = gemm or GemmModel.for_gpu(self.gpu)
+        self.attention = attention or AttentionModel(self.gpu.generation, dict(self.gpu.peak_flops))
+        self.memory = memory or MemoryModel(self.gpu.hbm_bandwidth_bytes_per_s)
+        self.launch = launch or LaunchModel.for_graphs(cuda_graphs)
+        self._cache: dict[ComputeOp, float] = {}
+
+    def op_cost(self, op: ComputeOp) -> OpCost:
+        """The parts of ``op``'s time (compute, memory, launch), its dtype and efficiency."""
+        launch_s = self.launch.time_s(op.num_kernels)
+        if op.op_class == "gemm":
+            dtype = self.recipe.op_gemm_dtype(op, self.num_layers)
+            shapes = _sub_gemms(op)
+            eff = self.gemm.efficiency(dtype, shapes)
+            compute_s = op.flops / (self.gemm.peak_flops[dtype] * eff) if op.flops else 0.0
+            in_b = DTYPE_BYTES[dtype]
+            out_b = 2 * 4.0 if gemm_role(op) == "wgrad" else 2.0   # wgrad: FP32 main-grad read + write
+            nbytes = sum(in_b * (m * k + k * n) + out_b * m * n for m, n, k in shapes)
+            return OpCost(compute_s, self.memory.time_s(nbytes), launch_s, dtype, eff)
+        if op.op_class == "attention":
+            dtype = self.recipe.attention_dtype
+            phase = "F" if (op.phase == "F" or op.recompute) else "B"
+            eff = self.attention.efficiency(phase, dtype, op.m)
+            compute_s = op.flops / (self.attention.peak_flops[dtype] * eff) if op.flops else 0.0
+            return OpCost(compute_s, self.memory.time_s(op.mem_bytes), launch_s, dtype, eff)
+        if op.op_class == "elementwise":
+            return OpCost(0.0, self.memory.time_s(op.mem_bytes), launch_s, "", 0.0)
+        raise ValueError(f"unknown op class {op.op_class!r} of op {op.name!r}")
+
+    def op_time_s(self, op: ComputeOp) -> float:
+        t = self._cache.get(op)
+        if t is None:
+            t = self.op_cost(op).time_s
+            self._cache[op] = t
+        return t
+
+
+# -- measured ------------------------------------------------------------------------------------
+_CSV_REQUIRED = ("name", "phase", "time_s")
+_CSV_OPTIONAL = ("m", "n", "k")
+
+
+class MeasuredComputeModel(ComputeModel):
+    """Per-op times from measurements, with a fallback model for ops not measured.
+
+    CSV columns (header required): ``name``, ``phase`` (F / B / W), ``time_s`` (seconds),
+    and optionally ``m``, ``n``, ``k`` (the op's GEMM shape as in
+    :class:`~workloads.costs.flops.ComputeOp`; attention: query tokens, key tokens, head
+    dim; omitted or 0 for element-wise ops).  Rows match ops by ``(name, phase, m, n, k)``;
+    recomputed ops (``recompute=True``) match their forward row (phase ``F``).  Unknown
+    columns, bad values and duplicate keys are ConfigErrors.  The measurements stand for
+    one precision and GPU: they replace the whole time (launch overhead included).
+
+    Parameters
+    ----------
+    csv_path
+        The CSV file.
+    fallback
+        Model for ops without a row (e.g. a :class:`RooflineComputeModel`); None makes a
+        missing row a ConfigError.
+    """
+
+    def __init__(self, csv_path: str | Path, fallback: ComputeModel | None = None):
+        self.csv_path = Path(csv_path)
+        self.fallback = fallback
+        self.times_s = self._read(self.csv_path)
+
+    @staticmethod
+    def _read(path: Path) -> dict[tuple, float]:
+        where = f"compute.measured_csv ({path.name})"
+        if not path.is_file():
+            raise ConfigError("compute.measured_csv", str(path), "file not found")
+        out: dict[tuple, float] = {}
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            cols = reader.fieldnames or []
+            for c in cols:
+                if c not in _CSV_REQUIRED + _CSV_OPTIONAL:
+                    raise ConfigError(where, c, f"unknown column; valid: {', '.join(_CSV_REQUIRED + _CSV_OPTIONAL)}")
+            for c in _CSV_REQUIRED:
+                if c not in cols:
+                    raise ConfigError(where, c, "required column missing")
+            for line, row in enumerate(reader, start=2):
+                name, phase = (row["name"] or "").strip(), (row["phase"] or "").strip()
+                if not name:
+                    raise ConfigError(f"{where} line {line}", row["name"], "name must not be empty")
+                if phase not in PHASES:
+                    raise ConfigError(f"{where} line {line}", phase, f"phase must be one of {', '.join(PHASES)}")
+                dims = []
+                for c in _CSV_OPTIONAL:
+                    raw = (row.get(c) or "0").strip() or "0"
+                    try:
+                        v = int(raw)
+                    except ValueError:
+                        raise ConfigError(f"{where} line {line}", raw, f"{c} must be a non-negative integer") from None
+                    if v < 0:
+                        raise ConfigError(f"{where} line {line}", raw, f"{c} must be a non-negative integer")
+                    dims.append(v)
+                try:
+                    t = float(row["time_s"])
+                except (TypeError, ValueError):
+                    raise ConfigError(f"{where} line {line}", row["time_s"], "time_s must be a number") from None
+                if not (math.isfinite(t) and t >= 0):
+                    raise ConfigError(f"{where} line {line}", row["time_s"], "time_s must be finite and >= 0")
+                key = (name, phase, *dims)
+                if key in out:
+                    raise ConfigError(f"{where} line {line}", key, "duplicate row for this op")
+                out[key] = t
+        return out
+
+    @staticmethod
+    def key(op: ComputeOp) -> tuple:
+        """The CSV key of ``op``: ``(name, phase, m, n, k)``; recomputation uses phase F."""
+        return (op.name, "F" if op.recompute else op.phase, int(op.m), int(op.n), int(op.k))
+
+    def covers(self, op: ComputeOp) -> bool:
+        """Whether ``op`` has a measured row."""
+        return self.key(op) in self.times_s
+
+    def source_of(self, op: ComputeOp) -> str:
+        """``measured``, or ``fallback:<ClassName>`` for ops timed by the fallback model."""
+        if self.covers(op):
+            return "measured"
+        if self.fallback is None:
+            return "missing"
+        return f"fallback:{type(self.fallback).__name__}"
+
+    def uncovered(self, ops: Iterable[ComputeOp]) -> list[tuple]:
+        """Distinct keys of ``ops`` without a measured row (timed by the fallback), in order."""
+        seen: dict[tuple, None] = {}
+        for op in ops:
+            k = self.key(op)
+            if k not in self.times_s:
+                seen.setdefault(k, None)
+        return list(seen)
+
+    def op_time_s(self, op: ComputeOp) -> float:
+        t = self.times_s.get(self.key(op))
+        if t is not None:
+            return t
+        if self.fallback is None:
+            raise ConfigError("compute.measured_csv", self.key(op),
+                              f"no measured time in {self.csv_path.name} and no fallback model")
+        return self.fallback.op_time_s(op)
+
+
+COMPUTE_MODELS = {"roofline": RooflineComputeModel, "measured": MeasuredComputeModel}
+"""Compute models by name (constructors; see each class for its arguments)."""
+
+
+def get_compute_model(name: str):
+    """The compute-model class registered under ``name``; ConfigError lists the names."""
+    try:
+        return COMPUTE_MODELS[name]
+    except (KeyError, TypeError):
+        raise ConfigError("compute.model", name, f"unknown; known: {', '.join(COMPUTE_MODELS)}") from None

@@ -1,0 +1,816 @@
+"""Executed FLOPs and bytes per op of one rank, and model FLOPs by named convention.
+
+Two counts live here and are never mixed (DESIGN.md, Metrics):
+
+* **Executed** FLOPs and bytes per op -- :func:`layer_ops`, :func:`embedding_ops`,
+  :func:`output_ops`, :func:`optimizer_ops` -- for one micro-batch on one rank, after
+  TP / CP / EP sharding, split into forward (``F``), input-gradient (``B``) and
+  weight-gradient (``W``) phases.  They drive op times and HFU.
+* **Model** FLOPs per step -- :func:`model_flops_per_step` -- by a named, sourced
+  convention in :data:`FLOP_CONVENTIONS`.  They drive TFLOP/s and MFU.
+
+What one layer executes
+-----------------------
+Notation: ``b`` micro-batch, ``s`` sequence, ``h`` hidden, ``H`` / ``K`` query / KV heads,
+``d`` head dim, ``f`` MLP width, ``m1`` = 2 (swiglu: gate and up fused) or 1 (gelu),
+``tp`` / ``cp`` / ``ep`` / ``etp`` degrees, ``T = b s / cp`` tokens a rank's TP-sharded
+GEMMs see (sequence parallelism all-gathers them first), ``Tn = T / tp`` with sequence
+parallelism (else ``T``): the tokens a rank's norms, residual adds and router see.
+
+A linear layer ``Y[M, N] = X[M, K] W[K, N]`` is three GEMMs of ``2 M N K`` FLOPs each:
+``F`` (M, N, K), ``B`` = dgrad ``dX = dY W^T`` (M, K, N) and ``W`` = wgrad
+``dW = X^T dY`` (K, N, M); so per layer the GEMM FLOPs are exactly F : B : W = 1 : 1 : 1.
+The ``(m, n, k)`` stored on an op is the shape of the GEMM it runs.
+
+======================  =====================================================  ==============
+op                      forward GEMM shape per rank (M, N, K)                  notes
+======================  =====================================================  ==============
+``qkv_proj``            (T, (H/tp + 2 Kl) d, h)                                GQA: ``Kl = K/tp``, or 1 when
+                                                                               tp > K (replicated KV heads)
+``q_down_proj``         (Tn, q_lora, h)                                        MLA; not TP-sharded: each rank
+``kv_down_proj``        (Tn, kv_lora + rope, h)                                projects its own SP shard
+``q_up_proj``           (T, H/tp (nope + rope), q_lora)                        MLA (``q_proj`` w/o q_lora)
+``kv_up_proj``          (T, H/tp (nope + v), kv_lora)                          MLA
+``core_attn``           see below                                              FlashAttention
+``out_proj``            (T, h, H/tp v)
+``fc1`` / ``fc2``       (T, m1 f/tp, h) / (T, h, f/tp)                         dense MLP
+``router``              (Tn, E, h)                                             replicated over TP
+``expert_fc1/fc2``      grouped: (t_e, m1 fe/etp, h) / (t_e, h, fe/etp)        one group per local expert
+``shared_fc1/fc2``      (T, m1 S fs/tp, h) / (T, h, S fs/tp)                   shared experts, one fused MLP
+``output_gemm``         (T, Vp/tp, h)                                          ``Vp`` padded vocabulary
+``mtp_eh_proj``         (T, h/tp, 2h)                                          MTP module projection
+======================  =====================================================  ==============
+
+**Core attention** (FlashAttention).  Per head the forward runs ``Q K^T`` and ``P V``:
+``2 s_q s_k (d_qk + d_v)`` FLOPs unmasked.  Causal attention is counted at its *executed*
+cost: FlashAttention skips key blocks entirely above the diagonal and computes the blocks
+on the diagonal in full (masking after the matmul), so with square ``B x B`` tiles it runs
+``n (n + 1) / 2`` of ``n^2`` blocks (``n = s / B``): ``s^2 / 2 + s B / 2`` score entries,
+i.e. the half of the full ``s^2`` work plus ``B / s`` of it for the diagonal blocks (1.6 %
+at s = 8192, B = 128; FA3's causal forward tile on H100 is 128 x 128).  Context
+parallelism with the load-balanced causal split (each rank holds chunks ``i`` and
+``2 cp - 1 - i``) gives every CP rank exactly ``1 / cp`` of that work.  The backward
+runs five matmuls (it recomputes ``Q K^T``): 2.5 x the forward, the count
+FlashAttention's own benchmark uses (Dao-AILab/flash-attention
+``benchmarks/benchmark_flash_attention.py``: ``bwd = 2.5 * fwd``), which is also what its
+papers' efficiencies are relative to.  Core attention has no ``W`` phase.
+
+**MoE.**  Megatron-Core requires sequence parallelism for MoE with tp > 1, so tokens
+enter the MoE block as ``Tn``; the router and the permutation run on them.  A rank's
+``E / ep`` local experts run grouped GEMMs on ``tokens_per_expert`` tokens each -- an
+input, so skewed routing or capacity padding can be passed; the default is balanced
+routing: every expert-tensor-parallel shard of an expert sees
+``etp * ep * (T / tp) * top_k / E`` tokens (the tokens of the ``etp * ep`` ranks that
+share the expert, ``top_k`` copies spread over ``E`` experts).
+
+**Element-wise ops** (norms, RoPE, activations, bias-dropout-add, router top-k,
+permutation, embedding lookup, cross-entropy, optimizer) carry the bytes they move over
+HBM and no FLOPs: their arithmetic is well under 1 % of a layer's and no convention
+counts it.  Byte counts assume BF16 activations (2 bytes) and fused kernels that read
+each input and write each output once; the per-op formulas are in the code, with the
+kernel counts used for launch overhead.
+
+**Recomputation** adds forward work to the backward phase as ops with ``recompute=True``
+and ``phase="B"`` (they run just before the layer's backward): ``selective`` recomputes
+the modules in ``parallel.recompute_modules`` (Megatron-Core's default ``core_attn``:
+the attention forward), ``full`` the whole layer's forward.  Which layers of a stage
+recompute under ``recompute_num_layers`` is the program builder's call: it passes
+``recompute=`` to :func:`layer_ops`.
+
+Not modelled: dropout's RNG cost, bias-add FLOPs (fused into GEMM epilogues), TP / CP /
+EP communication (a separate module), FP8 quantisation ops (added per recipe by
+:func:`workloads.costs.precision.quantize_ops`).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
+
+from topologies import ConfigError
+
+from ..model import ModelSpec
+from ..parallel import ParallelConfig
+
+__all__ = ["ComputeOp", "OP_CLASSES", "PHASES", "GEMM_ROLES", "ACT_BYTES", "ATTN_BLOCK_SIZE",
+           "layer_ops", "embedding_ops", "output_ops", "optimizer_ops", "gemm_role", "sum_flops",
+           "balanced_tokens_per_expert", "capacity_tokens_per_expert", "padded_vocab_size",
+           "causal_executed_fraction", "FLOP_CONVENTIONS", "DEFAULT_FLOP_CONVENTION",
+           "get_flop_convention", "model_flops_per_step", "model_flops_per_token"]
+
+OP_CLASSES = ("gemm", "attention", "elementwise")
+PHASES = ("F", "B", "W")
+GEMM_ROLES = ("fprop", "dgrad", "wgrad")
+
+ACT_BYTES = 2
+"""Bytes per activation element: BF16 activations (Megatron ``--bf16``; FP8 recipes keep
+activations between GEMMs in BF16 too)."""
+
+ATTN_BLOCK_SIZE = 128
+"""FlashAttention key/query tile for the causal diagonal: 128 x 128 in FA3's causal
+forward for head dim 128 on H100 (Dao-AILab/flash-attention ``hopper/`` tile_size_fwd_sm90:
+kBlockM = kBlockN = 128 for causal hdim 128); FA2 on A100 uses 128 x 64 or 128 x 128."""
+
+_FP32 = 4
+_MASK_BYTES = 1        # torch dropout mask: one byte per element
+_VOCAB_MULTIPLE = 128  # Megatron-LM --make-vocab-size-divisible-by default (times tp)
+
+# Adam step with FP32 master weights and moments (Megatron's distributed optimizer, a
+# multi-tensor fused kernel): read grad, master, exp_avg, exp_avg_sq (4 x 4 B), write
+# master and both moments (3 x 4 B) and the BF16 model copy (2 B).
+_ADAM_BYTES_PER_PARAM = 4 * 4 + 3 * 4 + 2
+# Gradient-norm pass (multi_tensor_l2norm) reads the FP32 grads once.
+_GRAD_NORM_BYTES_PER_PARAM = 4
+
+# Cross-entropy over the vocabulary-parallel logits, bytes per logit (T x Vp/tp of them).
+# Unfused Megatron (``vocab_parallel_cross_entropy`` on logits cast to FP32): cast
+# (read 2, write 4), max (read 4), subtract (read 4, write 4), exp (read 4, write 4),
+# sum (read 4), divide (read 4, write 4) = 38; backward softmax - one-hot, scale by the
+# loss gradient, cast to BF16: (8 + 8 + 6) = 22.  Fused (``--cross-entropy-loss-fusion``):
+# one pass reading BF16 logits and writing FP32 softmax (6), one pass back (read 4,
+# write 2) = 6.
+_CE_BYTES_PER_LOGIT = {False: (38, 22), True: (6, 6)}
+_CE_KERNELS = {False: (8, 4), True: (2, 1)}
+
+
+class ComputeOp(NamedTuple):
+    """One compute kernel (or fused group) of one rank for one micro-batch.
+
+    ``op_class`` selects the sub-model that times it: ``gemm`` (tile-quantised matmul
+    efficiency in the recipe's dtype), ``attention`` (FlashAttention efficiency) or
+    ``elementwise`` (bytes over HBM).
+    """
+
+    name: str
+    """Stable op name, e.g. ``qkv_proj``, ``core_attn``, ``mlp_norm`` (keys of measured CSVs)."""
+    phase: str
+    """``F`` forward, ``B`` input gradient (and recomputation), ``W`` weight gradient."""
+    op_class: str
+    """``gemm`` | ``attention`` | ``elementwise``."""
+    flops: float
+    """Executed FLOPs (0 for element-wise ops)."""
+    m: int = 0
+    """GEMM rows M (attention: query tokens per sequence on this rank)."""
+    n: int = 0
+    """GEMM columns N (attention: key tokens per sequence)."""
+    k: int = 0
+    """GEMM reduction K (attention: query/key head dimension)."""
+    mem_bytes: float = 0.0
+    """Bytes moved over HBM (GEMMs: at BF16 inputs; the compute model recomputes them per dtype)."""
+    num_kernels: int = 1
+    """Kernel launches the op stands for (launch-overhead model)."""
+    layer: int = -1
+    """Decoder layer index (``num_layers + j`` for MTP module ``j``); -1 outside layers."""
+    recompute: bool = False
+    """Forward work re-run during the backward (activation recomputation)."""
+    groups: tuple = ()
+    """Grouped GEMMs (MoE experts): per-group sizes of the token dimension -- ``m`` for
+    fprop and dgrad, ``k`` for wgrad (see :func:`gemm_role`).  Empty for one GEMM."""
+
+
+def gemm_role(op: ComputeOp) -> str:
+    """``fprop`` for forward and recomputed GEMMs, ``dgrad`` for ``B``, ``wgrad`` for ``W``."""
+    if op.phase == "F" or op.recompute:
+        return "fprop"
+    return "dgrad" if op.phase == "B" else "wgrad"
+
+
+def sum_flops(ops: Iterable[ComputeOp], phase: str | None = None, op_class: str | None = None,
+              recompute: bool | None = None) -> float:
+    """Total FLOPs of ``ops``, optionally only one phase / class / recompute flag."""
+    return float(sum(o.flops for o in ops if (phase is None or o.phase == phase)
+                     and (op_class is None or o.op_class == op_class)
+                     and (recompute is None or o.recompute == recompute)))
+
+
+def causal_executed_fraction(seq_len: int, block: int = ATTN_BLOCK_SIZE) -> float:
+    """Executed fraction of the full ``s x s`` attention work under a causal mask.
+
+    FlashAttention runs the ``n (n + 1) / 2`` blocks on or below the diagonal of ``n x n``
+    (``n = s / block``, the last block partial): ``1/2 + block / (2 s)`` when ``block``
+    divides ``s``.
+    """
+    s, bs = int(seq_len), int(block)
+    full, rem = divmod(s, bs)
+    # rows of complete query blocks: block i runs (i + 1) key blocks of bs x bs
+    entries = bs * bs * full * (full + 1) / 2
+    if rem:
+        # a partial last query block of rem rows sees every key column up to and including its own
+        entries += rem * (full * bs + rem)
+    return entries / (s * s)
+
+
+# -- sharding ----------------------------------------------------------------------------------
+class _Shard(NamedTuple):
+    b: int
+    s: int
+    tp: int
+    cp: int
+    sp: bool
+    T: int      # tokens of TP-sharded GEMMs on this rank
+    Tn: int     # tokens of norms / residuals / router on this rank
+
+
+def _positive_int(field: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+        raise ConfigError(field, v, "must be an integer >= 1")
+    return int(v)
+
+
+def _shard(model: ModelSpec, parallel: ParallelConfig, micro_batch_size, seq_len) -> _Shard:
+    b = _positive_int("parallel.micro_batch_size",
+                      parallel.micro_batch_size if micro_batch_size is None else micro_batch_size)
+    s = _positive_int("parallel.seq_len", (parallel.seq_len or model.seq_len) if seq_len is None else seq_len)
+    tp, cp = parallel.tp, parallel.cp
+    if s % cp:
+        raise ConfigError("parallel.seq_len", s, f"must be divisible by cp = {cp}")
+    T = b * s // cp
+    sp = parallel.sequence_parallel and tp > 1
+    if sp and T % tp:
+        raise ConfigError("parallel.seq_len", s, f"tokens per CP rank ({T}) must divide by tp = {tp} "
+                                                 "(sequence parallelism)")
+    if model.num_attention_heads % tp:
+        raise ConfigError("parallel.tp", tp, f"must divide the attention heads ({model.num_attention_heads})")
+    kv = model.num_kv_heads
+    if kv % tp and tp % kv:
+        raise ConfigError("parallel.tp", tp, f"must divide the KV heads ({kv}) or be a multiple of them")
+    return _Shard(b, s, tp, cp, sp, T, T // tp if sp else T)
+
+
+def _gemm_bytes(m, n, k) -> float:
+    return float(ACT_BYTES * (m * k + k * n + m * n))
+
+
+def _linear(name: str, layer: int, m: int, n: int, k: int) -> tuple[ComputeOp, ComputeOp, ComputeOp]:
+    """F, B, W ops of ``Y[m, n] = X[m, k] W[k, n]``."""
+    f = 2.0 * m * n * k
+    return (ComputeOp(name, "F", "gemm", f, m, n, k, _gemm_bytes(m, n, k), 1, layer),
+            ComputeOp(name, "B", "gemm", f, m, k, n, _gemm_bytes(m, k, n), 1, layer),
+            # wgrad accumulates into the FP32 main grad (gradient-accumulation fusion): read + write 4 B
+            ComputeOp(name, "W", "gemm", f, k, n, m, ACT_BYTES * (m * k + m * n) + 2.0 * _FP32 * k * n, 1, layer))
+
+
+def _grouped_linear(name: str, layer: int, tokens: Sequence[float], n: int, k: int):
+    """F, B, W ops of one grouped GEMM: group ``e`` is ``Y[t_e, n] = X[t_e, k] W_e[k, n]``."""
+    groups = tuple(float(t) for t in tokens)
+    t = sum(groups)
+    m = round(t)
+    f = 2.0 * t * n * k
+    ng = sum(1 for g in groups if g > 0)
+    return (ComputeOp(name, "F", "gemm", f, m, n, k, ACT_BYTES * (t * k + ng * k * n + t * n), 1, layer, False, groups),
+            ComputeOp(name, "B", "gemm", f, m, k, n, ACT_BYTES * (t * n + ng * k * n + t * k), 1, layer, False, groups),
+            ComputeOp(name, "W", "gemm", f, k, n, m, ACT_BYTES * (t * k + t * n) + 2.0 * _FP32 * ng * k * n, 1, layer,
+                      False, groups))
+
+
+def _ew(name: str, phase: str, layer: int, nbytes: float, kernels: int = 1) -> ComputeOp:
+    return ComputeOp(name, phase, "elementwise", 0.0, 0, 0, 0, float(nbytes), kernels, layer)
+
+
+def _ew_pair(name: str, layer: int, f_bytes: float, b_bytes: float, kf: int = 1, kb: int = 1):
+    return _ew(name, "F", layer, f_bytes, kf), _ew(name, "B", layer, b_bytes, kb)
+
+
+def _norm(name: str, layer: int, tokens: float, width: int):
+    # F: read x, write y.  B: read x and dy, write dx (dgamma reduced in the same kernel).
+    a = ACT_BYTES * tokens * width
+    return _ew_pair(name, layer, 2 * a, 3 * a)
+
+
+def _residual(name: str, layer: int, tokens: float, width: int, dropout: float):
+    # bias-dropout-add: F reads the branch output and the residual, writes the sum (+ mask);
+    # B reads dy (+ mask) and writes the branch gradient (the residual gradient passes through).
+    a = ACT_BYTES * tokens * width
+    mask = _MASK_BYTES * tokens * width if dropout > 0 else 0
+    return _ew_pair(name, layer, 3 * a + mask, 2 * a + mask)
+
+
+def _activation(name: str, layer: int, tokens: float, width: int, mlp: str):
+    # swiglu: F reads gate and up (2 w), writes w; B reads gate, up, dy, writes dgate, dup (5 w).
+    # gelu: F reads w, writes w; B reads x and dy, writes dx (3 w).
+    a = ACT_BYTES * tokens * width
+    return _ew_pair(name, layer, 3 * a, 5 * a) if mlp == "swiglu" else _ew_pair(name, layer, 2 * a, 3 * a)
+
+
+def _attention(name: str, layer: int, sh: _Shard, heads: int, kv_heads: int, d_qk: int, d_v: int,
+               causal: bool, block: int) -> tuple[ComputeOp, ComputeOp]:
+    s, cp = sh.s, sh.cp
+    frac = causal_executed_fraction(s, block) if causal else 1.0
+    fwd = 2.0 * sh.b * heads * (d_qk + d_v) * s * s * frac / cp
+    sq = s // cp
+    # F: read Q, K, V (this rank's queries against all keys, K/V exchanged over CP), write O
+    # and the log-sum-exp; B additionally reads O and dO and writes dQ, dK, dV.
+    q = sh.b * sq * heads * d_qk
+    kv = sh.b * s * kv_heads * (d_qk + d_v)
+    o = sh.b * sq * heads * d_v
+    f_bytes = ACT_BYTES * (q + kv + o) + _FP32 * sh.b * sq * heads
+    b_bytes = ACT_BYTES * (2 * q + 2 * kv + 2 * o) + _FP32 * sh.b * sq * heads
+    # one kernel per ring step with CP; backward: preprocess (dO . O), main, dQ conversion
+    return (ComputeOp(name, "F", "attention", fwd, sq, s, d_qk, f_bytes, cp, layer),
+            ComputeOp(name, "B", "attention", 2.5 * fwd, sq, s, d_qk, b_bytes, 2 * cp + 1, layer))
+
+
+# -- MoE token counts --------------------------------------------------------------------------
+def balanced_tokens_per_expert(model: ModelSpec, parallel: ParallelConfig, micro_batch_size: int | None = None,
+                               seq_len: int | None = None) -> tuple[float, ...]:
+    """Tokens each of this rank's ``E / ep`` local experts runs under perfectly balanced routing.
+
+    ``etp * ep * (b s / cp / tp) * top_k / E`` per expert (see the module docstring); may be
+    fractional (an average).
+    """
+    if model.moe is None:
+        raise ConfigError("model.moe", None, "balanced_tokens_per_expert needs a mixture-of-experts model")
+    sh = _shard(model, parallel, micro_batch_size, seq_len)
+    moe, ep, etp = model.moe, parallel.ep, parallel.expert_tp
+    if moe.num_experts % ep:
+        raise ConfigError("parallel.ep", ep, f"must divide the number of experts ({moe.num_experts})")
+    per_expert = etp * ep * (sh.T / sh.tp) * moe.top_k / moe.num_experts
+    return (per_expert,) * (moe.num_experts // ep)
+
+
+def capacity_tokens_per_expert(model: ModelSpec, parallel: ParallelConfig, micro_batch_size: int | None = None,
+                               seq_len: int | None = None) -> tuple[float, ...]:
+    """Tokens per local expert when inputs are padded to capacity (Megatron's
+    ``--moe-pad-expert-input-to-capacity``): ``ceil(capacity_factor x balanced)``."""
+    cf = model.moe.capacity_factor if model.moe is not None else None
+    if cf is None:
+        raise ConfigError("model.moe.capacity_factor", cf, "padding to capacity needs a capacity factor")
+    bal = balanced_tokens_per_expert(model, parallel, micro_batch_size, seq_len)
+    return tuple(float(math.ceil(cf * t)) for t in bal)
+
+
+def padded_vocab_size(vocab_size: int, tp: int = 1, multiple: int = _VOCAB_MULTIPLE) -> int:
+    """Megatron-LM's padded vocabulary: a multiple of ``multiple x tp``
+    (``--make-vocab-size-divisible-by``, default 128)."""
+    step = multiple * tp
+    return -(-int(vocab_size) // step) * step
+
+
+# -- one decoder layer -------------------------------------------------------------------------
+_MODULE_OF = {
+    # op name -> Megatron-Core --recompute-modules entry that recomputes it (selective)
+    "attn_norm": "layernorm", "mlp_norm": "layernorm",
+    "core_attn": "core_attn",
+    "q_up_proj": "mla_up_proj", "kv_up_proj": "mla_up_proj", "q_norm": "mla_up_proj", "kv_norm": "mla_up_proj",
+    "fc1": "mlp", "mlp_act": "mlp", "fc2": "mlp",
+    "expert_act": "moe_act",
+    "shared_fc1": "shared_experts", "shared_act": "shared_experts", "shared_fc2": "shared_experts",
+}
+_MOE_OPS = {"router", "router_topk", "moe_permute", "expert_fc1", "expert_act", "expert_fc2", "moe_unpermute",
+            "shared_fc1", "shared_act", "shared_fc2"}
+
+
+def _selected_for_recompute(name: str, modules: tuple[str, ...]) -> bool:
+    if _MODULE_OF.get(name) in modules:
+        return True
+    return "moe" in modules and name in _MOE_OPS
+
+
+def layer_ops(model: ModelSpec, parallel: ParallelConfig, layer_index: int, micro_batch_size: int | None = None,
+              seq_len: int | None = None, *, tokens_per_expert: Sequence[float] | None = None,
+              recompute: str | None = None, causal: bool = True,
+              attn_block_size: int = ATTN_BLOCK_SIZE) -> list[ComputeOp]:
+    """Compute ops of one decoder layer for one micro-batch on one rank.
+
+    Parameters
+    ----------
+    model, parallel
+        The model and the parallel layout (tp, cp, ep, etp, sequence parallelism,
+        recomputation are read from it).
+    layer_index
+        0-based decoder layer; ``num_layers + j`` is MTP module ``j`` (its embedding
+        lookup, norms, ``eh_proj``, a decoder layer shaped like the last main layer, its
+        final norm, the shared output GEMM and its loss).
+    micro_batch_size, seq_len
+        Default: ``parallel.micro_batch_size`` and ``parallel.seq_len`` (else the model's).
+    tokens_per_expert
+        MoE layers: tokens each of this rank's ``E / ep`` local experts runs (padding
+        included).  Default :func:`balanced_tokens_per_expert`.
+    recompute
+        ``none`` | ``selective`` | ``full`` for this layer; default ``parallel.recompute``.
+    causal
+        Causal self-attention (decoder training); False counts the full ``s^2`` work.
+    attn_block_size
+        FlashAttention tile used to count the executed causal diagonal blocks.
+
+    Returns
+    -------
+    list[ComputeOp]
+        Forward ops in execution order, then the backward: recomputed forward ops (if
+        any, ``recompute=True``), the ``B`` ops in reverse order, then the ``W`` ops.
+    """
+    total = model.num_layers + model.mtp_layers
+    if isinstance(layer_index, bool) or not isinstance(layer_index, numbers.Integral) \
+            or not 0 <= layer_index < total:
+        raise ConfigError("layer_index", layer_index, f"must be in [0, {total}) "
+                                                      f"({model.num_layers} layers + {model.mtp_layers} MTP)")
+    layer_index = int(layer_index)
+    mode = parallel.recompute if recompute is None else recompute
+    if mode not in ("none", "selective", "full"):
+        raise ConfigError("parallel.recompute", mode, "must be one of none, selective, full")
+    sh = _shard(model, parallel, micro_batch_size, seq_len)
+    is_mtp = layer_index >= model.num_layers
+    moe_layer = model.is_moe_layer(model.num_layers - 1 if is_mtp else layer_index)
+
+    fwd: list[ComputeOp] = []       # forward ops, in order
+    bwd: list[ComputeOp] = []       # their B ops, in forward order (reversed below)
+    wgt: list[ComputeOp] = []       # W ops
+
+    def add_linear(name, m, n, k):
+        f, b, w = _linear(name, layer_index, m, n, k)
+        fwd.append(f), bwd.append(b), wgt.append(w)
+
+    def add_pair(pair):
+        fwd.append(pair[0]), bwd.append(pair[1])
+
+    h, L = model.hidden_size, layer_index
+    if is_mtp:
+        _mtp_prologue(model, sh, L, fwd, bwd, wgt)
+    _attention_block(model, sh, L, causal, attn_block_size, add_linear, add_pair)
+    if moe_layer:
+        _moe_block(model, parallel, sh, L, tokens_per_expert, add_linear, add_pair, fwd, bwd, wgt)
+    else:
+        add_pair(_norm("mlp_norm", L, sh.Tn, h))
+        m1 = 2 if model.mlp == "swiglu" else 1
+        f_local = model.ffn_hidden_size / sh.tp
+        add_linear("fc1", sh.T, int(m1 * f_local), h)
+        add_pair(_activation("mlp_act", L, sh.T, int(f_local), model.mlp))
+        add_linear("fc2", sh.T, h, int(f_local))
+        add_pair(_residual("mlp_residual", L, sh.Tn, h, model.dropout))
+    if is_mtp:
+        _mtp_epilogue(model, sh, L, fwd, bwd, wgt)
+
+    if mode == "full":
+        rec = [o._replace(phase="B", recompute=True) for o in fwd]
+    elif mode == "selective":
+        rec = [o._replace(phase="B", recompute=True) for o in fwd
+               if _selected_for_recompute(o.name, parallel.recompute_modules)]
+    else:
+        rec = []
+    return fwd + rec + bwd[::-1] + wgt
+
+
+def _attention_block(model: ModelSpec, sh: _Shard, L: int, causal: bool, block: int, add_linear, add_pair) -> None:
+    h, tp, T, Tn = model.hidden_size, sh.tp, sh.T, sh.Tn
+    heads = model.num_attention_heads // tp
+    add_pair(_norm("attn_norm", L, Tn, h))
+    if model.mla is not None:
+        m = model.mla
+        rope_elems = T * (heads * m.qk_rope_head_dim + m.qk_rope_head_dim)
+        if m.q_lora_rank is not None:
+            add_linear("q_down_proj", Tn, m.q_lora_rank, h)
+            add_pair(_norm("q_norm", L, Tn, m.q_lora_rank))
+            add_linear("q_up_proj", T, heads * m.qk_head_dim, m.q_lora_rank)
+        else:
+            add_linear("q_proj", T, heads * m.qk_head_dim, h)
+        add_linear("kv_down_proj", Tn, m.kv_lora_rank + m.qk_rope_head_dim, h)
+        add_pair(_norm("kv_norm", L, Tn, m.kv_lora_rank))
+        add_linear("kv_up_proj", T, heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
+        a = ACT_BYTES * rope_elems
+        add_pair(_ew_pair("rope", L, 2 * a, 2 * a, 2, 2))
+        add_pair(_attention("core_attn", L, sh, heads, heads, m.qk_head_dim, m.v_head_dim, causal, block))
+        add_linear("out_proj", T, h, heads * m.v_head_dim)
+    else:
+        d = model.head_dim
+        kv = model.num_kv_heads
+        kv_local = kv // tp if kv % tp == 0 else 1          # replicated KV heads when tp > kv
+        add_linear("qkv_proj", T, (heads + 2 * kv_local) * d, h)
+        if model.qk_norm:
+            a = ACT_BYTES * T * (heads + kv_local) * d
+            add_pair(_ew_pair("qk_norm", L, 2 * a, 3 * a, 2, 2))
+        if model.position_embedding == "rope":
+            a = ACT_BYTES * T * (heads + kv_local) * d      # rotate q and k in place: read + write
+            add_pair(_ew_pair("rope", L, 2 * a, 2 * a, 2, 2))
+        add_pair(_attention("core_attn", L, sh, heads, kv_local, d, d, causal, block))
+        add_linear("out_proj", T, h, heads * d)
+    add_pair(_residual("attn_residual", L, Tn, h, model.dropout))
+
+
+def _moe_block(model: ModelSpec, parallel: ParallelConfig, sh: _Shard, L: int, tokens_per_expert,
+               add_linear, add_pair, fwd, bwd, wgt) -> None:
+    moe, h = model.moe, model.hidden_size
+    ep, etp = parallel.ep, parallel.expert_tp
+    if moe.num_experts % ep:
+        raise ConfigError("parallel.ep", ep, f"must divide the number of experts ({moe.num_experts})")
+    local = moe.num_experts // ep
+    if tokens_per_expert is None:
+        tokens = balanced_tokens_per_expert(model, parallel, sh.b, sh.s)
+    else:
+        tokens = tuple(tokens_per_expert)
+        if len(tokens) != local or any(isinstance(t, bool) or not isinstance(t, numbers.Real) or t < 0
+                                       for t in tokens):
+            raise ConfigError("tokens_per_expert", list(tokens),
+                              f"must be {local} non-negative numbers (experts per rank: {moe.num_experts} / ep {ep})")
+    routed = float(sum(tokens))
+    Tn, E, k = sh.Tn, moe.num_experts, moe.top_k
+    m1 = 2 if model.mlp == "swiglu" else 1
+    add_pair(_norm("mlp_norm", L, Tn, h))
+    add_linear("router", Tn, E, h)
+    # softmax / sigmoid, top-k, score normalisation and the load-balancing statistics, in FP32
+    add_pair(_ew_pair("router_topk", L, 3 * _FP32 * Tn * E, 2 * _FP32 * Tn * E, 5, 3))
+    # permute: read the local tokens, write top_k copies sorted by expert; after the
+    # all-to-all, sort the received chunks by local expert (read + write the routed tokens)
+    perm = ACT_BYTES * h * (Tn * (1 + k) + 2 * routed)
+    add_pair(_ew_pair("moe_permute", L, perm, perm, 3, 3))
+    fe = moe.expert_ffn_hidden_size / etp
+    f, b, w = _grouped_linear("expert_fc1", L, tokens, int(m1 * fe), h)
+    fwd.append(f), bwd.append(b), wgt.append(w)
+    add_pair(_activation("expert_act", L, routed, int(fe), model.mlp))
+    f, b, w = _grouped_linear("expert_fc2", L, tokens, h, int(fe))
+    fwd.append(f), bwd.append(b), wgt.append(w)
+    # unpermute: the reverse of permute, plus the probability-weighted sum of the top_k copies
+    add_pair(_ew_pair("moe_unpermute", L, perm, perm, 3, 3))
+    if moe.num_shared_experts:
+        fs = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size / sh.tp
+        add_linear("shared_fc1", sh.T, int(m1 * fs), h)
+        add_pair(_activation("shared_act", L, sh.T, int(fs), model.mlp))
+        add_linear("shared_fc2", sh.T, h, int(fs))
+    add_pair(_residual("mlp_residual", L, Tn, h, model.dropout))
+
+
+def _mtp_prologue(model: ModelSpec, sh: _Shard, L: int, fwd, bwd, wgt) -> None:
+    h = model.hidden_size
+    # embedding of the shifted tokens (shared table; its gradient is a W-phase scatter-add)
+    fwd.append(_ew("mtp_embedding", "F", L, ACT_BYTES * h * (sh.T / sh.tp + sh.T), 2))
+    wgt.append(_ew("mtp_embedding", "W", L, ACT_BYTES * sh.T * h + 2 * _FP32 * sh.T * h / sh.tp, 4))
+    for name in ("mtp_enorm", "mtp_hnorm"):
+        f, b = _norm(name, L, sh.Tn, h)
+        fwd.append(f), bwd.append(b)
+    f, b, w = _linear("mtp_eh_proj", L, sh.T, h // sh.tp, 2 * h)
+    fwd.append(f), bwd.append(b), wgt.append(w)
+
+
+def _mtp_epilogue(model: ModelSpec, sh: _Shard, L: int, fwd, bwd, wgt) -> None:
+    f, b = _norm("mtp_final_norm", L, sh.Tn, model.hidden_size)
+    fwd.append(f), bwd.append(b)
+    f_ops, b_ops, w_ops = _output_and_loss(model, sh, L, "mtp_output_gemm", "mtp_cross_entropy", None, False)
+    fwd.extend(f_ops), bwd.extend(b_ops), wgt.extend(w_ops)
+
+
+def _output_and_loss(model: ModelSpec, sh: _Shard, L: int, gemm_name: str, ce_name: str, vocab_size,
+                     fused_ce: bool) -> tuple[list[ComputeOp], list[ComputeOp], list[ComputeOp]]:
+    """(F ops, B ops in forward order, W ops) of the output GEMM and its loss."""
+    vp = padded_vocab_size(model.vocab_size if vocab_size is None else vocab_size, sh.tp)
+    f, b, w = _linear(gemm_name, L, sh.T, vp // sh.tp, model.hidden_size)
+    logits = sh.T * vp / sh.tp
+    fb, bb = _CE_BYTES_PER_LOGIT[fused_ce]
+    kf, kb = _CE_KERNELS[fused_ce]
+    return ([f, _ew(ce_name, "F", L, fb * logits, kf)], [b, _ew(ce_name, "B", L, bb * logits, kb)], [w])
+
+
+# -- embedding, output layer, optimizer ----------------------------------------------------------
+def embedding_ops(model: ModelSpec, parallel: ParallelConfig, micro_batch_size: int | None = None,
+                  seq_len: int | None = None) -> list[ComputeOp]:
+    """The input embedding of the first stage: a vocabulary-parallel gather, no GEMM FLOPs.
+
+    ``F``: each TP rank reads the rows of its vocabulary shard and writes the full
+    ``T x h`` output (zeros elsewhere; the TP reduction is communication).  ``W``: the
+    weight gradient is a scatter-add of ``dY`` into the FP32 main grad of the shard.
+    Learned positions add a table read and an add.
+    """
+    sh = _shard(model, parallel, micro_batch_size, seq_len)
+    h, T, tp = model.hidden_size, sh.T, sh.tp
+    f_bytes = ACT_BYTES * h * (T / tp + T) + 8 * T          # rows, output, int64 token ids
+    w_bytes = ACT_BYTES * T * h + 2 * _FP32 * T * h / tp
+    if model.position_embedding == "learned":
+        f_bytes += 2 * ACT_BYTES * T * h
+        w_bytes += ACT_BYTES * T * h + 2 * _FP32 * T * h
+    return [_ew("embedding", "F", -1, f_bytes, 2), _ew("embedding", "W", -1, w_bytes, 4)]
+
+
+def output_ops(model: ModelSpec, parallel: ParallelConfig, micro_batch_size: int | None = None,
+               seq_len: int | None = None, *, vocab_size: int | None = None,
+               fused_cross_entropy: bool = False) -> list[ComputeOp]:
+    """The last stage's final norm, output GEMM (logits) and cross-entropy loss.
+
+    The output GEMM is vocabulary-parallel over ``Vp / tp`` columns, ``Vp`` the vocabulary
+    padded to a multiple of ``128 x tp`` as Megatron-LM does (``vocab_size`` overrides
+    the model's before padding).  ``fused_cross_entropy`` selects Megatron's
+    ``--cross-entropy-loss-fusion`` (off by default, as in Megatron-LM).
+    """
+    sh = _shard(model, parallel, micro_batch_size, seq_len)
+    f, b = _norm("final_norm", -1, sh.Tn, model.hidden_size)
+    f_ops, b_ops, w_ops = _output_and_loss(model, sh, -1, "output_gemm", "cross_entropy", vocab_size,
+                                           fused_cross_entropy)
+    # F: norm, GEMM, loss; B in reverse: loss, GEMM, norm; then W
+    return [f, *f_ops, *b_ops[::-1], b, *w_ops]
+
+
+def optimizer_ops(num_params: float) -> list[ComputeOp]:
+    """Gradient-norm pass and the Adam step over ``num_params`` local (sharded) parameters.
+
+    Both memory-bound, phase ``W`` (after the last backward): 4 bytes/param for the norm,
+    30 bytes/param for Adam with FP32 master weights and moments and a BF16 model copy
+    (see ``_ADAM_BYTES_PER_PARAM``).
+    """
+    if isinstance(num_params, bool) or not isinstance(num_params, numbers.Real) or num_params < 0:
+        raise ConfigError("num_params", num_params, "must be a non-negative number")
+    return [_ew("grad_norm", "W", -1, _GRAD_NORM_BYTES_PER_PARAM * num_params, 2),
+            _ew("optimizer_step", "W", -1, _ADAM_BYTES_PER_PARAM * num_params, 2)]
+
+
+# -- model FLOPs by convention -------------------------------------------------------------------
+def _mlp_matrices(model: ModelSpec) -> int:
+    return 3 if model.mlp == "swiglu" else 2
+
+
+def _moe_widths(model: ModelSpec) -> tuple[float, float]:
+    """(routed width top_k x fe, shared width S x fs) of a MoE layer's MLPs per token."""
+    moe = model.moe
+    return moe.top_k * moe.expert_ffn_hidden_size, moe.num_shared_experts * moe.shared_expert_ffn_hidden_size
+
+
+def megatron_core_2025(model: ModelSpec, seq_len: int, vocab_size: int | None = None) -> float:
+    """Model FLOPs per sequence, Megatron-Core's count (default convention).
+
+    Source: NVIDIA/Megatron-LM ``megatron/training/training.py``,
+    ``num_floating_point_operations`` (``transformer_flops``), 2025: every GEMM counted
+    three times (forward, dgrad, wgrad) at ``2 M N K``.  Per token, with ``q = H d``,
+    ``g = K d``, ``m`` = 3 (swiglu) or 2 (gelu)::
+
+        attention (GQA)  6 [ h (q + 2g)  +  q s / 2 * 2  +  q h ]        causal half of QK^T and PV
+        attention (MLA)  6 [ q_lora (h + H (nope + rope) + 1)             (or h H (nope + rope))
+                             + kv_lora (h + H (nope + v) + 1) + h rope
+                             + H v h  +  s H (nope + rope) / 2  +  s H v / 2 ]
+        dense MLP        6 m h f
+        MoE MLP          6 m h (top_k fe + S fs)                          routed top-k + shared experts
+        MTP module j     one more layer shaped like the last one, plus 6 (3h + 2h^2)
+        logits           6 h V (1 + mtp_layers)
+
+    The ``+ 1`` terms are Megatron's count of the MLA latent norms.  Not counted (as in
+    Megatron): the router GEMM, norms, element-wise ops, FlashAttention's backward
+    recomputation of ``Q K^T``.  Earlier Megatron-LM versions (2024) counted the full
+    ``s^2`` attention (the :func:`nemo_24` form); the causal halving is what names this
+    convention.  ``V`` is ``vocab_size`` if given, else the model's (Megatron uses its
+    padded vocabulary).
+    """
+    h, s, L = model.hidden_size, seq_len, model.num_layers
+    V = model.vocab_size if vocab_size is None else vocab_size
+    mtp = model.mtp_layers
+    H = model.num_attention_heads
+    if model.mla is not None:
+        m = model.mla
+        qk = m.qk_head_dim          # Megatron's qk_head_dim + qk_pos_emb_head_dim
+        q_term = (m.q_lora_rank * (h + H * qk + 1)) if m.q_lora_rank is not None else h * H * qk
+        attn = 6 * (q_term + m.kv_lora_rank * (h + H * (m.qk_nope_head_dim + m.v_head_dim) + 1)
+                    + h * m.qk_rope_head_dim + H * m.v_head_dim * h
+                    + s * H * qk / 2 + s * H * m.v_head_dim / 2)
+    else:
+        q, g = model.head_dim * H, model.head_dim * model.num_kv_heads
+        attn = 6 * (h * (q + 2 * g) + q * s / 2 * 2 + q * h)
+    mm = _mlp_matrices(model)
+    n_moe = model.num_moe_layers()
+    n_dense = L - n_moe
+    if mtp:
+        if model.is_moe_layer(L - 1):
+            n_moe += mtp
+        else:
+            n_dense += mtp
+    mlp = 6 * mm * h * model.ffn_hidden_size * n_dense
+    if n_moe:
+        routed, shared = _moe_widths(model)
+        mlp += 6 * mm * h * (routed + shared) * n_moe
+    per_token = mlp + attn * (L + mtp) + 6 * mtp * (3 * h + 2 * h * h) + 6 * h * V * (1 + mtp)
+    return float(per_token * s)
+
+
+def nemo_24(model: ModelSpec, seq_len: int, vocab_size: int | None = None) -> float:
+    """Model FLOPs per sequence, the NeMo / DGX Cloud benchmark formula (no causal halving).
+
+    Source: ``shared/reference/README.md`` (the formula behind the MFU column of
+    ``published_runs_h100.csv``; NVIDIA NeMo ``flops_formulas.py`` for gpt3 / llama /
+    mixtral).  Per token::
+
+        12 L h^2 (1 + K/H + s/h)  +  6 m L h f  +  6 V h
+
+    with ``m f`` = 18 f for SwiGLU (3 matrices), 12 f for GELU (2), and in MoE layers
+    ``f`` = ``top_k fe + S fs`` (NeMo's mixtral form).  The attention term assumes
+    ``H d = h`` and counts the full ``s^2`` score work.  Check: GPT-3 175B (vocab 51,200,
+    s = 2048) gives 2.2047e15 per sequence, the ``GBS x 2.20e15`` of the published MFU
+    notes.  MLA is not covered by this formula (ConfigError); MTP modules are ignored.
+    """
+    if model.mla is not None:
+        raise ConfigError("flop_convention", "nemo_24", "defines no count for multi-head latent attention; "
+                                                         "use megatron_core_2025")
+    h, s, L = model.hidden_size, seq_len, model.num_layers
+    V = model.vocab_size if vocab_size is None else vocab_size
+    H, K = model.num_attention_heads, model.num_kv_heads
+    mm = _mlp_matrices(model)
+    n_moe = model.num_moe_layers()
+    width = model.ffn_hidden_size * (L - n_moe)
+    if n_moe:
+        width += sum(_moe_widths(model)) * n_moe
+    per_token = 12 * L * h * h * (1 + K / H + s / h) + 6 * mm * h * width + 6 * V * h
+    return float(per_token * s)
+
+
+def megatron_2021(model: ModelSpec, seq_len: int, vocab_size: int | None = None) -> float:
+    """Model FLOPs per sequence, Narayanan et al. (SC'21) for GPT without recomputation.
+
+    ``72 s L h^2 (1 + s / (6h) + V / (12 h L))`` per sequence: the transformer term of the
+    paper's count (forward, dgrad, wgrad; MHA; a 4h GELU MLP; full ``s^2`` attention)
+    plus the logits, ``6 s h V``.  It is the paper's eq. (3) (:func:`narayanan_eq3`)
+    without the recomputed forward pass (96 -> 72 on the transformer part; the logits,
+    never recomputed, stay ``6 s h V``).  Architecture-blind: it sees only ``h, L, s, V``
+    (GQA, SwiGLU, MoE and MLA are not reflected).
+    """
+    h, s, L = model.hidden_size, seq_len, model.num_layers
+    V = model.vocab_size if vocab_size is None else vocab_size
+    return float(72 * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L)))
+
+
+def narayanan_eq3(model: ModelSpec, seq_len: int, vocab_size: int | None = None) -> float:
+    """Model FLOPs per sequence, Narayanan et al. (SC'21, arXiv:2104.04473) eq. (3).
+
+    ``96 s L h^2 (1 + s / (6h) + V / (16 L h))``: the GPT count *with* full activation
+    recomputation (an extra forward pass of every layer), which the paper uses for its
+    reported TFLOP/s.  Architecture-blind like :func:`megatron_2021`.
+    """
+    h, s, L = model.hidden_size, seq_len, model.num_layers
+    V = model.vocab_size if vocab_size is None else vocab_size
+    return float(96 * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h)))
+
+
+def palm_6n(model: ModelSpec, seq_len: int, vocab_size: int | None = None) -> float:
+    """Model FLOPs per sequence, PaLM's ``6 N + 12 L H Q T`` per token.
+
+    Source: Chowdhery et al., PaLM (arXiv:2204.02311), Appendix B (MFU definition):
+    ``6N`` for the parameter matmuls plus ``12 L H Q T`` for attention (``H`` heads of
+    dimension ``Q``, ``T`` the sequence length; QK^T and PV, forward and backward,
+    without causal halving).  We keep PaLM's full attention term (the brief's
+    ``6 L h s`` would be its causal half; we follow the paper so numbers compare with
+    PaLM-style reports).  ``N`` = active parameters without the input embedding
+    (:meth:`ModelSpec.num_active_params` with ``include_embedding=False``: dense parts,
+    router, shared and ``top_k`` routed experts, the output layer; MTP excluded).  With
+    ``d_qk != d_v`` (MLA) the attention term is ``6 L H (d_qk + d_v) s``.
+    """
+    s, L = seq_len, model.num_layers
+    n = model.num_active_params(include_embedding=False)
+    if vocab_size is not None:
+        n += (vocab_size - model.vocab_size) * model.hidden_size
+    if model.mla is not None:
+        dsum = model.mla.qk_head_dim + model.mla.v_head_dim
+    else:
+        dsum = 2 * model.head_dim
+    per_token = 6 * n + 6 * L * model.num_attention_heads * dsum * s
+    return float(per_token * s)
+
+
+FLOP_CONVENTIONS: dict[str, Callable[[ModelSpec, int, int | None], float]] = {
+    "megatron_core_2025": megatron_core_2025,
+    "megatron_2021": megatron_2021,
+    "narayanan_eq3": narayanan_eq3,
+    "nemo_24": nemo_24,
+    "palm_6n": palm_6n,
+}
+"""Model-FLOP conventions: ``name -> f(model, seq_len, vocab_size=None) -> FLOPs per
+sequence`` (forward + backward).  Each function's docstring gives its formula and source."""
+
+DEFAULT_FLOP_CONVENTION = "megatron_core_2025"
+
+
+def get_flop_convention(name: str) -> Callable[[ModelSpec, int, int | None], float]:
+    """The convention function registered under ``name``; ConfigError lists the names."""
+    try:
+        return FLOP_CONVENTIONS[name]
+    except (KeyError, TypeError):
+        raise ConfigError("flop_convention", name, f"unknown; known: {', '.join(FLOP_CONVENTIONS)}") from None
+
+
+def model_flops_per_step(model: ModelSpec, global_batch_size: int, seq_len: int | None = None,
+                         convention: str = DEFAULT_FLOP_CONVENTION, *, vocab_size: int | None = None) -> float:
+    """Model FLOPs of one optimizer step: ``global_batch_size`` sequences of ``seq_len``.
+
+    Parameters
+    ----------
+    model
+        The model.
+    global_batch_size
+        Sequences per step over all replicas.
+    seq_len
+        Tokens per sequence; default the model's.
+    convention
+        A key of :data:`FLOP_CONVENTIONS` (default ``megatron_core_2025``).
+    vocab_size
+        Vocabulary used for the logits term instead of the model's (e.g. Megatron's
+        padded size; GPT-3's 51,200 in NVIDIA's published MFU notes).
+
+    Returns
+    -------
+    float
+        FLOPs (forward + backward) per step.
+    """
+    gbs = _positive_int("parallel.global_batch_size", global_batch_size)
+    s = _positive_int("parallel.seq_len", model.seq_len if seq_len is None else seq_len)
+    if vocab_size is not None:
+        vocab_size = _positive_int("model.vocab_size", vocab_size)
+    return gbs * get_flop_convention(convention)(model, s, vocab_size)
+
+
+def model_flops_per_token(model: ModelSpec, seq_len: int | None = None,
+                          convention: str = DEFAULT_FLOP_CONVENTION, *, vocab_size: int | None = None) -> float:
+    """Model FLOPs per trained token (forward + backward) under ``convention``."""
+    s = _positive_int("parallel.seq_len", model.seq_len if seq_len is None else seq_len)
+    return model_flops_per_step(model, 1, s, convention, vocab_size=vocab_size) / s
