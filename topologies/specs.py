@@ -39,6 +39,7 @@ class GPUSpec:
     generation: str
     """'ampere', 'hopper' or 'blackwell': selects the calibrated constants."""
     hbm_bytes: float
+    """HBM capacity in bytes (the datasheet's GB read as GiB, see GiB above)."""
     hbm_bandwidth_bytes_per_s: float
     peak_flops: dict[str, float]
     """Dense peak FLOP/s per dtype ('tf32', 'bf16', 'fp16', 'fp8', 'fp4')."""
@@ -55,37 +56,40 @@ class GPUSpec:
 
 
 _HWCSV = "shared/reference/hardware.csv"
+# Datasheet "80 GB" HBM is 80 GiB: nvidia-smi shows 81,559 MiB on an H100 SXM 80GB and
+# 40,960 MiB on an A100 40GB, so capacities are taken as binary gigabytes.
+GiB = 2**30
 _STAS = "stas00/ml-engineering compute/accelerator/README.md and network/README.md"
 
 GPU_SPECS: dict[str, GPUSpec] = {s.name: s for s in (
-    GPUSpec("A100-SXM4-40GB", "ampere", 40e9, 1.555e12,
+    GPUSpec("A100-SXM4-40GB", "ampere", 40 * GiB, 1.555e12,
             {"tf32": 156e12, "bf16": 312e12, "fp16": 312e12}, {},
             300e9, 8, False, f"{_HWCSV} (NVIDIA A100 datasheet via glennklockwood.com; {_STAS})",
             "no MAMF measured for the 40GB part; FLOP/s identical to 80GB"),
-    GPUSpec("A100-SXM4-80GB", "ampere", 80e9, 2.039e12,
+    GPUSpec("A100-SXM4-80GB", "ampere", 80 * GiB, 2.039e12,
             {"tf32": 156e12, "bf16": 312e12, "fp16": 312e12}, {"bf16": 271.2e12},
             300e9, 8, False, f"{_HWCSV} ({_STAS}; MAMF best shape 1024x10240x5120)"),
-    GPUSpec("H100-SXM", "hopper", 80e9, 3.35e12,
+    GPUSpec("H100-SXM", "hopper", 80 * GiB, 3.35e12,
             {"tf32": 494.5e12, "bf16": 989e12, "fp16": 989e12, "fp8": 1979e12},
             {"bf16": 794.5e12, "fp8": 1402.6e12},
             450e9, 8, True, f"{_HWCSV} ({_STAS}; NVIDIA H100 spec page)"),
-    GPUSpec("H200-SXM", "hopper", 141e9, 4.8e12,
+    GPUSpec("H200-SXM", "hopper", 141 * GiB, 4.8e12,
             {"tf32": 494.5e12, "bf16": 989e12, "fp16": 989e12, "fp8": 1979e12},
             {"bf16": 794.5e12, "fp8": 1453.4e12},
             450e9, 8, True, f"{_HWCSV} ({_STAS}; MAMF bf16 'same as H100')"),
-    GPUSpec("B200", "blackwell", 180e9, 8.0e12,
+    GPUSpec("B200", "blackwell", 180 * GiB, 8.0e12,
             {"tf32": 1125e12, "bf16": 2250e12, "fp16": 2250e12, "fp8": 4500e12, "fp4": 9000e12},
             {"bf16": 1745.0e12, "fp8": 3432.5e12},
             900e9, 8, True, f"{_HWCSV} ({_STAS}; DGX B200 datasheet)", "HBM 180 GB platform figure"),
-    GPUSpec("B300", "blackwell", 288e9, 8.0e12,
+    GPUSpec("B300", "blackwell", 288 * GiB, 8.0e12,
             {"tf32": 1125e12, "bf16": 2250e12, "fp8": 4500e12, "fp4": 12600e12},
             {"bf16": 1769.0e12, "fp8": 3353.3e12},
             900e9, 8, True, f"{_HWCSV} ({_STAS})"),
-    GPUSpec("GB200", "blackwell", 186e9, 8.0e12,
+    GPUSpec("GB200", "blackwell", 186 * GiB, 8.0e12,
             {"tf32": 1250e12, "bf16": 2500e12, "fp16": 2500e12, "fp8": 5000e12, "fp4": 10000e12},
             {"bf16": 1822.0e12, "fp8": 3615.6e12},
             900e9, 72, True, f"{_HWCSV} ({_STAS}; per Blackwell GPU in NVL72)"),
-    GPUSpec("GB300", "blackwell", 288e9, 8.0e12,
+    GPUSpec("GB300", "blackwell", 288 * GiB, 8.0e12,
             {"tf32": 1250e12, "bf16": 2500e12, "fp8": 5000e12, "fp4": 15000e12}, {},
             900e9, 72, True, f"{_HWCSV} ({_STAS})",
             "HBM size and bandwidth not in hardware.csv: 288 GB / 8 TB/s assumed equal to B300"),

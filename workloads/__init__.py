@@ -8,6 +8,8 @@ from .costs import (FLOP_CONVENTIONS, PRECISION_RECIPES, ComputeModel, ComputeOp
                     model_flops_per_step, model_flops_per_token, optimizer_ops, output_ops)
 from .hf_config import model_from_hf_config
 from .megatron_args import from_megatron_args
+from .memory import (DEFAULT_RESERVE_BYTES, MemoryEstimate, MemoryOptions, bytes_per_param, check_fits,
+                     layer_activation_bytes, memory_estimate, memory_estimates)
 from .mesh import GROUP_AXES, RankGrid
 from .model import MODEL_PRESETS, MLASpec, ModelSpec, MoESpec, load_model
 from .parallel import ParallelConfig, split_layers
@@ -23,4 +25,6 @@ __all__ = ["ModelSpec", "MoESpec", "MLASpec", "MODEL_PRESETS", "load_model", "mo
            "validate_schedule", "validate_schedule_config",
            "ComputeOp", "layer_ops", "embedding_ops", "output_ops", "optimizer_ops", "model_flops_per_step",
            "model_flops_per_token", "FLOP_CONVENTIONS", "ComputeModel", "RooflineComputeModel",
-           "MeasuredComputeModel", "PrecisionRecipe", "PRECISION_RECIPES", "get_recipe"]
+           "MeasuredComputeModel", "PrecisionRecipe", "PRECISION_RECIPES", "get_recipe",
+           "MemoryEstimate", "MemoryOptions", "memory_estimate", "memory_estimates", "layer_activation_bytes",
+           "check_fits", "bytes_per_param", "DEFAULT_RESERVE_BYTES"]

@@ -1,0 +1,993 @@
+"""Memory per rank: static state by ZeRO stage, activations term by term, the OOM verdict.
+
+What is modelled
+----------------
+The peak device memory of one rank of each pipeline stage in a training step, as a sum of
+named terms (bytes):
+
+* **static state** of the parameters the rank holds: ``weights``, ``gradients``,
+  ``master_weights``, ``optimizer_states`` and ``fp8_weight_copies``;
+* **activations** held for the backward pass, per term, at the moment the stage holds the
+  most (:func:`layer_activation_bytes` gives one layer and one micro-batch);
+* ``logits`` of the loss on the stage that computes it;
+* transient buffers: ``moe_dispatch`` (one all-to-all's send and receive buffers),
+  ``dp_buckets`` (gradient buckets that are not views of a gradient buffer),
+  ``param_gather`` (FSDP's gathered layers);
+* ``reserve``: CUDA context, NCCL buffers and allocator fragmentation, an assumption
+  (:data:`RESERVE_PARTS`).
+
+Not modelled: temporaries inside one op (GEMM workspaces, attention's backward scratch),
+gradients of activations in flight during one backward (they live for one layer), CPU
+offloading, and the input pipeline's pinned host memory.
+
+Parameters a rank holds
+-----------------------
+The layers of its pipeline chunks (:func:`~workloads.parallel.split_layers`; interleaved
+chunk ``c`` of stage ``s`` holds virtual stage ``c*pp + s``; DualPipe's stage ``s`` holds
+model chunks ``s`` and ``pp-1-s``, two parameter copies), sharded as Megatron-Core shards
+them: attention heads, MLPs, shared experts and the vocabulary over ``tp`` (KV heads
+replicated when ``tp`` exceeds them; MLA's down-projections and latent norms duplicated);
+routed experts over ``ep`` and ``etp``; norms, routers, the output-projection bias and
+learned position embeddings replicated.  The word embedding sits on the rank holding
+model chunk 0, the output layer and final norm on the rank holding the last one (with tied
+embeddings and more than one stage that rank keeps its own copy of the matrix, as
+Megatron does); MTP modules sit with the loss unless ``pipeline_layout`` places them.  The
+vocabulary is padded as Megatron pads it, to a multiple of
+``make_vocab_size_divisible_by * tp``.
+
+Static memory: bytes per parameter
+----------------------------------
+``accounting`` names where the bytes per parameter come from (:data:`STATIC_ACCOUNTINGS`):
+
+``megatron`` (default)
+    bf16 parameters (2), fp32 main gradients (4), fp32 master weights (4) and the two
+    fp32 Adam moments (8): 18 bytes without the distributed optimizer and
+    ``6 + 12/d`` with it, ``d = dp*cp`` for dense parameters and ``d = edp`` for routed
+    experts (Megatron-LM ``docs/api-guide/dist_optimizer.md`` table;
+    ``megatron/training/theoretical_memory_usage.py``, ``compute_weight_and_optimizer_memory``).
+``zero_paper``
+    Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+    Models", §3.1: fp16 parameters and gradients (2 + 2) and K = 12 bytes of optimizer
+    state (fp32 parameters, momentum, variance): 16 bytes per parameter; stage 1
+    ``4 + 12/d``, stage 2 ``2 + 14/d``, stage 3 ``16/d`` (their Figure 1).
+
+The effective ZeRO stage is ``parallel.zero_stage`` for stages 2 and 3; for stages 0 and 1
+``parallel.distributed_optimizer`` decides (Megatron's distributed optimizer is ZeRO-1;
+``--use-distributed-optimizer`` absent means no sharding).  Stage 1 shards master weights
+and optimizer states over the data-parallel group, stage 2 also the gradients, stage 3
+(FSDP) also the parameters, and then adds two gathered layers (the one computing and the
+one prefetched).  Megatron's gradient buckets are views of its contiguous gradient buffer
+and its parameter all-gather writes into the parameter buffer, so stages 0-1 add no
+bucket or gather memory; with sharded gradients (stages 2-3) two buckets are in flight:
+``max(40M, 1M * dp * cp)`` parameters in the gradient dtype at stage 2 (Megatron's
+``bucket_size`` rule, ``megatron/core/distributed/distributed_data_parallel.py``), the
+largest gathered layer at stage 3 (FSDP reduce-scatters per layer).
+
+Activations
+-----------
+Per layer and micro-batch, following the structure of Korthikanti et al. 2022 ("Reducing
+Activation Recomputation in Large Transformer Models", arXiv 2205.05198, §4 and Table 2:
+``sbh(34 + 5as/h)`` bytes for a GPT layer in 16-bit with dropout) with every tensor a
+backward pass keeps counted for the actual architecture.  ``s`` is the sequence, ``b`` the
+micro-batch, ``h`` the width, ``t = tp``; the sequence is first split over ``cp``; "SP
+regions" (norms, dropout, residual) are split over ``t`` with sequence parallelism, the
+tensor-parallel regions always are.  ``e`` is the activation dtype's bytes (2), ``l`` the
+bytes of saved GEMM inputs (``e``; 1 with FP8 recipes that keep quantised inputs).
+
+Terms, with what each ``recompute_modules`` entry drops under selective recomputation::
+
+    term                 bytes (one layer, one micro-batch, one rank)   dropped by
+    norm_inputs          2 norms x s b h e           (SP region)        --
+    norm_stats           2 norms x s b x 4 x (2 LayerNorm, 1 RMSNorm)   --
+    attn_input           s b h l   (norm output, QKV GEMM input; SP)    ``layernorm``
+    q / kv               s b (a/t) d e  /  2 s b k' d e  (k' KV heads   ``mla_up_proj`` (MLA)
+                         per rank; GQA keeps K and V small)
+    qk_norm_inputs       s b (a/t + k') d e              (Qwen3)        --
+    mla_latents          q and kv latents, norm input and up-proj input --
+    attn_scores          without FlashAttention: softmax output and     ``core_attn``
+                         dropout output, (1 or 2) e (a/t) s^2 b
+    attn_dropout_mask    without FlashAttention, attention dropout > 0: ``core_attn``
+                         (a/t) s^2 b
+    softmax_stats        with FlashAttention: fp32 log-sum-exp,         ``core_attn``
+                         4 (a/t) s b
+    attn_output          s b (a/t) d_v l  (output-projection input)     --
+    ffn_input            s b h l   (pre-FFN norm output; SP)            ``layernorm``
+    mlp_fc1_output       s b (1 or 2) f/t e  (GELU: f; SwiGLU: gate+up) ``mlp``
+    mlp_fc2_input        s b f/t l                                      ``mlp``
+    router               T E (4 + 1)  (fp32 scores and routing map)     ``moe``
+    expert_input         R h l, R = T k etp x imbalance rows per rank   ``moe``
+    expert_fc1_output    R (1 or 2) f_e/etp e                           ``moe``
+    expert_fc2_input     R f_e/etp l                                    ``moe``, ``moe_act``
+    moe_combine          T k h e  (expert outputs kept for the          ``moe``
+                         probability-weighted combine)
+    shared_fc1_output /  as the MLP, with S shared experts of f_s       ``moe``, ``shared_experts``
+    shared_fc2_input
+    dropout_masks        2 x s b h x 1 byte, only with dropout > 0 (SP) --
+
+``T = s b / t`` are the tokens a rank routes (MoE with TP needs SP in Megatron-Core).
+FlashAttention keeps no ``s^2`` term, so selective recomputation of the core attention
+is implicit with it.  For Korthikanti's GPT (GELU MLP of 4h, LayerNorm, dropout, no
+FlashAttention) the terms sum to ``sbh(34 + 5as/h)`` without parallelism,
+``sbh(10 + 24/t + 5as/(ht))`` with TP, ``sbh(34/t + 5as/(ht))`` with TP and SP and
+``34 sbh/t`` with selective recomputation, plus the norm statistics
+(``16 sb`` bytes, under 0.1 %); the tests check this.
+
+Recomputation (``parallel.recompute``): ``selective`` drops the terms of the modules in
+``recompute_modules``; ``full`` keeps only each checkpoint's input (``layer_input``,
+``s b h e`` in the SP region) and rebuilds one checkpoint's activations at a time during
+the backward (``recompute_working``, counted once): Megatron's ``uniform`` method
+checkpoints groups of ``recompute_num_layers`` layers (default 1), ``block`` checkpoints
+the first ``recompute_num_layers`` layers of each model chunk one by one (default all)
+and stores the rest in full.  Both apply per model chunk, as Megatron-Core's
+``TransformerBlock`` applies them.
+
+The first model chunk adds the token ids (int64, ``8 s b``, as Megatron's formula) and the
+embedding dropout mask (with dropout); the last adds the final norm's input and the output
+layer's input (``output_head``) and the ``logits``: ``s b V/t`` elements held for the
+loss in fp32 (``logits_bytes_per_element = 4``), because Megatron's vocab-parallel cross
+entropy casts the logits to fp32 and keeps the softmax for the backward; the bf16 logits
+the output GEMM writes are freed once cast and are not counted.  Each MTP module adds a
+decoder layer, its input norms and projection input, an output head and its own logits.
+
+Micro-batches in flight
+-----------------------
+The stage's activations per micro-batch and chunk are multiplied by the schedule's
+in-flight counts: the table of ``get_schedule(parallel.schedule)(pp, m, vpp)`` is walked in
+program order, a (micro-batch, chunk) set held from its forward to the action that
+completes its weight gradient (the rule of :func:`~workloads.schedules.peak_in_flight`),
+and the peak taken over the actual bytes of each chunk.  Hence 1F1B's stage ``s`` holds
+``pp - s`` micro-batches, GPipe ``m``, interleaved 1F1B's stage 0 ``(pp-1)*2 +
+(vpp-1)*pp + 1`` chunk sets (``pp (1 + (pp-1)/(pp vpp))`` stages' worth, Korthikanti
+§4.2.3), ZB-H1 ``pp`` on every stage and DualPipe ``pp + 1`` chunk sets on every rank,
+whose two chunks also double the static state.
+
+All sizes are bytes; GB in messages is 1e9 bytes, as :class:`~topologies.GPUSpec` states HBM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import numbers
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from topologies import ConfigError
+
+from .model import ModelSpec
+from .parallel import ParallelConfig, parse_pipeline_layout, split_layers
+from .schedules import ActionKind, get_schedule, peak_in_flight
+
+__all__ = ["ACTIVATION_TERMS", "DEFAULT_RESERVE_BYTES", "MEMORY_TERMS", "RESERVE_PARTS", "STATIC_ACCOUNTINGS",
+           "MemoryEstimate", "MemoryOptions", "StaticAccounting", "bytes_per_param", "check_fits",
+           "effective_zero_stage", "get_static_accounting", "layer_activation_bytes", "memory_estimate",
+           "memory_estimates"]
+
+GB = 1e9
+GiB = 1024 ** 3
+
+# -- static accounting ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StaticAccounting:
+    """Bytes per parameter of each static term before any sharding."""
+
+    name: str
+    param_bytes: float
+    """The working copy the GEMMs read (bf16 / fp16)."""
+    grad_bytes: float
+    """The gradient accumulated over micro-batches and reduced over data parallelism."""
+    master_bytes: float
+    """A separate fp32 copy of the weights the optimizer updates (0 when there is none)."""
+    optimizer_bytes: float
+    """Optimizer state besides the master weights (Adam: two fp32 moments, 8)."""
+    source: str
+
+
+STATIC_ACCOUNTINGS: dict[str, StaticAccounting] = {
+    "megatron": StaticAccounting(
+        "megatron", 2, 4, 4, 8,
+        "Megatron-LM docs/api-guide/dist_optimizer.md (bf16 params, fp32 main grads: 18 bytes/param, "
+        "6 + 12/d with the distributed optimizer); megatron/training/theoretical_memory_usage.py"),
+    "zero_paper": StaticAccounting(
+        "zero_paper", 2, 2, 4, 8,
+        "Rajbhandari et al. 2020, ZeRO (arXiv 1910.02054) §3.1: 2 + 2 + K bytes/param with K = 12 for "
+        "mixed-precision Adam = 16; stages 1/2/3: 4 + 12/d, 2 + 14/d, 16/d"),
+}
+"""Named bytes-per-parameter accountings (see the module docstring)."""
+
+
+def get_static_accounting(name: str) -> StaticAccounting:
+    """The accounting registered as ``name``; ConfigError listing the valid names otherwise."""
+    try:
+        return STATIC_ACCOUNTINGS[name]
+    except (KeyError, TypeError):
+        raise ConfigError("memory.accounting", name,
+                          f"unknown accounting; valid names: {', '.join(STATIC_ACCOUNTINGS)}") from None
+
+
+def effective_zero_stage(parallel: ParallelConfig) -> int:
+    """ZeRO stage the memory model applies: ``zero_stage`` for 2 and 3; for 0 and 1 the
+    ``distributed_optimizer`` flag decides (Megatron's distributed optimizer is ZeRO-1)."""
+    if parallel.zero_stage >= 2:
+        return parallel.zero_stage
+    return 1 if parallel.distributed_optimizer else 0
+
+
+def bytes_per_param(zero_stage: int, dp: float, accounting: str | StaticAccounting = "megatron") -> dict[str, float]:
+    """Static bytes per parameter by term for a ZeRO stage and a sharding degree ``dp``.
+
+    >>> sum(bytes_per_param(0, 8).values()), sum(bytes_per_param(1, 8).values())
+    (18.0, 7.5)
+    >>> sum(bytes_per_param(3, 64, "zero_paper").values())
+    0.25
+    """
+    acc = accounting if isinstance(accounting, StaticAccounting) else get_static_accounting(accounting)
+    if zero_stage not in (0, 1, 2, 3):
+        raise ConfigError("parallel.zero_stage", zero_stage, "must be 0, 1, 2 or 3")
+    if dp < 1:
+        raise ConfigError("dp", dp, "must be >= 1")
+    return {"weights": float(acc.param_bytes) / (dp if zero_stage >= 3 else 1),
+            "gradients": float(acc.grad_bytes) / (dp if zero_stage >= 2 else 1),
+            "master_weights": float(acc.master_bytes) / (dp if zero_stage >= 1 else 1),
+            "optimizer_states": float(acc.optimizer_bytes) / (dp if zero_stage >= 1 else 1)}
+
+
+# -- reserve -------------------------------------------------------------------------------------
+RESERVE_PARTS: dict[str, tuple[float, str]] = {
+    "cuda_context": (0.75 * GiB, (
+        "measured: the first CUDA call of a PyTorch process takes 723 MiB of device memory "
+        "(discuss.pytorch.org/t/what-is-the-reason-for-pytorchs-gpu-memory-floor/73021); "
+        "CUDA's lazy module loading can make it smaller")),
+    "nccl_buffers": (1.0 * GiB, (
+        "assumption: NCCL keeps NCCL_BUFFSIZE = 4 MiB (its documented default) per channel and peer for the "
+        "Simple protocol plus LL/LL128 buffers in every communicator; a 5D job opens tp, cp, dp, pp, ep and "
+        "embedding communicators, a few hundred MiB to ~2 GiB in all")),
+    "fragmentation": (1.25 * GiB, (
+        "assumption: the caching allocator's reserved-but-unallocated memory, a few percent of an 80 GB "
+        "device in long-running training")),
+}
+"""Parts of :data:`DEFAULT_RESERVE_BYTES`: (bytes, source or the word 'assumption')."""
+
+DEFAULT_RESERVE_BYTES: float = sum(v for v, _ in RESERVE_PARTS.values())
+"""3 GiB per GPU held outside the model's tensors (see :data:`RESERVE_PARTS`); an assumption
+to override with ``memory_reserve_bytes`` where measured."""
+
+
+# -- options ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryOptions:
+    """Precision- and implementation-dependent inputs of the memory model.
+
+    The precision recipe (``workloads.costs``) decides several of these; here they are
+    plain numbers so that this module depends on no recipe.  Every field can also be given
+    as a keyword of :func:`memory_estimate`.
+    """
+
+    accounting: str = "megatron"
+    """Bytes-per-parameter accounting: a key of :data:`STATIC_ACCOUNTINGS`."""
+    param_dtype_bytes: float | None = None
+    """Bytes of the parameters the GEMMs read; None: the accounting's (2)."""
+    grad_dtype_bytes: float | None = None
+    """Bytes of an accumulated gradient; None: the accounting's (megatron 4, zero_paper 2)."""
+    master_weight_bytes: float | None = None
+    """Bytes of the optimizer's master copy (0: none, e.g. fp32 training); None: the accounting's (4)."""
+    optimizer_state_bytes: float | None = None
+    """Bytes of optimizer state besides the master copy; None: the accounting's (Adam, 8)."""
+    fp8_weight_copy_bytes_per_param: float = 0.0
+    """Extra bytes per GEMM weight for FP8 copies (Transformer Engine keeps an FP8 weight and,
+    on Hopper, its transpose: about 2); 0 for bf16."""
+    activation_dtype_bytes: float = 2.0
+    """Bytes per activation element (bf16)."""
+    linear_input_bytes: float | None = None
+    """Bytes per saved GEMM-input element; None: ``activation_dtype_bytes`` (FP8 recipes: 1)."""
+    logits_bytes_per_element: float = 4.0
+    """Bytes per held logit of the loss: the fp32 softmax Megatron's cross entropy keeps."""
+    flash_attention: bool = True
+    """FlashAttention / fused attention: no ``s^2`` scores kept, an fp32 log-sum-exp instead."""
+    attention_dropout: float | None = None
+    """Dropout on attention probabilities (matters only without FlashAttention, which
+    regenerates its mask); None: the model's ``dropout`` (Megatron uses one value for both)."""
+    moe_token_imbalance: float | None = None
+    """Tokens received by this rank's experts over the balanced share; None: the model's
+    ``capacity_factor`` when it sets one, else 1 (balanced routing)."""
+    make_vocab_size_divisible_by: int = 128
+    """Megatron pads the vocabulary to a multiple of this times ``tp`` (its default 128)."""
+    dp_bucket_params: float | None = None
+    """Parameters per gradient bucket; None: Megatron's ``max(40M, 1M * dp * cp)``."""
+    memory_reserve_bytes: float = DEFAULT_RESERVE_BYTES
+    """Per-GPU memory outside the model's tensors (CUDA context, NCCL, fragmentation)."""
+
+    def __post_init__(self):
+        get_static_accounting(self.accounting)
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name in ("accounting", "flash_attention"):
+                continue
+            if v is None and f.default is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or v < 0:
+                raise ConfigError(f"memory.{f.name}", v, "must be a number >= 0")
+        if not isinstance(self.flash_attention, bool):
+            raise ConfigError("memory.flash_attention", self.flash_attention, "must be true or false")
+        if self.attention_dropout is not None and not 0 <= self.attention_dropout < 1:
+            raise ConfigError("memory.attention_dropout", self.attention_dropout, "must be a probability in [0, 1)")
+        if self.moe_token_imbalance is not None and self.moe_token_imbalance < 1:
+            raise ConfigError("memory.moe_token_imbalance", self.moe_token_imbalance, "must be >= 1 (max over mean)")
+        if int(self.make_vocab_size_divisible_by) != self.make_vocab_size_divisible_by \
+                or self.make_vocab_size_divisible_by < 1:
+            raise ConfigError("memory.make_vocab_size_divisible_by", self.make_vocab_size_divisible_by,
+                              "must be an integer >= 1")
+
+
+def _options(options: MemoryOptions | None, knobs: dict) -> MemoryOptions:
+    base = options or MemoryOptions()
+    if not knobs:
+        return base
+    names = {f.name for f in dataclasses.fields(MemoryOptions)}
+    for key in knobs:
+        if key not in names:
+            raise TypeError(f"unknown memory option {key!r}; valid: {', '.join(sorted(names))}")
+    return dataclasses.replace(base, **knobs)
+
+
+# -- the result -------------------------------------------------------------------------------------
+#: Keys of :meth:`MemoryEstimate.terms`, in order.
+MEMORY_TERMS = ("weights", "gradients", "master_weights", "optimizer_states", "fp8_weight_copies", "activations",
+                "logits", "moe_dispatch", "dp_buckets", "param_gather", "reserve")
+
+#: Activation terms, in order (see the module docstring's table).
+ACTIVATION_TERMS = ("layer_input", "norm_inputs", "norm_stats", "attn_input", "q", "kv", "qk_norm_inputs",
+                    "mla_latents", "attn_scores", "attn_dropout_mask", "softmax_stats", "attn_output", "ffn_input",
+                    "mlp_fc1_output", "mlp_fc2_input", "router", "expert_input", "expert_fc1_output",
+                    "expert_fc2_input", "moe_combine", "shared_fc1_output", "shared_fc2_input", "dropout_masks",
+                    "embedding", "output_head", "mtp_extra", "recompute_working")
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    """Peak memory of one rank of one pipeline stage, by term, in bytes."""
+
+    stage: int
+    """Pipeline stage (pp rank) of the estimate."""
+    num_stages: int
+    where: str
+    """The ranks it describes, e.g. ``"pipeline stage 0 (ranks 0-7)"``."""
+    num_layers: int
+    """Decoder layers the rank holds (both DualPipe chunks, MTP layers included)."""
+    num_params: float
+    """Parameters the rank holds after TP/EP sharding, before data-parallel sharding."""
+    num_expert_params: float
+    """Of which routed-expert parameters (sharded over ``edp``, not ``dp * cp``)."""
+    zero_stage: int
+    """Effective ZeRO stage, :func:`effective_zero_stage`."""
+    in_flight_microbatches: int
+    """Peak (micro-batch, chunk) activation sets held, :func:`~workloads.schedules.peak_in_flight`."""
+    activation_bytes_per_microbatch: float
+    """Activations of one micro-batch through all of the rank's chunks (logits excluded)."""
+    weights_bytes: float
+    gradients_bytes: float
+    master_weights_bytes: float
+    optimizer_states_bytes: float
+    fp8_weight_copies_bytes: float
+    activations: Mapping[str, float]
+    """Activation bytes held at the peak, by term (keys among :data:`ACTIVATION_TERMS`)."""
+    logits_bytes: float
+    moe_dispatch_bytes: float
+    dp_buckets_bytes: float
+    param_gather_bytes: float
+    reserve_bytes: float
+    hbm_bytes: float | None = None
+    """Device memory to compare with, when given to :func:`memory_estimate`."""
+
+    @property
+    def activations_bytes(self) -> float:
+        """Sum of :attr:`activations`."""
+        return sum(self.activations.values())
+
+    @property
+    def static_bytes(self) -> float:
+        """Weights, gradients, master weights, optimizer states and FP8 copies."""
+        return (self.weights_bytes + self.gradients_bytes + self.master_weights_bytes
+                + self.optimizer_states_bytes + self.fp8_weight_copies_bytes)
+
+    @property
+    def total_bytes(self) -> float:
+        """Sum of every term, the reserve included."""
+        return sum(self.terms().values())
+
+    def terms(self) -> dict[str, float]:
+        """Every term by name (:data:`MEMORY_TERMS`); activations summed."""
+        return {"weights": self.weights_bytes, "gradients": self.gradients_bytes,
+                "master_weights": self.master_weights_bytes, "optimizer_states": self.optimizer_states_bytes,
+                "fp8_weight_copies": self.fp8_weight_copies_bytes, "activations": self.activations_bytes,
+                "logits": self.logits_bytes, "moe_dispatch": self.moe_dispatch_bytes,
+                "dp_buckets": self.dp_buckets_bytes, "param_gather": self.param_gather_bytes,
+                "reserve": self.reserve_bytes}
+
+    def biggest_terms(self, n: int = 3) -> list[tuple[str, float]]:
+        """The ``n`` largest terms, largest first (ties in :data:`MEMORY_TERMS` order)."""
+        items = [(k, v) for k, v in self.terms().items() if v > 0]
+        return sorted(items, key=lambda kv: -kv[1])[:n]
+
+    def _hbm(self, hbm_bytes: float | None) -> float:
+        hbm = self.hbm_bytes if hbm_bytes is None else getattr(hbm_bytes, "hbm_bytes", hbm_bytes)
+        if hbm is None:
+            raise ValueError("no HBM capacity: pass hbm_bytes, or gpu_hbm_bytes to memory_estimate")
+        return float(hbm)
+
+    def fits(self, hbm_bytes: float | None = None) -> bool:
+        """Whether :attr:`total_bytes` is within ``hbm_bytes`` (a number or a GPUSpec; default
+        the capacity given to :func:`memory_estimate`)."""
+        return self.total_bytes <= self._hbm(hbm_bytes)
+
+    def verdict(self, hbm_bytes: float | None = None) -> str:
+        """One line: fits or not, where, the total against HBM and the biggest terms."""
+        hbm = self._hbm(hbm_bytes)
+        total = self.total_bytes
+        big = ", ".join(f"{k} {v / GB:.1f} GB" for k, v in self.biggest_terms())
+        if total <= hbm:
+            return (f"{self.where} fits: {total / GB:.1f} GB of {hbm / GB:.1f} GB HBM "
+                    f"({100 * total / hbm:.0f}%); biggest terms: {big}")
+        return (f"{self.where} does not fit: needs {total / GB:.1f} GB, HBM {hbm / GB:.1f} GB "
+                f"({total / hbm:.2f}x); biggest terms: {big}")
+
+    def check_fits(self, hbm_bytes: float | None = None) -> None:
+        """Raise ConfigError naming the stage, its ranks and the biggest terms if it does not fit."""
+        if not self.fits(hbm_bytes):
+            raise ConfigError("parallel", self.where, self.verdict(hbm_bytes))
+
+    def to_dict(self) -> dict:
+        """Plain mapping for JSON: the fields, the activation terms and the totals."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["activations"] = dict(self.activations)
+        out["terms"] = self.terms()
+        out["total_bytes"] = self.total_bytes
+        return out
+
+    def format_table(self) -> str:
+        """A two-column table of the terms in GB, with the activation terms indented."""
+        head = (f"{self.where}: {self.num_layers} layers, {self.num_params / 1e9:.3f} B params held, "
+                f"ZeRO-{self.zero_stage}, {self.in_flight_microbatches} chunk micro-batches in flight")
+        lines = [head]
+        for k, v in self.terms().items():
+            lines.append(f"  {k:<20} {v / GB:10.3f} GB")
+            if k == "activations":
+                for a, x in self.activations.items():
+                    if x:
+                        lines.append(f"    {a:<18} {x / GB:10.3f} GB")
+        lines.append(f"  {'total':<20} {self.total_bytes / GB:10.3f} GB")
+        if self.hbm_bytes is not None:
+            lines.append(f"  {'hbm':<20} {self.hbm_bytes / GB:10.3f} GB  ({'fits' if self.fits() else 'OOM'})")
+        return "\n".join(lines)
+
+
+def check_fits(estimates: MemoryEstimate | Iterable[MemoryEstimate], hbm_bytes: float | None = None) -> None:
+    """Raise ConfigError for the stage that overflows HBM the most (no-op when all fit)."""
+    items = [estimates] if isinstance(estimates, MemoryEstimate) else list(estimates)
+    worst = None
+    for est in items:
+        if not est.fits(hbm_bytes) and (worst is None or est.total_bytes > worst.total_bytes):
+            worst = est
+    if worst is not None:
+        worst.check_fits(hbm_bytes)
+
+
+# -- dimensions of one micro-batch on one rank --------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Dims:
+    model: ModelSpec
+    parallel: ParallelConfig
+    opt: MemoryOptions
+    seq: int            # full sequence length
+    s_loc: int          # sequence on this CP rank
+    b: int
+    t: int
+    etp: int
+    tok: float          # tokens of this CP rank's sequence: s_loc * b (TP regions see all of them)
+    tok_sp: float       # tokens in SP regions on this rank: tok / t with SP
+    e: float            # activation bytes
+    lb: float           # saved GEMM-input bytes
+    kv_heads: int       # KV heads per TP rank
+    attn_dropout: float
+    imbalance: float
+    vocab: int          # padded vocabulary
+
+    @classmethod
+    def build(cls, model: ModelSpec, parallel: ParallelConfig, opt: MemoryOptions) -> _Dims:
+        t, cp = parallel.tp, parallel.cp
+        seq = parallel.seq_len or model.seq_len
+        s_loc = seq // cp
+        b = parallel.micro_batch_size
+        tok = s_loc * b
+        sp = parallel.sequence_parallel and t > 1
+        e = float(opt.activation_dtype_bytes)
+        lb = e if opt.linear_input_bytes is None else float(opt.linear_input_bytes)
+        kv = max(1, model.num_kv_heads // t)
+        attn_dropout = model.dropout if opt.attention_dropout is None else opt.attention_dropout
+        imb = opt.moe_token_imbalance
+        if imb is None:
+            imb = model.moe.capacity_factor if model.moe is not None and model.moe.capacity_factor else 1.0
+        div = int(opt.make_vocab_size_divisible_by) * t
+        vocab = -(-model.vocab_size // div) * div
+        return cls(model, parallel, opt, seq, s_loc, b, t, parallel.expert_tp, float(tok),
+                   tok / t if sp else float(tok), e, lb, kv, attn_dropout, imb, vocab)
+
+
+def _norm_elems(model: ModelSpec) -> int:
+    return 2 if model.norm == "layernorm" else 1
+
+
+def _mlp_matrices(model: ModelSpec) -> int:
+    return 3 if model.mlp == "swiglu" else 2
+
+
+# -- activations of one layer -------------------------------------------------------------------------
+def _layer_terms(d: _Dims, moe_layer: bool, modules: frozenset[str]) -> dict[str, float]:
+    """Bytes kept by one decoder layer for one micro-batch; ``modules`` are recomputed."""
+    m = d.model
+    h, a_loc = m.hidden_size, m.num_attention_heads / d.t
+    e, lb, tok, tsp = d.e, d.lb, d.tok, d.tok_sp
+    out = dict.fromkeys(ACTIVATION_TERMS, 0.0)
+    out["norm_inputs"] = 2 * tsp * h * e
+    out["norm_stats"] = 2 * tsp * 4 * _norm_elems(m)
+    if "layernorm" not in modules:
+        out["attn_input"] = tsp * h * lb
+        out["ffn_input"] = tsp * h * lb
+    # attention
+    if m.mla is not None:
+        mla = m.mla
+        qk = mla.qk_head_dim
+        lat = 0.0
+        if mla.q_lora_rank is not None:          # q_down output (norm input) and the normed latent (q_up input)
+            lat += tsp * mla.q_lora_rank * e + tok * mla.q_lora_rank * lb + tsp * 4 * _norm_elems(m)
+        lat += tsp * (mla.kv_lora_rank + mla.qk_rope_head_dim) * e + tok * mla.kv_lora_rank * lb
+        out["mla_latents"] = lat
+        if "mla_up_proj" not in modules:
+            out["q"] = tok * a_loc * qk * e
+            out["kv"] = tok * a_loc * (qk + mla.v_head_dim) * e
+        dv = mla.v_head_dim
+    else:
+        hd = m.head_dim
+        out["q"] = tok * a_loc * hd * e
+        out["kv"] = 2 * tok * d.kv_heads * hd * e
+        if m.qk_norm:
+            out["qk_norm_inputs"] = tok * (a_loc + d.kv_heads) * hd * e
+        dv = hd
+    if "core_attn" not in modules:
+        if d.opt.flash_attention:
+            out["softmax_stats"] = 4 * a_loc * tok
+        else:
+            scores = a_loc * d.s_loc * d.seq * d.b          # this rank's queries against every key
+            dropout = d.attn_dropout > 0
+            out["attn_scores"] = (2 if dropout else 1) * e * scores
+            out["attn_dropout_mask"] = scores if dropout else 0.0
+    out["attn_output"] = tok * a_loc * dv * lb
+    if m.dropout > 0:
+        out["dropout_masks"] = 2 * tsp * h
+    # feed-forward
+    gate = 2 if m.mlp == "swiglu" else 1
+    if not moe_layer:
+        if "mlp" not in modules:
+            f = m.ffn_hidden_size / d.t
+            out["mlp_fc1_output"] = tok * gate * f * e
+            out["mlp_fc2_input"] = tok * f * lb
+        return out
+    moe = m.moe
+    if "moe" in modules:
+        return out
+    tokens = tsp                                   # tokens this rank routes
+    out["router"] = tokens * moe.num_experts * (4 + 1)
+    rows = tokens * moe.top_k * d.etp * d.imbalance
+    fe = moe.expert_ffn_hidden_size / d.etp
+    out["expert_input"] = rows * h * lb
+    out["expert_fc1_output"] = rows * gate * fe * e
+    if "moe_act" not in modules:
+        out["expert_fc2_input"] = rows * fe * lb
+    out["moe_combine"] = tokens * moe.top_k * h * e
+    if moe.num_shared_experts and "shared_experts" not in modules:
+        fs = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size / d.t
+        out["shared_fc1_output"] = tok * gate * fs * e
+        out["shared_fc2_input"] = tok * fs * lb
+    return out
+
+
+def _recomputed_modules(parallel: ParallelConfig) -> frozenset[str]:
+    return frozenset(parallel.recompute_modules) if parallel.recompute == "selective" else frozenset()
+
+
+def layer_activation_bytes(model: ModelSpec, parallel: ParallelConfig, layer: int = 0, *,
+                           options: MemoryOptions | None = None, **knobs) -> dict[str, float]:
+    """Activation bytes one rank keeps for decoder layer ``layer`` and one micro-batch, by term.
+
+    Parameters
+    ----------
+    model, parallel
+        The layer's shape (``model.is_moe_layer(layer)`` picks dense or MoE) and the
+        parallel knobs that matter per layer: ``tp``, ``cp``, ``etp``, ``sequence_parallel``,
+        ``micro_batch_size``, ``seq_len``, ``recompute`` and ``recompute_modules``.
+    layer
+        0-based decoder layer; ``num_layers + k`` is MTP module ``k``'s layer.
+    options, **knobs
+        :class:`MemoryOptions`, or its fields as keywords.
+
+    Returns
+    -------
+    dict
+        Keys :data:`ACTIVATION_TERMS` (zeros included).  With ``recompute="full"`` only
+        ``layer_input`` is non-zero: what one checkpointed layer keeps.
+    """
+    opt = _options(options, knobs)
+    d = _Dims.build(model, parallel, opt)
+    n = model.num_layers + model.mtp_layers
+    if not 0 <= layer < n:
+        raise IndexError(f"layer {layer} out of range for {model.num_layers} layers + {model.mtp_layers} MTP")
+    if parallel.recompute == "full":
+        out = dict.fromkeys(ACTIVATION_TERMS, 0.0)
+        out["layer_input"] = d.tok_sp * model.hidden_size * d.e
+        return out
+    moe_layer = model.is_moe_layer(min(layer, model.num_layers - 1))
+    return _layer_terms(d, moe_layer, _recomputed_modules(parallel))
+
+
+# -- parameters one rank holds -------------------------------------------------------------------------
+def _attention_params(model: ModelSpec, t: int) -> tuple[float, float]:
+    """(parameters, of which GEMM weights) of one attention block on one TP rank."""
+    h, heads, bias = model.hidden_size, model.num_attention_heads, model.add_bias_linear
+    norm = _norm_elems(model)
+    if model.mla is not None:
+        m = model.mla
+        q_out = heads * m.qk_head_dim
+        kv_down, kv_up = m.kv_lora_rank + m.qk_rope_head_dim, heads * (m.qk_nope_head_dim + m.v_head_dim)
+        if m.q_lora_rank is None:
+            gemm = h * q_out / t
+            p = gemm + ((q_out / t) if bias else 0)
+        else:                                  # q_down and its norm are duplicated on every TP rank
+            gemm = h * m.q_lora_rank + m.q_lora_rank * q_out / t
+            p = gemm + norm * m.q_lora_rank + ((m.q_lora_rank + q_out / t) if bias else 0)
+        kv_gemm = h * kv_down + m.kv_lora_rank * kv_up / t
+        o_gemm = heads * m.v_head_dim * h / t
+        gemm += kv_gemm + o_gemm
+        p += kv_gemm + norm * m.kv_lora_rank + o_gemm + ((kv_down + kv_up / t + h) if bias else 0)
+        return p, gemm
+    q = heads * model.head_dim
+    kv = 2 * max(1, model.num_kv_heads // t) * model.head_dim     # replicated when tp > KV heads
+    gemm = h * q / t + h * kv + q * h / t
+    p = gemm
+    if bias or model.qkv_bias:
+        p += q / t + kv
+    if bias:
+        p += h                                  # row-parallel output bias, replicated
+    if model.qk_norm:
+        p += 2 * norm * model.head_dim
+    return p, gemm
+
+
+def _mlp_params(model: ModelSpec, f: float, t: int) -> tuple[float, float]:
+    """(parameters, GEMM weights) of one MLP of width ``f`` split over ``t`` ranks."""
+    h, mats = model.hidden_size, _mlp_matrices(model)
+    gemm = mats * h * f / t
+    return gemm + ((((mats - 1) * f) / t + h) if model.add_bias_linear else 0), gemm
+
+
+@dataclass(slots=True)
+class _Params:
+    dense: float = 0.0       # sharded over dp*cp
+    expert: float = 0.0      # sharded over edp
+    gemm: float = 0.0        # of the dense ones, GEMM weights (FP8 copies)
+    gemm_expert: float = 0.0    # of the expert ones, GEMM weights
+    largest_unit: float = 0.0   # the largest FSDP unit (a layer, the embedding, the output layer)
+
+    def add(self, dense: float, expert: float = 0.0, gemm: float = 0.0, gemm_expert: float = 0.0) -> None:
+        self.dense += dense
+        self.expert += expert
+        self.gemm += gemm
+        self.gemm_expert += gemm_expert
+        self.largest_unit = max(self.largest_unit, dense + expert)
+
+
+def _layer_params(model: ModelSpec, parallel: ParallelConfig,
+                  moe_layer: bool) -> tuple[float, float, float, float]:
+    """(dense, expert, dense GEMM, expert GEMM) parameters of one decoder layer on one rank."""
+    t = parallel.tp
+    attn, attn_gemm = _attention_params(model, t)
+    dense = attn + 2 * _norm_elems(model) * model.hidden_size
+    gemm = attn_gemm
+    if not moe_layer:
+        mlp, mlp_gemm = _mlp_params(model, model.ffn_hidden_size, t)
+        return dense + mlp, 0.0, gemm + mlp_gemm, 0.0
+    moe = model.moe
+    dense += model.hidden_size * moe.num_experts + (moe.num_experts if moe.router_bias else 0)   # replicated
+    one, one_gemm = _mlp_params(model, moe.expert_ffn_hidden_size, parallel.expert_tp)
+    local = moe.num_experts / parallel.ep
+    shared, shared_gemm = _mlp_params(model, moe.num_shared_experts * moe.shared_expert_ffn_hidden_size, t) \
+        if moe.num_shared_experts else (0.0, 0.0)
+    return dense + shared, local * one, gemm + shared_gemm, local * one_gemm
+
+
+# -- pipeline placement ----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Chunk:
+    layers: tuple[int, ...]
+    embedding: bool
+    loss: bool
+    mtp: int
+
+
+def _placement(model: ModelSpec, parallel: ParallelConfig) -> list[list[_Chunk]]:
+    """``[stage][local chunk]`` -> the layers and the extras that chunk holds."""
+    pp = parallel.pp
+    counts = split_layers(model.num_layers, parallel, mtp_layers=model.mtp_layers)
+    bidirectional = parallel.schedule == "dualpipe"
+    vpp = 1 if bidirectional else parallel.vpp
+    nvs = pp * vpp
+    per_vs = [counts[k % pp][k // pp] for k in range(nvs)]      # virtual stage k = chunk k//pp of stage k%pp
+    mtp = [0] * nvs
+    if parallel.pipeline_layout is not None:
+        for k, tokens in enumerate(parse_pipeline_layout(parallel.pipeline_layout)):
+            mtp[k] = tokens.count("m")
+    else:
+        mtp[-1] = model.mtp_layers
+    chunks, start = [], 0
+    for k in range(nvs):
+        chunks.append(_Chunk(tuple(range(start, start + per_vs[k])), k == 0, k == nvs - 1, mtp[k]))
+        start += per_vs[k]
+    if bidirectional:
+        return [[chunks[s], chunks[pp - 1 - s]] for s in range(pp)]
+    return [[chunks[c * pp + s] for c in range(vpp)] for s in range(pp)]
+
+
+# -- schedule walk ---------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=128)
+def _held(name: str, pp: int, m: int, vpp: int) -> tuple[tuple[tuple[tuple[int, ...], ...], ...], tuple[int, ...]]:
+    """Per stage, the distinct per-chunk counts of held activation sets after each forward,
+    and :func:`peak_in_flight`."""
+    schedule = get_schedule(name)(pp, m, vpp)
+    f_kind, free = ActionKind.F, (ActionKind.BW, ActionKind.W)
+    out = []
+    for actions in schedule.actions:
+        held = [0] * schedule.num_chunks
+        seen: dict[tuple[int, ...], None] = {}
+        for a in actions:
+            if a is None:
+                continue
+            for half in a.halves():
+                if half.kind is f_kind:
+                    held[half.chunk] += 1
+                    seen[tuple(held)] = None
+                elif half.kind in free:
+                    held[half.chunk] -= 1
+        out.append(tuple(seen))
+    return tuple(out), tuple(peak_in_flight(schedule))
+
+
+# -- the estimate ------------------------------------------------------------------------------------------
+def _stage_ranks(parallel: ParallelConfig, stage: int) -> str:
+    order = parallel.mesh_order.split("-")
+    sizes = {"tp": parallel.tp, "cp": parallel.cp, "ep": 1, "dp": parallel.dp, "pp": parallel.pp}
+    stride = math.prod(sizes[a] for a in order[:order.index("pp")])
+    per_stage = parallel.world_size // parallel.pp
+    if order[-1] == "pp":
+        first = stage * stride
+        return f"pipeline stage {stage} (ranks {first}-{first + per_stage - 1})"
+    return f"pipeline stage {stage} ({per_stage} ranks with pp coordinate {stage}, first rank {stage * stride})"
+
+
+def _add(acc: dict[str, float], terms: Mapping[str, float], times: float = 1.0) -> None:
+    for k, v in terms.items():
+        if v:
+            acc[k] = acc.get(k, 0.0) + times * v
+
+
+class _Model:
+    """Per-call caches shared by the stages of one configuration."""
+
+    def __init__(self, model: ModelSpec, parallel: ParallelConfig, opt: MemoryOptions, num_microbatches: int):
+        self.model, self.parallel, self.opt = model, parallel, opt
+        self.d = _Dims.build(model, parallel, opt)
+        self.modules = _recomputed_modules(parallel)
+        self.placement = _placement(model, parallel)
+        vpp = 1 if parallel.schedule == "dualpipe" else parallel.vpp
+        self.held, self.in_flight = _held(parallel.schedule, parallel.pp, num_microbatches, vpp)
+        self._layer_cache: dict[tuple[bool, frozenset], dict[str, float]] = {}
+        acc = get_static_accounting(opt.accounting)
+        self.param_b = acc.param_bytes if opt.param_dtype_bytes is None else opt.param_dtype_bytes
+        self.grad_b = acc.grad_bytes if opt.grad_dtype_bytes is None else opt.grad_dtype_bytes
+        self.accounting = StaticAccounting(
+            acc.name, self.param_b, self.grad_b,
+            acc.master_bytes if opt.master_weight_bytes is None else opt.master_weight_bytes,
+            acc.optimizer_bytes if opt.optimizer_state_bytes is None else opt.optimizer_state_bytes, acc.source)
+        self.zero = effective_zero_stage(parallel)
+
+    def layer(self, i: int, modules: frozenset[str]) -> dict[str, float]:
+        moe = self.model.is_moe_layer(min(i, self.model.num_layers - 1))
+        key = (moe, modules)
+        if key not in self._layer_cache:
+            self._layer_cache[key] = _layer_terms(self.d, moe, modules)
+        return self._layer_cache[key]
+
+    # activations of one micro-batch in one chunk: (held terms, logits bytes, recompute working bytes)
+    def chunk_activations(self, chunk: _Chunk) -> tuple[dict[str, float], float, float]:
+        m, d, par = self.model, self.d, self.parallel
+        h = m.hidden_size
+        layers = list(chunk.layers) + [m.num_layers + k for k in range(chunk.mtp)]
+        held: dict[str, float] = {}
+        working = 0.0
+        if par.recompute == "full" and layers:
+            inp = {"layer_input": d.tok_sp * h * d.e}
+            none = frozenset()
+            n_main = len(chunk.layers)
+            if par.recompute_method == "uniform":
+                n = par.recompute_num_layers or 1
+                groups = [layers[i:i + n] for i in range(0, n_main, n)] + [[i] for i in layers[n_main:]]
+                _add(held, inp, len(groups))
+                working = max(sum(sum(self.layer(i, none).values()) for i in g) for g in groups)
+            else:
+                n = min(par.recompute_num_layers or n_main, n_main)
+                _add(held, inp, n)
+                for i in layers[n:]:
+                    _add(held, self.layer(i, none))
+                working = max((sum(self.layer(i, none).values()) for i in layers[:n]), default=0.0)
+        else:
+            for i in layers:
+                _add(held, self.layer(i, self.modules))
+        sp_h = d.tok_sp * h
+        if chunk.embedding:
+            held["embedding"] = 8 * d.tok + (sp_h if m.dropout > 0 else 0.0)
+        logits = 0.0
+        heads = (1 if chunk.loss else 0) + chunk.mtp
+        if heads:
+            held["output_head"] = heads * (sp_h * d.e + sp_h * d.lb + d.tok_sp * 4 * _norm_elems(m))
+            logits = heads * d.tok * d.vocab / d.t * self.opt.logits_bytes_per_element
+        if chunk.mtp:
+            held["mtp_extra"] = chunk.mtp * 4 * sp_h * d.e     # enorm / hnorm inputs and the eh_proj input
+        return held, logits, working
+
+    def params(self, chunks: list[_Chunk]) -> _Params:
+        m, par, t = self.model, self.parallel, self.parallel.tp
+        h, vocab_shard = m.hidden_size, self.d.vocab * m.hidden_size / t
+        p = _Params()
+        cache: dict[bool, tuple[float, float, float, float]] = {}
+        embedding = any(c.embedding for c in chunks)
+        loss = any(c.loss for c in chunks)
+        for c in chunks:
+            for i in c.layers:
+                moe = m.is_moe_layer(i)
+                if moe not in cache:
+                    cache[moe] = _layer_params(m, par, moe)
+                p.add(*cache[moe])
+            for _ in range(c.mtp):
+                dense, expert, gemm, gemm_expert = _layer_params(m, par, m.is_moe_layer(m.num_layers - 1))
+                proj = 2 * h * h / t
+                p.add(dense + proj + 3 * _norm_elems(m) * h, expert, gemm + proj, gemm_expert)
+        if embedding:
+            pos = m.seq_len * h if m.position_embedding == "learned" else 0
+            p.add(vocab_shard + pos)
+        if loss:
+            # untied, or tied on a rank without the embedding: Megatron's copy on the last stage
+            output = vocab_shard if (not m.tied_embeddings or not embedding) else 0.0
+            p.add(output + _norm_elems(m) * h)
+        return p
+
+    def estimate(self, stage: int, hbm_bytes: float | None) -> MemoryEstimate:
+        m, par, opt, d = self.model, self.parallel, self.opt, self.d
+        chunks = self.placement[stage]
+        # static
+        p = self.params(chunks)
+        dense_dp, expert_dp = par.dp * par.cp, par.expert_dp
+        dense_b = bytes_per_param(self.zero, dense_dp, self.accounting)
+        expert_b = bytes_per_param(self.zero, expert_dp, self.accounting)
+        static = {k: p.dense * dense_b[k] + p.expert * expert_b[k] for k in dense_b}
+        # FP8 copies follow the weights' sharding (ZeRO-3 gathers them per layer)
+        shard = (dense_dp, expert_dp) if self.zero >= 3 else (1, 1)
+        fp8 = (p.gemm / shard[0] + p.gemm_expert / shard[1]) * opt.fp8_weight_copy_bytes_per_param
+        # activations: the peak over the schedule of the held per-chunk sets
+        per_chunk = [self.chunk_activations(c) for c in chunks]
+        chunk_bytes = [sum(t.values()) + lg for t, lg, _ in per_chunk]
+        vectors = self.held[stage]
+        best = max(vectors, key=lambda v: sum(n * x for n, x in zip(v, chunk_bytes)), default=(0,) * len(chunks))
+        activations: dict[str, float] = {}
+        logits = 0.0
+        for n, (terms, lg, _) in zip(best, per_chunk):
+            _add(activations, terms, n)
+            logits += n * lg
+        working = max((w for _, _, w in per_chunk), default=0.0)
+        if working:
+            activations["recompute_working"] = working
+        activations = {k: activations[k] for k in ACTIVATION_TERMS if activations.get(k)}
+        # transient buffers
+        moe_layers = any(m.is_moe_layer(i) for c in chunks for i in c.layers) or \
+            (m.moe is not None and any(c.mtp for c in chunks) and m.is_moe_layer(m.num_layers - 1))
+        dispatch = 0.0
+        if moe_layers:
+            rows = d.tok_sp * m.moe.top_k * d.etp * d.imbalance
+            dispatch = 2 * rows * m.hidden_size * d.e            # send and receive buffers of one all-to-all
+        held_params = p.dense + p.expert
+        buckets = gather = 0.0
+        if self.zero == 2:
+            bucket = opt.dp_bucket_params if opt.dp_bucket_params is not None else max(40e6, 1e6 * dense_dp)
+            buckets = 2 * min(bucket, held_params) * self.grad_b
+        elif self.zero == 3:
+            buckets = 2 * p.largest_unit * self.grad_b
+            gather = 2 * p.largest_unit * self.param_b
+        return MemoryEstimate(
+            stage=stage, num_stages=par.pp, where=_stage_ranks(par, stage),
+            num_layers=sum(len(c.layers) + c.mtp for c in chunks),
+            num_params=held_params, num_expert_params=p.expert, zero_stage=self.zero,
+            in_flight_microbatches=self.in_flight[stage],
+            activation_bytes_per_microbatch=sum(sum(t.values()) for t, _, _ in per_chunk),
+            weights_bytes=static["weights"], gradients_bytes=static["gradients"],
+            master_weights_bytes=static["master_weights"], optimizer_states_bytes=static["optimizer_states"],
+            fp8_weight_copies_bytes=fp8, activations=activations, logits_bytes=logits,
+            moe_dispatch_bytes=dispatch, dp_buckets_bytes=buckets, param_gather_bytes=gather,
+            reserve_bytes=float(opt.memory_reserve_bytes), hbm_bytes=hbm_bytes)
+
+
+def _prepare(model: ModelSpec, parallel: ParallelConfig, num_microbatches: int | None,
+             gpu_hbm_bytes, options: MemoryOptions | None, knobs: dict):
+    if not isinstance(model, ModelSpec):
+        raise ConfigError("model", model, "expected a ModelSpec (workloads.load_model)")
+    if not isinstance(parallel, ParallelConfig):
+        raise ConfigError("parallel", parallel, "expected a ParallelConfig")
+    if parallel.dp < 1:
+        raise ConfigError("parallel.dp", parallel.dp, "resolve dp against the GPU count first (ParallelConfig.resolve)")
+    parallel.check()
+    parallel.check_model(model)
+    opt = _options(options, knobs)
+    m = parallel.num_microbatches if num_microbatches is None else num_microbatches
+    hbm = getattr(gpu_hbm_bytes, "hbm_bytes", gpu_hbm_bytes)
+    if hbm is not None and (isinstance(hbm, bool) or not isinstance(hbm, numbers.Real) or hbm <= 0):
+        raise ConfigError("gpu_hbm_bytes", gpu_hbm_bytes, "must be a positive number of bytes or a GPUSpec")
+    return _Model(model, parallel, opt, m), (None if hbm is None else float(hbm))
+
+
+def memory_estimates(model: ModelSpec, parallel: ParallelConfig, *, num_microbatches: int | None = None,
+                     gpu_hbm_bytes=None, options: MemoryOptions | None = None, **knobs) -> list[MemoryEstimate]:
+    """:func:`memory_estimate` for every pipeline stage, in stage order."""
+    calc, hbm = _prepare(model, parallel, num_microbatches, gpu_hbm_bytes, options, knobs)
+    return [calc.estimate(s, hbm) for s in range(parallel.pp)]
+
+
+def memory_estimate(model: ModelSpec, parallel: ParallelConfig, *, stage: int | None = None,
+                    num_microbatches: int | None = None, gpu_hbm_bytes=None,
+                    options: MemoryOptions | None = None, **knobs) -> MemoryEstimate:
+    """Peak memory of one rank of a pipeline stage, by term.
+
+    Parameters
+    ----------
+    model : ModelSpec
+    parallel : ParallelConfig
+        Resolved (``dp >= 1``); its degrees, ZeRO stage, distributed optimizer, sequence
+        parallelism, recomputation, schedule, ``vpp``, micro-batch size and sequence length
+        are used.
+    stage : int, optional
+        Pipeline stage; None: the stage with the largest total.
+    num_microbatches : int, optional
+        Micro-batches per step for the schedule; None: ``parallel.num_microbatches``.
+    gpu_hbm_bytes : float or GPUSpec, optional
+        Device memory the verdict compares with (kept on the result).
+    options : MemoryOptions, optional
+        Precision and implementation inputs; its fields may also be passed as keywords
+        (``fp8_weight_copy_bytes_per_param=2``, ``accounting="zero_paper"``,
+        ``memory_reserve_bytes=0``, ...).
+
+    Returns
+    -------
+    MemoryEstimate
+        Never raises for an out-of-memory configuration: see :meth:`MemoryEstimate.fits`,
+        :meth:`~MemoryEstimate.verdict` and :meth:`~MemoryEstimate.check_fits`.
+
+    Raises
+    ------
+    ConfigError
+        The model and the parallel layout do not go together (heads, experts, layer split,
+        schedule and micro-batches), or an option is out of range.
+    """
+    calc, hbm = _prepare(model, parallel, num_microbatches, gpu_hbm_bytes, options, knobs)
+    if stage is None:
+        return max((calc.estimate(s, hbm) for s in range(parallel.pp)), key=lambda e: e.total_bytes)
+    if isinstance(stage, bool) or not isinstance(stage, numbers.Integral) or not 0 <= stage < parallel.pp:
+        raise ConfigError("stage", stage, f"must be a pipeline stage in 0..{parallel.pp - 1}")
+    return calc.estimate(int(stage), hbm)
