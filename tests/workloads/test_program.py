@@ -1,0 +1,117 @@
+"""Class-level programs: classes, collectives per layer, matching, buckets, p2p pairing."""
+
+import collections
+
+import pytest
+
+from topologies import ConfigError, get_gpu_spec
+from workloads import ParallelConfig, load_model
+from workloads.program import _check_matching, build_program
+
+H100 = get_gpu_spec("H100-SXM")
+
+
+def prog(model="tiny-dense", **kw):
+    base = dict(tp=2, pp=2, dp=2, micro_batch_size=1, global_batch_size=8, seq_len=256)
+    base.update(kw)
+    routing = base.pop("moe_routing", "balanced")
+    return build_program(load_model(model), ParallelConfig(**base), H100, moe_routing=routing)
+
+
+def per_layer(ops, phase, names):
+    c = collections.Counter((op.layer, op.coll) for op in ops if op.phase == phase and op.name in names)
+    return c
+
+
+def test_dense_classes_are_pipeline_stages():
+    p = prog()
+    assert [c.members for c in p.classes] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    assert all(p.rank_ops(r) is p.classes[p.class_of_rank[r]].ops for r in range(8))
+
+
+def test_sequence_parallel_collectives_per_layer():
+    p = prog(recompute="none")
+    ops = p.classes[0].ops
+    fwd = collections.Counter(op.coll for op in ops if op.group == "tp" and op.phase == "F" and op.microbatch == 0)
+    bwd = collections.Counter(op.coll for op in ops if op.group == "tp" and op.phase == "B" and op.microbatch == 0)
+    layers = 2                                       # tiny-dense: 4 layers over 2 stages
+    assert fwd == {"all_gather": 2 * layers, "reduce_scatter": 2 * layers}
+    assert bwd == {"all_gather": 4 * layers, "reduce_scatter": 2 * layers}
+    p = prog(sequence_parallel=False, recompute="none")
+    ops = p.classes[0].ops
+    assert collections.Counter(op.coll for op in ops if op.group == "tp" and op.microbatch == 0) == \
+        {"all_reduce": 4 * layers}
+    # full recompute repeats each layer's forward collectives before its backward
+    p = prog(recompute="full")
+    ops = p.classes[0].ops
+    rec = collections.Counter(op.coll for op in ops if op.group == "tp" and op.phase == "R" and op.microbatch == 0)
+    assert rec == {"all_gather": 2 * layers, "reduce_scatter": 2 * layers}
+
+
+def test_gradient_buckets_and_parameter_gathers_cover_the_local_parameters():
+    p = prog(tp=1, pp=1, dp=4, global_batch_size=8)
+    ops = p.classes[0].ops
+    m = load_model("tiny-dense")
+    grads = sum(op.size_bytes for op in ops if op.name in ("grad_dense", "grad_expert"))
+    gathers = sum(op.size_bytes for op in ops if op.name.startswith("param_gather"))
+    assert grads == pytest.approx(4 * m.num_params(), rel=1e-6)       # fp32 gradient reduction
+    assert gathers == pytest.approx(2 * m.num_params(), rel=1e-6)     # bf16 parameters
+    assert all(op.coll == "reduce_scatter" for op in ops if op.name in ("grad_dense", "grad_expert"))
+    # the buckets come during the last micro-batch's backward, not earlier
+    last_mb = max(op.microbatch for op in ops)
+    first_bucket = next(i for i, op in enumerate(ops) if op.name in ("grad_dense", "grad_expert"))
+    assert all(op.microbatch in (last_mb, -1) for op in ops[first_bucket - 3:first_bucket])
+
+
+@pytest.mark.parametrize("schedule, vpp, pp, gbs", [("1f1b", 1, 2, 8), ("gpipe", 1, 2, 8),
+                                                    ("interleaved_1f1b", 2, 2, 8), ("zb_h1", 1, 2, 8),
+                                                    ("dualpipe", 1, 2, 8)])
+def test_every_send_has_its_receive(schedule, vpp, pp, gbs):
+    p = prog(schedule=schedule, vpp=vpp, pp=pp, global_batch_size=gbs, dp=2)
+    sends = collections.Counter(op.tag for c in p.classes for op in c.ops if op.kind == "send")
+    recvs = collections.Counter(op.tag for c in p.classes for op in c.ops if op.kind == "recv")
+    assert sends and sends == recvs
+
+
+def test_moe_classes_split_only_when_routing_is_skewed():
+    kw = dict(tp=1, pp=2, dp=4, ep=4, etp=1, global_batch_size=8, seq_len=256)
+    balanced = prog("tiny-moe", **kw)
+    assert len(balanced.classes) == 2
+    skewed = prog("tiny-moe", moe_routing="skew(2.0)", **kw)
+    assert len(skewed.classes) == 2 * 4
+    ops = skewed.classes[0].ops
+    assert any(op.coll == "all_to_all" and op.group == "ep" for op in ops)
+    # one expert per EP rank: in every (layer, micro-batch) the hot rank does 2x the mean expert work
+    work = collections.defaultdict(list)
+    for c in skewed.classes:
+        if c.stage == 0:
+            for op in c.ops:
+                if op.name == "experts":
+                    work[(op.layer, op.microbatch)].append(op.flops)
+    for flops in work.values():
+        assert max(flops) / (sum(flops) / len(flops)) == pytest.approx(2.0, rel=0.02)
+
+
+def test_zero3_gathers_parameters_per_layer():
+    p = prog(tp=1, pp=1, dp=4, zero_stage=3, distributed_optimizer=False)
+    names = collections.Counter(op.name for op in p.classes[0].ops)
+    assert names["fsdp_gather"] == 4 * 2 and names["fsdp_gather_bwd"] == 4 * 2    # 4 layers x 2 micro-batches
+
+
+def test_mismatched_collectives_are_caught():
+    p = prog()
+    ops = p.classes[1].ops
+    i = next(k for k, op in enumerate(ops) if op.group == "world")
+    ops[i] = ops[i]._replace(size_bytes=16.0)
+    with pytest.raises(ConfigError, match="world"):
+        _check_matching(p)
+
+
+def test_llama_405b_layout_builds_with_executed_flops_above_model_flops():
+    par = ParallelConfig(tp=8, pp=16, dp=4, micro_batch_size=1, global_batch_size=64, seq_len=8192,
+                         num_layers_in_first_pipeline_stage=7, num_layers_in_last_pipeline_stage=7)
+    p = build_program(load_model("llama3.1-405b"), par, H100)
+    assert len(p.classes) == 16
+    executed = sum(sum(op.flops for op in c.ops) * c.size for c in p.classes)
+    # executed FLOPs (recompute, causal diagonal blocks, loss...) exceed model FLOPs, not by much
+    assert 1.0 < executed / p.model_flops_per_step < 1.15

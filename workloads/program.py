@@ -1,0 +1,662 @@
+"""Programs: the exact work of one training step, per class of identical ranks.
+
+``build_program(model, parallel, gpu, ...)`` turns a validated configuration into a
+:class:`Program`: rank classes (ranks whose op sequences are identical -- same stage,
+layers, schedule and sizes -- differing only in which groups they talk to), each with one
+ordered op list, plus the groups, the model FLOPs per step and the memory per stage.
+
+The op list of a class is its program order across streams:
+
+* ``compute`` ops: per schedule action and layer, the layer's ops between two
+  communication points fused into one segment (attention block, MLP / expert block),
+  with FLOPs and a duration from the compute model; recomputation ahead of the backward;
+  embedding, output layer and loss on the first / last stage; the optimizer step.
+* collectives, each with its group kind (a row of :data:`workloads.mesh.GROUP_AXES`, or
+  ``embedding`` / ``world``), its collective kind, size in bytes (nccl-tests convention,
+  as :meth:`simulator.collectives.CollectiveEngine.issue` takes it) and a per-group-kind
+  sequence number (Megatron + Transformer Engine placement):
+
+  ====================  ================================================================
+  tensor parallel       no SP: all-reduce after attention and after the MLP, forward and
+                        backward.  SP: all-gather before and reduce-scatter after each
+                        block forward; backward 4 all-gathers (output gradients of the two
+                        row-parallel layers, inputs re-gathered for the two column-parallel
+                        wgrads) and 2 reduce-scatters per layer.  Recomputed forwards repeat
+                        their collectives.
+  context parallel      K/V all-gather over the CP ring before core attention; backward K/V
+                        all-gather and dK/dV reduce-scatter.
+  expert parallel       all-to-all dispatch and combine around the experts, forward and
+                        backward, sizes from the MoE routing (``Program.a2a_sizes``).
+  pipeline              send/recv of activations (forward) and gradients (backward) with a
+                        tag (source stage, destination stage, chunk, micro-batch, phase).
+  data parallel         gradient buckets of ``max(40M, 1M x dp x cp)`` parameters in
+                        ``grad_reduce_dtype``, reduce-scattered (distributed optimizer) or
+                        all-reduced over dp x cp (dense) / edp (experts), emitted as the last
+                        micro-batch's backward of each chunk completes them; after the
+                        optimizer step the distributed optimizer all-gathers parameters by
+                        bucket; ZeRO-3 gathers each layer's parameters before its forward and
+                        backward and reduce-scatters its gradients.
+  step end              tied-embedding gradient all-reduce (first and last stage),
+                        grad-norm all-reduce over all ranks, optimizer step.
+  ====================  ================================================================
+
+Which ops overlap which is the engine's business (DESIGN.md, Overlap): the program only
+orders them.  Per-rank views are built on demand (:meth:`Program.rank_ops`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from topologies import ConfigError, GPUSpec
+
+from .costs import RooflineComputeModel, embedding_ops, get_recipe, layer_ops, model_flops_per_step, \
+    optimizer_ops, output_ops
+from .mesh import RankGrid
+from .model import ModelSpec
+from .moe_routing import dispatch_matrix, expert_load, parse_routing
+from .parallel import ParallelConfig, split_layers
+from .schedules import ActionKind, get_schedule, model_chunk, route
+
+__all__ = ["Op", "RankClass", "Program", "build_program"]
+
+_ATTN_OPS = {"attn_norm", "qkv_proj", "q_down_proj", "kv_down_proj", "q_norm", "kv_norm", "q_up_proj", "kv_up_proj",
+             "q_proj", "rope", "core_attn", "out_proj", "attn_residual", "qk_norm"}
+_PRE_EXPERT = {"mlp_norm", "router", "router_topk", "moe_permute"}
+_POST_EXPERT = {"moe_unpermute", "mlp_residual"}
+_DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+
+
+class Op(NamedTuple):
+    """One entry of a class's program (SI units)."""
+
+    stream: str          #: compute | tp | cp | ep | pp | dp
+    kind: str            #: compute | collective | send | recv
+    name: str
+    layer: int           #: -1 where not a layer op
+    microbatch: int      #: -1 where not per micro-batch
+    chunk: int
+    phase: str           #: F | B | W | R (recompute) | S (step)
+    flops: float
+    duration_s: float
+    coll: str            #: all_reduce | all_gather | reduce_scatter | all_to_all | send_recv | ''
+    group: str           #: group kind ('tp', 'dp_cp', 'ep', 'edp', 'embedding', 'world', ...) or ''
+    seq: int             #: per-group-kind sequence number (collectives), -1 otherwise
+    size_bytes: float
+    peer: int            #: p2p: the other stage; -1 otherwise
+    tag: tuple | None    #: p2p: (src stage, dst stage, chunk, microbatch, phase); a2a: sizes key
+
+
+@dataclass
+class RankClass:
+    """Ranks with identical programs: ``members`` (global ranks) and their ``ops``."""
+
+    class_id: int
+    stage: int
+    members: tuple[int, ...]
+    ops: list[Op]
+    signature: tuple = ()
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+
+@dataclass
+class Program:
+    """The classes, groups and totals of one training step."""
+
+    model: ModelSpec
+    parallel: ParallelConfig
+    schedule: object
+    grid: RankGrid
+    classes: list[RankClass]
+    class_of_rank: np.ndarray
+    model_flops_per_step: float
+    a2a_sizes: dict = field(default_factory=dict)
+    memory: list | None = None
+    _groups: dict | None = None
+
+    @property
+    def num_ops(self) -> int:
+        return sum(len(c.ops) for c in self.classes)
+
+    def rank_ops(self, rank: int) -> list[Op]:
+        """The op list of one rank (its class's ops)."""
+        return self.classes[int(self.class_of_rank[rank])].ops
+
+    def group_members(self, kind: str, rank: int) -> tuple[int, ...]:
+        """The members (ranks) of ``rank``'s group of kind ``kind``."""
+        if kind == "world":
+            return tuple(range(self.grid.world_size))
+        if kind == "embedding":
+            return self.grid.embedding_group(rank)
+        return self.grid.group(kind, rank)
+
+    def groups(self) -> dict[int, tuple[int, ...]]:
+        """Every group every op refers to, by id (built on first use)."""
+        if self._groups is None:
+            kinds = sorted({op.group for c in self.classes for op in c.ops if op.group})
+            out, seen = {}, set()
+            for kind in kinds:
+                if kind == "world":
+                    grps = [tuple(range(self.grid.world_size))]
+                elif kind == "embedding":
+                    grps = sorted({self.grid.embedding_group(r) for r in range(self.grid.world_size)})
+                else:
+                    grps = self.grid.groups(kind)
+                for g in grps:
+                    if (kind, g) not in seen:
+                        seen.add((kind, g))
+                        out[len(out)] = g
+            self._groups = out
+        return self._groups
+
+
+@dataclass
+class _Ctx:
+    model: ModelSpec
+    par: ParallelConfig
+    compute: object
+    recipe: object
+    mbs: int
+    seq: int
+    chunk_layers: list[range]
+    sched: object
+    routing: object
+    seed: int
+    seg_cache: dict = field(default_factory=dict)
+
+
+def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[str, list]:
+    """One layer's compute ops grouped into the segments between communication points."""
+    key = (ctx.model.moe is not None and layer < ctx.model.num_layers and ctx.model.is_moe_layer(layer),
+           layer >= ctx.model.num_layers, None if tokens_per_expert is None else tuple(tokens_per_expert), recompute)
+    hit = ctx.seg_cache.get(key)
+    if hit is not None:
+        return hit
+    ops = layer_ops(ctx.model, ctx.par, layer, ctx.mbs, ctx.seq, tokens_per_expert=tokens_per_expert,
+                    recompute=recompute)
+    times = ctx.compute.op_times_s(ops)
+    seg: dict[str, list] = {}
+    for op, t in zip(ops, times):
+        phase = "R" if op.recompute else op.phase
+        if op.name in _ATTN_OPS:
+            part = "attn"
+        elif op.name in _PRE_EXPERT and key[0]:
+            part = "pre"
+        elif op.name in _POST_EXPERT and key[0]:
+            part = "post"
+        else:
+            part = "mlp"
+        acc = seg.setdefault(f"{phase}:{part}", [0.0, 0.0])
+        acc[0] += op.flops
+        acc[1] += float(t)
+    ctx.seg_cache[key] = seg
+    return seg
+
+
+class _Emitter:
+    """Builds one class's op list, numbering collectives per group kind."""
+
+    def __init__(self):
+        self.ops: list[Op] = []
+        self.seq: dict[str, int] = {}
+
+    def compute(self, name, layer, mb, chunk, phase, flops, dur):
+        if dur > 0 or flops > 0:
+            self.ops.append(Op("compute", "compute", name, layer, mb, chunk, phase, flops, dur, "", "", -1, 0.0, -1, None))
+
+    def coll(self, stream, coll, group, size, name, layer=-1, mb=-1, chunk=0, phase="F", tag=None):
+        n = self.seq.get(group, 0)
+        self.seq[group] = n + 1
+        self.ops.append(Op(stream, "collective", name, layer, mb, chunk, phase, 0.0, 0.0, coll, group, n, float(size),
+                           -1, tag))
+
+    def p2p(self, kind, name, peer, size, tag, mb, chunk, phase):
+        self.ops.append(Op("pp", kind, name, -1, mb, chunk, phase, 0.0, 0.0, "send_recv", "", -1, float(size), peer, tag))
+
+
+def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, num_gpus: int | None = None,
+                  precision: str = "bf16", compute_model=None, moe_routing="balanced", seed: int = 0,
+                  with_memory: bool = False) -> Program:
+    """The class-level program of one training step.
+
+    Parameters
+    ----------
+    model, parallel : the model and a parallel layout (``dp = -1`` resolved with ``num_gpus``)
+    gpu : GPUSpec of the cluster (peak FLOP/s, HBM)
+    precision : recipe name (``workloads.costs.PRECISION_RECIPES``)
+    compute_model : a ``ComputeModel``; default :class:`RooflineComputeModel` for ``gpu``
+    moe_routing : routing spec for MoE layers (``workloads.moe_routing``), sampled from ``seed``
+    """
+    par = parallel.resolve(num_gpus) if num_gpus is not None else parallel
+    par.check_model(model)
+    par.check_schedule()
+    recipe = get_recipe(precision, gpu=gpu)
+    compute = compute_model or RooflineComputeModel(gpu, precision, num_layers=model.num_layers)
+    seq = par.seq_len or model.seq_len
+    grid = RankGrid(par)
+    sched = get_schedule(par.schedule)(par.pp, par.num_microbatches, par.vpp)
+    # layers per model chunk, in pipeline order
+    counts = split_layers(model.num_layers, par, mtp_layers=model.mtp_layers)
+    if sched.layout == "bidirectional":
+        per_k = [counts[k][0] for k in range(par.pp)]
+    else:
+        per_k = [counts[k % par.pp][k // par.pp] for k in range(par.pp * par.vpp)]
+    chunk_layers, start = [], 0
+    for n in per_k:
+        chunk_layers.append(range(start, start + n))
+        start += n
+    ctx = _Ctx(model, par, compute, recipe, par.micro_batch_size, seq, chunk_layers, sched,
+               parse_routing(moe_routing), seed)
+    a2a_sizes: dict = {}
+    # MoE: per EP coordinate the tokens of every (layer, micro-batch); equal signatures share a class
+    ep_coords = range(par.ep) if model.moe is not None else [0]
+    sig_of_ep = {e: _moe_signature(ctx, e, a2a_sizes) for e in ep_coords}
+    classes: list[RankClass] = []
+    class_of_rank = np.empty(grid.world_size, dtype=np.int64)
+    by_key: dict = {}
+    for rank in range(grid.world_size):
+        stage = grid.coords(rank)["pp"]
+        e = grid.coords(rank, "expert")["ep"] if model.moe is not None else 0
+        key = (stage, sig_of_ep[e][0])
+        cid = by_key.get(key)
+        if cid is None:
+            cid = len(classes)
+            by_key[key] = cid
+            ops = _stage_program(ctx, stage, sig_of_ep[e][1])
+            classes.append(RankClass(cid, stage, (), ops, key))
+        class_of_rank[rank] = cid
+    members: dict[int, list[int]] = {}
+    for r, c in enumerate(class_of_rank.tolist()):
+        members.setdefault(c, []).append(r)
+    for c in classes:
+        c.members = tuple(members[c.class_id])
+    prog = Program(model, par, sched, grid, classes, class_of_rank,
+                   model_flops_per_step(model, par.batch_size, seq), a2a_sizes)
+    _check_matching(prog)
+    if with_memory:
+        from .memory import memory_estimate     # noqa: PLC0415 (optional, heavier)
+        prog.memory = [memory_estimate(model, par, stage=s) for s in range(par.pp)]
+    return prog
+
+
+def _moe_signature(ctx: _Ctx, e: int, a2a_sizes: dict):
+    """(hashable signature, {(layer, mb): tokens per local expert}) of EP coordinate ``e``."""
+    m, par = ctx.model, ctx.par
+    if m.moe is None:
+        return (), {}
+    E, k = m.moe.num_experts, m.moe.top_k
+    tn = ctx.mbs * ctx.seq // (par.cp * par.tp) if par.sequence_parallel or par.tp == 1 else ctx.mbs * ctx.seq // par.cp
+    pool = par.expert_tp * par.ep * tn
+    local = E // par.ep
+    bytes_per_token = m.hidden_size * 2.0
+    table = {}
+    for layer in range(m.num_layers):
+        if not m.is_moe_layer(layer):
+            continue
+        for mb in range(par.num_microbatches):
+            load = expert_load(ctx.routing, pool, E, k, layer=layer, microbatch=mb, seed=ctx.seed)
+            table[(layer, mb)] = tuple(int(x) for x in load[e * local:(e + 1) * local])
+            if (layer, mb) not in a2a_sizes and par.ep > 1:
+                a2a_sizes[(layer, mb)] = dispatch_matrix(load, par.ep, bytes_per_token)
+    return tuple(sorted(table.items())), table
+
+
+def _layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
+    """Forward (or recomputed forward, phase 'R') of one layer with its collectives."""
+    par, model = ctx.par, ctx.model
+    seg = _segments(ctx, layer, tpe, recompute)
+    src = "F"       # a recomputed forward does the forward's work
+    tp_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * ctx.recipe.tp_gather_bytes_per_element
+    act_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * 2.0
+    sp = par.sequence_parallel and par.tp > 1
+    is_moe = model.moe is not None and layer < model.num_layers and model.is_moe_layer(layer)
+
+    def tp_in():
+        if sp:
+            em.coll("tp", "all_gather", "tp", tp_bytes, "sp_ag", layer, mb, chunk, phase)
+
+    def tp_out():
+        if sp:
+            em.coll("tp", "reduce_scatter", "tp", act_bytes, "sp_rs", layer, mb, chunk, phase)
+        elif par.tp > 1:
+            em.coll("tp", "all_reduce", "tp", act_bytes, "tp_ar", layer, mb, chunk, phase)
+
+    tp_in()
+    if par.cp > 1:
+        kv = _kv_bytes(ctx) * ctx.mbs * ctx.seq
+        em.coll("cp", "all_gather", "cp", kv, "cp_kv", layer, mb, chunk, phase)
+    f, t = seg.get(f"{src}:attn", (0.0, 0.0))
+    em.compute("attn", layer, mb, chunk, phase, f, t)
+    tp_out()
+    if is_moe:
+        f, t = seg.get(f"{src}:pre", (0.0, 0.0))
+        em.compute("moe_pre", layer, mb, chunk, phase, f, t)
+        if par.ep > 1:
+            em.coll("ep", "all_to_all", "ep", _a2a_total(ctx, layer, mb), "ep_dispatch", layer, mb, chunk, phase,
+                    tag=(layer, mb))
+        f, t = seg.get(f"{src}:mlp", (0.0, 0.0))
+        em.compute("experts", layer, mb, chunk, phase, f, t)
+        if par.ep > 1:
+            em.coll("ep", "all_to_all", "ep", _a2a_total(ctx, layer, mb), "ep_combine", layer, mb, chunk, phase,
+                    tag=(layer, mb))
+        f, t = seg.get(f"{src}:post", (0.0, 0.0))
+        em.compute("moe_post", layer, mb, chunk, phase, f, t)
+    else:
+        tp_in()
+        f, t = seg.get(f"{src}:mlp", (0.0, 0.0))
+        em.compute("mlp", layer, mb, chunk, phase, f, t)
+        tp_out()
+
+
+def _layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bool):
+    par, model = ctx.par, ctx.model
+    seg = _segments(ctx, layer, tpe, recompute)
+    if recompute == "full":
+        _layer_forward(ctx, em, layer, mb, chunk, tpe, "R", recompute)
+    else:
+        for part in ("attn", "mlp", "pre", "post"):
+            f, t = seg.get(f"R:{part}", (0.0, 0.0))
+            em.compute(f"recompute_{part}", layer, mb, chunk, "R", f, t)
+    tp_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * ctx.recipe.tp_gather_bytes_per_element
+    act_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * 2.0
+    sp = par.sequence_parallel and par.tp > 1
+    is_moe = model.moe is not None and layer < model.num_layers and model.is_moe_layer(layer)
+
+    def block(part_names, name):
+        # row-parallel output grad gathered, column-parallel input re-gathered, dgrad reduce-scattered
+        if sp:
+            em.coll("tp", "all_gather", "tp", act_bytes, "sp_ag_dout", layer, mb, chunk, "B")
+            em.coll("tp", "all_gather", "tp", tp_bytes, "sp_ag_input", layer, mb, chunk, "B")
+        f = sum(seg.get(f"B:{p}", (0.0, 0.0))[0] for p in part_names)
+        t = sum(seg.get(f"B:{p}", (0.0, 0.0))[1] for p in part_names)
+        em.compute(name, layer, mb, chunk, "B", f, t)
+        if sp:
+            em.coll("tp", "reduce_scatter", "tp", act_bytes, "sp_rs_dgrad", layer, mb, chunk, "B")
+        elif par.tp > 1:
+            em.coll("tp", "all_reduce", "tp", act_bytes, "tp_ar_dgrad", layer, mb, chunk, "B")
+
+    if is_moe:
+        f, t = seg.get("B:post", (0.0, 0.0))
+        em.compute("moe_post_bwd", layer, mb, chunk, "B", f, t)
+        if par.ep > 1:
+            em.coll("ep", "all_to_all", "ep", _a2a_total(ctx, layer, mb), "ep_combine_bwd", layer, mb, chunk, "B",
+                    tag=(layer, mb))
+        f, t = seg.get("B:mlp", (0.0, 0.0))
+        em.compute("experts_bwd", layer, mb, chunk, "B", f, t)
+        if par.ep > 1:
+            em.coll("ep", "all_to_all", "ep", _a2a_total(ctx, layer, mb), "ep_dispatch_bwd", layer, mb, chunk, "B",
+                    tag=(layer, mb))
+        f, t = seg.get("B:pre", (0.0, 0.0))
+        em.compute("moe_pre_bwd", layer, mb, chunk, "B", f, t)
+    else:
+        block(("mlp",), "mlp_bwd")
+    if par.cp > 1:
+        kv = _kv_bytes(ctx) * ctx.mbs * ctx.seq
+        em.coll("cp", "all_gather", "cp", kv, "cp_kv_bwd", layer, mb, chunk, "B")
+    block(("attn",), "attn_bwd")
+    if par.cp > 1:
+        em.coll("cp", "reduce_scatter", "cp", kv, "cp_dkv", layer, mb, chunk, "B")
+    if with_w:
+        _layer_wgrad(ctx, em, layer, mb, chunk, tpe, recompute)
+
+
+def _layer_wgrad(ctx, em, layer, mb, chunk, tpe, recompute):
+    seg = _segments(ctx, layer, tpe, recompute)
+    f = sum(v[0] for k, v in seg.items() if k.startswith("W:"))
+    t = sum(v[1] for k, v in seg.items() if k.startswith("W:"))
+    em.compute("wgrad", layer, mb, chunk, "W", f, t)
+
+
+def _kv_bytes(ctx) -> float:
+    """Bytes of K and V per token of one rank's heads (bf16)."""
+    m, par = ctx.model, ctx.par
+    if m.mla is not None:
+        return (m.mla.kv_lora_rank + m.mla.qk_rope_head_dim) * 2.0
+    kv_heads = max(m.num_kv_heads // par.tp, 1)
+    return 2 * kv_heads * m.head_dim * 2.0
+
+
+def _a2a_total(ctx, layer, mb) -> float:
+    par, m = ctx.par, ctx.model
+    tn = ctx.mbs * ctx.seq // (par.cp * par.tp) if par.sequence_parallel or par.tp == 1 else ctx.mbs * ctx.seq // par.cp
+    return float(tn * m.moe.top_k * m.hidden_size * 2.0)
+
+
+def _recompute_kind(par: ParallelConfig, index_in_stage: int, layers_in_stage: int) -> str:
+    if par.recompute != "full":
+        return par.recompute
+    n = par.recompute_num_layers
+    if n is None or n >= layers_in_stage:
+        return "full"
+    if par.recompute_method == "block":
+        return "full" if index_in_stage < n else "none"
+    return "full"          # uniform: every layer recomputes, in groups of n (same work)
+
+
+def _local_params(ctx, layers) -> tuple[int, int]:
+    """(dense, expert) parameters of ``layers`` held by one rank (TP / EP sharded)."""
+    m, par = ctx.model, ctx.par
+    dense = expert = 0
+    for i in layers:
+        br = m.layer_param_breakdown(i)
+        for name, n in br.items():
+            if name.startswith("expert") or name.startswith("routed"):
+                expert += n / (par.ep * par.expert_tp)
+            elif "norm" in name or name.startswith("router"):
+                dense += n
+            else:
+                dense += n / par.tp
+    return int(dense), int(expert)
+
+
+def _embedding_params(ctx) -> int:
+    """Input embedding (and learned positions) parameters of one first-stage rank."""
+    br = ctx.model.param_breakdown()
+    return int((br["embedding"] + br["position_embedding"]) / ctx.par.tp)
+
+
+def _output_params(ctx) -> int:
+    """Output layer + final norm parameters of one last-stage rank (its own copy when tied)."""
+    m, br = ctx.model, ctx.model.param_breakdown()
+    out = br["output_layer"]
+    if m.tied_embeddings and len(ctx.chunk_layers) > 1:
+        out = br["embedding"]
+    return int(out / ctx.par.tp + m.hidden_size)
+
+
+def _edge_params(ctx, k: int) -> int:
+    """Embedding (model chunk 0) and output-layer + final-norm (last chunk) parameters of one rank."""
+    return (_embedding_params(ctx) if k == 0 else 0) + \
+        (_output_params(ctx) if k == len(ctx.chunk_layers) - 1 else 0)
+
+
+def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
+    par, model, sched = ctx.par, ctx.model, ctx.sched
+    em = _Emitter()
+    pp = par.pp
+    last_mb = _last_microbatches(sched, stage)
+    stage_layers = [ctx.chunk_layers[model_chunk(sched, stage, c)] for c in range(sched.num_chunks)]
+    n_stage_layers = sum(len(r) for r in stage_layers)
+    act_p2p = ctx.mbs * ctx.seq / par.cp * model.hidden_size * 2.0 / (par.tp if par.sequence_parallel else 1)
+    # gradient buckets: parameters accumulate in backward order during the last micro-batch
+    bucket_params = max(40_000_000, 1_000_000 * par.dp * par.cp)
+    grad_bytes = _DTYPE_BYTES.get(ctx.recipe.grad_reduce_dtype, 4.0)
+    dp_coll = "reduce_scatter" if (par.distributed_optimizer or par.zero_stage >= 1) else "all_reduce"
+    pending = {"dense": 0, "expert": 0}
+
+    def flush(kind, chunk):
+        n = pending[kind]
+        if n <= 0:
+            return
+        group = "dp_cp" if kind == "dense" else "edp"
+        if (par.dp * par.cp if kind == "dense" else par.expert_dp) > 1:
+            em.coll("dp", dp_coll, group, n * grad_bytes, f"grad_{kind}", chunk=chunk, phase="W")
+        pending[kind] = 0
+
+    def grads_ready(layers, chunk, extra: int = 0):
+        d, e = _local_params(ctx, layers)
+        d += extra
+        for kind, n in (("dense", d), ("expert", e)):
+            pending[kind] += n
+            if pending[kind] >= bucket_params:
+                flush(kind, chunk)
+
+    for act in (a for a in sched.actions[stage] if a is not None):
+        kind = act.kind
+        if kind not in (ActionKind.F, ActionKind.B, ActionKind.W, ActionKind.BW, ActionKind.FB):
+            continue
+        halves = act.halves() if kind == ActionKind.FB else [act]
+        for a in halves:
+            _emit_action(ctx, em, stage, a, tokens, stage_layers, n_stage_layers, act_p2p, grads_ready, flush, last_mb)
+    # step end
+    first_stage = stage == 0 or (sched.layout == "bidirectional")
+    last_stage = stage == pp - 1 or (sched.layout == "bidirectional")
+    if model.tied_embeddings and pp > 1 and (first_stage or last_stage):
+        emb = model.vocab_size * model.hidden_size / par.tp * grad_bytes
+        em.coll("dp", "all_reduce", "embedding", emb, "tied_embedding_grad", phase="S")
+    em.coll("dp", "all_reduce", "world", 8.0, "grad_norm", phase="S")
+    d, e = _local_params(ctx, [i for r in stage_layers for i in r])
+    d += sum(_edge_params(ctx, model_chunk(sched, stage, c)) for c in range(sched.num_chunks))
+    shard = d / max(par.dp * par.cp, 1) + e / max(par.expert_dp, 1) if par.distributed_optimizer else d + e
+    times = ctx.compute.op_times_s(optimizer_ops(int(shard)))
+    em.compute("optimizer", -1, -1, 0, "S", 0.0, float(np.sum(times)))
+    if par.distributed_optimizer and par.zero_stage < 3:
+        for kind, n, group, deg in (("dense", d, "dp_cp", par.dp * par.cp), ("expert", e, "edp", par.expert_dp)):
+            if deg <= 1 or n <= 0:
+                continue
+            for b in range(math.ceil(n / bucket_params)):
+                size = min(bucket_params, n - b * bucket_params) * ctx.recipe.param_gather_bytes_per_param
+                em.coll("dp", "all_gather", group, size, f"param_gather_{kind}", phase="S")
+    return em.ops
+
+
+def _emit_action(ctx, em, stage, a, tokens, stage_layers, n_stage_layers, act_p2p, grads_ready, flush, last_mb):
+    par, model, sched = ctx.par, ctx.model, ctx.sched
+    kind, chunk, mb = a.kind, a.chunk, a.microbatch
+    k = model_chunk(sched, stage, chunk)
+    layers = ctx.chunk_layers[k]
+    path = route(sched, mb)
+    pos = path.index((stage, chunk))
+    prev_pos = path[pos - 1] if pos > 0 else None
+    next_pos = path[pos + 1] if pos + 1 < len(path) else None
+    first_idx = sum(len(r) for r in stage_layers[:chunk])
+    is_last_mb = mb == last_mb[chunk]
+    zero3 = par.zero_stage == 3 and par.dp * par.cp > 1
+    if kind == ActionKind.F:
+        if prev_pos is not None:
+            em.p2p("recv", "recv_act", prev_pos[0], act_p2p, (prev_pos[0], stage, k, mb, "F"), mb, chunk, "F")
+        if k == 0:
+            _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), "F", "embedding", mb, chunk)
+        for j, layer in enumerate(layers):
+            if zero3:
+                d, e = _local_params(ctx, [layer])
+                em.coll("dp", "all_gather", "dp_cp", d * 2.0, "fsdp_gather", layer, mb, chunk, "F")
+            _layer_forward(ctx, em, layer, mb, chunk, tokens.get((layer, mb)), "F",
+                           _recompute_kind(par, first_idx + j, n_stage_layers))
+        if next_pos is None:
+            _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), "F", "output_loss", mb, chunk)
+        else:
+            em.p2p("send", "send_act", next_pos[0], act_p2p, (stage, next_pos[0], k + 1, mb, "F"), mb, chunk, "F")
+        return
+    with_w = kind == ActionKind.BW
+    if kind in (ActionKind.B, ActionKind.BW):
+        if next_pos is not None:
+            em.p2p("recv", "recv_grad", next_pos[0], act_p2p, (next_pos[0], stage, k, mb, "B"), mb, chunk, "B")
+        else:
+            _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), "B", "output_loss_bwd", mb, chunk)
+            if with_w:
+                _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), "W", "output_wgrad", mb, chunk)
+                if is_last_mb:
+                    grads_ready([], chunk, _output_params(ctx))
+        for j, layer in reversed(list(enumerate(layers))):
+            if zero3:
+                d, e = _local_params(ctx, [layer])
+                em.coll("dp", "all_gather", "dp_cp", d * 2.0, "fsdp_gather_bwd", layer, mb, chunk, "B")
+            _layer_backward(ctx, em, layer, mb, chunk, tokens.get((layer, mb)),
+                            _recompute_kind(par, first_idx + j, n_stage_layers), with_w)
+            if with_w and is_last_mb:
+                grads_ready([layer], chunk)
+        if k == 0 and with_w:
+            _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), "W", "embedding_wgrad", mb, chunk)
+            if is_last_mb:
+                grads_ready([], chunk, _embedding_params(ctx))
+        if prev_pos is not None:
+            em.p2p("send", "send_grad", prev_pos[0], act_p2p, (stage, prev_pos[0], k - 1, mb, "B"), mb, chunk, "B")
+        if with_w and is_last_mb:
+            flush("dense", chunk)
+            flush("expert", chunk)
+        return
+    if kind == ActionKind.W:
+        if next_pos is None:
+            _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), "W", "output_wgrad", mb, chunk)
+            if is_last_mb:
+                grads_ready([], chunk, _output_params(ctx))
+        for j, layer in reversed(list(enumerate(layers))):
+            _layer_wgrad(ctx, em, layer, mb, chunk, tokens.get((layer, mb)),
+                         _recompute_kind(par, first_idx + j, n_stage_layers))
+            if is_last_mb:
+                grads_ready([layer], chunk)
+        if k == 0:
+            _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), "W", "embedding_wgrad", mb, chunk)
+            if is_last_mb:
+                grads_ready([], chunk, _embedding_params(ctx))
+        if is_last_mb:
+            flush("dense", chunk)
+            flush("expert", chunk)
+
+
+def _last_microbatches(sched, stage) -> dict[int, int]:
+    """Per chunk of ``stage``: the micro-batch whose weight gradient comes last."""
+    last: dict[int, int] = {}
+    for a in sched.actions[stage]:
+        if a is None:
+            continue
+        for h in (a.halves() if a.kind == ActionKind.FB else [a]):
+            if h.kind in (ActionKind.W, ActionKind.BW):
+                last[h.chunk] = h.microbatch
+    return last
+
+
+def _add_ops(ctx, em, ops, phase, name, mb, chunk):
+    sel = [o for o in ops if o.phase == phase]
+    if not sel:
+        return
+    t = float(np.sum(ctx.compute.op_times_s(sel)))
+    em.compute(name, -1, mb, chunk, phase, float(sum(o.flops for o in sel)), t)
+
+
+def _check_matching(prog: Program) -> None:
+    """Every member of every group issues the same collectives (count, kind, size) in order."""
+    per_class: dict[tuple[int, str], list] = {}
+    for c in prog.classes:
+        for op in c.ops:
+            if op.kind == "collective":
+                per_class.setdefault((c.class_id, op.group), []).append((op.coll, op.size_bytes))
+    kinds = {g for (_, g) in per_class}
+    grid = prog.grid
+    cor = prog.class_of_rank
+    for kind in kinds:
+        if kind == "world":
+            grps = [np.arange(grid.world_size)]
+        elif kind == "embedding":
+            grps = [np.array(g) for g in sorted({grid.embedding_group(r) for r in range(grid.world_size)})]
+        else:
+            grps = [np.array(g) for g in grid.groups(kind)]
+        checked: set = set()
+        for grp in grps:
+            cls = tuple(sorted(set(cor[grp].tolist())))
+            if len(cls) <= 1 or cls in checked:
+                continue
+            checked.add(cls)
+            ref = tuple(per_class.get((cls[0], kind), ()))
+            for c in cls[1:]:
+                if tuple(per_class.get((c, kind), ())) != ref:
+                    raise ConfigError("program", kind, f"members of the {kind} group starting at rank {int(grp[0])} "
+                                                       f"issue different {kind} collectives (classes {list(cls)})")
