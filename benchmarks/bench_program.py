@@ -39,7 +39,7 @@ def main() -> None:
     p70 = ParallelConfig(tp=8, pp=4, dp=32, micro_batch_size=1, global_batch_size=256, seq_len=8192)
     prog = run("llama3-70b, 1,024 GPUs (class form)", "llama3-70b", p70)
     t0 = time.perf_counter()
-    total = sum(len(prog.rank_ops(r)) for r in range(prog.grid.world_size))
+    total = sum(len(prog.expand(r)) for r in range(prog.grid.world_size))
     groups = prog.groups()
     print(f"{'  per-rank expansion of all 1,024 ranks':<44} {time.perf_counter() - t0:6.3f} s  "
           f"{total:>8} rank-ops, {len(groups)} groups")

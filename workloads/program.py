@@ -120,6 +120,7 @@ class Program:
     a2a_sizes: dict = field(default_factory=dict)
     memory: list | None = None
     _groups: dict | None = None
+    _gindex: dict | None = None
 
     @property
     def num_ops(self) -> int:
@@ -128,6 +129,42 @@ class Program:
     def rank_ops(self, rank: int) -> list[Op]:
         """The op list of one rank (its class's ops)."""
         return self.classes[int(self.class_of_rank[rank])].ops
+
+    def expand(self, rank: int) -> list[Op]:
+        """Rank ``rank``'s program with concrete peers: collectives carry their group id in
+        ``peer`` (see :meth:`groups`), send/recv the peer's rank."""
+        index = self._group_index()
+        stage = self.grid.stage_of(rank)
+        gid: dict[str, int] = {}
+        peers: dict[int, int] = {}
+        out = []
+        for op in self.rank_ops(rank):
+            if op.kind == "collective":
+                g = gid.get(op.group)
+                if g is None:
+                    g = gid[op.group] = index[(op.group, self.group_members(op.group, rank))]
+                op = op._replace(peer=g)
+            elif op.kind in ("send", "recv"):
+                p = peers.get(op.peer)
+                if p is None:
+                    p = peers[op.peer] = self.grid.pp_neighbour(rank, op.peer - stage)
+                op = op._replace(peer=p)
+            out.append(op)
+        return out
+
+    def _group_index(self) -> dict:
+        if getattr(self, "_gindex", None) is None:
+            kinds = sorted({op.group for c in self.classes for op in c.ops if op.group})
+            groups = self.groups()
+            by_members = {}
+            for gid, members in groups.items():
+                by_members.setdefault(members, []).append(gid)
+            index = {}
+            for kind in kinds:
+                for members, gids in by_members.items():
+                    index[(kind, members)] = gids[0]
+            self._gindex = index
+        return self._gindex
 
     def group_members(self, kind: str, rank: int) -> tuple[int, ...]:
         """The members (ranks) of ``rank``'s group of kind ``kind``."""

@@ -115,3 +115,17 @@ def test_llama_405b_layout_builds_with_executed_flops_above_model_flops():
     executed = sum(sum(op.flops for op in c.ops) * c.size for c in p.classes)
     # executed FLOPs (recompute, causal diagonal blocks, loss...) exceed model FLOPs, not by much
     assert 1.0 < executed / p.model_flops_per_step < 1.15
+
+
+def test_per_rank_expansion_resolves_groups_and_peers():
+    p = prog()
+    groups = p.groups()
+    for rank in (0, 5):
+        ops = p.expand(rank)
+        for op in ops:
+            if op.kind == "collective":
+                assert rank in groups[op.peer]
+                assert groups[op.peer] == p.group_members(op.group, rank)
+            elif op.kind in ("send", "recv"):
+                assert p.grid.coords(op.peer)["tp"] == p.grid.coords(rank)["tp"]
+                assert abs(p.grid.stage_of(op.peer) - p.grid.stage_of(rank)) == 1
