@@ -1,4 +1,4 @@
-"""Command line: ``clustersim topo | collectives | schedule | demo``.
+"""Command line: ``clustersim topo | collectives | schedule | memory | demo``.
 
 Exit status: 0 done, 2 bad input (one line on stderr, no traceback), 1 internal error.
 (``clustersim run`` arrives with the end-to-end engine.)
@@ -102,6 +102,27 @@ def _contention_demo(cluster) -> None:
           f"shares the NICs ({times['with all-to-all'] / times['alone']:.2f}x)")
 
 
+def _print_memory(args) -> int:
+    from workloads import get_recipe, memory_estimates
+
+    from .scenario import load_scenario
+
+    sc = load_scenario(args.scenario)
+    recipe = get_recipe(sc.precision, gpu=sc.cluster.gpu)
+    ests = memory_estimates(sc.model, sc.parallel, gpu_hbm_bytes=sc.cluster.gpu.hbm_bytes,
+                            fp8_weight_copy_bytes_per_param=recipe.extra_weight_bytes_per_param)
+    if args.json:
+        print(json.dumps([e.to_dict() for e in ests], indent=1, default=str))
+        return 0
+    hbm = sc.cluster.gpu.hbm_bytes
+    print(f"{sc.name}: {sc.model.name} on {sc.cluster.num_gpus} x {sc.cluster.gpu.name} "
+          f"({hbm / 2**30:.0f} GiB), {sc.parallel.describe()}, {sc.parallel.schedule}, {sc.precision}\n")
+    for e in ests:
+        print(e.format_table())
+        print("  -> " + e.verdict(hbm) + "\n")
+    return 0
+
+
 def _print_schedule(args) -> None:
     from workloads.schedules import (ActionCosts, format_table, get_schedule, peak_in_flight, schedule_timing,
                                      validate, validate_schedule_config)
@@ -145,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--costs", default="1,1,1", metavar="F,B,W",
                    help="per-chunk forward, input-gradient and weight-gradient costs for the bubble")
     p.add_argument("--list", action="store_true", help="one line of actions per stage instead of the timed table")
+    p = sub.add_parser("memory", help="per-stage memory breakdown of a scenario and the OOM verdict")
+    p.add_argument("scenario", help="scenario YAML (model, cluster, parallel, precision, ...)")
+    p.add_argument("--json", action="store_true", help="print the per-stage terms as JSON")
     sub.add_parser("demo", help="the default demo: a 32-GPU H100 cluster, its collectives and contention")
     args = ap.parse_args(argv)
     try:
@@ -165,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(c.summary() + "\n")
                 _print_table(rows)
+        elif args.cmd == "memory":
+            return _print_memory(args)
         elif args.cmd == "schedule":
             _print_schedule(args)
         elif args.cmd == "demo":

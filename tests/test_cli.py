@@ -46,3 +46,12 @@ def test_schedule_prints_every_schedule(capsys):
 def test_schedule_bad_input_exit_2(capsys):
     assert main(["schedule", "--schedule", "zb_h1", "--pp", "4", "--microbatches", "2"]) == 2
     assert "schedule.num_microbatches" in capsys.readouterr().err
+
+
+def test_memory_prints_per_stage_breakdown_and_verdict(capsys):
+    from pathlib import Path
+    cfg = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "llama3-70b-64xh100.yaml"
+    assert main(["memory", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("pipeline stage") >= 4 and "activations" in out and "fits" in out
+    assert main(["memory", "no/such.yaml"]) == 2
