@@ -56,6 +56,7 @@ from topologies import ConfigError, GPUSpec
 
 from .costs import RooflineComputeModel, embedding_ops, get_recipe, layer_ops, model_flops_per_step, \
     optimizer_ops, output_ops
+from .costs.precision import weight_quantize_op, with_quantize_ops
 from .mesh import RankGrid
 from .model import ModelSpec
 from .moe_routing import dispatch_matrix, expert_load, parse_routing
@@ -218,15 +219,17 @@ def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[
         return hit
     ops = layer_ops(ctx.model, ctx.par, layer, ctx.mbs, ctx.seq, tokens_per_expert=tokens_per_expert,
                     recompute=recompute)
+    ops = with_quantize_ops(ctx.recipe, ops, ctx.model.num_layers)
     times = ctx.compute.op_times_s(ops)
     seg: dict[str, list] = {}
     for op, t in zip(ops, times):
         phase = "R" if op.recompute else op.phase
-        if op.name in _ATTN_OPS:
+        base = op.name.split(".")[0]          # "<gemm>.quantize" belongs with its GEMM
+        if base in _ATTN_OPS:
             part = "attn"
-        elif op.name in _PRE_EXPERT and key[0]:
+        elif base in _PRE_EXPERT and key[0]:
             part = "pre"
-        elif op.name in _POST_EXPERT and key[0]:
+        elif base in _POST_EXPERT and key[0]:
             part = "post"
         else:
             part = "mlp"
@@ -545,6 +548,9 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
             if pending[kind] >= bucket_params:
                 flush(kind, chunk)
 
+    wq = weight_quantize_op(ctx.recipe, sum(_local_params(ctx, r)[0] + _local_params(ctx, r)[1] for r in stage_layers))
+    if wq is not None:
+        em.compute("weight_quantize", -1, -1, 0, "F", 0.0, float(np.sum(ctx.compute.op_times_s([wq]))))
     for act in (a for a in sched.actions[stage] if a is not None):
         kind = act.kind
         if kind not in (ActionKind.F, ActionKind.B, ActionKind.W, ActionKind.BW, ActionKind.FB):

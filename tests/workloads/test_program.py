@@ -129,3 +129,15 @@ def test_per_rank_expansion_resolves_groups_and_peers():
             elif op.kind in ("send", "recv"):
                 assert p.grid.coords(op.peer)["tp"] == p.grid.coords(rank)["tp"]
                 assert abs(p.grid.stage_of(op.peer) - p.grid.stage_of(rank)) == 1
+
+
+def test_fp8_program_is_faster_but_not_by_the_peak_ratio():
+    par = ParallelConfig(tp=8, pp=1, dp=1, micro_batch_size=1, global_batch_size=1, seq_len=8192)
+    m = load_model("llama3-70b")
+    t = {}
+    for precision in ("bf16", "fp8_delayed"):
+        p = build_program(m, par, H100, precision=precision)
+        t[precision] = sum(op.duration_s for op in p.classes[0].ops if op.kind == "compute")
+        if precision != "bf16":
+            assert any(op.name == "weight_quantize" for op in p.classes[0].ops)
+    assert 1.0 < t["bf16"] / t["fp8_delayed"] < 2.0
