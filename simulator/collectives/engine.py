@@ -105,6 +105,8 @@ class CollectiveEngine:
         self.groups: dict[int, tuple[int, ...]] = {}
         self._calls: dict[tuple[int, int], _Call] = {}
         self._p2p: dict[tuple, list] = {}
+        self.p2p_start: dict = {}
+        """When each matched transfer started (both sides posted), by key."""
         self._plan_cache: dict[tuple, tuple[Plan, float]] = {}
         self.records: list[CollectiveRecord] = []
         self.generation = cluster.gpu.generation
@@ -358,6 +360,7 @@ class CollectiveEngine:
             raise CollectiveError(f"p2p {key}: {side} {src}->{dst} {size_bytes} B does not match "
                                   f"{other} {s}->{d} {size} B")
         del self._p2p[key]
+        self.p2p_start[key] = self.env.now
         plan = p2p_plan(self.cluster, src, dst)
         lat = self.latency_s("send_recv", plan, "Simple", size)
         start = self.env.now

@@ -1,0 +1,366 @@
+"""`run(scenario)`: execute a training step's program on simpy over the flow network.
+
+Actors
+------
+One simpy process per rank class of the program (:mod:`workloads.program`): a class is a
+set of ranks with identical op lists, so one actor executes the list once for all of
+them.  Its collectives are issued for every group its members belong to, each group's
+call counting the class's members in it (the arrival latch of
+:class:`~simulator.collectives.CollectiveEngine` needs the whole group), so traffic of
+all groups, axes and classes shares the network and contends on its links.  Pipeline
+send/recv is issued per member rank with the peer rank's GPU.
+
+Streams and overlap (DESIGN.md, Overlap; each rule a switch of ``scenario.overlap``)
+------------------------------------------------------------------------------------
+* compute ops run back to back on the compute stream;
+* TP / SP, CP and EP collectives block compute until they complete (Megatron default;
+  ``tp_comm`` overlap of TP collectives is not modelled yet and is rejected);
+* PP send/recv are rendezvous: both sides block until the transfer is done
+  (``p2p: true`` makes sends non-blocking -- Megatron's overlap for the interleaved schedule);
+* gradient buckets (``grad_*``) are issued on the DP stream without blocking when
+  ``grad_reduce`` is on; the stream runs its collectives in order; the grad-norm
+  all-reduce waits for all of them;
+* the distributed optimizer's parameter all-gathers (``param_gather_*``) run on the DP
+  stream after the optimizer step without blocking when ``param_gather`` is on; the next
+  step's first backward waits for them (their layers' forwards may overlap them);
+* step-end collectives (tied embedding, grad norm) block.
+
+``num_steps`` steps run back to back; the last is reported, so carry-over (parameter
+gathers running into the next step) sits where it runs.  A program that cannot finish
+raises :class:`DeadlockError` naming the classes and ops left waiting.
+
+With ``free_comm=True`` every collective and transfer takes no time and sends never
+block: the step is then the schedule's longest path (a test compares the two exactly).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from topologies import ConfigError
+from workloads import build_program, memory_estimates
+from workloads.program import Program
+
+from .collectives import CollectiveEngine
+from .scenario import Scenario, load_scenario
+
+__all__ = ["run", "Result", "DeadlockError", "SimulationError", "TIMELINE_COLUMNS"]
+
+TIMELINE_COLUMNS = ("rank", "node", "stream", "kind", "name", "layer", "microbatch", "chunk", "phase", "axis",
+                    "start_s", "end_s", "flops", "size_bytes")
+
+
+class SimulationError(RuntimeError):
+    """The simulation could not produce a result (runaway, internal inconsistency)."""
+
+
+class DeadlockError(SimulationError):
+    """The program cannot finish: some ranks wait for ops that never come."""
+
+
+@dataclass
+class Result:
+    """What a run returns: the timeline, the metrics, the program and the scenario."""
+
+    timeline: object                       # pandas DataFrame (TIMELINE_COLUMNS + step, class_id)
+    metrics: dict
+    program: Program
+    scenario: Scenario
+    step_bounds: list                      # [(start_s, end_s)] per step
+    waits: dict                            # class id -> [(start, end, axis)] blocking waits
+    network: object = None
+    wall_time_s: float = 0.0
+    memory: list = field(default_factory=list)
+
+    def save(self, out_dir) -> None:
+        """Write metrics JSON and the timeline CSV into ``out_dir``."""
+        import json
+        from pathlib import Path
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.json").write_text(json.dumps(self.metrics, indent=1, default=float))
+        self.timeline.to_csv(out / "timeline.csv", index=False)
+
+
+class _Latch:
+    """Succeeds ``event`` when ``n`` callbacks have fired (no AllOf in hot paths)."""
+
+    __slots__ = ("n", "event")
+
+    def __init__(self, env, n):
+        self.n = n
+        self.event = env.event()
+        if n == 0:
+            self.event.succeed()
+
+    def hit(self, _ev=None):
+        self.n -= 1
+        if self.n == 0:
+            self.event.succeed()
+
+
+class _Recorder:
+    def __init__(self):
+        self.cols = {c: [] for c in TIMELINE_COLUMNS + ("step", "class_id")}
+
+    def add(self, rank, node, stream, op, axis, start, end, step, cid):
+        c = self.cols
+        c["rank"].append(rank)
+        c["node"].append(node)
+        c["stream"].append(stream)
+        c["kind"].append(op.kind)
+        c["name"].append(op.name)
+        c["layer"].append(op.layer)
+        c["microbatch"].append(op.microbatch)
+        c["chunk"].append(op.chunk)
+        c["phase"].append(op.phase)
+        c["axis"].append(axis)
+        c["start_s"].append(start)
+        c["end_s"].append(end)
+        c["flops"].append(op.flops)
+        c["size_bytes"].append(op.size_bytes)
+        c["step"].append(step)
+        c["class_id"].append(cid)
+
+    def frame(self):
+        import pandas as pd
+        return pd.DataFrame(self.cols)
+
+
+_AXIS = {"tp": "tp", "sp": "tp", "etp": "tp", "cp": "cp", "ep": "ep", "dp": "dp", "dp_cp": "dp", "edp": "dp",
+         "embedding": "pp", "world": "dp", "tp_cp": "tp"}
+
+
+def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: float = 1e7) -> Result:
+    """Simulate ``scenario`` (a :class:`Scenario`, a mapping or a YAML path)."""
+    t_wall = time.perf_counter()
+    sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    if sc.overlap.get("tp_comm"):
+        raise ConfigError("overlap.tp_comm", True, "overlapping TP communication with GEMMs is not modelled yet")
+    prog = build_program(sc.model, sc.parallel, sc.cluster.gpu, precision=sc.precision,
+                         moe_routing=sc.moe_routing, seed=sc.seed)
+    env = simpy.Environment()
+    coll = CollectiveEngine(env, sc.cluster, calibration)
+    rec = _Recorder()
+    grid = prog.grid
+    cluster = sc.cluster
+    gid_of: dict[tuple, int] = {}
+
+    def gid(members: tuple) -> int:
+        g = gid_of.get(members)
+        if g is None:
+            g = coll.register_group(grid.gpus(members), group_id=len(gid_of))
+            gid_of[members] = g
+        return g
+
+    n_steps = sc.num_steps
+    step_end: list[list[float]] = [[0.0] * len(prog.classes) for _ in range(n_steps)]
+    waits: dict[int, list] = {c.class_id: [] for c in prog.classes}
+    done_flags = [False] * len(prog.classes)
+    current: dict[int, str] = {}
+    step_latch = [_Latch(env, len(prog.classes)) for _ in range(n_steps)]
+    snaps = [None] * (n_steps + 1)
+    snaps[0] = coll.net.snapshot()
+    for k in range(n_steps):
+        step_latch[k].event.callbacks.append(lambda _e, k=k: snaps.__setitem__(k + 1, coll.net.snapshot()))
+    # p2p mailboxes for free communication (send never blocks; recv waits for the data)
+    mailbox: dict = {}
+
+    def actor(cls):
+        cid = cls.class_id
+        members = cls.members
+        rep = members[0]
+        node = cluster.host_of(grid.gpu_of(rep))
+        # per group kind: the distinct groups among the members, with the members in each
+        groups_of: dict[str, list] = {}
+        for op in cls.ops:
+            if op.kind == "collective" and op.group not in groups_of:
+                seen: dict[tuple, int] = {}
+                for r in members:
+                    g = prog.group_members(op.group, r)
+                    seen[g] = seen.get(g, 0) + 1
+                groups_of[op.group] = [(gid(g), n) for g, n in seen.items()]
+        per_kind = {}
+        for op in cls.ops:
+            if op.kind == "collective":
+                per_kind[op.group] = per_kind.get(op.group, 0) + 1
+        stream_tail: dict[str, simpy.Event] = {}
+        outstanding: dict[str, list] = {"grad": [], "param": []}
+        ops = cls.ops
+        n_ops = len(ops)
+        for step in range(n_steps):
+            waited_params = False
+            i = 0
+            while i < n_ops:
+                op = ops[i]
+                i += 1
+                current[cid] = f"step {step} {op.name} (layer {op.layer}, mb {op.microbatch})"
+                if op.kind == "compute":
+                    if not waited_params and op.phase in ("B", "R") and outstanding["param"]:
+                        yield from _wait(env, outstanding["param"], waits[cid], "dp")
+                        outstanding["param"] = []
+                        waited_params = True
+                    t0 = env.now
+                    if op.duration_s > 0:
+                        yield env.timeout(op.duration_s)
+                    rec.add(rep, node, "compute", op, "", t0, env.now, step, cid)
+                    continue
+                if op.kind in ("send", "recv"):
+                    # consecutive send/recv ops form one batch, as Megatron's
+                    # send_forward_recv_backward: all are posted, then all are awaited
+                    batch = [op]
+                    while i < n_ops and ops[i].kind in ("send", "recv"):
+                        batch.append(ops[i])
+                        i += 1
+                    yield from _p2p(env, coll, prog, batch, cls, step, rec, rep, node, cid, waits, free_comm,
+                                    sc.overlap.get("p2p", False) and sc.parallel.schedule == "interleaved_1f1b",
+                                    mailbox)
+                    continue
+                axis = _AXIS.get(op.group, op.stream)
+                if op.name == "grad_norm":
+                    pend = outstanding["grad"]
+                    if pend:
+                        yield from _wait(env, pend, waits[cid], "dp")
+                        outstanding["grad"] = []
+                seq = step * per_kind[op.group] + op.seq
+                nonblocking = ((op.name.startswith("grad_") and op.name != "grad_norm"
+                                and sc.overlap.get("grad_reduce", True))
+                               or (op.name.startswith("param_gather") and sc.overlap.get("param_gather", True)))
+                issue = _issuer(env, coll, groups_of[op.group], seq, op, free_comm)
+                t_issue = env.now
+                if nonblocking:
+                    tail = stream_tail.get(op.stream)
+                    fin = env.event()
+                    start_box = [t_issue]
+
+                    def launch(_e=None, issue=issue, fin=fin, op=op, start_box=start_box, step=step, axis=axis):
+                        start_box[0] = env.now
+                        ev = issue()
+                        ev.callbacks.append(lambda _x: (rec.add(rep, node, op.stream, op, axis, start_box[0],
+                                                                env.now, step, cid), fin.succeed()))
+
+                    if tail is not None and not tail.processed:
+                        tail.callbacks.append(launch)
+                    else:
+                        launch()
+                    stream_tail[op.stream] = fin
+                    outstanding["grad" if op.name.startswith("grad_") else "param"].append(fin)
+                    continue
+                ev = issue()
+                if not ev.processed:
+                    yield ev
+                rec.add(rep, node, op.stream, op, axis, t_issue, env.now, step, cid)
+                if env.now > t_issue:
+                    waits[cid].append((t_issue, env.now, axis))
+            step_end[step][cid] = env.now
+            step_latch[step].hit()
+        if outstanding["param"]:
+            yield from _wait(env, outstanding["param"], waits[cid], "dp")
+        done_flags[cid] = True
+
+    for cls in prog.classes:
+        env.process(actor(cls))
+    env.run(until=max_sim_time_s)
+    if not all(done_flags):
+        stuck = [f"class {c.class_id} (ranks {c.members[0]}..{c.members[-1]}): at {current.get(c.class_id)}"
+                 for c in prog.classes if not done_flags[c.class_id]]
+        if env.now >= max_sim_time_s:
+            raise SimulationError(f"simulated time passed {max_sim_time_s:g} s; stuck: " + "; ".join(stuck[:4]))
+        raise DeadlockError("the program cannot finish: " + "; ".join(stuck[:6])
+                            + ("; pending: " + "; ".join(coll.pending()[:6]) if coll.pending() else ""))
+    tl = rec.frame()
+    bounds = []
+    prev = 0.0
+    for k in range(n_steps):
+        end = max(step_end[k])
+        bounds.append((prev, end))
+        prev = end
+    from .metrics import summarize
+    res = Result(tl, {}, prog, sc, bounds, waits, coll.net)
+    res.memory = memory_estimates(sc.model, sc.parallel, gpu_hbm_bytes=sc.cluster.gpu.hbm_bytes)
+    res.metrics = summarize(res, snaps[-2], snaps[-1])
+    res.wall_time_s = time.perf_counter() - t_wall
+    res.metrics["wall_time_s"] = res.wall_time_s
+    res.metrics["num_events"] = int(len(tl) + coll.net.num_solves)
+    res.metrics["num_flows"] = int(coll.net.num_flows)
+    res.metrics["num_solves"] = int(coll.net.num_solves)
+    return res
+
+
+def _wait(env, events, wait_log, axis):
+    t0 = env.now
+    latch = _Latch(env, sum(1 for e in events if not e.processed))
+    for e in events:
+        if not e.processed:
+            e.callbacks.append(latch.hit)
+    if not latch.event.processed:
+        yield latch.event
+    if env.now > t0:
+        wait_log.append((t0, env.now, axis))
+
+
+def _issuer(env, coll, groups, seq, op, free_comm):
+    """A function that issues ``op`` on every group of the class; returns the completion event."""
+    def issue():
+        if free_comm or op.size_bytes <= 0:
+            ev = env.event()
+            ev.succeed()
+            return ev
+        events = [coll.issue(g, seq, op.coll, op.size_bytes, count=n,
+                             sizes=None) for g, n in groups]
+        if len(events) == 1:
+            return events[0]
+        latch = _Latch(env, len(events))
+        for e in events:
+            e.callbacks.append(latch.hit)
+        return latch.event
+    return issue
+
+
+def _p2p(env, coll, prog, batch, cls, step, rec, rep, node, cid, waits, free_comm, nonblocking_send, mailbox):
+    grid = prog.grid
+    t0 = env.now
+    waited = []          # (op, events)
+    keys = []
+    for op in batch:
+        evs = []
+        for r in cls.members:
+            peer = grid.pp_neighbour(r, op.peer - grid.stage_of(r))
+            src, dst = (r, peer) if op.kind == "send" else (peer, r)
+            key = (step, src, op.tag)
+            keys.append((src, op.tag))
+            if free_comm:
+                ev = mailbox.get(key)
+                if ev is None:
+                    ev = mailbox[key] = env.event()
+                if op.kind == "send":
+                    if not ev.triggered:
+                        ev.succeed()
+                else:
+                    evs.append(ev)
+                continue
+            ev = coll.send_recv(key, grid.gpu_of(src), grid.gpu_of(dst), op.size_bytes, op.kind)
+            if not (op.kind == "send" and nonblocking_send):
+                evs.append(ev)
+        waited.append((op, evs))
+    pending = [e for _, evs in waited for e in evs if not e.processed]
+    if pending:
+        latch = _Latch(env, len(pending))
+        for e in pending:
+            e.callbacks.append(latch.hit)
+        yield latch.event
+    for op, _ in waited:
+        rec.add(rep, node, "pp", op, "pp", t0, env.now, step, cid)
+    if env.now > t0:
+        # waiting for the peer to post its side is a pipeline dependency (bubble); only the
+        # transfer after both sides posted is pipeline communication
+        starts = [coll.p2p_start.pop((step, src_key[0], src_key[1]), t0) for src_key in keys]
+        t_xfer = max([t0] + starts) if not free_comm else env.now
+        if t_xfer > t0:
+            waits[cid].append((t0, t_xfer, "bubble"))
+        if env.now > t_xfer:
+            waits[cid].append((t_xfer, env.now, "pp"))

@@ -1,0 +1,113 @@
+"""Metrics of a run: pure functions of the timeline, the program and the cluster.
+
+Every metric refers to the **last simulated step** (``Result.step_bounds[-1]``), so work
+that crosses the step boundary is where it runs.  Definitions (each used once):
+
+``step_time_s``       end of the last step minus end of the step before (0 for one step):
+                      the latest finishing rank class sets both ends.
+``tflops_per_gpu``    model FLOPs per step (the model's convention, default
+                      ``megatron_core_2025``) / step time / GPUs / 1e12.
+``mfu``               model FLOPs / (step time x GPUs x dense peak of the recipe's GEMM dtype).
+``mfu_bf16_peak``     the same over the BF16 peak (comparable across precisions).
+``hfu``               executed FLOPs (every compute op of the step, recompute included, over
+                      all ranks) / (step time x GPUs x the same peak as ``mfu``).
+``tokens_per_s``      global batch x sequence length / step time.
+``breakdown_s``       on the class that finishes last: each instant of its compute stream in
+                      the step window is ``compute`` (F/B/W/step ops), ``recompute``, or idle;
+                      idle is attributed to the axis of the blocking wait that covers it
+                      (``exposed_<axis>``; the wait that ends last when several do) or to
+                      ``bubble`` when no communication was outstanding.  Sums to the step time.
+``exposed_comm_s``    the breakdown's ``exposed_<axis>`` terms by axis.
+``bubble_fraction``   ``breakdown_s["bubble"] / step_time_s``.
+``link_utilization``  per tier: bytes carried in the step / (tier capacity x step time).
+``peak_memory_bytes`` the memory model's largest stage total.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from topologies.specs import TIERS
+from workloads import get_recipe
+
+__all__ = ["summarize", "breakdown"]
+
+
+def breakdown(timeline, waits: list, t0: float, t1: float, class_id: int) -> dict[str, float]:
+    """Step-time breakdown of one class's compute stream over ``[t0, t1]`` (sums to t1 - t0)."""
+    tl = timeline[(timeline["class_id"] == class_id) & (timeline["stream"] == "compute")
+                  & (timeline["end_s"] > t0) & (timeline["start_s"] < t1)]
+    out: dict[str, float] = {"compute": 0.0, "recompute": 0.0}
+    busy = []
+    for s, e, ph in zip(tl["start_s"].to_numpy(), tl["end_s"].to_numpy(), tl["phase"].to_numpy()):
+        s, e = max(s, t0), min(e, t1)
+        if e <= s:
+            continue
+        out["recompute" if ph == "R" else "compute"] += e - s
+        busy.append((s, e))
+    busy.sort()
+    # idle intervals of the compute stream
+    idle, cur = [], t0
+    for s, e in busy:
+        if s > cur:
+            idle.append((cur, s))
+        cur = max(cur, e)
+    if cur < t1:
+        idle.append((cur, t1))
+    ws = sorted((max(s, t0), min(e, t1), ax) for s, e, ax in waits if e > t0 and s < t1)
+    for a, b in idle:
+        # sweep: inside [a, b], time covered by waits goes to the wait ending last at that instant
+        points = sorted({a, b, *(x for s, e, _ in ws for x in (s, e) if a < x < b)})
+        for p, q in zip(points, points[1:]):
+            mid = 0.5 * (p + q)
+            cover = [(e, ax) for s, e, ax in ws if s <= mid < e]
+            ax = max(cover)[1] if cover else "bubble"
+            key = "bubble" if ax == "bubble" else f"exposed_{ax}"
+            out[key] = out.get(key, 0.0) + (q - p)
+    out.setdefault("bubble", 0.0)
+    return out
+
+
+def summarize(res, snap_a=None, snap_b=None) -> dict:
+    """All metrics of a :class:`~simulator.engine.Result` (see the module docstring)."""
+    sc, prog, tl = res.scenario, res.program, res.timeline
+    t0, t1 = res.step_bounds[-1]
+    step = t1 - t0
+    n = sc.cluster.num_gpus
+    gpu = sc.cluster.gpu
+    recipe = get_recipe(sc.precision, gpu=gpu)
+    peak = gpu.peak_flops.get(recipe.peak_dtype, gpu.peak_flops["bf16"])
+    last_step = tl[tl["step"] == tl["step"].max()]
+    sizes = np.array([c.size for c in prog.classes])
+    executed = float((last_step["flops"].to_numpy() * sizes[last_step["class_id"].to_numpy()]).sum())
+    seq = sc.parallel.seq_len or sc.model.seq_len
+    tokens = sc.parallel.batch_size * seq
+    # the class that finishes the last step last
+    ends = last_step.groupby("class_id")["end_s"].max()
+    last_cls = int(ends.idxmax())
+    bd = breakdown(tl, res.waits[last_cls], t0, t1, last_cls)
+    exposed = {k[len("exposed_"):]: v for k, v in bd.items() if k.startswith("exposed_")}
+    util = {}
+    if snap_a is not None and snap_b is not None and step > 0:
+        summ = res.network.tier_summary(snap_a, snap_b, res.network.capacity, sc.cluster.link_tier,
+                                        [t.value for t in TIERS])
+        util = {k: v["utilization"] for k, v in summ.items()}
+    mf = prog.model_flops_per_step
+    bd = {k: float(v) for k, v in bd.items()}
+    exposed = {k: float(v) for k, v in exposed.items()}
+    return {
+        "step_time_s": step,
+        "mfu": mf / (step * n * peak) if step > 0 else 0.0,
+        "mfu_bf16_peak": mf / (step * n * gpu.peak_flops["bf16"]) if step > 0 else 0.0,
+        "hfu": executed / (step * n * peak) if step > 0 else 0.0,
+        "tflops_per_gpu": mf / step / n / 1e12 if step > 0 else 0.0,
+        "tokens_per_s": tokens / step if step > 0 else 0.0,
+        "bubble_fraction": bd.get("bubble", 0.0) / step if step > 0 else 0.0,
+        "exposed_comm_s": exposed,
+        "breakdown_s": bd,
+        "link_utilization": util,
+        "peak_memory_bytes": max(e.total_bytes for e in res.memory) if res.memory else 0.0,
+        "num_gpus": n,
+        "model_flops_per_step": mf,
+        "last_class": last_cls,
+    }
