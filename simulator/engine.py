@@ -38,7 +38,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import simpy
 
 from topologies import ConfigError

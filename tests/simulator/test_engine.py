@@ -7,7 +7,7 @@ import pytest
 
 from simulator.engine import run
 from simulator.metrics import breakdown
-from workloads.schedules import ActionCosts, ActionKind, schedule_timing
+from workloads.schedules import ActionKind, schedule_timing
 
 TINY = {"model": "tiny-dense", "cluster": {"preset": "dgx-h100", "num_nodes": 1}}
 
