@@ -15,7 +15,7 @@ $(STAMP): $(PY) pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/clustersim demo
+	$(VENV)/bin/clustersim run experiments/configs/llama3-70b-64xh100.yaml --out results/demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -254,7 +254,13 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
                     yield ev
                 rec.add(rep, node, op.stream, op, axis, t_issue, env.now, step, cid)
                 if env.now > t_issue:
-                    waits[cid].append((t_issue, env.now, axis))
+                    # waiting for the other members to arrive is a dependency (bubble, load
+                    # imbalance); only the time after the call started is communication
+                    t_start = max([t_issue] + [coll.call_start.get((g, seq), t_issue) for g, _ in groups_of[op.group]])
+                    if t_start > t_issue:
+                        waits[cid].append((t_issue, t_start, "bubble"))
+                    if env.now > t_start:
+                        waits[cid].append((t_start, env.now, axis))
             step_end[step][cid] = env.now
             step_latch[step].hit()
         if outstanding["param"]:

@@ -106,6 +106,8 @@ class CollectiveEngine:
         self._calls: dict[tuple[int, int], _Call] = {}
         self._p2p: dict[tuple, list] = {}
         self.p2p_start: dict = {}
+        self.call_start: dict = {}
+        """When each collective call started (its last member arrived), by (group id, seq)."""
         """When each matched transfer started (both sides posted), by key."""
         self._plan_cache: dict[tuple, tuple[Plan, float]] = {}
         self.records: list[CollectiveRecord] = []
@@ -291,6 +293,7 @@ class CollectiveEngine:
             raise CollectiveError(f"group {group_id} call {seq}: more arrivals than members")
         if call.arrived == call.expected:
             del self._calls[key]
+            self.call_start[key] = self.env.now
             self._start(group_id, seq, members, call)
         return call.event
 
