@@ -55,3 +55,31 @@ def test_memory_prints_per_stage_breakdown_and_verdict(capsys):
     out = capsys.readouterr().out
     assert out.count("pipeline stage") >= 4 and "activations" in out and "fits" in out
     assert main(["memory", "no/such.yaml"]) == 2
+
+
+def test_run_hostile_or_malformed_yaml_exits_2_and_executes_nothing(tmp_path, capsys):
+    marker = tmp_path / "pwned"
+    hostile = tmp_path / "hostile.yaml"
+    hostile.write_text(f'model: !!python/object/apply:os.system ["touch {marker}"]\n')
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    for path in (hostile, bad):
+        assert main(["run", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+    assert not marker.exists()
+
+
+def test_run_json_and_outputs(tmp_path, capsys):
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("model: tiny-dense\ncluster: {preset: dgx-h100, num_nodes: 1}\n"
+                   "parallel: {tp: 2, pp: 2, dp: 2, global_batch_size: 8, seq_len: 512}\n")
+    assert main(["run", str(cfg), "--json", "--out", str(tmp_path / "out")]) == 0
+    m = json.loads(capsys.readouterr().out)
+    for key in ("step_time_s", "mfu", "mfu_bf16_peak", "hfu", "tflops_per_gpu", "tokens_per_s", "bubble_fraction",
+                "exposed_comm_s", "breakdown_s", "peak_memory_bytes", "num_gpus", "wall_time_s", "num_events"):
+        assert key in m
+    for f in ("metrics.json", "timeline.csv", "gantt.png", "trace.json"):
+        assert (tmp_path / "out" / f).stat().st_size > 0
+    assert main(["presets"]) == 0
+    assert "llama3-70b" in capsys.readouterr().out

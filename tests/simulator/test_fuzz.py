@@ -1,0 +1,39 @@
+"""Random small scenarios: valid ones run and keep their invariants, invalid ones raise ConfigError."""
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from simulator.engine import run
+from topologies import ConfigError
+
+layouts = st.fixed_dictionaries({
+    "tp": st.sampled_from([1, 2, 4, 3]),
+    "pp": st.sampled_from([1, 2, 4]),
+    "dp": st.sampled_from([1, 2, -1]),
+    "micro_batch_size": st.sampled_from([1, 2]),
+    "global_batch_size": st.sampled_from([4, 8, 6]),
+    "seq_len": st.sampled_from([256, 512, 500]),
+    "schedule": st.sampled_from(["1f1b", "gpipe", "zb_h1", "interleaved_1f1b"]),
+    "vpp": st.sampled_from([1, 2]),
+    "recompute": st.sampled_from(["none", "selective", "full"]),
+    "sequence_parallel": st.booleans(),
+})
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layouts, st.sampled_from(["tiny-dense", "tiny-moe"]), st.sampled_from([1, 2]))
+def test_random_small_scenarios(par, model, nodes):
+    sc = {"model": model, "cluster": {"preset": "dgx-h100", "num_nodes": nodes}, "parallel": par, "num_steps": 1}
+    try:
+        res = run(sc)
+    except ConfigError:
+        return
+    m = res.metrics
+    assert m["step_time_s"] > 0
+    assert abs(sum(m["breakdown_s"].values()) - m["step_time_s"]) <= 1e-9 * m["step_time_s"]
+    net = res.network
+    busy = net.link_busy_s > 0
+    # no link above capacity on average over its busy time
+    assert np.all(net.link_bytes[busy] / net.link_busy_s[busy] <= net.capacity[busy] * (1 + 1e-6))
+    tl = res.timeline
+    assert (tl["end_s"] >= tl["start_s"]).all()
