@@ -229,7 +229,12 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
                 nonblocking = ((op.name.startswith("grad_") and op.name != "grad_norm"
                                 and sc.overlap.get("grad_reduce", True))
                                or (op.name.startswith("param_gather") and sc.overlap.get("param_gather", True)))
-                issue = _issuer(env, coll, groups_of[op.group], seq, op, free_comm)
+                sizes = None
+                if op.coll == "all_to_all" and op.tag in prog.a2a_sizes:
+                    sizes = prog.a2a_sizes[op.tag]            # dispatch: [src, dst] by EP coordinate
+                    if "combine" in op.name:
+                        sizes = sizes.T
+                issue = _issuer(env, coll, groups_of[op.group], seq, op, free_comm, sizes)
                 t_issue = env.now
                 if nonblocking:
                     tail = stream_tail.get(op.stream)
@@ -308,15 +313,14 @@ def _wait(env, events, wait_log, axis):
         wait_log.append((t0, env.now, axis))
 
 
-def _issuer(env, coll, groups, seq, op, free_comm):
+def _issuer(env, coll, groups, seq, op, free_comm, sizes=None):
     """A function that issues ``op`` on every group of the class; returns the completion event."""
     def issue():
         if free_comm or op.size_bytes <= 0:
             ev = env.event()
             ev.succeed()
             return ev
-        events = [coll.issue(g, seq, op.coll, op.size_bytes, count=n,
-                             sizes=None) for g, n in groups]
+        events = [coll.issue(g, seq, op.coll, op.size_bytes, count=n, sizes=sizes) for g, n in groups]
         if len(events) == 1:
             return events[0]
         latch = _Latch(env, len(events))

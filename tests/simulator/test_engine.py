@@ -118,3 +118,15 @@ def test_tp_spread_over_hosts_is_slower_by_the_bandwidth_ratio():
     # NVLink 450 GB/s x 0.816 against one 400 Gb/s rail x 0.912 per channel: ~8x
     assert spread.metrics["step_time_s"] > inside.metrics["step_time_s"]
     assert 4 < t_out / t_in < 12
+
+
+def test_skewed_routing_slows_the_expert_parallel_step():
+    par = {"tp": 1, "pp": 1, "dp": 8, "ep": 4, "etp": 1, "global_batch_size": 8, "seq_len": 2048}
+    base = {"model": "tiny-moe", "cluster": {"preset": "dgx-h100", "num_nodes": 1}, "num_steps": 1}
+    bal = run({**base, "parallel": par})
+    skew = run({**base, "parallel": par, "moe_routing": "skew(2.0)"})
+    assert len(skew.program.classes) > len(bal.program.classes)
+    assert skew.metrics["step_time_s"] > bal.metrics["step_time_s"]
+    a2a = lambda r: r.timeline[r.timeline["name"] == "ep_dispatch"]["end_s"].sub(
+        r.timeline[r.timeline["name"] == "ep_dispatch"]["start_s"]).sum()
+    assert a2a(skew) > a2a(bal)
