@@ -209,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-fold", action="store_true", help="one actor per rank (folding arrives with the scale issue; "
                                                           "accepted for the contract, currently the same)")
     sub.add_parser("presets", help="list cluster and model presets")
+    p = sub.add_parser("validate", help="predict measured runs (published-runs or vTrain CSV) and report errors")
+    p.add_argument("runs", help="CSV of measured runs")
+    p.add_argument("--out", metavar="CSV", help="write one prediction row per input row")
+    p.add_argument("--max-gpus", type=int, default=None, help="report larger runs as unsupported instead of simulating")
     p = sub.add_parser("topo", help="summarise a cluster (preset name or YAML)")
     p.add_argument("cluster", help=f"preset ({', '.join(CLUSTER_PRESETS)}) or YAML file")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a cluster field")
@@ -234,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "run":
             return _run(args)
+        if args.cmd == "validate":
+            from .validate import main as validate_main
+            argv2 = [args.runs] + (["--out", args.out] if args.out else []) + \
+                (["--max-gpus", str(args.max_gpus)] if args.max_gpus is not None else [])
+            return validate_main(argv2)
         if args.cmd == "presets":
             from workloads import MODEL_PRESETS
             print("clusters: " + ", ".join(CLUSTER_PRESETS))

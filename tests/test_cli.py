@@ -83,3 +83,13 @@ def test_run_json_and_outputs(tmp_path, capsys):
         assert (tmp_path / "out" / f).stat().st_size > 0
     assert main(["presets"]) == 0
     assert "llama3-70b" in capsys.readouterr().out
+
+
+def test_validate_command_reports_every_row(tmp_path, capsys):
+    from pathlib import Path
+    runs = Path(__file__).resolve().parents[1] / "experiments" / "reference" / "published_runs_h100.csv"
+    out = tmp_path / "pred.csv"
+    assert main(["validate", str(runs), "--max-gpus", "1", "--out", str(out)]) == 0
+    import csv
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 34 and all(r["status"].startswith("unsupported: over --max-gpus") for r in rows)

@@ -1,0 +1,1153 @@
+"""`clustersim validate`: predicted against measured step times of published training runs.
+
+``validate(RUNS.csv)`` reads a table of measured runs, turns every row into a scenario
+(the contract's sections), simulates it and reports, per row, the measured and predicted
+step time, the signed error, TFLOP/s per GPU and MFU where the source gives them, a status
+and how each number was obtained.  No row is dropped: a row that cannot be simulated gets
+``unsupported: <reason>`` (a feature clustersim lacks, or ``over --max-gpus``),
+``invalid: <reason>`` (the row contradicts itself or a clustersim rule) or
+``error: <message>`` (the simulator raised).  :func:`summary` gives coverage and error
+statistics per source and counts the reasons, so a report can name the missing features
+that cost the most rows.
+
+Input formats (:func:`load_runs` recognises them by their header)
+-----------------------------------------------------------------
+``published``  The columns of ``reference/published_runs_h100.csv`` (one run per row:
+               ``row_id, source_id, framework, system, gpu_type, num_gpus, gpus_per_node,
+               inter_node_network, model, num_layers, hidden_size, ffn_hidden_size,
+               num_heads, num_kv_heads, vocab_size, seq_len, num_experts, moe_top_k, tp, pp,
+               vpp, dp, cp, ep, sp, zero_fsdp, micro_batch_size, global_batch_size,
+               grad_accum, activation_recompute, precision, tflops_per_gpu,
+               tflops_definition, mfu_pct, step_time_s, tokens_per_s_total,
+               tokens_per_s_per_gpu, notes`` ...).  Any file with at least ``model``,
+               ``gpu_type`` (or ``system``), ``num_gpus`` and one measurement column is
+               read in this format; missing columns count as empty cells, and an empty
+               cell means "the source did not say".
+``vtrain``     vTrain's ``ground_truth_multi.csv`` / ``ground_truth_single.csv``
+               (``# GPUs, global batch, micro batch, hidden size, attention heads,
+               # layers, sequence length, tensor parallelism, data parallelism,
+               pipeline parallelism, iteration time (ms)``).
+
+Mapping (published format)
+--------------------------
+=====================  ==========================================================================
+column                 scenario
+=====================  ==========================================================================
+gpu_type (system if    GPU name and cluster preset, case- and punctuation-blind:
+empty)                 ``A100 ... 40GB`` -> dgx-a100 with gpu A100-SXM4-40GB; other A100 SXM
+                       (80GB, or size not stated: noted) -> dgx-a100; ``H100`` SXM variants
+                       (H100-SXM-80GB, H100 SXM5, H100 80GB HBM3) -> dgx-h100; ``H200`` ->
+                       dgx-h200; ``B200`` -> dgx-b200; ``B300`` -> dgx-b200 with gpu B300;
+                       ``GB200`` (NVL72) -> gb200-nvl72; ``GB300`` (NVL72) -> gb200-nvl72 with gpu
+                       GB300.  PCIe / NVL cards, GH200 and other GPUs: unsupported.
+num_gpus,              ``num_nodes = num_gpus / gpus per host`` of the preset; fewer GPUs than
+gpus_per_node          one host -> one host of that many GPUs (NVLink only, noted); a count
+                       that is not whole hosts, or a stated gpus_per_node that matches neither
+                       the preset's host nor its NVLink domain, is unsupported.  When the
+                       preset's leaf size (scalable unit, 32 DGX H100 hosts) does not divide
+                       the hosts, ``hosts_per_leaf`` is the largest divisor below it (72 hosts
+                       -> 24; the fabric stays full-bisection; noted).
+inter_node_network     ``<n>x ... <b> Gb/s`` overrides the preset's NICs per host and NIC rate
+                       when it differs (noted); anything else keeps the preset.
+model                  a model preset by name, punctuation-blind (``GPT3-175B`` -> gpt3-175b,
+                       ``Llama 3.1 70B`` -> llama3.1-70b, ``Mixtral 8x7B`` -> mixtral-8x7b);
+                       ``... PROXY (<n> layers)`` -> the preset with ``num_layers = n`` (must
+                       agree with the num_layers cell).  Unknown model: unsupported.  The
+                       NeMo 405B proxies split evenly (7 layers at pp 1; 21 = pp 3 x vpp 7 x 1;
+                       42 = 3 x 7 x 2), so no ``num_layers_in_first/last_pipeline_stage``
+                       knob is needed; an uneven split is the scenario's ConfigError (invalid).
+num_layers, hidden_    override the preset where they differ (noted).  ``vocab_size`` is the
+size, ffn_hidden_size, vocabulary of the source's FLOP formula; the *executed* vocabulary is
+num_heads, num_kv_     the row's, except rows whose notes name the GPT2BPETokenizer proxy (the
+heads, vocab_size,     NeMo 24.09 Llama 3.1 405B recipe): GPT-2's 50,257 padded to Megatron's
+num_experts, moe_top_k multiple of 128 x tp (51,200 at tp 8).
+seq_len                ``parallel.seq_len`` (and the model's when it differs).
+tp, pp, cp, ep, vpp    the degrees; empty -> 1.  ``dp`` is Megatron's dense DP, which
+                       *includes* EP: the five-degree scenario gets ``dp = dp / ep``.  A dp
+                       with ``tp*pp*cp*dp*ep = num_gpus`` is read as excluding EP (noted).
+                       Empty dp -> ``num_gpus / (tp*pp*cp)``.  Degrees that do not multiply to
+                       num_gpus: invalid.
+micro_batch_size,      as given (empty micro-batch: 1, noted; empty global batch: invalid);
+global_batch_size      ``grad_accum`` is checked against ``gbs / (mbs * dense dp)`` (noted).
+sp, zero_fsdp,         as given (booleans; ZeRO stage 0-3 / FSDP = 3); empty -> the
+activation_recompute   framework's default below.
+precision              ``BF16`` -> bf16; ``FP16`` -> bf16 (same tensor-core peak; noted);
+                       ``FP8`` -> fp8_delayed: NeMo's and Transformer Engine's default FP8
+                       recipe (``DelayedScaling``, HYBRID E4M3 forward / E5M2 backward,
+                       amax history 1024 in the NeMo 24.09 recipes); ``FP8 current /
+                       tensorwise`` -> fp8_tensorwise; ``FP8 block(wise)`` -> fp8_blockwise;
+                       ``MXFP8`` -> mxfp8; ``NVFP4`` / ``FP4`` -> nvfp4; others unsupported.
+schedule               interleaved_1f1b when vpp > 1, else 1f1b.
+=====================  ==========================================================================
+
+Framework defaults for empty cells (echoed per row in ``notes``), :data:`FRAMEWORKS`:
+
+* **NeMo** (``framework`` contains "nemo"): sequence_parallel = (tp > 1); distributed
+  optimizer (ZeRO-1); recompute **none**; overlap grad_reduce, param_gather and p2p on.
+  Source: NVIDIA/dgxc-benchmarking 24.11, ``nemo_megatron/gpt3_175b_hydra.yaml`` and
+  ``llama3.1/llama3.1_{70b,405b}.yaml`` (``sequence_parallel: true``,
+  ``distributed_fused_adam`` with ``overlap_grad_sync`` / ``overlap_param_sync``,
+  ``activations_checkpoint_granularity: null``, ``overlap_p2p_comm: true``).  Not modelled
+  (noted per row): ``ub_tp_comm_overlap: true`` (TP communication overlapped with GEMMs;
+  clustersim runs ``tp_comm: false``) and ``grad_sync_dtype: bf16`` (clustersim's bf16 and
+  FP8 recipes reduce gradients in FP32); per recipe also ``fp8_params: true`` (GPT-3 FP8:
+  FP8 parameter all-gather) and ``NCCL_NVLS_ENABLE=0`` (Llama 3.1 runs; clustersim may pick
+  NVLS).
+* **Megatron-LM / Megatron-Core / Megatron-DeepSpeed** (contains "megatron"): the
+  argument defaults of Megatron-LM: no sequence parallelism, no distributed optimizer
+  (ZeRO-0, gradients all-reduced), recompute none, no grad-reduce or param-gather overlap,
+  p2p overlap on (``--no-overlap-p2p-communication`` is the opt-out).
+* **torchtitan**: FSDP2 (ZeRO-3), sequence parallelism with TP (its TP plan shards norms
+  along the sequence), selective recompute (its default ``activation_checkpoint.mode``).
+* anything else: clustersim's own defaults (Megatron-Core as in NVIDIA's recipes:
+  sequence_parallel with TP, distributed optimizer, selective recompute, overlap on), noted.
+
+Mapping (vTrain format)
+-----------------------
+As ``reference/vtrain/README.md`` states the runs: a GPT model (vocabulary 50,257,
+learned positions, GELU, LayerNorm, biases, tied embeddings, FFN 4h, dropout 0.1 --
+Megatron-LM's default) with the row's layers, hidden size, heads and sequence length;
+cluster preset ``a100-4nic`` (8 GPUs per node, 4 x 200 Gb/s NICs = 800 Gb/s per host; the
+single-node file's 2- and 4-GPU runs are one host of that many GPUs);
+1F1B; full recompute of every layer; no sequence parallelism; no distributed optimizer
+(ZeRO-0: gradients all-reduced); no gradient bucketing -> ``overlap.grad_reduce: false``
+(the reduction no longer overlaps the backward; clustersim still issues it in buckets of
+``max(40M, 1M x dp)`` parameters, each blocking); precision bf16 for "mixed precision"
+(fp16 on A100 has the same tensor-core peak; loss scaling and fp16 gradient reduction are
+not modelled).  **A100 80GB** (``A100-SXM4-80GB``, the preset's GPU): vTrain's
+configurations say only "A100"; the 80GB part is the one with a measured matmul peak in
+``hardware.csv`` (the GEMM efficiency model's anchor) and both parts have the same FLOP/s;
+the 40GB part differs in HBM capacity and bandwidth (1.555 vs 2.039 TB/s), which affect the
+memory-bound ops and the OOM verdict only.  vTrain's simulated "intra-node bandwidth 150
+GB/s" is an effective rate of its own model; clustersim keeps the A100 NVLink spec.
+
+Measured step time (the ``derivation`` column)
+----------------------------------------------
+In order of preference: ``step_time_s``; ``global_batch_size * seq_len /
+tokens_per_s_total``; ``global_batch_size * seq_len / (tokens_per_s_per_gpu * num_gpus)``;
+model FLOPs per step in the source's convention / (``tflops_per_gpu`` x 1e12 x num_gpus);
+the same FLOPs / (``mfu_pct`` / 100 x num_gpus x dense peak of the precision); vTrain:
+``iteration time (ms) / 1000``.  The step-time and token-rate columns present besides the
+one used are cross-checked; a disagreement over 2 % is noted.
+
+FLOP convention (``flop_convention`` column) of a published-format row: a
+:data:`~workloads.FLOP_CONVENTIONS` name in ``tflops_definition``; else ``nemo_24`` when the
+definition describes NeMo's count (``12*l*h^2*(1+g/a+s/h)``, no causal halving); else
+``palm_6n`` / ``narayanan_eq3`` by keyword; else the framework's (NeMo ``nemo_24``,
+otherwise ``megatron_core_2025``).  The published H100 runs' MFU is NeMo's formula, so their
+predicted MFU is ``model_flops_per_step(model, gbs, seq, 'nemo_24', vocab_size=<row's>)``
+over (predicted step x GPUs x dense peak of the recipe's GEMM dtype: 989 / 1,979 TFLOP/s on
+H100 BF16 / FP8, the publisher's peaks); the notes also give that formula's MFU at the
+measured step, a check on the convention against the published value.  Predicted TFLOP/s
+and MFU are reported only where the source gives the measured ones.
+
+``error_pct`` = (predicted - measured) / measured x 100: positive means clustersim predicts
+a slower step than was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import re
+import time
+from pathlib import Path
+
+from topologies import ConfigError
+
+__all__ = [
+    "FORMATS",
+    "FRAMEWORKS",
+    "NOTE_SEP",
+    "OUTPUT_COLUMNS",
+    "PUBLISHED_COLUMNS",
+    "VTRAIN_COLUMNS",
+    "InvalidRow",
+    "Unsupported",
+    "detect_format",
+    "load_runs",
+    "main",
+    "map_gpu",
+    "map_model",
+    "map_precision",
+    "measured_step",
+    "row_to_scenario",
+    "source_convention",
+    "summary",
+    "validate",
+    "write_csv",
+]
+
+FORMATS = ("published", "vtrain")
+
+#: vTrain's ground-truth columns (data/ground_truth_multi.csv; the single-node file lacks the first).
+VTRAIN_COLUMNS = ("Parameters (billion)", "# GPUs", "global batch", "micro batch", "hidden size", "attention heads",
+                  "# layers", "sequence length", "tensor parallelism", "data parallelism", "pipeline parallelism",
+                  "iteration time (ms)")
+_VTRAIN_REQUIRED = VTRAIN_COLUMNS[1:]
+
+#: Columns of reference/published_runs_h100.csv (the published-runs format).
+PUBLISHED_COLUMNS = (
+    "row_id", "source_id", "source_location", "framework", "system", "gpu_type", "num_gpus", "gpus_per_node",
+    "intra_node_link", "inter_node_network", "model", "params_b", "num_layers", "hidden_size", "ffn_hidden_size",
+    "num_heads", "num_kv_heads", "vocab_size", "seq_len", "num_experts", "moe_top_k", "moe_layer_pattern", "tp", "pp",
+    "vpp", "dp", "cp", "ep", "sp", "zero_fsdp", "micro_batch_size", "global_batch_size", "grad_accum",
+    "activation_recompute", "precision", "tflops_per_gpu", "tflops_definition", "mfu_pct", "hfu_pct",
+    "pct_of_peak_reported", "step_time_s", "tokens_per_s_total", "tokens_per_s_per_gpu", "other_metrics",
+    "derived_fields", "reliability", "notes")
+_MEASUREMENT_COLUMNS = ("step_time_s", "tokens_per_s_total", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu_pct")
+
+#: Columns of the output table (``validate(..., out_csv=...)``).
+OUTPUT_COLUMNS = ("id", "source", "format", "model", "gpu", "num_gpus", "precision", "parallel", "measured_step_s",
+                  "predicted_step_s", "error_pct", "measured_tflops_per_gpu", "predicted_tflops_per_gpu",
+                  "measured_mfu_pct", "predicted_mfu_pct", "flop_convention", "status", "derivation", "notes",
+                  "wall_s")
+
+_NOT_MODELLED = "not modelled: "
+#: Separator of the notes of one output row.
+NOTE_SEP = " | "
+
+
+class Unsupported(Exception):
+    """A row clustersim cannot simulate yet; ``reason`` names the missing feature."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class InvalidRow(ValueError):
+    """A row that contradicts itself (degrees vs GPUs, missing batch, unreadable number)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+# -- framework profiles ----------------------------------------------------------------------------
+_DGXC = "NVIDIA/dgxc-benchmarking 24.11"
+FRAMEWORKS: dict[str, dict] = {
+    "nemo": {
+        "label": "NeMo 24.x recipe",
+        "sequence_parallel": "tp>1", "zero_stage": 1, "distributed_optimizer": True, "recompute": "none",
+        "overlap": {"grad_reduce": True, "param_gather": True, "p2p": True},
+        "convention": "nemo_24",
+        "not_modelled": ["TP communication overlap (NeMo ub_tp_comm_overlap: true; run with tp_comm false)",
+                         "BF16 gradient reduction (NeMo grad_sync_dtype: bf16; clustersim reduces in FP32)"],
+        "source": f"{_DGXC} nemo_megatron/gpt3_175b_hydra.yaml, llama3.1/llama3.1_{{70b,405b}}.yaml",
+    },
+    "megatron": {
+        "label": "Megatron-LM argument defaults",
+        "sequence_parallel": False, "zero_stage": 0, "distributed_optimizer": False, "recompute": "none",
+        "overlap": {"grad_reduce": False, "param_gather": False, "p2p": True},
+        "convention": "megatron_core_2025",
+        "not_modelled": [],
+        "source": "NVIDIA/Megatron-LM megatron/training/arguments.py (store_true flags default off; "
+                  "--no-overlap-p2p-communication)",
+    },
+    "torchtitan": {
+        "label": "torchtitan defaults",
+        "sequence_parallel": "tp>1", "zero_stage": 3, "distributed_optimizer": True, "recompute": "selective",
+        "overlap": {"grad_reduce": True, "param_gather": True, "p2p": False},
+        "convention": "megatron_core_2025",
+        "not_modelled": [],
+        "source": "pytorch/torchtitan (FSDP2, TP plan with sequence-sharded norms, activation_checkpoint.mode "
+                  "selective)",
+    },
+    "default": {
+        "label": "clustersim defaults (Megatron-Core as in NVIDIA recipes)",
+        "sequence_parallel": "tp>1", "zero_stage": 1, "distributed_optimizer": True, "recompute": "selective",
+        "overlap": {"grad_reduce": True, "param_gather": True, "p2p": False},
+        "convention": "megatron_core_2025",
+        "not_modelled": [],
+        "source": "DESIGN.md (user contract defaults)",
+    },
+}
+"""Defaults per framework for the cells a published-format row leaves empty."""
+
+# Recipe-specific settings of the NeMo 24.09 runs that clustersim cannot express (model preset -> notes).
+_NEMO_RECIPE_NOTES = {
+    "gpt3-175b": [("fp8", "FP8 parameter all-gather (NeMo fp8_params: true; clustersim gathers BF16)")],
+    "llama3.1-70b": [("", "NCCL_NVLS_ENABLE=0 in the recipe (clustersim may choose NVLS for NVLink collectives)")],
+    "llama3.1-405b": [("", "NCCL_NVLS_ENABLE=0 in the recipe (clustersim may choose NVLS for NVLink collectives)")],
+}
+
+_GPT2_VOCAB = 50257
+
+
+# -- small parsers ---------------------------------------------------------------------------------
+def _cell(row: dict, key: str) -> str:
+    v = row.get(key)
+    return "" if v is None else str(v).strip()
+
+
+def _num(row: dict, key: str) -> float | None:
+    s = _cell(row, key).replace(",", "")
+    if not s:
+        return None
+    try:
+        v = float(s)
+    except ValueError:
+        raise InvalidRow(f"{key} {s!r} is not a number") from None
+    if not math.isfinite(v):
+        raise InvalidRow(f"{key} {s!r} is not a finite number")
+    return v
+
+
+def _int(row: dict, key: str, minimum: int = 1) -> int | None:
+    v = _num(row, key)
+    if v is None:
+        return None
+    if v != int(v) or v < minimum:
+        raise InvalidRow(f"{key} {_cell(row, key)!r} must be an integer >= {minimum}")
+    return int(v)
+
+
+def _bool(row: dict, key: str) -> bool | None:
+    s = _cell(row, key).lower()
+    if not s:
+        return None
+    if s in ("true", "yes", "y", "1", "on", "enabled"):
+        return True
+    if s in ("false", "no", "n", "0", "off", "disabled", "none"):
+        return False
+    raise InvalidRow(f"{key} {_cell(row, key)!r} is not a boolean")
+
+
+def _key(s: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", s.lower())
+
+
+def _fmt(v, digits=4) -> str:
+    return f"{v:.{digits}g}" if isinstance(v, float) else str(v)
+
+
+# -- loading ---------------------------------------------------------------------------------------
+def detect_format(columns) -> str:
+    """``'vtrain'`` or ``'published'`` from a header; ConfigError naming the expected columns."""
+    cols = {c.strip() for c in columns if c is not None}
+    if all(c in cols for c in _VTRAIN_REQUIRED):
+        return "vtrain"
+    if "model" in cols and "num_gpus" in cols and ("gpu_type" in cols or "system" in cols) \
+            and any(c in cols for c in _MEASUREMENT_COLUMNS):
+        return "published"
+    raise ConfigError("runs", ", ".join(sorted(cols))[:200],
+                      "unrecognised columns: expected the published-runs format (model, gpu_type, num_gpus and one "
+                      f"of {', '.join(_MEASUREMENT_COLUMNS)}) or vTrain's ({', '.join(_VTRAIN_REQUIRED)})")
+
+
+def load_runs(path) -> list[dict]:
+    """Rows of a runs table, each a dict of its cells plus ``_format`` and ``_line``.
+
+    ``_format`` is ``'published'`` or ``'vtrain'`` (see the module docstring); ``_line``
+    the row's line number in the file.  ConfigError for a missing file or an unknown header.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("runs", str(path), "file not found")
+    with p.open(newline="", encoding="utf-8-sig") as f:
+        reader = csv.DictReader(f)
+        if reader.fieldnames is None:
+            raise ConfigError("runs", str(path), "empty file: expected a CSV header")
+        reader.fieldnames = [c.strip() for c in reader.fieldnames]
+        fmt = detect_format(reader.fieldnames)
+        rows = []
+        for row in reader:
+            d = {k: (v.strip() if isinstance(v, str) else "") for k, v in row.items() if k is not None}
+            if not any(d.values()):
+                continue
+            d["_format"] = fmt
+            d["_line"] = reader.line_num
+            d["_file"] = p.name
+            rows.append(d)
+    return rows
+
+
+# -- GPUs, models, precisions ----------------------------------------------------------------------
+def map_gpu(text: str) -> tuple[str, str, list[str]]:
+    """``(cluster preset, GPU name, notes)`` for a GPU description; :class:`Unsupported` otherwise.
+
+    >>> map_gpu("H100-SXM-80GB")[:2]
+    ('dgx-h100', 'H100-SXM')
+    >>> map_gpu("GB300 NVL72")[:2]
+    ('gb200-nvl72', 'GB300')
+    """
+    s = text.lower()
+    k = _key(text)
+    pcie = "pcie" in k or re.search(r"nvl(?!ink|\d)", s) is not None
+    if not k:
+        raise Unsupported("GPU type not stated")
+    if "gb300" in k:
+        return "gb200-nvl72", "GB300", ["GB300 on the GB200 NVL72 rack layout (72-GPU NVLink domain)"]
+    if "gb200" in k:
+        return "gb200-nvl72", "GB200", []
+    if "gh200" in k:
+        raise Unsupported(f"GPU {text!r} (GH200) has no clustersim spec")
+    if "b300" in k:
+        return "dgx-b200", "B300", ["B300 on the DGX B200 host layout"]
+    if "b200" in k:
+        return "dgx-b200", "B200", []
+    if "h200" in k:
+        if pcie:
+            raise Unsupported(f"GPU {text!r}: H200 NVL / PCIe cards are not modelled")
+        return "dgx-h200", "H200-SXM", []
+    if "h100" in k:
+        if pcie:
+            raise Unsupported(f"GPU {text!r}: H100 PCIe / NVL cards are not modelled")
+        return "dgx-h100", "H100-SXM", []
+    if "a100" in k:
+        if pcie:
+            raise Unsupported(f"GPU {text!r}: A100 PCIe cards are not modelled")
+        if re.search(r"40\s*g", s):
+            return "dgx-a100", "A100-SXM4-40GB", []
+        notes = [] if re.search(r"80\s*g", s) else ["A100 memory size not stated: 80GB assumed"]
+        return "dgx-a100", "A100-SXM4-80GB", notes
+    raise Unsupported(f"GPU {text!r} has no clustersim spec")
+
+
+def _model_keys() -> dict[str, str]:
+    from workloads import MODEL_PRESETS
+    keys = {_key(p): p for p in MODEL_PRESETS}
+    for alias, preset in (("gpt175b", "gpt3-175b"), ("deepseekv3671b", "deepseek-v3")):
+        if preset in MODEL_PRESETS:
+            keys[alias] = preset
+    return keys
+
+
+def map_model(name: str) -> tuple[str, int | None]:
+    """``(model preset, proxy layer count or None)`` for a model name; :class:`Unsupported` otherwise.
+
+    >>> map_model("Llama 3.1 405B PROXY (7 layers)")
+    ('llama3.1-405b', 7)
+    """
+    if not name.strip():
+        raise Unsupported("model not stated")
+    proxy = None
+    m = re.search(r"\(\s*(\d+)\s*layers?\s*\)", name, re.IGNORECASE)
+    base = name
+    if m:
+        proxy = int(m.group(1))
+        base = name[:m.start()] + name[m.end():]
+    base = re.sub(r"\bproxy\b", "", base, flags=re.IGNORECASE)
+    k = _key(base)
+    for prefix in ("meta", "nvidia", "mistralai"):
+        if k.startswith(prefix) and k[len(prefix):] in _model_keys():
+            k = k[len(prefix):]
+    preset = _model_keys().get(k)
+    if preset is None:
+        raise Unsupported(f"unknown model {name!r} (no clustersim preset)")
+    return preset, proxy
+
+
+def map_precision(text: str) -> tuple[str, list[str]]:
+    """``(precision recipe, notes)`` for a precision cell; :class:`Unsupported` otherwise."""
+    s = text.strip().lower()
+    k = _key(text)
+    if not k:
+        return "bf16", ["precision not stated: bf16"]
+    if "nvfp4" in k or re.search(r"(?<!mx)fp4", k):
+        return "nvfp4", [] if "nvfp4" in k else ["FP4 read as NVFP4"]
+    if "mxfp8" in k:
+        return "mxfp8", []
+    if "fp8" in k:
+        if re.search(r"block|blk|deepseek", s):
+            return "fp8_blockwise", []
+        if re.search(r"current|tensorwise|\bcs\b", s):
+            return "fp8_tensorwise", []
+        return "fp8_delayed", [("FP8 -> fp8_delayed (NeMo's default FP8 recipe: Transformer Engine DelayedScaling, "
+                                "HYBRID format, amax history 1024)")]
+    if "bf16" in k or "bfloat16" in k:
+        return "bf16", []
+    if "fp16" in k or "float16" in k or k in ("mixed", "mixedprecision", "amp"):
+        return "bf16", ["FP16 mixed precision run as bf16 (same tensor-core peak; loss scaling not modelled)"]
+    raise Unsupported(f"precision {text!r}")
+
+
+def _framework(text: str) -> tuple[str, list[str]]:
+    t = text.lower()
+    if "nemo" in t:
+        return "nemo", []
+    if "megatron" in t:
+        return "megatron", []
+    if "torchtitan" in t:
+        return "torchtitan", []
+    return "default", [f"framework {text or 'not stated'!r} not recognised: {FRAMEWORKS['default']['label']}"]
+
+
+def _recompute(text: str) -> dict | None:
+    s = text.strip().lower()
+    if not s:
+        return None
+    if s in ("none", "no", "false", "off", "0", "disabled", "n/a"):
+        return {"recompute": "none"}
+    if "selective" in s:
+        return {"recompute": "selective"}
+    if "full" in s or s in ("yes", "true", "on", "1", "all", "checkpointing"):
+        out = {"recompute": "full"}
+        if "block" in s:
+            out["recompute_method"] = "block"
+        m = re.search(r"(\d+)\s*layers?", s)
+        if m:
+            out["recompute_num_layers"] = int(m.group(1))
+        return out
+    raise Unsupported(f"activation_recompute {text!r}")
+
+
+def _zero(text: str) -> int | None:
+    s = _key(text)
+    if not s:
+        return None
+    if "hsdp" in s or "hybrid" in s:
+        raise Unsupported(f"zero_fsdp {text!r} (HSDP: sharding within a replica group)")
+    if "fsdp" in s or s in ("3", "zero3", "fullshard"):
+        return 3
+    if s in ("2", "zero2"):
+        return 2
+    if s in ("1", "zero1", "distributedoptimizer", "distopt", "true", "yes"):
+        return 1
+    if s in ("0", "zero0", "none", "no", "ddp", "false"):
+        return 0
+    raise Unsupported(f"zero_fsdp {text!r}")
+
+
+def _network(text: str, preset: dict) -> tuple[dict, list[str]]:
+    m = re.search(r"(\d+)\s*[x×]\s*[^,;]*?(\d+(?:\.\d+)?)\s*Gb(?:/s|ps|it/s)", text, re.IGNORECASE)
+    if not m:
+        return {}, []
+    from topologies.specs import NIC_SPECS
+    nics, gbps = int(m.group(1)), float(m.group(2))
+    p_nics = preset.get("nics_per_host", 8)
+    p_bw = NIC_SPECS[preset.get("nic", "ndr")].bandwidth_bytes_per_s * 8 / 1e9
+    if nics == p_nics and abs(gbps - p_bw) < 1e-6:
+        return {}, []
+    return ({"nics_per_host": nics, "nic_bandwidth": f"{_fmt(gbps)} Gb/s"},
+            [f"network {nics} x {_fmt(gbps)} Gb/s per host (preset {p_nics} x {_fmt(p_bw)} Gb/s)"])
+
+
+def _partial_host(preset: dict, n: int) -> tuple[dict, list[str]]:
+    """Cluster overrides for a run on ``n`` GPUs of one host (fewer than the preset's host).
+
+    The GPUs keep their NVLink rate; the host's NICs are scaled down in proportion (they
+    carry no traffic on one host).
+    """
+    gph = preset.get("gpus_per_host", 8)
+    nics = max(1, preset.get("nics_per_host", gph) * n // gph)
+    return ({"num_nodes": 1, "gpus_per_host": n, "nvlink_domain_size": n, "nics_per_host": nics},
+            [f"{n} GPUs of one {gph}-GPU host ({preset.get('gpu')}), NVLink only"])
+
+
+def _leaf_fit(preset: dict, num_nodes: int) -> tuple[dict, list[str]]:
+    """A leaf size that divides the host count: the largest divisor <= the preset's.
+
+    The presets' scalable units (32 hosts per leaf for DGX H100) need not divide a run's
+    host count (72 hosts = 576 GPUs); the fabric is full-bisection either way, so only the
+    number of hops between hosts on different leaves changes.
+    """
+    hpl = preset.get("hosts_per_leaf", 32)
+    if preset.get("hosts_per_rack") or num_nodes <= hpl or num_nodes % hpl == 0:
+        return {}, []
+    d = max(k for k in range(1, hpl + 1) if num_nodes % k == 0)
+    return {"hosts_per_leaf": d}, [f"hosts_per_leaf {d} (largest divisor of {num_nodes} hosts <= the preset's {hpl})"]
+
+
+# -- row -> scenario -------------------------------------------------------------------------------
+def row_to_scenario(row: dict, fmt: str | None = None) -> tuple[dict, list[str]]:
+    """A scenario mapping (the contract's sections) and notes for one row.
+
+    ``fmt`` defaults to the row's ``_format`` (set by :func:`load_runs`).  Raises
+    :class:`Unsupported` (a feature clustersim lacks) or :class:`InvalidRow`.  The
+    mapping rules are the tables of the module docstring; every default that fills an
+    empty cell is echoed in the notes.
+    """
+    fmt = fmt or row.get("_format")
+    if fmt == "vtrain":
+        return _vtrain_scenario(row)
+    if fmt == "published":
+        return _published_scenario(row)
+    raise ConfigError("format", fmt, f"must be one of {', '.join(FORMATS)}")
+
+
+def _vtrain_scenario(row: dict) -> tuple[dict, list[str]]:
+    def need(col):
+        v = _int(row, col)
+        if v is None:
+            raise InvalidRow(f"{col!r} is empty")
+        return v
+
+    n, gbs, mbs = need("# GPUs"), need("global batch"), need("micro batch")
+    h, heads, layers, seq = need("hidden size"), need("attention heads"), need("# layers"), need("sequence length")
+    tp, dp, pp = need("tensor parallelism"), need("data parallelism"), need("pipeline parallelism")
+    if tp * dp * pp != n:
+        raise InvalidRow(f"tp*dp*pp = {tp}*{dp}*{pp} = {tp * dp * pp} != # GPUs = {n}")
+    from topologies import load_preset
+    pdata = load_preset("a100-4nic")
+    if n < 8:
+        leaf, lnotes = _partial_host(pdata, n)
+    elif n % 8:
+        raise Unsupported(f"{n} GPUs is not a whole number of 8-GPU nodes")
+    else:
+        leaf, lnotes = _leaf_fit(pdata, n // 8)
+    size = _cell(row, "Parameters (billion)")
+    model = {"name": f"vtrain-gpt-{size}b" if size else "vtrain-gpt", "num_layers": layers,
+             "hidden_size": h, "num_attention_heads": heads, "vocab_size": _GPT2_VOCAB, "seq_len": seq,
+             "mlp": "gelu", "norm": "layernorm", "position_embedding": "learned", "add_bias_linear": True,
+             "tied_embeddings": True, "dropout": 0.1}
+    scenario = {
+        "model": model,
+        "cluster": {"preset": "a100-4nic", "num_nodes": n // 8, **leaf},
+        "parallel": {"tp": tp, "pp": pp, "dp": dp, "cp": 1, "ep": 1, "micro_batch_size": mbs,
+                     "global_batch_size": gbs, "seq_len": seq, "schedule": "1f1b", "vpp": 1,
+                     "sequence_parallel": False, "distributed_optimizer": False, "zero_stage": 0,
+                     "recompute": "full"},
+        "precision": "bf16",
+        "overlap": {"grad_reduce": False, "param_gather": False, "tp_comm": False, "p2p": False},
+        "num_steps": 2,
+    }
+    notes = [("vTrain settings: GPT vocab 50257, learned positions, GELU, LayerNorm; a100-4nic (A100-SXM4-80GB, "
+              "4 x 200 Gb/s per 8-GPU host); 1F1B; full recompute; no SP; ZeRO-0 all-reduce; no gradient "
+              "bucketing (grad_reduce overlap off); mixed precision as bf16"),
+             _NOT_MODELLED + "FP16 gradient all-reduce (modelled in FP32)"] + lnotes
+    return scenario, notes
+
+
+def _published_scenario(row: dict) -> tuple[dict, list[str]]:
+    from topologies import load_preset
+    from workloads.model import load_preset_mapping
+
+    notes: list[str] = []
+    n = _int(row, "num_gpus")
+    if n is None:
+        raise InvalidRow("num_gpus is empty")
+
+    # cluster
+    gpu_text = _cell(row, "gpu_type") or _cell(row, "system")
+    preset, gpu, gnotes = map_gpu(gpu_text)
+    notes += gnotes
+    pdata = load_preset(preset)
+    gph = pdata.get("gpus_per_host", 8)
+    stated = _int(row, "gpus_per_node")
+    if stated is not None and stated not in (gph, pdata.get("nvlink_domain_size", gph)):
+        raise Unsupported(f"{stated} GPUs per node on {preset} (hosts of {gph})")
+    cluster = {"preset": preset, "num_nodes": n // gph}
+    if n < gph:
+        part, pnotes = _partial_host(pdata, n)
+        cluster.update(part)
+        notes += pnotes
+    elif n % gph:
+        raise Unsupported(f"{n} GPUs is not a whole number of {gph}-GPU hosts ({preset})")
+    if pdata.get("gpu") != gpu:
+        cluster["gpu"] = gpu
+    leaf, lnotes = _leaf_fit(pdata, n // gph)
+    cluster.update(leaf)
+    notes += lnotes
+    net, nnotes = _network(_cell(row, "inter_node_network"), pdata)
+    cluster.update(net)
+    notes += nnotes
+
+    # model
+    mpreset, proxy = map_model(_cell(row, "model"))
+    base = load_preset_mapping(mpreset)
+    model: dict = {"preset": mpreset}
+    layers = _int(row, "num_layers")
+    if proxy is not None:
+        if layers is not None and layers != proxy:
+            raise InvalidRow(f"model name says {proxy} layers, num_layers says {layers}")
+        layers = proxy
+    fields = {"num_layers": layers, "hidden_size": _int(row, "hidden_size"),
+              "ffn_hidden_size": _int(row, "ffn_hidden_size"), "num_attention_heads": _int(row, "num_heads"),
+              "num_kv_heads": _int(row, "num_kv_heads")}
+    for f, v in fields.items():
+        if v is None:
+            continue
+        ref = base.get(f)
+        if ref is None and f == "num_kv_heads":
+            ref = base.get("num_attention_heads")
+        if v != ref:
+            model[f] = v
+            notes.append(f"{f} {v} (preset {mpreset}: {ref})")
+    experts, top_k = _int(row, "num_experts"), _int(row, "moe_top_k")
+    if experts is not None or top_k is not None:
+        bmoe = base.get("moe")
+        if bmoe is None:
+            if (experts or 1) > 1:
+                raise InvalidRow(f"num_experts {experts} given for the dense preset {mpreset}")
+        else:
+            moe = {}
+            if experts is not None and experts != bmoe.get("num_experts"):
+                moe["num_experts"] = experts
+            if top_k is not None and top_k != bmoe.get("top_k"):
+                moe["top_k"] = top_k
+            if moe:
+                model["moe"] = moe
+                notes.append(f"moe {moe} (preset {mpreset})")
+    if _cell(row, "moe_layer_pattern"):
+        notes.append(f"moe_layer_pattern {_cell(row, 'moe_layer_pattern')!r} not read: the preset's pattern")
+
+    # parallel degrees
+    tp, pp, cp, ep, vpp = (_int(row, k) for k in ("tp", "pp", "cp", "ep", "vpp"))
+    filled = [k for k, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("vpp", vpp)) if v is None]
+    tp, pp, cp, ep, vpp = tp or 1, pp or 1, cp or 1, ep or 1, vpp or 1
+    if filled:
+        notes.append(f"{', '.join(filled)} empty -> 1")
+    dp = _int(row, "dp")
+    if dp is None:
+        if n % (tp * pp * cp):
+            raise InvalidRow(f"num_gpus {n} is not divisible by tp*pp*cp = {tp * pp * cp}")
+        dense = n // (tp * pp * cp)
+        notes.append(f"dp empty -> num_gpus/(tp*pp*cp) = {dense}")
+    elif tp * pp * cp * dp == n:
+        dense = dp
+    elif tp * pp * cp * dp * ep == n:
+        dense = dp * ep
+        notes.append(f"dp {dp} excludes ep (tp*pp*cp*dp*ep = num_gpus): dense dp {dense}")
+    else:
+        raise InvalidRow(f"tp*pp*cp*dp = {tp}*{pp}*{cp}*{dp} = {tp * pp * cp * dp} != num_gpus {n}")
+    if dense % ep:
+        raise InvalidRow(f"ep {ep} does not divide the dense data-parallel degree {dense}")
+    par: dict = {"tp": tp, "pp": pp, "dp": dense // ep, "cp": cp, "ep": ep}
+    if ep > 1:
+        notes.append(f"dp {dense} includes ep {ep}: five-degree dp = {dense // ep}")
+    if vpp > 1:
+        if pp == 1:
+            raise InvalidRow(f"vpp {vpp} needs pp > 1")
+        par.update(schedule="interleaved_1f1b", vpp=vpp)
+    else:
+        par.update(schedule="1f1b", vpp=1)
+
+    # batch
+    gbs = _int(row, "global_batch_size")
+    if gbs is None:
+        raise InvalidRow("global_batch_size is empty")
+    mbs = _int(row, "micro_batch_size")
+    if mbs is None:
+        mbs = 1
+        notes.append("micro_batch_size empty -> 1")
+    par.update(micro_batch_size=mbs, global_batch_size=gbs)
+    ga = _int(row, "grad_accum")
+    if ga is not None and ga * mbs * dense != gbs:
+        notes.append(f"grad_accum {ga} disagrees with gbs/(mbs*dp) = {gbs / (mbs * dense):g}")
+    seq = _int(row, "seq_len")
+    if seq is None:
+        seq = base["seq_len"]
+        notes.append(f"seq_len empty -> the preset's {seq}")
+    elif seq != base.get("seq_len"):
+        model["seq_len"] = seq
+    par["seq_len"] = seq
+
+    # vocabulary actually executed (the row's is the FLOP formula's)
+    vocab = _int(row, "vocab_size")
+    if "gpt2bpetokenizer" in _key(_cell(row, "notes") + _cell(row, "derived_fields")):
+        mult = 128 * tp
+        padded = -(-_GPT2_VOCAB // mult) * mult
+        model["vocab_size"] = padded
+        notes.append(f"vocab {padded} executed (GPT2BPETokenizer proxy: 50257 padded to a multiple of 128*tp); "
+                     f"row vocab {vocab} used for FLOP conventions only")
+    elif vocab is not None and vocab != base.get("vocab_size"):
+        model["vocab_size"] = vocab
+        notes.append(f"vocab_size {vocab} (preset {mpreset}: {base.get('vocab_size')})")
+
+    # framework defaults
+    fw, fnotes = _framework(_cell(row, "framework"))
+    notes += fnotes
+    prof = FRAMEWORKS[fw]
+    used = []
+    sp = _bool(row, "sp")
+    if sp is None:
+        sp = tp > 1 if prof["sequence_parallel"] == "tp>1" else bool(prof["sequence_parallel"])
+        used.append(f"sequence_parallel={str(sp).lower()}")
+    zero = _zero(_cell(row, "zero_fsdp"))
+    if zero is None:
+        zero, dist = prof["zero_stage"], prof["distributed_optimizer"]
+        used.append(f"distributed_optimizer={str(dist).lower()} (ZeRO-{zero})")
+    else:
+        dist = zero >= 1
+    rc = _recompute(_cell(row, "activation_recompute"))
+    if rc is None:
+        rc = {"recompute": prof["recompute"]}
+        used.append(f"recompute={prof['recompute']}")
+    par.update(sequence_parallel=sp, zero_stage=zero, distributed_optimizer=dist, **rc)
+    overlap = {"grad_reduce": prof["overlap"]["grad_reduce"], "param_gather": prof["overlap"]["param_gather"],
+               "tp_comm": False, "p2p": prof["overlap"]["p2p"]}
+    used.append("overlap " + ", ".join(f"{k}={str(v).lower()}" for k, v in overlap.items()))
+    used.append(f"schedule={par['schedule']}")
+    notes.append(f"defaults ({prof['label']}): " + "; ".join(used))
+
+    # precision
+    precision, pnotes = map_precision(_cell(row, "precision"))
+    notes += pnotes
+    notes += [_NOT_MODELLED + x for x in prof["not_modelled"]]
+    if fw == "nemo":
+        for prec, text in _NEMO_RECIPE_NOTES.get(mpreset, []):
+            if not prec or precision.startswith(prec):
+                notes.append(_NOT_MODELLED + text)
+
+    scenario = {"model": model if len(model) > 1 else mpreset, "cluster": cluster, "parallel": par,
+                "precision": precision, "overlap": overlap, "num_steps": 2}
+    return scenario, notes
+
+
+# -- measurements ----------------------------------------------------------------------------------
+def source_convention(row: dict) -> tuple[str, str]:
+    """``(FLOP convention, why)`` for a published-format row (see the module docstring)."""
+    from workloads import FLOP_CONVENTIONS
+    text = _cell(row, "tflops_definition")
+    low = text.lower()
+    for name in FLOP_CONVENTIONS:
+        if name in low:
+            return name, "named in tflops_definition"
+    if re.search(r"no causal|non-causal|not causal|without causal|12\s*\*\s*l\s*\*\s*h", low):
+        return "nemo_24", "tflops_definition describes NeMo's count (full s^2 attention)"
+    if "palm" in low or re.search(r"\b6\s*\*?\s*n\b", low):
+        return "palm_6n", "tflops_definition names 6N"
+    if "narayanan" in low or "eq. 3" in low or "eq3" in low:
+        return "narayanan_eq3", "tflops_definition names Narayanan et al. eq. 3"
+    fw, _ = _framework(_cell(row, "framework"))
+    conv = FRAMEWORKS[fw]["convention"]
+    return conv, f"the framework's ({FRAMEWORKS[fw]['label']})"
+
+
+def _flops(scenario: dict, row: dict, conv: str) -> float:
+    from workloads import load_model, model_flops_per_step
+    model = load_model(scenario["model"])
+    par = scenario["parallel"]
+    vocab = _int(row, "vocab_size")
+    return model_flops_per_step(model, par["global_batch_size"], par["seq_len"], conv, vocab_size=vocab)
+
+
+def _peak(scenario: dict) -> float:
+    from topologies.cluster import spec_from_mapping
+    from workloads import get_recipe
+    gpu = spec_from_mapping(scenario["cluster"]).gpu
+    recipe = get_recipe(scenario.get("precision", "bf16"))
+    return gpu.peak_flops.get(recipe.peak_dtype, gpu.peak_flops["bf16"])
+
+
+def measured_step(row: dict, fmt: str | None = None, scenario: dict | None = None) -> tuple[float, str, list[str]]:
+    """``(measured step time in s, derivation, notes)`` of one row; :class:`InvalidRow` if none.
+
+    The FLOP-based derivations need the row's ``scenario`` (from :func:`row_to_scenario`).
+    """
+    fmt = fmt or row.get("_format")
+    if fmt == "vtrain":
+        ms = _num(row, "iteration time (ms)")
+        if ms is None or ms <= 0:
+            raise InvalidRow("iteration time (ms) is empty or not positive")
+        return ms / 1000.0, "iteration time (ms) / 1000", []
+    n = _int(row, "num_gpus")
+    gbs = _int(row, "global_batch_size")
+    seq = _int(row, "seq_len")
+    if seq is None and scenario is not None:
+        seq = scenario["parallel"]["seq_len"]
+    cands: list[tuple[float, str]] = []
+    v = _num(row, "step_time_s")
+    if v is not None and v > 0:
+        cands.append((v, "step_time_s"))
+    v = _num(row, "tokens_per_s_total")
+    if v and gbs and seq:
+        cands.append((gbs * seq / v, "global_batch_size*seq_len/tokens_per_s_total"))
+    v = _num(row, "tokens_per_s_per_gpu")
+    if v and gbs and seq and n:
+        cands.append((gbs * seq / (v * n), "global_batch_size*seq_len/(tokens_per_s_per_gpu*num_gpus)"))
+    if scenario is not None and n:
+        conv, _why = source_convention(row)
+        tf = _num(row, "tflops_per_gpu")
+        mfu = _num(row, "mfu_pct")
+        if tf or mfu:
+            flops = _flops(scenario, row, conv)
+            if tf:
+                cands.append((flops / (tf * 1e12 * n), f"{conv} model FLOPs/(tflops_per_gpu*num_gpus)"))
+            if mfu:
+                peak = _peak(scenario)
+                cands.append((flops / (mfu / 100 * n * peak),
+                              f"{conv} model FLOPs/(mfu_pct/100*num_gpus*{peak / 1e12:g} TFLOP/s peak)"))
+    if not cands:
+        raise InvalidRow("no measured step time (step_time_s, tokens_per_s_total, tokens_per_s_per_gpu, "
+                         "tflops_per_gpu or mfu_pct)")
+    best, how = cands[0]
+    notes = []
+    for other, other_how in cands[1:]:
+        if abs(other / best - 1) > 0.02 and "FLOPs" not in other_how:
+            notes.append(f"check: {other_how} gives {other:.4g} s ({(other / best - 1) * 100:+.1f}%)")
+    return best, how, notes
+
+
+# -- validation ------------------------------------------------------------------------------------
+def _describe_parallel(par: dict) -> str:
+    s = f"tp{par['tp']} pp{par['pp']} dp{par['dp']} cp{par['cp']}"
+    if par.get("ep", 1) > 1:
+        s += f" ep{par['ep']}"
+    if par.get("vpp", 1) > 1:
+        s += f" vpp{par['vpp']}"
+    return s + f" mbs{par['micro_batch_size']} gbs{par['global_batch_size']}"
+
+
+def _row_id(row: dict) -> str:
+    if row.get("_format") == "published" and _cell(row, "row_id"):
+        return _cell(row, "row_id")
+    return f"{Path(row.get('_file', 'runs')).stem}:{row.get('_line', '?')}"
+
+
+def _source(row: dict) -> str:
+    if row.get("_format") == "vtrain":
+        return "vtrain"
+    return _cell(row, "source_id") or Path(row.get("_file", "runs")).stem
+
+
+def _classify_config_error(e: ConfigError) -> str:
+    text = str(e)
+    if re.search(r"not modelled|not supported|not implemented|not yet", text):
+        return f"unsupported: {text}"
+    return f"invalid: {text}"
+
+
+def _evaluate(row: dict, run_fn, max_gpus) -> dict:
+    fmt = row.get("_format")
+    out = {c: "" for c in OUTPUT_COLUMNS}
+    out.update(id=_row_id(row), source=_source(row), format=fmt)
+    if fmt == "vtrain":
+        size = _cell(row, "Parameters (billion)")
+        out.update(model=f"GPT {size}B" if size else "GPT", gpu="A100", num_gpus=_cell(row, "# GPUs"),
+                   precision="mixed")
+    else:
+        out.update(model=_cell(row, "model"), gpu=_cell(row, "gpu_type") or _cell(row, "system"),
+                   num_gpus=_cell(row, "num_gpus"), precision=_cell(row, "precision"))
+    notes: list[str] = []
+    status = None
+    scenario = None
+    try:
+        scenario, mnotes = row_to_scenario(row, fmt)
+        notes += mnotes
+        out["parallel"] = _describe_parallel(scenario["parallel"])
+    except Unsupported as e:
+        status = f"unsupported: {e.reason}"
+    except InvalidRow as e:
+        status = f"invalid: {e.reason}"
+    except ConfigError as e:
+        status = _classify_config_error(e)
+
+    measured = None
+    try:
+        measured, how, cnotes = measured_step(row, fmt, scenario)
+        out.update(measured_step_s=measured, derivation=how)
+        notes += cnotes
+    except InvalidRow as e:
+        if status is None:
+            status = f"invalid: {e.reason}"
+        else:
+            notes.append(e.reason)
+    except ConfigError as e:
+        if status is None:
+            status = _classify_config_error(e)
+
+    conv = None
+    if scenario is not None and fmt == "published":
+        try:
+            conv, why = source_convention(row)
+            out["flop_convention"] = conv
+            notes.append(f"FLOP convention {conv}: {why}")
+            out["measured_tflops_per_gpu"] = _num(row, "tflops_per_gpu") or ""
+            out["measured_mfu_pct"] = _num(row, "mfu_pct") or ""
+        except InvalidRow as e:
+            notes.append(e.reason)
+
+    if status is None:
+        from .scenario import load_scenario
+        try:
+            load_scenario(scenario)
+        except ConfigError as e:
+            status = _classify_config_error(e)
+    try:
+        n = int(float(out["num_gpus"]))
+    except ValueError:
+        n = 0
+    if status is None and max_gpus is not None and n > max_gpus:
+        status = "unsupported: over --max-gpus"
+
+    if status is None:
+        t0 = time.perf_counter()
+        try:
+            res = run_fn(scenario)
+            metrics = getattr(res, "metrics", res)
+            pred = float(metrics["step_time_s"])
+            if not pred > 0:
+                raise ValueError(f"predicted step time {pred!r} is not positive")
+        except ConfigError as e:
+            status = _classify_config_error(e)
+        except Exception as e:  # noqa: BLE001 -- the simulator's failure is reported on the row, not raised
+            status = f"error: {type(e).__name__}: {e}"
+        else:
+            status = "ok"
+            out["predicted_step_s"] = pred
+            out["error_pct"] = (pred - measured) / measured * 100
+            _predicted_rates(out, scenario, row, conv, pred, measured, n, notes)
+            peak_mem = metrics.get("peak_memory_bytes") if hasattr(metrics, "get") else None
+            hbm = _hbm(scenario)
+            if peak_mem and hbm and peak_mem > hbm:
+                notes.append(f"memory model predicts OOM: {peak_mem / 2**30:.1f} GiB > {hbm / 2**30:.0f} GiB")
+        out["wall_s"] = round(time.perf_counter() - t0, 3)
+    out["status"] = status
+    out["notes"] = NOTE_SEP.join(notes)
+    return out
+
+
+def _hbm(scenario: dict) -> float | None:
+    try:
+        from topologies.cluster import spec_from_mapping
+        return spec_from_mapping(scenario["cluster"]).gpu.hbm_bytes
+    except ConfigError:
+        return None
+
+
+def _predicted_rates(out, scenario, row, conv, pred, measured, n, notes) -> None:
+    if conv is None or not n:
+        return
+    flops = _flops(scenario, row, conv)
+    if out["measured_tflops_per_gpu"] != "":
+        out["predicted_tflops_per_gpu"] = flops / pred / n / 1e12
+    if out["measured_mfu_pct"] != "":
+        peak = _peak(scenario)
+        out["predicted_mfu_pct"] = flops / (pred * n * peak) * 100
+        at_measured = flops / (measured * n * peak) * 100
+        notes.append(f"check: {conv} MFU at the measured step {at_measured:.2f}% (published {out['measured_mfu_pct']}%)")
+
+
+def write_csv(results: list[dict], path) -> None:
+    """Write :func:`validate` rows to ``path`` (columns :data:`OUTPUT_COLUMNS`)."""
+    p = Path(path)
+    if p.parent and not p.parent.exists():
+        p.parent.mkdir(parents=True, exist_ok=True)
+    with p.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(OUTPUT_COLUMNS), extrasaction="ignore")
+        w.writeheader()
+        for r in results:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def validate(path, out_csv=None, *, run_fn=None, max_gpus: int | None = None, progress=None) -> list[dict]:
+    """Simulate every row of a runs table and compare with its measurement.
+
+    Parameters
+    ----------
+    path
+        A CSV in the published-runs or vTrain format (:func:`load_runs`).
+    out_csv
+        Where to write the result rows (columns :data:`OUTPUT_COLUMNS`); None: not written.
+    run_fn
+        ``run_fn(scenario_mapping)`` returning an object with ``.metrics["step_time_s"]`` (or
+        the metrics mapping itself); default :func:`simulator.engine.run`.
+    max_gpus
+        Rows on more GPUs are reported as ``unsupported: over --max-gpus`` (still mapped
+        and checked, not simulated).
+    progress
+        ``progress(index, total, result_row)`` after each row.
+
+    Returns
+    -------
+    list of dict
+        One per input row, in order (:data:`OUTPUT_COLUMNS`); ``status`` is ``ok``,
+        ``unsupported: ...``, ``invalid: ...`` or ``error: ...``.
+    """
+    if max_gpus is not None and (isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or max_gpus < 1):
+        raise ConfigError("--max-gpus", max_gpus, "must be a positive integer")
+    rows = load_runs(path)
+    if run_fn is None:
+        from .engine import run as run_fn
+    results = []
+    for i, row in enumerate(rows):
+        out = _evaluate(row, run_fn, max_gpus)
+        results.append(out)
+        if progress is not None:
+            progress(i, len(rows), out)
+    if out_csv is not None:
+        write_csv(results, out_csv)
+    return results
+
+
+# -- summary ---------------------------------------------------------------------------------------
+def _percentile(values: list[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default) of a non-empty list."""
+    v = sorted(values)
+    pos = (len(v) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def _stats(rows: list[dict]) -> dict:
+    ok = [r for r in rows if r["status"] == "ok" and r["error_pct"] != ""]
+    errs = [abs(float(r["error_pct"])) for r in ok]
+    signed = [float(r["error_pct"]) for r in ok]
+    out = {"rows": len(rows), "ok": len(ok)}
+    if errs:
+        out.update(median=_percentile(errs, 50), p90=_percentile(errs, 90), max=max(errs),
+                   mean=sum(errs) / len(errs), bias=_percentile(signed, 50))
+    return out
+
+
+def summary(results: list[dict]) -> str:
+    """Coverage and absolute step-time error (median, p90, max, mean) per source and overall,
+    the median signed error (bias), counts of the reasons rows were not simulated, and the
+    number of simulated rows each not-modelled source feature touches."""
+    sources: dict[str, list[dict]] = {}
+    for r in results:
+        sources.setdefault(r["source"], []).append(r)
+    groups = list(sources.items()) + ([("all", results)] if len(sources) > 1 else [])
+    lines = [(f"{'source':<20} {'rows':>5} {'ok':>4} {'coverage':>9} {'median|err|':>12} {'p90|err|':>9} "
+              f"{'max|err|':>9} {'mean|err|':>10} {'median err':>11}")]
+    for name, rows in groups:
+        s = _stats(rows)
+        cov = f"{s['ok'] / s['rows'] * 100:.0f}%" if s["rows"] else "-"
+        if "median" in s:
+            lines.append(f"{name:<20} {s['rows']:>5} {s['ok']:>4} {cov:>9} {s['median']:>11.1f}% {s['p90']:>8.1f}% "
+                         f"{s['max']:>8.1f}% {s['mean']:>9.1f}% {s['bias']:>+10.1f}%")
+        else:
+            lines.append(f"{name:<20} {s['rows']:>5} {s['ok']:>4} {cov:>9} {'-':>12} {'-':>9} {'-':>9} {'-':>10} "
+                         f"{'-':>11}")
+    reasons: dict[str, int] = {}
+    for r in results:
+        if r["status"] != "ok":
+            reasons[r["status"]] = reasons.get(r["status"], 0) + 1
+    if reasons:
+        lines.append("not simulated (rows):")
+        for reason, count in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
+            lines.append(f"  {count:>4}  {reason}")
+    features: dict[str, int] = {}
+    for r in results:
+        for note in str(r.get("notes", "")).split(NOTE_SEP):
+            if note.startswith(_NOT_MODELLED):
+                feat = note[len(_NOT_MODELLED):]
+                features[feat] = features.get(feat, 0) + 1
+    if features:
+        lines.append("source features not modelled (rows touched, simulated or not):")
+        for feat, count in sorted(features.items(), key=lambda kv: (-kv[1], kv[0])):
+            lines.append(f"  {count:>4}  {feat}")
+    return "\n".join(lines)
+
+
+def _row_line(r: dict) -> str:
+    def num(v, spec):
+        return format(v, spec) if isinstance(v, float) else (str(v) if v != "" else "-")
+    err = f"{r['error_pct']:+.1f}%" if isinstance(r["error_pct"], float) else "-"
+    return (f"{r['id']:<22} {str(r['model'])[:32]:<32} {r['num_gpus']:>5} {str(r['precision'])[:6]:<6} "
+            f"{num(r['measured_step_s'], '.3f'):>8} {num(r['predicted_step_s'], '.3f'):>9} {err:>8}  {r['status']}")
+
+
+def main(argv=None) -> int:
+    """``clustersim validate RUNS.csv [--out predictions.csv] [--max-gpus N]``: per-row lines, then the summary."""
+    p = argparse.ArgumentParser(prog="clustersim validate",
+                                description="Simulate every measured run of a table and report the step-time error.")
+    p.add_argument("runs", help="CSV in the published-runs format or vTrain's ground-truth format")
+    p.add_argument("--out", help="write one row per input row (predictions, errors, status) to this CSV")
+    p.add_argument("--max-gpus", type=int, default=None,
+                   help="report rows on more GPUs as 'unsupported: over --max-gpus' instead of simulating them")
+    args = p.parse_args(argv)
+    print(f"{'id':<22} {'model':<32} {'gpus':>5} {'prec':<6} {'measured':>8} {'predicted':>9} {'error':>8}  status")
+
+    def progress(_i, _n, r):
+        print(_row_line(r), flush=True)
+
+    results = validate(args.runs, args.out, max_gpus=args.max_gpus, progress=progress)
+    print()
+    print(summary(results))
+    return 0
