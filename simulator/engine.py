@@ -23,7 +23,12 @@ Streams and overlap (DESIGN.md, Overlap; each rule a switch of ``scenario.overla
 * the distributed optimizer's parameter all-gathers (``param_gather_*``) run on the DP
   stream after the optimizer step without blocking when ``param_gather`` is on; the next
   step's first backward waits for them (their layers' forwards may overlap them);
-* step-end collectives (tied embedding, grad norm) block.
+* step-end collectives (tied embedding, grad norm) block;
+* the context-parallel K/V all-gather runs while the attention block computes (``cp_comm``,
+  Megatron's ring attention overlaps each K/V hop with the current block); the block
+  then waits for it; the dK/dV reduce-scatter blocks;
+* a compute op that starts while a non-blocking collective of its rank is in flight runs
+  slower by :data:`COMM_SLOWDOWN` (``comm_slowdown``): NCCL's kernels occupy SMs.
 
 ``num_steps`` steps run back to back; the last is reported, so carry-over (parameter
 gathers running into the next step) sits where it runs.  A program that cannot finish
@@ -47,7 +52,14 @@ from workloads.program import Program
 from .collectives import CollectiveEngine
 from .scenario import Scenario, load_scenario
 
-__all__ = ["run", "Result", "DeadlockError", "SimulationError", "TIMELINE_COLUMNS"]
+__all__ = ["run", "Result", "DeadlockError", "SimulationError", "TIMELINE_COLUMNS", "COMM_SLOWDOWN"]
+
+#: Compute slowdown while a communication kernel shares the GPU: NCCL runs one CTA per
+#: channel, 16 channels for NVLS / most rings on SM90 (NVLS_NCHANNELS_SM90 = 16,
+#: src/transport/nvls.cc; ring channels 16 on DGX H100), i.e. 16 of 132 SMs, so GEMMs keep
+#: 116/132 of the GPU: 1/(1 - 16/132) = 1.14.  A100: 16 of 108 SMs (1.17); B200: 16 (32 for
+#: multi-node NVLS) of 148 (1.12).  An SM-share estimate, not a measurement.
+COMM_SLOWDOWN = {"ampere": 108 / (108 - 16), "hopper": 132 / (132 - 16), "blackwell": 148 / (148 - 16)}
 
 TIMELINE_COLUMNS = ("rank", "node", "stream", "kind", "name", "layer", "microbatch", "chunk", "phase", "axis",
                     "start_s", "end_s", "flops", "size_bytes")
@@ -169,6 +181,9 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
     # p2p mailboxes for free communication (send never blocks; recv waits for the data)
     mailbox: dict = {}
 
+    slowdown = COMM_SLOWDOWN[cluster.gpu.generation] if sc.overlap.get("comm_slowdown", True) and not free_comm else 1.0
+    cp_overlap = sc.overlap.get("cp_comm", True)
+
     def actor(cls):
         cid = cls.class_id
         members = cls.members
@@ -189,6 +204,8 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
                 per_kind[op.group] = per_kind.get(op.group, 0) + 1
         stream_tail: dict[str, simpy.Event] = {}
         outstanding: dict[str, list] = {"grad": [], "param": []}
+        inflight: list = []          # non-blocking collectives of this class (for the SM slowdown)
+        overlapped: list = []        # CP K/V exchanges the next compute op overlaps
         ops = cls.ops
         n_ops = len(ops)
         for step in range(n_steps):
@@ -204,9 +221,16 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
                         outstanding["param"] = []
                         waited_params = True
                     t0 = env.now
-                    if op.duration_s > 0:
-                        yield env.timeout(op.duration_s)
+                    dur = op.duration_s
+                    if slowdown != 1.0 and dur > 0 and any(not e.processed for e in inflight):
+                        dur *= slowdown
+                    inflight[:] = [e for e in inflight if not e.processed]
+                    if dur > 0:
+                        yield env.timeout(dur)
                     rec.add(rep, node, "compute", op, "", t0, env.now, step, cid)
+                    if overlapped:
+                        yield from _wait(env, overlapped, waits[cid], "cp")
+                        overlapped.clear()
                     continue
                 if op.kind in ("send", "recv"):
                     # consecutive send/recv ops form one batch, as Megatron's
@@ -236,6 +260,14 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
                         sizes = sizes.T
                 issue = _issuer(env, coll, groups_of[op.group], seq, op, free_comm, sizes)
                 t_issue = env.now
+                if cp_overlap and op.group == "cp" and op.coll == "all_gather":
+                    ev = issue()
+                    fin = env.event()
+                    ev.callbacks.append(lambda _x, op=op, t_issue=t_issue, step=step, fin=fin: (
+                        rec.add(rep, node, op.stream, op, "cp", t_issue, env.now, step, cid), fin.succeed()))
+                    overlapped.append(fin)
+                    inflight.append(fin)
+                    continue
                 if nonblocking:
                     tail = stream_tail.get(op.stream)
                     fin = env.event()
@@ -253,6 +285,7 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
                         launch()
                     stream_tail[op.stream] = fin
                     outstanding["grad" if op.name.startswith("grad_") else "param"].append(fin)
+                    inflight.append(fin)
                     continue
                 ev = issue()
                 if not ev.processed:

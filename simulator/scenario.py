@@ -22,7 +22,8 @@ from workloads import ModelSpec, ParallelConfig, get_recipe, load_model
 __all__ = ["Scenario", "load_scenario", "OVERLAP_DEFAULTS"]
 
 #: Megatron-Core defaults for the overlap switches (DESIGN.md, Overlap).
-OVERLAP_DEFAULTS = {"grad_reduce": True, "param_gather": True, "tp_comm": False, "p2p": False}
+OVERLAP_DEFAULTS = {"grad_reduce": True, "param_gather": True, "tp_comm": False, "p2p": False, "cp_comm": True,
+                    "comm_slowdown": True}
 _KEYS = {"name", "description", "model", "cluster", "parallel", "precision", "overlap", "whatif", "num_steps",
          "seed", "moe_routing"}
 

@@ -130,3 +130,29 @@ def test_skewed_routing_slows_the_expert_parallel_step():
     a2a = lambda r: r.timeline[r.timeline["name"] == "ep_dispatch"]["end_s"].sub(
         r.timeline[r.timeline["name"] == "ep_dispatch"]["start_s"]).sum()
     assert a2a(skew) > a2a(bal)
+
+
+def test_cp_kv_exchange_overlaps_the_attention_block():
+    par = {"tp": 1, "cp": 2, "pp": 1, "dp": 4, "global_batch_size": 4, "seq_len": 4096}
+    on = run(scenario(par, num_steps=1))
+    off = run(scenario(par, num_steps=1, overlap={"cp_comm": False}))
+    assert on.metrics["step_time_s"] < off.metrics["step_time_s"]
+    tl = on.timeline
+    ag = tl[tl["name"] == "cp_kv"].iloc[0]
+    attn = tl[(tl["name"] == "attn") & (tl["layer"] == ag["layer"]) & (tl["microbatch"] == ag["microbatch"])
+              & (tl["phase"] == "F")].iloc[0]
+    assert attn["start_s"] == ag["start_s"]          # both begin together
+
+
+def test_compute_slows_while_communication_shares_the_gpu():
+    from simulator.engine import COMM_SLOWDOWN
+    par = {"tp": 1, "pp": 2, "dp": 4, "global_batch_size": 32, "seq_len": 1024}
+    # step 2's forwards overlap step 1's parameter all-gathers
+    on = run(scenario(par, num_steps=2))
+    off = run(scenario(par, num_steps=2, overlap={"comm_slowdown": False}))
+    assert on.metrics["step_time_s"] >= off.metrics["step_time_s"]
+    a, b = on.timeline, off.timeline
+    comp = lambda t: t[t["stream"] == "compute"]["end_s"].sub(t[t["stream"] == "compute"]["start_s"]).to_numpy()
+    ratio = comp(a) / np.where(comp(b) > 0, comp(b), 1)
+    slowed = ratio[ratio > 1 + 1e-9]
+    assert slowed.size > 0 and np.allclose(slowed, COMM_SLOWDOWN["hopper"])
