@@ -13,8 +13,10 @@ send/recv is issued per member rank with the peer rank's GPU.
 Streams and overlap (DESIGN.md, Overlap; each rule a switch of ``scenario.overlap``)
 ------------------------------------------------------------------------------------
 * compute ops run back to back on the compute stream;
-* TP / SP, CP and EP collectives block compute until they complete (Megatron default;
-  ``tp_comm`` overlap of TP collectives is not modelled yet and is rejected);
+* TP / SP, CP and EP collectives block compute until they complete (Megatron default);
+  with ``tp_comm`` (Transformer Engine's userbuffer overlap) a TP collective instead runs
+  while the next compute op (the GEMM block it feeds or follows) computes, and that op
+  then waits for it -- an approximation of TE's chunked ring overlap;
 * PP send/recv are rendezvous: both sides block until the transfer is done
   (``p2p: true`` makes sends non-blocking -- Megatron's overlap for the interleaved schedule);
 * gradient buckets (``grad_*``) are issued on the DP stream without blocking when
@@ -45,7 +47,6 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from topologies import ConfigError
 from workloads import build_program, memory_estimates
 from workloads.program import Program
 
@@ -150,10 +151,8 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
     """Simulate ``scenario`` (a :class:`Scenario`, a mapping or a YAML path)."""
     t_wall = time.perf_counter()
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
-    if sc.overlap.get("tp_comm"):
-        raise ConfigError("overlap.tp_comm", True, "overlapping TP communication with GEMMs is not modelled yet")
     prog = build_program(sc.model, sc.parallel, sc.cluster.gpu, precision=sc.precision,
-                         moe_routing=sc.moe_routing, seed=sc.seed)
+                         moe_routing=sc.moe_routing, seed=sc.seed, grad_reduce_dtype=sc.grad_reduce_dtype)
     env = simpy.Environment()
     coll = CollectiveEngine(env, sc.cluster, calibration)
     rec = _Recorder()
@@ -183,6 +182,7 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
 
     slowdown = COMM_SLOWDOWN[cluster.gpu.generation] if sc.overlap.get("comm_slowdown", True) and not free_comm else 1.0
     cp_overlap = sc.overlap.get("cp_comm", True)
+    tp_overlap = sc.overlap.get("tp_comm", False)
 
     def actor(cls):
         cid = cls.class_id
@@ -205,7 +205,8 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
         stream_tail: dict[str, simpy.Event] = {}
         outstanding: dict[str, list] = {"grad": [], "param": []}
         inflight: list = []          # non-blocking collectives of this class (for the SM slowdown)
-        overlapped: list = []        # CP K/V exchanges the next compute op overlaps
+        overlapped: list = []        # CP K/V exchanges (and TP collectives with tp_comm) the next compute overlaps
+        overlapped_axis = ["cp"]
         ops = cls.ops
         n_ops = len(ops)
         for step in range(n_steps):
@@ -229,7 +230,7 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
                         yield env.timeout(dur)
                     rec.add(rep, node, "compute", op, "", t0, env.now, step, cid)
                     if overlapped:
-                        yield from _wait(env, overlapped, waits[cid], "cp")
+                        yield from _wait(env, list(overlapped), waits[cid], _AXIS.get(overlapped_axis[0], "cp"))
                         overlapped.clear()
                     continue
                 if op.kind in ("send", "recv"):
@@ -244,6 +245,9 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
                                     mailbox)
                     continue
                 axis = _AXIS.get(op.group, op.stream)
+                if overlapped and op.kind == "collective" and op.group in ("world", "embedding", "dp_cp", "edp"):
+                    yield from _wait(env, list(overlapped), waits[cid], _AXIS.get(overlapped_axis[0], "cp"))
+                    overlapped.clear()
                 if op.name == "grad_norm":
                     pend = outstanding["grad"]
                     if pend:
@@ -260,12 +264,13 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
                         sizes = sizes.T
                 issue = _issuer(env, coll, groups_of[op.group], seq, op, free_comm, sizes)
                 t_issue = env.now
-                if cp_overlap and op.group == "cp" and op.coll == "all_gather":
+                if (cp_overlap and op.group == "cp" and op.coll == "all_gather") or (tp_overlap and op.group == "tp"):
                     ev = issue()
                     fin = env.event()
-                    ev.callbacks.append(lambda _x, op=op, t_issue=t_issue, step=step, fin=fin: (
-                        rec.add(rep, node, op.stream, op, "cp", t_issue, env.now, step, cid), fin.succeed()))
+                    ev.callbacks.append(lambda _x, op=op, t_issue=t_issue, step=step, fin=fin, axis=axis: (
+                        rec.add(rep, node, op.stream, op, axis, t_issue, env.now, step, cid), fin.succeed()))
                     overlapped.append(fin)
+                    overlapped_axis[0] = op.group
                     inflight.append(fin)
                     continue
                 if nonblocking:
@@ -299,6 +304,9 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
                         waits[cid].append((t_issue, t_start, "bubble"))
                     if env.now > t_start:
                         waits[cid].append((t_start, env.now, axis))
+            if overlapped:
+                yield from _wait(env, list(overlapped), waits[cid], _AXIS.get(overlapped_axis[0], "cp"))
+                overlapped.clear()
             step_end[step][cid] = env.now
             step_latch[step].hit()
         if outstanding["param"]:

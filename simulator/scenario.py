@@ -24,8 +24,8 @@ __all__ = ["Scenario", "load_scenario", "OVERLAP_DEFAULTS"]
 #: Megatron-Core defaults for the overlap switches (DESIGN.md, Overlap).
 OVERLAP_DEFAULTS = {"grad_reduce": True, "param_gather": True, "tp_comm": False, "p2p": False, "cp_comm": True,
                     "comm_slowdown": True}
-_KEYS = {"name", "description", "model", "cluster", "parallel", "precision", "overlap", "whatif", "num_steps",
-         "seed", "moe_routing"}
+_KEYS = {"name", "description", "model", "cluster", "parallel", "precision", "grad_reduce_dtype", "overlap", "whatif",
+         "num_steps", "seed", "moe_routing"}
 
 
 @dataclass
@@ -42,6 +42,8 @@ class Scenario:
     seed: int = 0
     moe_routing: str = "balanced"
     name: str = "scenario"
+    grad_reduce_dtype: str | None = None
+    """Gradient-reduction dtype; None: the recipe's (fp32 for Megatron's bf16)."""
     source: dict = field(default_factory=dict)
     """The mapping the scenario was loaded from (echoed in results)."""
 
@@ -72,7 +74,8 @@ def load_scenario(spec: "str | Path | dict") -> Scenario:
     par.check_model(model)
     par.check_schedule()
     precision = data.get("precision", "bf16")
-    get_recipe(precision, gpu=cluster.gpu)
+    grad_dtype = data.get("grad_reduce_dtype")
+    get_recipe(precision, gpu=cluster.gpu, grad_reduce_dtype=grad_dtype)
     overlap = dict(OVERLAP_DEFAULTS)
     ov = data.get("overlap") or {}
     if not isinstance(ov, dict):
@@ -95,5 +98,6 @@ def load_scenario(spec: "str | Path | dict") -> Scenario:
     from workloads.moe_routing import parse_routing
     routing = data.get("moe_routing", "balanced")
     parse_routing(routing, "scenario.moe_routing")
-    return Scenario(model, cluster, par, precision, overlap, {}, num_steps, seed, routing,
-                    str(data.get("name", name)), data)
+    return Scenario(model=model, cluster=cluster, parallel=par, precision=precision, overlap=overlap, whatif={},
+                    num_steps=num_steps, seed=seed, moe_routing=routing, name=str(data.get("name", name)),
+                    grad_reduce_dtype=grad_dtype, source=data)

@@ -88,11 +88,10 @@ Framework defaults for empty cells (echoed per row in ``notes``), :data:`FRAMEWO
   ``llama3.1/llama3.1_{70b,405b}.yaml`` (``sequence_parallel: true``,
   ``distributed_fused_adam`` with ``overlap_grad_sync`` / ``overlap_param_sync``,
   ``activations_checkpoint_granularity: null``, ``overlap_p2p_comm: true``).  Not modelled
-  (noted per row): ``ub_tp_comm_overlap: true`` (TP communication overlapped with GEMMs;
-  clustersim runs ``tp_comm: false``) and ``grad_sync_dtype: bf16`` (clustersim's bf16 and
-  FP8 recipes reduce gradients in FP32); per recipe also ``fp8_params: true`` (GPT-3 FP8:
-  FP8 parameter all-gather) and ``NCCL_NVLS_ENABLE=0`` (Llama 3.1 runs; clustersim may pick
-  NVLS).
+  (noted per row): per recipe ``fp8_params: true`` (GPT-3 FP8: FP8 parameter all-gather)
+  and ``NCCL_NVLS_ENABLE=0`` (Llama 3.1 runs; clustersim may pick NVLS).  Modelled:
+  ``ub_tp_comm_overlap: true`` -> ``overlap.tp_comm: true`` and ``grad_sync_dtype: bf16``
+  -> ``grad_reduce_dtype: bf16``.
 * **Megatron-LM / Megatron-Core / Megatron-DeepSpeed** (contains "megatron"): the
   argument defaults of Megatron-LM: no sequence parallelism, no distributed optimizer
   (ZeRO-0, gradients all-reduced), recompute none, no grad-reduce or param-gather overlap,
@@ -231,10 +230,10 @@ FRAMEWORKS: dict[str, dict] = {
     "nemo": {
         "label": "NeMo 24.x recipe",
         "sequence_parallel": "tp>1", "zero_stage": 1, "distributed_optimizer": True, "recompute": "none",
-        "overlap": {"grad_reduce": True, "param_gather": True, "p2p": True},
+        "overlap": {"grad_reduce": True, "param_gather": True, "p2p": True, "tp_comm": True},
+        "grad_reduce_dtype": "bf16",
         "convention": "nemo_24",
-        "not_modelled": ["TP communication overlap (NeMo ub_tp_comm_overlap: true; run with tp_comm false)",
-                         "BF16 gradient reduction (NeMo grad_sync_dtype: bf16; clustersim reduces in FP32)"],
+        "not_modelled": [],
         "source": f"{_DGXC} nemo_megatron/gpt3_175b_hydra.yaml, llama3.1/llama3.1_{{70b,405b}}.yaml",
     },
     "megatron": {
@@ -768,7 +767,7 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
         used.append(f"recompute={prof['recompute']}")
     par.update(sequence_parallel=sp, zero_stage=zero, distributed_optimizer=dist, **rc)
     overlap = {"grad_reduce": prof["overlap"]["grad_reduce"], "param_gather": prof["overlap"]["param_gather"],
-               "tp_comm": False, "p2p": prof["overlap"]["p2p"]}
+               "tp_comm": prof["overlap"].get("tp_comm", False), "p2p": prof["overlap"]["p2p"]}
     used.append("overlap " + ", ".join(f"{k}={str(v).lower()}" for k, v in overlap.items()))
     used.append(f"schedule={par['schedule']}")
     notes.append(f"defaults ({prof['label']}): " + "; ".join(used))
@@ -784,6 +783,9 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
 
     scenario = {"model": model if len(model) > 1 else mpreset, "cluster": cluster, "parallel": par,
                 "precision": precision, "overlap": overlap, "num_steps": 2}
+    if prof.get("grad_reduce_dtype"):
+        scenario["grad_reduce_dtype"] = prof["grad_reduce_dtype"]
+        notes.append(f"grad_reduce_dtype={prof['grad_reduce_dtype']} ({prof['label']})")
     return scenario, notes
 
 

@@ -263,7 +263,7 @@ class _Emitter:
 
 def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, num_gpus: int | None = None,
                   precision: str = "bf16", compute_model=None, moe_routing="balanced", seed: int = 0,
-                  with_memory: bool = False) -> Program:
+                  with_memory: bool = False, grad_reduce_dtype: str | None = None) -> Program:
     """The class-level program of one training step.
 
     Parameters
@@ -271,13 +271,14 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     model, parallel : the model and a parallel layout (``dp = -1`` resolved with ``num_gpus``)
     gpu : GPUSpec of the cluster (peak FLOP/s, HBM)
     precision : recipe name (``workloads.costs.PRECISION_RECIPES``)
+    grad_reduce_dtype : override the recipe's gradient-reduction dtype (``fp32`` | ``bf16``)
     compute_model : a ``ComputeModel``; default :class:`RooflineComputeModel` for ``gpu``
     moe_routing : routing spec for MoE layers (``workloads.moe_routing``), sampled from ``seed``
     """
     par = parallel.resolve(num_gpus) if num_gpus is not None else parallel
     par.check_model(model)
     par.check_schedule()
-    recipe = get_recipe(precision, gpu=gpu)
+    recipe = get_recipe(precision, gpu=gpu, grad_reduce_dtype=grad_reduce_dtype)
     compute = compute_model or RooflineComputeModel(gpu, precision, num_layers=model.num_layers)
     seq = par.seq_len or model.seq_len
     grid = RankGrid(par)

@@ -156,3 +156,14 @@ def test_compute_slows_while_communication_shares_the_gpu():
     ratio = comp(a) / np.where(comp(b) > 0, comp(b), 1)
     slowed = ratio[ratio > 1 + 1e-9]
     assert slowed.size > 0 and np.allclose(slowed, COMM_SLOWDOWN["hopper"])
+
+
+def test_tp_comm_overlap_and_bf16_gradient_reduction():
+    par = {"tp": 4, "pp": 1, "dp": 2, "global_batch_size": 4, "seq_len": 2048}
+    base = run(scenario(par, num_steps=1))
+    overlapped = run(scenario(par, num_steps=1, overlap={"tp_comm": True}))
+    assert overlapped.metrics["step_time_s"] < base.metrics["step_time_s"]
+    assert overlapped.metrics["exposed_comm_s"].get("tp", 0.0) < base.metrics["exposed_comm_s"]["tp"]
+    bf16 = run(scenario(par, num_steps=1, grad_reduce_dtype="bf16"))
+    size = lambda r: r.timeline[r.timeline["name"] == "grad_dense"]["size_bytes"].sum()
+    assert size(bf16) == pytest.approx(size(base) / 2)

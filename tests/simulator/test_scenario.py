@@ -26,6 +26,7 @@ BASE = {"model": "tiny-dense", "cluster": {"preset": "dgx-h100", "num_nodes": 1}
     ({"precision": "nvfp4"}, "precision"),                                 # needs Blackwell
     ({"whatif": {"slow_gpus": {1: 1.5}}}, "scenario.whatif"),
     ({"overlap": {"tp_comm": "yes"}}, "overlap.tp_comm"),
+    ({"grad_reduce_dtype": "fp64"}, "grad_reduce_dtype"),
     ({"overlap": {"everything": True}}, "overlap.everything"),
     ({"num_steps": 0}, "scenario.num_steps"),
     ({"moe_routing": "uniform"}, "scenario.moe_routing"),

@@ -97,12 +97,13 @@ def test_published_mapping_follows_the_nemo_recipes():
     assert (par["tp"], par["pp"], par["cp"], par["dp"], par["vpp"]) == (4, 4, 2, 2, 5)
     assert par["schedule"] == "interleaved_1f1b" and par["sequence_parallel"] is True
     assert par["distributed_optimizer"] is True and par["recompute"] == "none"
-    assert sc["overlap"] == {"grad_reduce": True, "param_gather": True, "tp_comm": False, "p2p": True}
+    assert sc["overlap"] == {"grad_reduce": True, "param_gather": True, "tp_comm": True, "p2p": True}
+    assert sc["grad_reduce_dtype"] == "bf16"
     assert sc["cluster"] == {"preset": "dgx-h100", "num_nodes": 8}
     assert sc["precision"] == "bf16"
     text = NOTE_SEP.join(notes)
     assert "defaults (NeMo" in text and "recompute=none" in text and "sequence_parallel=true" in text
-    assert "not modelled: TP communication overlap" in text
+    assert "not modelled: TP communication overlap" not in text and "grad_reduce_dtype=bf16" in text
     # FP8 -> NeMo's default delayed-scaling recipe, said so
     sc, notes = row_to_scenario(rows["378"])
     assert sc["precision"] == "fp8_delayed" and any("DelayedScaling" in n for n in notes)
@@ -328,7 +329,7 @@ def test_summary_numbers_on_a_fake_run(tmp_path):
     line = next(ln for ln in text.splitlines() if ln.startswith("synthetic"))
     assert line.split() == ["synthetic", "6", "4", "67%", "25.0%", "37.0%", "40.0%", "25.0%", "+20.0%"]
     assert "   2  unsupported: unknown model 'Falcon 180B' (no clustersim preset)" in text
-    assert "TP communication overlap" in text          # the not-modelled features are counted
+    assert "NCCL_NVLS_ENABLE=0" in text          # the not-modelled features are counted
 
 
 def test_bad_files_raise_config_errors(tmp_path):
