@@ -29,6 +29,8 @@ Streams and overlap (DESIGN.md, Overlap; each rule a switch of ``scenario.overla
 * the context-parallel K/V all-gather runs while the attention block computes (``cp_comm``,
   Megatron's ring attention overlaps each K/V hop with the current block); the block
   then waits for it; the dK/dV reduce-scatter blocks;
+* ZeRO-3 / FSDP parameter gathers are prefetched one layer ahead (``fsdp_prefetch``): the
+  gather a layer needs is issued before the preceding compute op;
 * a compute op that starts while a non-blocking collective of its rank is in flight runs
   slower by :data:`COMM_SLOWDOWN` (``comm_slowdown``): NCCL's kernels occupy SMs.
 
@@ -183,6 +185,7 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
     slowdown = COMM_SLOWDOWN[cluster.gpu.generation] if sc.overlap.get("comm_slowdown", True) and not free_comm else 1.0
     cp_overlap = sc.overlap.get("cp_comm", True)
     tp_overlap = sc.overlap.get("tp_comm", False)
+    fsdp_prefetch = sc.overlap.get("fsdp_prefetch", True)
 
     def actor(cls):
         cid = cls.class_id
@@ -207,6 +210,7 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
         inflight: list = []          # non-blocking collectives of this class (for the SM slowdown)
         overlapped: list = []        # CP K/V exchanges (and TP collectives with tp_comm) the next compute overlaps
         overlapped_axis = ["cp"]
+        prefetched: dict = {}        # op index -> (issue time, event) of prefetched FSDP gathers
         ops = cls.ops
         n_ops = len(ops)
         for step in range(n_steps):
@@ -217,6 +221,17 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
                 i += 1
                 current[cid] = f"step {step} {op.name} (layer {op.layer}, mb {op.microbatch})"
                 if op.kind == "compute":
+                    if fsdp_prefetch:
+                        # issue the next layer's ZeRO-3 parameter gather before this compute op
+                        j = i
+                        while j < n_ops and ops[j].kind != "compute":
+                            nxt = ops[j]
+                            if nxt.name.startswith("fsdp_gather") and j not in prefetched:
+                                seq_j = step * per_kind[nxt.group] + nxt.seq
+                                prefetched[j] = (env.now, _issuer(env, coll, groups_of[nxt.group], seq_j, nxt,
+                                                                  free_comm)())
+                                inflight.append(prefetched[j][1])
+                            j += 1
                     if not waited_params and op.phase in ("B", "R") and outstanding["param"]:
                         yield from _wait(env, outstanding["param"], waits[cid], "dp")
                         outstanding["param"] = []
@@ -245,6 +260,15 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
                                     mailbox)
                     continue
                 axis = _AXIS.get(op.group, op.stream)
+                if (i - 1) in prefetched:
+                    t_issue, ev = prefetched.pop(i - 1)
+                    t_wait = env.now
+                    if not ev.processed:
+                        yield ev
+                    rec.add(rep, node, op.stream, op, "dp", t_issue, env.now, step, cid)
+                    if env.now > t_wait:
+                        waits[cid].append((t_wait, env.now, "dp"))
+                    continue
                 if overlapped and op.kind == "collective" and op.group in ("world", "embedding", "dp_cp", "edp"):
                     yield from _wait(env, list(overlapped), waits[cid], _AXIS.get(overlapped_axis[0], "cp"))
                     overlapped.clear()

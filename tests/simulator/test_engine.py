@@ -167,3 +167,15 @@ def test_tp_comm_overlap_and_bf16_gradient_reduction():
     bf16 = run(scenario(par, num_steps=1, grad_reduce_dtype="bf16"))
     size = lambda r: r.timeline[r.timeline["name"] == "grad_dense"]["size_bytes"].sum()
     assert size(bf16) == pytest.approx(size(base) / 2)
+
+
+def test_fsdp_gathers_are_prefetched_one_layer_ahead():
+    par = {"tp": 1, "pp": 1, "dp": 8, "zero_stage": 3, "distributed_optimizer": False, "global_batch_size": 8,
+           "seq_len": 1024}
+    on = run(scenario(par, num_steps=1))
+    off = run(scenario(par, num_steps=1, overlap={"fsdp_prefetch": False}))
+    assert on.metrics["step_time_s"] < off.metrics["step_time_s"]
+    tl = on.timeline
+    g = tl[tl["name"] == "fsdp_gather"].iloc[1]             # layer 1's gather ...
+    l0 = tl[(tl["name"] == "mlp") & (tl["layer"] == 0)].iloc[0]
+    assert g["start_s"] <= l0["start_s"] + 1e-15            # ... issued before layer 0's MLP runs
