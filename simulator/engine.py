@@ -90,6 +90,25 @@ class Result:
     wall_time_s: float = 0.0
     memory: list = field(default_factory=list)
 
+    def rank_timeline(self, ranks=None):
+        """The timeline with one row per op *per rank*: each class's rows repeated for its
+        members (``ranks``: only these), with their own ``rank`` and ``node``."""
+        import pandas as pd
+        tl = self.timeline
+        grid, cluster = self.program.grid, self.scenario.cluster
+        wanted = None if ranks is None else set(int(r) for r in ranks)
+        parts = []
+        for cls in self.program.classes:
+            rows = tl[tl["class_id"] == cls.class_id]
+            for r in cls.members:
+                if wanted is not None and r not in wanted:
+                    continue
+                part = rows.copy()
+                part["rank"] = r
+                part["node"] = cluster.host_of(grid.gpu_of(r))
+                parts.append(part)
+        return pd.concat(parts, ignore_index=True) if parts else tl.iloc[0:0]
+
     def save(self, out_dir) -> None:
         """Write metrics JSON and the timeline CSV into ``out_dir``."""
         import json

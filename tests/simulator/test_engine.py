@@ -179,3 +179,12 @@ def test_fsdp_gathers_are_prefetched_one_layer_ahead():
     g = tl[tl["name"] == "fsdp_gather"].iloc[1]             # layer 1's gather ...
     l0 = tl[(tl["name"] == "mlp") & (tl["layer"] == 0)].iloc[0]
     assert g["start_s"] <= l0["start_s"] + 1e-15            # ... issued before layer 0's MLP runs
+
+
+def test_rank_timeline_expands_classes_to_every_rank():
+    res = run(scenario({"tp": 2, "pp": 2, "dp": 2, "global_batch_size": 8, "seq_len": 512}, num_steps=1))
+    full = res.rank_timeline()
+    assert sorted(full["rank"].unique()) == list(range(8))
+    assert len(full) == sum(len(res.timeline[res.timeline["class_id"] == c.class_id]) * c.size
+                            for c in res.program.classes)
+    assert set(res.rank_timeline(ranks=[5])["rank"]) == {5}
