@@ -22,9 +22,10 @@ Streams and overlap (DESIGN.md, Overlap; each rule a switch of ``scenario.overla
 * gradient buckets (``grad_*``) are issued on the DP stream without blocking when
   ``grad_reduce`` is on; the stream runs its collectives in order; the grad-norm
   all-reduce waits for all of them;
-* the distributed optimizer's parameter all-gathers (``param_gather_*``) run on the DP
-  stream after the optimizer step without blocking when ``param_gather`` is on; the next
-  step's first backward waits for them (their layers' forwards may overlap them);
+* the distributed optimizer's parameter all-gathers (``param_gather_*``, buckets in forward
+  layer order) run on the DP stream after the optimizer step without blocking when
+  ``param_gather`` is on; the next step's forward of a layer waits for the bucket holding
+  its parameters (Megatron's forward pre-hook), any other compute for all of them;
 * step-end collectives (tied embedding, grad norm) block;
 * the context-parallel K/V all-gather runs while the attention block computes (``cp_comm``,
   Megatron's ring attention overlaps each K/V hop with the current block); the block
@@ -232,8 +233,8 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
         prefetched: dict = {}        # op index -> (issue time, event) of prefetched FSDP gathers
         ops = cls.ops
         n_ops = len(ops)
+        first_layer = min((o.layer for o in ops if o.kind == "compute" and o.layer >= 0), default=0)
         for step in range(n_steps):
-            waited_params = False
             i = 0
             while i < n_ops:
                 op = ops[i]
@@ -251,10 +252,18 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
                                                                   free_comm)())
                                 inflight.append(prefetched[j][1])
                             j += 1
-                    if not waited_params and op.phase in ("B", "R") and outstanding["param"]:
-                        yield from _wait(env, outstanding["param"], waits[cid], "dp")
-                        outstanding["param"] = []
-                        waited_params = True
+                    if outstanding["param"]:
+                        # a forward waits for the bucket holding its layer's parameters (the
+                        # embedding and output layer: the first bucket); anything else waits for all
+                        if op.phase == "F":
+                            layer = op.layer if op.layer >= 0 else first_layer
+                            need = [e for (a, b), e in outstanding["param"] if a <= layer <= b or
+                                    (op.layer < 0 and a == first_layer)]
+                        else:
+                            need = [e for _, e in outstanding["param"]]
+                        if need:
+                            yield from _wait(env, need, waits[cid], "dp")
+                            outstanding["param"] = [(r, e) for r, e in outstanding["param"] if not e.processed]
                     t0 = env.now
                     dur = op.duration_s
                     if slowdown != 1.0 and dur > 0 and any(not e.processed for e in inflight):
@@ -332,7 +341,10 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
                     else:
                         launch()
                     stream_tail[op.stream] = fin
-                    outstanding["grad" if op.name.startswith("grad_") else "param"].append(fin)
+                    if op.name.startswith("grad_"):
+                        outstanding["grad"].append(fin)
+                    else:
+                        outstanding["param"].append((op.tag or (-1, 1 << 30), fin))
                     inflight.append(fin)
                     continue
                 ev = issue()
@@ -353,7 +365,7 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
             step_end[step][cid] = env.now
             step_latch[step].hit()
         if outstanding["param"]:
-            yield from _wait(env, outstanding["param"], waits[cid], "dp")
+            yield from _wait(env, [e for _, e in outstanding["param"]], waits[cid], "dp")
         done_flags[cid] = True
 
     for cls in prog.classes:

@@ -46,7 +46,6 @@ orders them.  Per-rank views are built on demand (:meth:`Program.rank_ops`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -572,12 +571,26 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
     times = ctx.compute.op_times_s(optimizer_ops(int(shard)))
     em.compute("optimizer", -1, -1, 0, "S", 0.0, float(np.sum(times)))
     if par.distributed_optimizer and par.zero_stage < 3:
-        for kind, n, group, deg in (("dense", d, "dp_cp", par.dp * par.cp), ("expert", e, "edp", par.expert_dp)):
-            if deg <= 1 or n <= 0:
+        # buckets in forward order (the first layers' parameters are gathered first); each
+        # op's tag is the (first, last) layer whose parameters it carries, so the engine
+        # can hold a layer's forward until its bucket has arrived
+        order = [i for r in stage_layers for i in r]
+        for kind, group, deg in (("dense", "dp_cp", par.dp * par.cp), ("expert", "edp", par.expert_dp)):
+            if deg <= 1:
                 continue
-            for b in range(math.ceil(n / bucket_params)):
-                size = min(bucket_params, n - b * bucket_params) * ctx.recipe.param_gather_bytes_per_param
-                em.coll("dp", "all_gather", group, size, f"param_gather_{kind}", phase="S")
+            # the embedding / output layer go with the first bucket (the embedding is needed first)
+            acc = float(sum(_edge_params(ctx, model_chunk(sched, stage, c)) for c in range(sched.num_chunks))) \
+                if kind == "dense" else 0.0
+            first = None
+            for pos, layer in enumerate(order):
+                dl, el = _local_params(ctx, [layer])
+                acc += dl if kind == "dense" else el
+                first = layer if first is None else first
+                if acc >= bucket_params or pos == len(order) - 1:
+                    if acc > 0:
+                        em.coll("dp", "all_gather", group, acc * ctx.recipe.param_gather_bytes_per_param,
+                                f"param_gather_{kind}", phase="S", tag=(first, layer))
+                    acc, first = 0.0, None
     return em.ops
 
 

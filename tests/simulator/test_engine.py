@@ -146,10 +146,11 @@ def test_cp_kv_exchange_overlaps_the_attention_block():
 
 def test_compute_slows_while_communication_shares_the_gpu():
     from simulator.engine import COMM_SLOWDOWN
-    par = {"tp": 1, "pp": 2, "dp": 4, "global_batch_size": 32, "seq_len": 1024}
-    # step 2's forwards overlap step 1's parameter all-gathers
-    on = run(scenario(par, num_steps=2))
-    off = run(scenario(par, num_steps=2, overlap={"comm_slowdown": False}))
+    par = {"tp": 1, "pp": 2, "dp": 4, "global_batch_size": 16, "seq_len": 512}
+    # step 2's forwards overlap step 1's parameter all-gathers (one bucket per layer of this width)
+    model = {"preset": "llama3-8b", "num_layers": 4}
+    on = run(scenario(par, num_steps=2, model=model))
+    off = run(scenario(par, num_steps=2, model=model, overlap={"comm_slowdown": False}))
     assert on.metrics["step_time_s"] >= off.metrics["step_time_s"]
     a, b = on.timeline, off.timeline
     comp = lambda t: t[t["stream"] == "compute"]["end_s"].sub(t[t["stream"] == "compute"]["start_s"]).to_numpy()
@@ -188,3 +189,15 @@ def test_rank_timeline_expands_classes_to_every_rank():
     assert len(full) == sum(len(res.timeline[res.timeline["class_id"] == c.class_id]) * c.size
                             for c in res.program.classes)
     assert set(res.rank_timeline(ranks=[5])["rank"]) == {5}
+
+
+def test_parameter_gather_buckets_hold_only_their_layers_forward():
+    model = {"preset": "llama3-8b", "num_layers": 4}
+    par = {"tp": 1, "pp": 1, "dp": 8, "global_batch_size": 8, "seq_len": 512}
+    res = run(scenario(par, num_steps=2, model=model))
+    tl = res.timeline[res.timeline["step"] == 1]
+    gathers = tl[tl["name"] == "param_gather_dense"].sort_values("end_s")
+    assert len(gathers) >= 4                     # one bucket per layer at this width
+    first_fwd = tl[(tl["name"] == "attn") & (tl["phase"] == "F") & (tl["layer"] == 0)]["start_s"].min()
+    # layer 0's forward starts before the last bucket (layer 3's) has arrived
+    assert first_fwd < gathers["end_s"].max()
