@@ -54,6 +54,8 @@ from workloads import build_program, memory_estimates
 from workloads.program import Program
 
 from .collectives import CollectiveEngine
+from .fold import Folding, fold as fold_program
+from .network import FlowNetwork, NetworkSnapshot
 from .scenario import Scenario, load_scenario
 
 __all__ = ["run", "Result", "DeadlockError", "SimulationError", "TIMELINE_COLUMNS", "COMM_SLOWDOWN"]
@@ -90,6 +92,8 @@ class Result:
     network: object = None
     wall_time_s: float = 0.0
     memory: list = field(default_factory=list)
+    folding: Folding | None = None
+    """The rank cells the run simulated once each (``class_id`` in the timeline is a cell)."""
 
     def rank_timeline(self, ranks=None):
         """The timeline with one row per op *per rank*: each class's rows repeated for its
@@ -99,9 +103,9 @@ class Result:
         grid, cluster = self.program.grid, self.scenario.cluster
         wanted = None if ranks is None else set(int(r) for r in ranks)
         parts = []
-        for cls in self.program.classes:
-            rows = tl[tl["class_id"] == cls.class_id]
-            for r in cls.members:
+        for cid, members in enumerate(self.folding.cells):
+            rows = tl[tl["class_id"] == cid]
+            for r in members:
                 if wanted is not None and r not in wanted:
                     continue
                 part = rows.copy()
@@ -169,36 +173,40 @@ _AXIS = {"tp": "tp", "sp": "tp", "etp": "tp", "cp": "cp", "ep": "ep", "dp": "dp"
          "embedding": "pp", "world": "dp", "tp_cp": "tp"}
 
 
-def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: float = 1e7) -> Result:
-    """Simulate ``scenario`` (a :class:`Scenario`, a mapping or a YAML path)."""
+def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: float = 1e7,
+        fold: bool = True) -> Result:
+    """Simulate ``scenario`` (a :class:`Scenario`, a mapping or a YAML path).
+
+    ``fold`` (default) simulates each cell of interchangeable ranks once on the quotient
+    network (:mod:`simulator.fold`: exact); ``fold=False`` runs every rank as its own actor
+    and every flow on the physical links (the reference; slow at scale).
+    """
     t_wall = time.perf_counter()
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     prog = build_program(sc.model, sc.parallel, sc.cluster.gpu, precision=sc.precision,
                          moe_routing=sc.moe_routing, seed=sc.seed, grad_reduce_dtype=sc.grad_reduce_dtype)
     env = simpy.Environment()
     coll = CollectiveEngine(env, sc.cluster, calibration)
-    rec = _Recorder()
     grid = prog.grid
     cluster = sc.cluster
-    gid_of: dict[tuple, int] = {}
-
-    def gid(members: tuple) -> int:
-        g = gid_of.get(members)
-        if g is None:
-            g = coll.register_group(grid.gpus(members), group_id=len(gid_of))
-            gid_of[members] = g
-        return g
+    folding = fold_program(prog, coll, network=not free_comm) if fold else Folding.identity(prog, cluster)
+    coll.set_folding(folding if folding.link_cell is not None else None)
+    for gc_id, gc in enumerate(folding.group_cells):
+        coll.register_group(gc.rep_gpus, group_id=gc_id, multiplicity=gc.size)
+    net = _PhysicalView(coll.net, folding, coll.capacity)
+    rec = _Recorder()
+    n_cells = folding.num_cells
 
     n_steps = sc.num_steps
-    step_end: list[list[float]] = [[0.0] * len(prog.classes) for _ in range(n_steps)]
-    waits: dict[int, list] = {c.class_id: [] for c in prog.classes}
-    done_flags = [False] * len(prog.classes)
+    step_end: list[list[float]] = [[0.0] * n_cells for _ in range(n_steps)]
+    waits: dict[int, list] = {c: [] for c in range(n_cells)}
+    done_flags = [False] * n_cells
     current: dict[int, str] = {}
-    step_latch = [_Latch(env, len(prog.classes)) for _ in range(n_steps)]
+    step_latch = [_Latch(env, n_cells) for _ in range(n_steps)]
     snaps = [None] * (n_steps + 1)
-    snaps[0] = coll.net.snapshot()
+    snaps[0] = net.snapshot()
     for k in range(n_steps):
-        step_latch[k].event.callbacks.append(lambda _e, k=k: snaps.__setitem__(k + 1, coll.net.snapshot()))
+        step_latch[k].event.callbacks.append(lambda _e, k=k: snaps.__setitem__(k + 1, net.snapshot()))
     # p2p mailboxes for free communication (send never blocks; recv waits for the data)
     mailbox: dict = {}
 
@@ -207,20 +215,15 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
     tp_overlap = sc.overlap.get("tp_comm", False)
     fsdp_prefetch = sc.overlap.get("fsdp_prefetch", True)
 
-    def actor(cls):
-        cid = cls.class_id
-        members = cls.members
-        rep = members[0]
+    def actor(cid):
+        cls = prog.classes[folding.cell_class[cid]]
+        rep = folding.cells[cid][0]
         node = cluster.host_of(grid.gpu_of(rep))
-        # per group kind: the distinct groups among the members, with the members in each
+        # per group kind: the group cells of the members' groups, with the members in each
         groups_of: dict[str, list] = {}
         for op in cls.ops:
             if op.kind == "collective" and op.group not in groups_of:
-                seen: dict[tuple, int] = {}
-                for r in members:
-                    g = prog.group_members(op.group, r)
-                    seen[g] = seen.get(g, 0) + 1
-                groups_of[op.group] = [(gid(g), n) for g, n in seen.items()]
+                groups_of[op.group] = folding.groups_of[(cid, op.group)]
         per_kind = {}
         for op in cls.ops:
             if op.kind == "collective":
@@ -283,7 +286,7 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
                     while i < n_ops and ops[i].kind in ("send", "recv"):
                         batch.append(ops[i])
                         i += 1
-                    yield from _p2p(env, coll, prog, batch, cls, step, rec, rep, node, cid, waits, free_comm,
+                    yield from _p2p(env, coll, folding, batch, step, rec, rep, node, cid, waits, free_comm,
                                     sc.overlap.get("p2p", False) and sc.parallel.schedule == "interleaved_1f1b",
                                     mailbox)
                     continue
@@ -368,12 +371,12 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
             yield from _wait(env, [e for _, e in outstanding["param"]], waits[cid], "dp")
         done_flags[cid] = True
 
-    for cls in prog.classes:
-        env.process(actor(cls))
+    for cid in range(n_cells):
+        env.process(actor(cid))
     env.run(until=max_sim_time_s)
     if not all(done_flags):
-        stuck = [f"class {c.class_id} (ranks {c.members[0]}..{c.members[-1]}): at {current.get(c.class_id)}"
-                 for c in prog.classes if not done_flags[c.class_id]]
+        stuck = [f"class {c} (ranks {m[0]}..{m[-1]}): at {current.get(c)}"
+                 for c, m in enumerate(folding.cells) if not done_flags[c]]
         if env.now >= max_sim_time_s:
             raise SimulationError(f"simulated time passed {max_sim_time_s:g} s; stuck: " + "; ".join(stuck[:4]))
         raise DeadlockError("the program cannot finish: " + "; ".join(stuck[:6])
@@ -386,7 +389,7 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
         bounds.append((prev, end))
         prev = end
     from .metrics import summarize
-    res = Result(tl, {}, prog, sc, bounds, waits, coll.net)
+    res = Result(tl, {}, prog, sc, bounds, waits, net, folding=folding)
     res.memory = memory_estimates(sc.model, sc.parallel, gpu_hbm_bytes=sc.cluster.gpu.hbm_bytes)
     res.metrics = summarize(res, snaps[-2], snaps[-1])
     res.wall_time_s = time.perf_counter() - t_wall
@@ -394,7 +397,41 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
     res.metrics["num_events"] = int(len(tl) + coll.net.num_solves)
     res.metrics["num_flows"] = int(coll.net.num_flows)
     res.metrics["num_solves"] = int(coll.net.num_solves)
+    res.metrics["fold"] = dict(folding.stats)
     return res
+
+
+class _PhysicalView:
+    """The run's network seen per physical link: a folded run's quotient counters expanded
+    to every member link (each carries what its quotient link carries)."""
+
+    def __init__(self, net: FlowNetwork, folding: Folding, capacity):
+        self._net = net
+        self._folding = folding
+        self.capacity = capacity
+
+    def __getattr__(self, name):
+        return getattr(self._net, name)
+
+    @property
+    def link_bytes(self):
+        return self._folding.expand_links(self._net.link_bytes)
+
+    @property
+    def link_busy_s(self):
+        return self._folding.expand_links(self._net.link_busy_s)
+
+    @property
+    def num_links(self) -> int:
+        return int(self.capacity.size)
+
+    def snapshot(self) -> NetworkSnapshot:
+        s = self._net.snapshot()
+        return NetworkSnapshot(s.time_s, self._folding.expand_links(s.link_bytes),
+                               self._folding.expand_links(s.link_busy_s))
+
+    tier_summary = staticmethod(FlowNetwork.tier_summary)
+    utilization = staticmethod(FlowNetwork.utilization)
 
 
 def _wait(env, events, wait_log, axis):
@@ -426,18 +463,16 @@ def _issuer(env, coll, groups, seq, op, free_comm, sizes=None):
     return issue
 
 
-def _p2p(env, coll, prog, batch, cls, step, rec, rep, node, cid, waits, free_comm, nonblocking_send, mailbox):
-    grid = prog.grid
+def _p2p(env, coll, folding, batch, step, rec, rep, node, cid, waits, free_comm, nonblocking_send, mailbox):
     t0 = env.now
     waited = []          # (op, events)
     keys = []
     for op in batch:
         evs = []
-        for r in cls.members:
-            peer = grid.pp_neighbour(r, op.peer - grid.stage_of(r))
-            src, dst = (r, peer) if op.kind == "send" else (peer, r)
-            key = (step, src, op.tag)
-            keys.append((src, op.tag))
+        for pc, _n in folding.p2p_of[(cid, op.peer, op.kind)]:
+            cell = folding.p2p_cells[pc]
+            key = (step, pc, op.tag)
+            keys.append(key)
             if free_comm:
                 ev = mailbox.get(key)
                 if ev is None:
@@ -448,7 +483,7 @@ def _p2p(env, coll, prog, batch, cls, step, rec, rep, node, cid, waits, free_com
                 else:
                     evs.append(ev)
                 continue
-            ev = coll.send_recv(key, grid.gpu_of(src), grid.gpu_of(dst), op.size_bytes, op.kind)
+            ev = coll.send_recv(key, cell.src_gpu, cell.dst_gpu, op.size_bytes, op.kind, multiplicity=cell.size)
             if not (op.kind == "send" and nonblocking_send):
                 evs.append(ev)
         waited.append((op, evs))
@@ -463,7 +498,7 @@ def _p2p(env, coll, prog, batch, cls, step, rec, rep, node, cid, waits, free_com
     if env.now > t0:
         # waiting for the peer to post its side is a pipeline dependency (bubble); only the
         # transfer after both sides posted is pipeline communication
-        starts = [coll.p2p_start.pop((step, src_key[0], src_key[1]), t0) for src_key in keys]
+        starts = [coll.p2p_start.pop(key, t0) for key in keys]
         t_xfer = max([t0] + starts) if not free_comm else env.now
         if t_xfer > t0:
             waits[cid].append((t0, t_xfer, "bubble"))

@@ -78,7 +78,7 @@ def summarize(res, snap_a=None, snap_b=None) -> dict:
     recipe = get_recipe(sc.precision, gpu=gpu)
     peak = gpu.peak_flops.get(recipe.peak_dtype, gpu.peak_flops["bf16"])
     last_step = tl[tl["step"] == tl["step"].max()]
-    sizes = np.array([c.size for c in prog.classes])
+    sizes = np.array([len(m) for m in res.folding.cells])
     executed = float((last_step["flops"].to_numpy() * sizes[last_step["class_id"].to_numpy()]).sum())
     seq = sc.parallel.seq_len or sc.model.seq_len
     tokens = sc.parallel.batch_size * seq

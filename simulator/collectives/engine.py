@@ -113,9 +113,33 @@ class CollectiveEngine:
         self.records: list[CollectiveRecord] = []
         self.generation = cluster.gpu.generation
         self.nvls_capable = cluster.gpu.nvls and cluster.nvlink_domain_size > 2
+        self.folding = None
+        self._mult: dict[int, int] = {}
+        self._qcache: dict[tuple, list] = {}
+
+    def set_folding(self, folding) -> None:
+        """Run on the quotient network of a :class:`~simulator.fold.Folding`: a registered
+        group then stands for ``multiplicity`` groups of its cell, a transfer for its cell's,
+        and flows cross quotient links (a fresh network on the quotient capacities)."""
+        self.folding = folding
+        if folding is not None and folding.link_cell is not None:
+            self.net = FlowNetwork(self.env, folding.capacity(self.capacity))
+        self._qcache.clear()
+
+    def _route(self, links, coefs, mult: int, key=None):
+        if self.folding is None:
+            return links, coefs
+        if key is not None:
+            hit = self._qcache.get(key)
+            if hit is None:
+                hit = self._qcache[key] = self.folding.quotient_route(links, coefs, mult)
+            return hit
+        return self.folding.quotient_route(links, coefs, mult)
 
     # -- groups ------------------------------------------------------------------------------
-    def register_group(self, members, group_id: int | None = None) -> int:
+    def register_group(self, members, group_id: int | None = None, multiplicity: int = 1) -> int:
+        """Register a group of GPUs; with folding, it stands for ``multiplicity`` groups of
+        its cell (a call then expects ``multiplicity x len(members)`` arrivals)."""
         members = tuple(int(m) for m in members)
         if len(set(members)) != len(members):
             raise ConfigError("group", members, "a GPU appears twice in one group")
@@ -126,6 +150,7 @@ class CollectiveEngine:
         if gid in self.groups and self.groups[gid] != members:
             raise ConfigError("group_id", gid, "already registered with other members")
         self.groups[gid] = members
+        self._mult[gid] = int(multiplicity)
         return gid
 
     # -- plans and prediction ----------------------------------------------------------------
@@ -282,7 +307,7 @@ class CollectiveEngine:
         key = (group_id, seq)
         call = self._calls.get(key)
         if call is None:
-            call = _Call(kind, float(size_bytes), len(members), algo, proto, sizes, root,
+            call = _Call(kind, float(size_bytes), len(members) * self._mult.get(group_id, 1), algo, proto, sizes, root,
                          first_s=self.env.now, event=self.env.event())
             self._calls[key] = call
         elif call.kind != kind or call.size != float(size_bytes):
@@ -294,7 +319,7 @@ class CollectiveEngine:
         if call.arrived == call.expected:
             del self._calls[key]
             self.call_start[key] = self.env.now
-            self._start(group_id, seq, members, call)
+            self._start(group_id, seq, members, call, self._mult.get(group_id, 1))
         return call.event
 
     def pending(self) -> list[str]:
@@ -304,7 +329,7 @@ class CollectiveEngine:
         out += [f"p2p {k}: waiting for its peer" for k in self._p2p]
         return out
 
-    def _start(self, group_id: int, seq: int, members, call: _Call) -> None:
+    def _start(self, group_id: int, seq: int, members, call: _Call, mult: int = 1) -> None:
         env = self.env
         size = call.size
         if call.kind == "all_to_all":
@@ -324,8 +349,12 @@ class CollectiveEngine:
         lat = self.latency_s(call.kind, plan, proto, size)
         cap = self.ll_cap(algo, proto, plan.n_nodes)
         t_min = size * self._bus_per_alg(call.kind, plan) / cap if cap else 0.0
-        flows = [(f.links, f.coefs, f.bytes_per_byte * scale, 1.0,
-                  f.bytes_per_byte * scale / t_min if t_min > 0 else np.inf) for f in plan.flows]
+        flows = []
+        for i, f in enumerate(plan.flows):
+            key = None if call.kind == "all_to_all" else (members, call.kind, algo, call.root, mult, i)
+            links, coefs = self._route(f.links, f.coefs, mult, key)
+            flows.append((links, coefs, f.bytes_per_byte * scale, 1.0,
+                          f.bytes_per_byte * scale / t_min if t_min > 0 else np.inf))
 
         start = env.now
         finish = lambda _e: self._finish(call, group_id, seq, algo, proto, start, lat)  # noqa: E731
@@ -345,11 +374,12 @@ class CollectiveEngine:
         call.event.succeed(now)
 
     # -- point to point ----------------------------------------------------------------------
-    def send_recv(self, key, src: int, dst: int, size_bytes: float, side: str) -> simpy.Event:
+    def send_recv(self, key, src: int, dst: int, size_bytes: float, side: str, multiplicity: int = 1) -> simpy.Event:
         """One side (``'send'`` or ``'recv'``) of a transfer matched by ``key``.
 
         The transfer starts when both sides have arrived (rendezvous, as NCCL's
-        blocking send/recv pairs) and completes for both together.
+        blocking send/recv pairs) and completes for both together.  With folding it
+        stands for ``multiplicity`` identical transfers of its cell.
         """
         if side not in ("send", "recv"):
             raise ConfigError("side", side, "must be 'send' or 'recv'")
@@ -371,7 +401,8 @@ class CollectiveEngine:
 
         def go(_e):
             f = plan.flows[0]
-            done = self.net.transfer_group([(f.links, f.coefs, size, 1.0, np.inf)])
+            links, coefs = self._route(f.links, f.coefs, multiplicity, ("p2p", src, dst, multiplicity))
+            done = self.net.transfer_group([(links, coefs, size, 1.0, np.inf)])
             done.callbacks.append(lambda _x: self._finish(call, -1, key, "direct", "Simple", start, lat))
 
         if lat > 0:

@@ -1,0 +1,473 @@
+"""Symmetry folding: simulate each class of interchangeable ranks, groups and flows once.
+
+Why it is exact
+---------------
+Build the bipartite structure of one run: ranks (coloured by their program), the
+collective groups they belong to (coloured by kind, size and the algorithm, protocol and
+latency NCCL would pick for each call they make), the flows those calls and the pipeline
+transfers put on the network (coloured by their wire bytes per payload byte and latency),
+and the links (coloured by effective capacity).  Colour refinement (1-dimensional
+Weisfeiler-Leman) splits colours until the partition is *equitable*: every member of a
+cell sees the same number of neighbours of every other cell -- every link of a link cell
+carries the same coefficient-weighted count of every flow cell, every flow of a flow
+cell crosses the same weighted count of links of every link cell, every group of a group
+cell has the same number of members of every rank cell, and so on.
+
+By induction over simulated time every cell then behaves as one:
+
+* the ranks of a cell run the same program, so they issue the same calls at the same
+  instants; every group of a group cell gets its last member at the same instant;
+* max-min fair rates are constant on flow cells: progressive filling raises all flows
+  together, a link saturates when its load reaches capacity, and on an equitable
+  partition all links of a cell carry the same load and saturate together, freezing the
+  same flow cells;
+* so all flows of a cell finish together, every call of a group cell completes at the
+  same instant, and every rank of a cell resumes at the same instant.
+
+The quotient network has one link per link cell ``L`` (the capacity of its members) and,
+for a group cell ``G`` with representative group ``g``, each flow ``f`` of ``g``'s call
+crosses cell ``L`` with coefficient ``a(f, L) |G| / |L|``, where ``a(f, L)`` sums its
+route coefficients over links of ``L``: by double counting that is exactly the load one
+member link of ``L`` carries per unit rate.  A p2p flow cell works the same with its
+member count.  Bytes carried by a quotient link are the bytes each member link carries.
+
+Anything that breaks a symmetry -- ECMP hashing, a straggler, a degraded link, skewed
+expert routing -- only adds colours, so refinement unfolds exactly the cells it touches
+(one straggler in DP=128 leaves a few cells per stage, not 128).  The partition is
+checked for equitability on the flow/link incidence before it is used (a guard against
+hash collisions); a failure raises rather than returning a silently wrong answer.
+
+``Folding.identity`` is the unfolded reference: one actor per rank, one call per group,
+one flow per transfer on the physical links (``--no-fold``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .collectives.plans import alltoall_plan, p2p_plan
+
+__all__ = ["Folding", "GroupCell", "P2PCell", "FoldError", "fold"]
+
+
+class FoldError(RuntimeError):
+    """The computed partition is not equitable (an internal error: please report it)."""
+
+
+@dataclass(slots=True)
+class GroupCell:
+    """Groups of one kind that behave as one: ``groups`` (rank tuples), the first is the
+    representative whose GPUs the calls are planned on."""
+
+    kind: str
+    groups: list
+    rep_gpus: tuple
+
+    @property
+    def size(self) -> int:
+        return len(self.groups)
+
+
+@dataclass(slots=True)
+class P2PCell:
+    """Pipeline transfers (src rank, dst rank) that behave as one; the first is planned."""
+
+    pairs: list
+    src_gpu: int
+    dst_gpu: int
+
+    @property
+    def size(self) -> int:
+        return len(self.pairs)
+
+
+@dataclass
+class Folding:
+    """A partition of ranks, groups, transfers and links into cells that behave as one.
+
+    ``cells[c]`` are the ranks of rank cell ``c`` (one actor each) running program class
+    ``cell_class[c]``; ``groups_of[(c, kind)]`` the group cells its members' groups of that
+    kind fall in, with how many of its members are in them; ``p2p_of[(c, peer_stage, side)]``
+    the same for its pipeline transfers (``side``: 'send' or 'recv'; keyed by the other stage).
+    ``link_cell`` maps a physical link to its quotient link (None: no quotient).
+    """
+
+    cells: list
+    cell_class: list
+    rank_cell: np.ndarray
+    group_cells: list
+    groups_of: dict
+    p2p_cells: list
+    p2p_of: dict
+    link_cell: np.ndarray | None = None
+    link_cell_size: np.ndarray | None = None
+    link_rep: np.ndarray | None = None
+    folded: bool = True
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def num_cells(self) -> int:
+        return len(self.cells)
+
+    @property
+    def num_link_cells(self) -> int:
+        return 0 if self.link_rep is None else int(self.link_rep.size)
+
+    # -- the quotient network ------------------------------------------------------------------
+    def capacity(self, link_capacity: np.ndarray) -> np.ndarray:
+        """Capacity of each quotient link (the physical array when there is no quotient)."""
+        return link_capacity if self.link_cell is None else link_capacity[self.link_rep]
+
+    def quotient_route(self, links: np.ndarray, coefs: np.ndarray, multiplicity: int):
+        """Route of a representative flow standing for ``multiplicity`` flows, on quotient links."""
+        if self.link_cell is None:
+            return links, coefs
+        cells = self.link_cell[links]
+        w = coefs * (multiplicity / self.link_cell_size[cells])
+        u, inv = np.unique(cells, return_inverse=True)
+        return u, np.bincount(inv, weights=w, minlength=u.size)
+
+    def expand_links(self, per_cell: np.ndarray) -> np.ndarray:
+        """A per-quotient-link array as a per-physical-link array (each member the same)."""
+        return per_cell if self.link_cell is None else per_cell[self.link_cell]
+
+    # -- the unfolded reference ----------------------------------------------------------------
+    @classmethod
+    def identity(cls, prog, cluster) -> "Folding":
+        """No folding: every rank, group, transfer and link on its own."""
+        grid = prog.grid
+        n = grid.world_size
+        cells = [(r,) for r in range(n)]
+        cell_class = [int(c) for c in prog.class_of_rank]
+        group_cells: list[GroupCell] = []
+        gindex: dict = {}
+        groups_of: dict = {}
+        p2p_cells: list[P2PCell] = []
+        pindex: dict = {}
+        p2p_of: dict = {}
+        for pc_ in prog.classes:
+            kinds = _kinds(pc_)
+            peers = _peers(pc_)
+            for r in pc_.members:
+                for kind in kinds:
+                    g = prog.group_members(kind, r)
+                    gc = gindex.get((kind, g))
+                    if gc is None:
+                        gc = gindex[(kind, g)] = len(group_cells)
+                        group_cells.append(GroupCell(kind, [g], grid.gpus(g)))
+                    groups_of[(r, kind)] = [(gc, 1)]
+                for peer, side in peers:
+                    other = grid.pp_neighbour(r, peer - pc_.stage)
+                    pair = (r, other) if side == "send" else (other, r)
+                    pc = pindex.get(pair)
+                    if pc is None:
+                        pc = pindex[pair] = len(p2p_cells)
+                        p2p_cells.append(P2PCell([pair], grid.gpu_of(pair[0]), grid.gpu_of(pair[1])))
+                    p2p_of[(r, peer, side)] = [(pc, 1)]
+        return cls(cells, cell_class, np.arange(n), group_cells, groups_of, p2p_cells, p2p_of, folded=False,
+                   stats={"rank_cells": n, "group_cells": len(group_cells), "p2p_cells": len(p2p_cells),
+                          "link_cells": cluster.num_links})
+
+
+def _kinds(cls) -> list[str]:
+    seen: dict[str, None] = {}
+    for op in cls.ops:
+        if op.kind == "collective":
+            seen.setdefault(op.group)
+    return list(seen)
+
+
+def _peers(cls) -> list[tuple[int, str]]:
+    seen: dict[tuple, None] = {}
+    for op in cls.ops:
+        if op.kind in ("send", "recv"):
+            seen.setdefault((op.peer, op.kind))
+    return list(seen)
+
+
+# -- hashing for colour refinement (splitmix64; arrays wrap modulo 2**64) ----------------------
+_K1 = np.uint64(0x9E3779B97F4A7C15)
+_K2 = np.uint64(0xBF58476D1CE4E5B9)
+_K3 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.uint64)
+    x = (x ^ (x >> np.uint64(30))) * _K2
+    x = (x ^ (x >> np.uint64(27))) * _K3
+    return x ^ (x >> np.uint64(31))
+
+
+def _pair(a, b) -> np.ndarray:
+    return _mix(_mix(np.asarray(a, dtype=np.uint64) + _K1) * _K1 + np.asarray(b, dtype=np.uint64))
+
+
+def _sum_into(n: int, idx: np.ndarray, vals: np.ndarray) -> np.ndarray:
+    acc = np.zeros(n, dtype=np.uint64)
+    np.add.at(acc, idx, vals)
+    return acc
+
+
+def _relabel(old: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """Colours that split ``old`` by ``h``, numbered in order of first occurrence."""
+    if old.size == 0:
+        return old
+    key = np.stack([old.astype(np.uint64), h], axis=1)
+    _, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    inv = inv.ravel()
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    return rank[inv].astype(np.int64)
+
+
+def _labels(keys: list) -> np.ndarray:
+    """Integer ids of hashable keys, in order of first occurrence."""
+    ids: dict = {}
+    return np.array([ids.setdefault(k, len(ids)) for k in keys], dtype=np.int64)
+
+
+def _count(c: np.ndarray) -> int:
+    return int(c.max()) + 1 if c.size else 0
+
+
+def fold(prog, coll, *, network: bool = True, rank_colors=None) -> Folding:
+    """The coarsest equitable partition of ``prog``'s ranks, groups, transfers and links.
+
+    ``coll`` is the (unfolded) :class:`~simulator.collectives.CollectiveEngine` whose
+    algorithm choice, plans and latencies the run will use.  ``network=False`` (free
+    communication) partitions ranks and groups only.  ``rank_colors`` (one hashable per
+    rank) splits ranks a perturbation treats differently.
+    """
+    t0 = time.perf_counter()
+    grid = prog.grid
+    cluster = coll.cluster
+    n = grid.world_size
+    cls_of = prog.class_of_rank
+    init = [int(c) for c in cls_of] if rank_colors is None else list(zip(cls_of.tolist(), rank_colors))
+    rank_c = _labels(init)
+
+    # -- groups and the calls each makes ----------------------------------------------------
+    variants: dict[tuple[int, str], set] = {}
+    sizes_id: dict[bytes, int] = {}
+    sizes_mat: list[np.ndarray] = []
+    for cls in prog.classes:
+        for op in cls.ops:
+            if op.kind != "collective" or op.size_bytes <= 0:
+                continue
+            skey = -1
+            if op.coll == "all_to_all" and op.tag in prog.a2a_sizes:
+                m = prog.a2a_sizes[op.tag]
+                m = m.T if "combine" in op.name else m
+                m = np.ascontiguousarray(m, dtype=float)
+                skey = sizes_id.setdefault(m.tobytes() + bytes(str(m.shape), "ascii"), len(sizes_mat))
+                if skey == len(sizes_mat):
+                    sizes_mat.append(m)
+            variants.setdefault((cls.class_id, op.group), set()).add((op.coll, float(op.size_bytes), skey))
+        for kind in _kinds(cls):
+            variants.setdefault((cls.class_id, kind), set())
+    kinds = sorted({k for _, k in variants})
+    groups: list[tuple[int, ...]] = []
+    gkind: list[str] = []
+    seen: set = set()
+    for kind in kinds:
+        users = {c for c, k in variants if k == kind}
+        for cls in prog.classes:
+            if cls.class_id not in users:
+                continue
+            for r in cls.members:
+                g = prog.group_members(kind, r)
+                if (kind, g) not in seen:
+                    seen.add((kind, g))
+                    groups.append(g)
+                    gkind.append(kind)
+    ng = len(groups)
+    mem_g = np.fromiter((i for i, g in enumerate(groups) for _ in g), dtype=np.int64)
+    mem_r = np.fromiter((r for g in groups for r in g), dtype=np.int64)
+    kind_id = {k: i for i, k in enumerate(kinds)}
+    mem_kind = np.array([kind_id[gkind[i]] for i in mem_g.tolist()], dtype=np.int64)
+
+    flow_links: list[np.ndarray] = []
+    flow_coefs: list[np.ndarray] = []
+    flow_label: list = []
+    flow_owner: list[int] = []          # group index, or -1 for p2p
+    group_label: list = []
+    union_cache: dict = {}
+    for gi, g in enumerate(groups):
+        kind = gkind[gi]
+        ucls = tuple(sorted({int(cls_of[r]) for r in g}))
+        vs = union_cache.get((kind, ucls))
+        if vs is None:
+            vs = union_cache[(kind, ucls)] = sorted(set().union(*(variants.get((c, kind), set()) for c in ucls)))
+        if not network or len(g) == 1:
+            group_label.append((kind, len(g), tuple(vs)))
+            continue
+        gpus = grid.gpus(g)
+        calls, templates = [], {}
+        for coll_kind, size, skey in vs:
+            if coll_kind == "all_to_all":
+                n_m = len(g)
+                mat = sizes_mat[skey] if skey >= 0 else np.full((n_m, n_m), size / n_m)
+                plan, algo, proto = alltoall_plan(cluster, gpus, mat), "direct", "Simple"
+                tkey = ("a2a", skey, size)
+            else:
+                algo, proto = coll.choose(gpus, coll_kind, size)
+                plan = coll.plan(gpus, coll_kind, algo)[0]
+                tkey = (coll_kind, algo)
+            calls.append((coll_kind, size, skey, algo, proto, coll.latency_s(coll_kind, plan, proto, size),
+                          plan.n_nodes))
+            if tkey not in templates:
+                templates[tkey] = plan
+        group_label.append((kind, len(g), tuple(calls)))
+        for tkey, plan in templates.items():
+            for f in plan.flows:
+                flow_links.append(f.links)
+                flow_coefs.append(f.coefs)
+                flow_label.append((tkey, f.bytes_per_byte, f.inter_node))
+                flow_owner.append(gi)
+    # pipeline transfers: one flow per (src rank, dst rank)
+    pairs: list[tuple[int, int]] = []
+    pair_index: dict = {}
+    for cls in prog.classes:
+        for peer, side in _peers(cls):
+            if side != "send":
+                continue
+            for r in cls.members:
+                dst = grid.pp_neighbour(r, peer - cls.stage)
+                if (r, dst) not in pair_index:
+                    pair_index[(r, dst)] = len(pairs)
+                    pairs.append((r, dst))
+    p_src = np.array([p[0] for p in pairs], dtype=np.int64)
+    p_dst = np.array([p[1] for p in pairs], dtype=np.int64)
+    n_gflows = len(flow_links)
+    if network:
+        for s, d in pairs:
+            plan = p2p_plan(cluster, grid.gpu_of(s), grid.gpu_of(d))
+            f = plan.flows[0]
+            flow_links.append(f.links)
+            flow_coefs.append(f.coefs)
+            flow_label.append(("p2p", coll.latency_s("send_recv", plan, "Simple", 1.0), f.inter_node))
+            flow_owner.append(-1)
+    nf = len(flow_links)
+    group_c = _labels(group_label)
+    flow_c = _labels(flow_label)
+    owner = np.array(flow_owner, dtype=np.int64)
+    gflow = np.arange(n_gflows)
+    lens = np.array([x.size for x in flow_links], dtype=np.int64)
+    inc_f = np.repeat(np.arange(nf), lens)
+    inc_l = np.concatenate(flow_links) if nf else np.empty(0, dtype=np.int64)
+    inc_w = np.concatenate(flow_coefs) if nf else np.empty(0)
+    nl = cluster.num_links if network else 0
+    _, coef_id = np.unique(inc_w, return_inverse=True)
+    coef_id = coef_id.ravel()
+    link_c = _labels([float(x) for x in coll.capacity]) if network else np.empty(0, dtype=np.int64)
+    pflow = np.arange(n_gflows, nf)
+    p_of_flow = pflow - n_gflows
+
+    # -- colour refinement --------------------------------------------------------------------
+    iters = 0
+    counts = None
+    while True:
+        iters += 1
+        # links by the flow colours (and coefficients) that cross them
+        h_l = _sum_into(nl, inc_l, _pair(flow_c[inc_f], coef_id)) if nl else np.empty(0, np.uint64)
+        # flows by their links, their group, or their endpoints
+        h_f = _sum_into(nf, inc_f, _pair(link_c[inc_l] + 1, coef_id)) if nf else np.empty(0, np.uint64)
+        if n_gflows:
+            h_f[gflow] += _pair(group_c[owner[gflow]], 7)
+        if pflow.size:
+            h_f[pflow] += _pair(rank_c[p_src[p_of_flow]], 11) + _pair(rank_c[p_dst[p_of_flow]], 13)
+        # groups by their members and their flows
+        h_g = _sum_into(ng, mem_g, _pair(rank_c[mem_r], 3))
+        if n_gflows:
+            h_g += _sum_into(ng, owner[gflow], _pair(flow_c[gflow], 5))
+        # ranks by their groups (per kind) and their transfers
+        h_r = _sum_into(n, mem_r, _pair(group_c[mem_g], mem_kind))
+        if pairs:
+            if pflow.size:      # transfers coloured by their endpoints already
+                h_r += _sum_into(n, p_src, _pair(flow_c[pflow], 17)) + _sum_into(n, p_dst, _pair(flow_c[pflow], 19))
+            else:
+                h_r += _sum_into(n, p_src, _pair(rank_c[p_dst], 23)) + _sum_into(n, p_dst, _pair(rank_c[p_src], 29))
+        link_c = _relabel(link_c, h_l)
+        flow_c = _relabel(flow_c, h_f)
+        group_c = _relabel(group_c, h_g)
+        rank_c = _relabel(rank_c, h_r)
+        new = (_count(link_c), _count(flow_c), _count(group_c), _count(rank_c))
+        if new == counts:
+            break
+        counts = new
+    if network and nf:
+        _check_equitable(inc_f, inc_l, inc_w, flow_c, link_c)
+
+    # -- cells ------------------------------------------------------------------------------
+    cells: list[list[int]] = [[] for _ in range(_count(rank_c))]
+    for r, c in enumerate(rank_c.tolist()):
+        cells[c].append(r)
+    cell_class = [int(cls_of[m[0]]) for m in cells]
+    gmembers: list[list[int]] = [[] for _ in range(_count(group_c))]
+    for gi, c in enumerate(group_c.tolist()):
+        gmembers[c].append(gi)
+    group_cells = [GroupCell(gkind[m[0]], [groups[i] for i in m], grid.gpus(groups[m[0]])) for m in gmembers]
+    groups_of: dict = {}
+    for gi, c in enumerate(group_c.tolist()):
+        kind = gkind[gi]
+        for r in groups[gi]:
+            key = (int(rank_c[r]), kind)
+            d = groups_of.setdefault(key, {})
+            d[c] = d.get(c, 0) + 1
+    groups_of = {k: sorted(v.items()) for k, v in groups_of.items()}
+    # pipeline transfers: cells by flow colour (refined by both endpoints)
+    pc = flow_c[pflow] if pflow.size else _labels([(int(rank_c[s]), int(rank_c[d])) for s, d in pairs])
+    pc = _relabel(np.zeros(len(pairs), dtype=np.int64), pc.astype(np.uint64)) if len(pairs) else pc
+    pmembers: list[list[int]] = [[] for _ in range(_count(pc))]
+    for i, c in enumerate(pc.tolist()):
+        pmembers[c].append(i)
+    p2p_cells = [P2PCell([pairs[i] for i in m], grid.gpu_of(pairs[m[0]][0]), grid.gpu_of(pairs[m[0]][1]))
+                 for m in pmembers]
+    p2p_of: dict = {}
+    for i, (s, d) in enumerate(pairs):
+        c = int(pc[i])
+        for r, other, side in ((s, d, "send"), (d, s, "recv")):
+            dd = p2p_of.setdefault((int(rank_c[r]), grid.stage_of(other), side), {})
+            dd[c] = dd.get(c, 0) + 1
+    p2p_of = {k: sorted(v.items()) for k, v in p2p_of.items()}
+    out = Folding([tuple(m) for m in cells], cell_class, rank_c, group_cells, groups_of, p2p_cells, p2p_of)
+    if network:
+        nlc = _count(link_c)
+        out.link_cell = link_c
+        out.link_cell_size = np.bincount(link_c, minlength=nlc).astype(float)
+        rep = np.full(nlc, -1, dtype=np.int64)
+        rep[link_c[::-1]] = np.arange(nl)[::-1]
+        out.link_rep = rep
+    out.stats = {"rank_cells": len(cells), "group_cells": len(group_cells), "p2p_cells": len(p2p_cells),
+                 "link_cells": out.num_link_cells, "flows": nf, "groups": ng, "iterations": iters,
+                 "wall_s": time.perf_counter() - t0}
+    return out
+
+
+def _check_equitable(inc_f, inc_l, inc_w, flow_c, link_c, rtol: float = 1e-9) -> None:
+    """Every flow of a cell has the same weighted count of links in every link cell, and
+    every link of a cell the same weighted count of flows of every flow cell."""
+    for a, b, ca, cb, what in ((inc_f, inc_l, flow_c, link_c, "flow"), (inc_l, inc_f, link_c, flow_c, "link")):
+        # per (member a, cell of b): summed coefficient
+        key = np.stack([a, cb[b]], axis=1)
+        u, inv = np.unique(key, axis=0, return_inverse=True)
+        s = np.bincount(inv.ravel(), weights=inc_w)
+        cell_a = ca[u[:, 0]]
+        pair = np.stack([cell_a, u[:, 1]], axis=1)
+        pu, pinv = np.unique(pair, axis=0, return_inverse=True)
+        pinv = pinv.ravel()
+        hi = np.full(pu.shape[0], -np.inf)
+        lo = np.full(pu.shape[0], np.inf)
+        np.maximum.at(hi, pinv, s)
+        np.minimum.at(lo, pinv, s)
+        cnt = np.bincount(pinv, minlength=pu.shape[0])
+        size = np.bincount(ca)
+        bad = (cnt != size[pu[:, 0]]) | (hi - lo > rtol * np.abs(hi))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise FoldError(f"{what} cell {int(pu[i, 0])} is not equitable towards cell {int(pu[i, 1])}: "
+                            f"{int(cnt[i])} of {int(size[pu[i, 0]])} members touch it, sums {lo[i]:g}..{hi[i]:g}")
