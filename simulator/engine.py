@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from topologies import ConfigError
 from workloads import build_program, memory_estimates
 from workloads.program import Program
 
@@ -174,12 +175,15 @@ _AXIS = {"tp": "tp", "sp": "tp", "etp": "tp", "cp": "cp", "ep": "ep", "dp": "dp"
 
 
 def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: float = 1e7,
-        fold: bool = True) -> Result:
+        fold: "bool | Folding" = True, compute_scale: dict | None = None) -> Result:
     """Simulate ``scenario`` (a :class:`Scenario`, a mapping or a YAML path).
 
     ``fold`` (default) simulates each cell of interchangeable ranks once on the quotient
     network (:mod:`simulator.fold`: exact); ``fold=False`` runs every rank as its own actor
-    and every flow on the physical links (the reference; slow at scale).
+    and every flow on the physical links (the reference; slow at scale).  A
+    :class:`~simulator.fold.Folding` is used as given, unchecked (tests use that to show a
+    wrong partition gives a wrong answer).  ``compute_scale`` maps ranks to a factor on
+    their compute durations (a straggler: 1.2); folding splits only the cells it touches.
     """
     t_wall = time.perf_counter()
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
@@ -189,7 +193,20 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
     coll = CollectiveEngine(env, sc.cluster, calibration)
     grid = prog.grid
     cluster = sc.cluster
-    folding = fold_program(prog, coll, network=not free_comm) if fold else Folding.identity(prog, cluster)
+    scale = {int(r): float(f) for r, f in (compute_scale or {}).items()}
+    for r, f in scale.items():
+        if not 0 <= r < grid.world_size or not f > 0:
+            raise ConfigError("compute_scale", {r: f}, f"ranks must be in [0, {grid.world_size}), factors > 0")
+    if isinstance(fold, Folding):
+        folding = fold
+    elif fold:
+        colors = [scale.get(r, 1.0) for r in range(grid.world_size)] if scale else None
+        folding = fold_program(prog, coll, network=not free_comm, rank_colors=colors)
+    else:
+        folding = Folding.identity(prog, cluster)
+    for c, members in enumerate(folding.cells):
+        if len({scale.get(r, 1.0) for r in members}) > 1:
+            raise ConfigError("fold", c, "a rank cell mixes ranks with different compute_scale")
     coll.set_folding(folding if folding.link_cell is not None else None)
     for gc_id, gc in enumerate(folding.group_cells):
         coll.register_group(gc.rep_gpus, group_id=gc_id, multiplicity=gc.size)
@@ -218,6 +235,7 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
     def actor(cid):
         cls = prog.classes[folding.cell_class[cid]]
         rep = folding.cells[cid][0]
+        factor = scale.get(rep, 1.0)
         node = cluster.host_of(grid.gpu_of(rep))
         # per group kind: the group cells of the members' groups, with the members in each
         groups_of: dict[str, list] = {}
@@ -268,7 +286,7 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
                             yield from _wait(env, need, waits[cid], "dp")
                             outstanding["param"] = [(r, e) for r, e in outstanding["param"] if not e.processed]
                     t0 = env.now
-                    dur = op.duration_s
+                    dur = op.duration_s * factor
                     if slowdown != 1.0 and dur > 0 and any(not e.processed for e in inflight):
                         dur *= slowdown
                     inflight[:] = [e for e in inflight if not e.processed]

@@ -25,6 +25,8 @@ that crosses the step boundary is where it runs.  Definitions (each used once):
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
 from topologies.specs import TIERS
@@ -55,15 +57,28 @@ def breakdown(timeline, waits: list, t0: float, t1: float, class_id: int) -> dic
     if cur < t1:
         idle.append((cur, t1))
     ws = sorted((max(s, t0), min(e, t1), ax) for s, e, ax in waits if e > t0 and s < t1)
-    for a, b in idle:
-        # sweep: inside [a, b], time covered by waits goes to the wait ending last at that instant
-        points = sorted({a, b, *(x for s, e, _ in ws for x in (s, e) if a < x < b)})
-        for p, q in zip(points, points[1:]):
-            mid = 0.5 * (p + q)
-            cover = [(e, ax) for s, e, ax in ws if s <= mid < e]
-            ax = max(cover)[1] if cover else "bubble"
-            key = "bubble" if ax == "bubble" else f"exposed_{ax}"
-            out[key] = out.get(key, 0.0) + (q - p)
+    # sweep over the idle intervals: each instant goes to the covering wait that ends last
+    # (the one the stream was really held up by), uncovered time is bubble
+    points = sorted({x for a, b in idle for x in (a, b)} | {x for s, e, _ in ws for x in (s, e)})
+    heap: list = []
+    j = k = 0
+    for p, q in zip(points, points[1:]):
+        while k < len(idle) and idle[k][1] <= p:
+            k += 1
+        if k == len(idle):
+            break
+        if not idle[k][0] <= p < idle[k][1]:
+            continue
+        mid = 0.5 * (p + q)
+        while j < len(ws) and ws[j][0] <= mid:
+            heapq.heappush(heap, (-ws[j][1], ws[j][2]))
+            j += 1
+        while heap and -heap[0][0] <= mid:
+            heapq.heappop(heap)
+        # ties on the end: the largest axis name, as max() over (end, axis) pairs did
+        ax = max(a for e, a in heap if e == heap[0][0]) if heap else "bubble"
+        key = "bubble" if ax == "bubble" else f"exposed_{ax}"
+        out[key] = out.get(key, 0.0) + (q - p)
     out.setdefault("bubble", 0.0)
     return out
 

@@ -26,6 +26,13 @@ Event discipline
 * Flows live in preallocated numpy arrays (grown by doubling); routes live in one
   link/coefficient pool, compacted when mostly garbage.  Flows that start at the same
   instant on the same route with the same size and cap merge into one weighted flow.
+* Isolated groups skip the solver: max-min rates decompose over connected components of
+  the flow/link graph, so a group whose links no live flow uses gets its rates from a
+  solve of the group alone (cached by route), and finishes on its own timer without
+  touching anyone else's rates.  If a later flow needs one of its links, the group is
+  turned into ordinary live flows with the bytes it has left, and the network re-solves.
+  (This is what makes an NVLink-island TP collective a closed-form delay exactly while
+  nothing else uses the island, and a flow as soon as something does.)
 
 Accounting: bytes carried and busy time per link (weighted by flow multiplicity and
 route coefficient), and :meth:`FlowNetwork.snapshot` for utilisation over a window.
@@ -98,7 +105,12 @@ class FlowNetwork:
         self._load = np.empty(0)
         self.link_bytes = np.zeros(self.num_links)
         self.link_busy_s = np.zeros(self.num_links)
+        self._use = np.zeros(self.num_links, dtype=np.int64)     # live ordinary flows per link
+        self._iso_owner = np.full(self.num_links, -1, dtype=np.int64)
+        self._iso: dict[int, list] = {}         # isolated group id -> its record (see _start_isolated)
+        self._iso_rates: dict[tuple, np.ndarray] = {}
         self.num_solves = 0
+        self.num_isolated = 0
         self.num_flows = 0
         self.solve_wall_s = 0.0
         self.max_live_flows = 0
@@ -124,11 +136,28 @@ class FlowNetwork:
         count = 0
         self._advance()
         now = self.env.now
+        items = []
         for links, coefs, size, weight, cap in flows:
             if size <= 0 or len(links) == 0 and not np.isfinite(cap):
                 continue
             links = np.asarray(links, dtype=np.int64)
             coefs = np.ones(links.size) if coefs is None else np.asarray(coefs, dtype=float)
+            items.append((links, coefs, float(size), float(weight), float(cap)))
+        if items:
+            all_links = np.concatenate([it[0] for it in items])
+            if all_links.size and not self._use[all_links].any():
+                owners = self._iso_owner[all_links]
+                if not (owners >= 0).any():
+                    if self._start_isolated(gid, items, all_links, ev):
+                        return ev
+                else:
+                    for o in np.unique(owners[owners >= 0]).tolist():
+                        self._materialize(int(o))
+            elif all_links.size:
+                owners = self._iso_owner[all_links]
+                for o in np.unique(owners[owners >= 0]).tolist():
+                    self._materialize(int(o))
+        for links, coefs, size, weight, cap in items:
             key = (links.tobytes(), coefs.tobytes(), float(size), float(cap))
             slot = self._merge.get(key)
             if slot is not None:
@@ -142,6 +171,7 @@ class FlowNetwork:
             self._cap[slot] = cap
             self._group[slot] = gid
             self._store_route(slot, links, coefs)
+            np.add.at(self._use, links, 1)
             self._merge[key] = slot
             self._active.append(slot)
             count += 1
@@ -157,7 +187,81 @@ class FlowNetwork:
     def snapshot(self) -> NetworkSnapshot:
         """Counters now (bytes and busy time per link), for utilisation over a window."""
         self._advance()
-        return NetworkSnapshot(self.env.now, self.link_bytes.copy(), self.link_busy_s.copy())
+        b, busy = self.link_bytes.copy(), self.link_busy_s.copy()
+        now = self.env.now
+        for rec in self._iso.values():       # isolated groups' progress so far
+            links, per_s, t0 = rec[0], rec[1], rec[3]
+            np.add.at(b, links, per_s * (now - t0))
+            busy[np.unique(links)] += now - t0
+        return NetworkSnapshot(now, b, busy)
+
+    # -- isolated groups ---------------------------------------------------------------------
+    def _start_isolated(self, gid: int, items, all_links: np.ndarray, ev) -> bool:
+        """Run a group alone on links nobody else uses; False if its flows would not all
+        finish together (then the ordinary path handles it)."""
+        key = tuple((it[0].tobytes(), it[1].tobytes(), it[3], it[4]) for it in items)
+        rate = self._iso_rates.get(key)
+        if rate is None:
+            lens = np.array([it[0].size for it in items], dtype=np.int64)
+            ptr = np.zeros(lens.size + 1, dtype=np.int64)
+            np.cumsum(lens, out=ptr[1:])
+            rate = max_min_rates(ptr, all_links, np.concatenate([it[1] for it in items]), self.capacity,
+                                 np.array([it[3] for it in items]), np.array([it[4] for it in items]))
+            self._iso_rates[key] = rate
+        sizes = np.array([it[2] for it in items])
+        with np.errstate(divide="ignore"):
+            t = sizes / rate
+        if not np.isfinite(t).all() or t.max() - t.min() > 1e-12 * t.max():
+            return False
+        dur = float(t.max())
+        weights = np.repeat(np.array([it[3] for it in items]) * rate, [it[0].size for it in items])
+        per_s = weights * np.concatenate([it[1] for it in items])        # bytes/s per route entry
+        now = self.env.now
+        self._iso_owner[all_links] = gid
+        self._iso[gid] = [all_links, per_s, items, now, dur, rate, ev]
+        self.num_flows += len(items)
+        self.num_isolated += 1
+        self.env.timeout(dur).callbacks.append(lambda _e, g=gid: self._finish_isolated(g))
+        return True
+
+    def _finish_isolated(self, gid: int) -> None:
+        rec = self._iso.pop(gid, None)
+        if rec is None:
+            return                      # materialized meanwhile: its flows finish as ordinary ones
+        links, per_s, items, t0, dur, _rate, ev = rec
+        # exact bytes: every flow carried its whole size
+        w = np.concatenate([np.full(it[0].size, it[3] * it[2]) for it in items]) * np.concatenate(
+            [it[1] for it in items])
+        np.add.at(self.link_bytes, links, w)
+        self.link_busy_s[np.unique(links)] += self.env.now - t0
+        self._iso_owner[links] = -1
+        ev.succeed(self.env.now)
+
+    def _materialize(self, gid: int) -> None:
+        """Turn an isolated group into ordinary live flows with the bytes it has left."""
+        rec = self._iso.pop(gid)
+        links, per_s, items, t0, dur, rate, ev = rec
+        now = self.env.now
+        el = now - t0
+        np.add.at(self.link_bytes, links, per_s * el)
+        self.link_busy_s[np.unique(links)] += el
+        self._iso_owner[links] = -1
+        count = 0
+        for (lk, cf, size, weight, cap), r in zip(items, rate.tolist()):
+            slot = self._alloc()
+            left = max(size - r * el, 0.0)
+            self._rem[slot] = left
+            self._size[slot] = size
+            self._rate[slot] = 0.0
+            self._weight[slot] = weight
+            self._cap[slot] = cap
+            self._group[slot] = gid
+            self._store_route(slot, lk, cf)
+            np.add.at(self._use, lk, 1)
+            self._active.append(slot)
+            count += 1
+        self._groups[gid] = [count, ev]
+        self._kick()
 
     @staticmethod
     def utilization(a: NetworkSnapshot, b: NetworkSnapshot, capacity: np.ndarray) -> np.ndarray:
@@ -294,6 +398,7 @@ class FlowNetwork:
         self._pool_live -= int(self._len[finished].sum())
         # exact byte accounting: add what rounding left in rem (about 0) to the links
         links, coefs = self._gather(finished)
+        np.subtract.at(self._use, links, 1)
         lens = self._len[finished]
         w = np.repeat(self._weight[finished], lens)
         rem_nz = np.repeat(self._rem[finished], lens)

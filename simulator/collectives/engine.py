@@ -116,6 +116,7 @@ class CollectiveEngine:
         self.folding = None
         self._mult: dict[int, int] = {}
         self._qcache: dict[tuple, list] = {}
+        self._prepared: dict[tuple, tuple] = {}
 
     def set_folding(self, folding) -> None:
         """Run on the quotient network of a :class:`~simulator.fold.Folding`: a registered
@@ -125,6 +126,7 @@ class CollectiveEngine:
         if folding is not None and folding.link_cell is not None:
             self.net = FlowNetwork(self.env, folding.capacity(self.capacity))
         self._qcache.clear()
+        self._prepared.clear()
 
     def _route(self, links, coefs, mult: int, key=None):
         if self.folding is None:
@@ -343,18 +345,34 @@ class CollectiveEngine:
             self._finish(call, group_id, seq, "none", "none", env.now, 0.0)
             return
         else:
-            algo, proto = self.choose(members, call.kind, size, call.algo, call.proto)
-            plan = self.plan(members, call.kind, algo, call.root)[0]
-            scale = size / self.bandwidth_factor(call.kind, algo, proto, plan.n_nodes, size)
+            # a call's algorithm, latency and flows depend only on these: prepared once
+            ckey = (members, call.kind, size, call.algo, call.proto, call.root, mult)
+            prepared = self._prepared.get(ckey)
+            if prepared is None:
+                algo, proto = self.choose(members, call.kind, size, call.algo, call.proto)
+                plan = self.plan(members, call.kind, algo, call.root)[0]
+                scale = size / self.bandwidth_factor(call.kind, algo, proto, plan.n_nodes, size)
+                prepared = self._prepared[ckey] = (algo, proto, self.latency_s(call.kind, plan, proto, size),
+                                                   self._flows(call.kind, plan, algo, proto, size, scale, mult))
+            algo, proto, lat, flows = prepared
+            self._launch(call, group_id, seq, algo, proto, lat, flows)
+            return
         lat = self.latency_s(call.kind, plan, proto, size)
+        flows = self._flows(call.kind, plan, algo, proto, size, scale, mult)
+        self._launch(call, group_id, seq, algo, proto, lat, flows)
+
+    def _flows(self, kind, plan, algo, proto, size, scale, mult) -> list:
         cap = self.ll_cap(algo, proto, plan.n_nodes)
-        t_min = size * self._bus_per_alg(call.kind, plan) / cap if cap else 0.0
+        t_min = size * self._bus_per_alg(kind, plan) / cap if cap else 0.0
         flows = []
-        for i, f in enumerate(plan.flows):
-            key = None if call.kind == "all_to_all" else (members, call.kind, algo, call.root, mult, i)
-            links, coefs = self._route(f.links, f.coefs, mult, key)
+        for f in plan.flows:
+            links, coefs = self._route(f.links, f.coefs, mult)
             flows.append((links, coefs, f.bytes_per_byte * scale, 1.0,
                           f.bytes_per_byte * scale / t_min if t_min > 0 else np.inf))
+        return flows
+
+    def _launch(self, call, group_id, seq, algo, proto, lat, flows) -> None:
+        env = self.env
 
         start = env.now
         finish = lambda _e: self._finish(call, group_id, seq, algo, proto, start, lat)  # noqa: E731
