@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .collectives.engine import TINY_CALL_BYTES
 from .collectives.plans import alltoall_plan, p2p_plan
 
 __all__ = ["Folding", "GroupCell", "P2PCell", "FoldError", "fold"]
@@ -273,17 +274,21 @@ def fold(prog, coll, *, network: bool = True, rank_colors=None) -> Folding:
     groups: list[tuple[int, ...]] = []
     gkind: list[str] = []
     seen: set = set()
+    pipes = grid.groups("pp")
+    pipe_of = {r: p for p in pipes for r in p}
     for kind in kinds:
         users = {c for c, k in variants if k == kind}
-        for cls in prog.classes:
-            if cls.class_id not in users:
-                continue
-            for r in cls.members:
-                g = prog.group_members(kind, r)
-                if (kind, g) not in seen:
-                    seen.add((kind, g))
-                    groups.append(g)
-                    gkind.append(kind)
+        if kind == "world":
+            cand = [tuple(range(n))]
+        elif kind == "embedding":
+            cand = [(p[0],) if len(p) == 1 else (p[0], p[-1]) for p in pipes]
+        else:
+            cand = grid.groups(kind)
+        for g in cand:
+            if any(int(cls_of[r]) in users for r in g) and (kind, g) not in seen:
+                seen.add((kind, g))
+                groups.append(g)
+                gkind.append(kind)
     ng = len(groups)
     mem_g = np.fromiter((i for i, g in enumerate(groups) for _ in g), dtype=np.int64)
     mem_r = np.fromiter((r for g in groups for r in g), dtype=np.int64)
@@ -313,6 +318,10 @@ def fold(prog, coll, *, network: bool = True, rank_colors=None) -> Folding:
                 mat = sizes_mat[skey] if skey >= 0 else np.full((n_m, n_m), size / n_m)
                 plan, algo, proto = alltoall_plan(cluster, gpus, mat), "direct", "Simple"
                 tkey = ("a2a", skey, size)
+            elif size <= TINY_CALL_BYTES:          # no flows: its predicted time
+                algo, proto = coll.choose(gpus, coll_kind, size)
+                calls.append((coll_kind, size, skey, algo, proto, coll.predict(gpus, coll_kind, size)[(algo, proto)]))
+                continue
             else:
                 algo, proto = coll.choose(gpus, coll_kind, size)
                 plan = coll.plan(gpus, coll_kind, algo)[0]
@@ -336,7 +345,7 @@ def fold(prog, coll, *, network: bool = True, rank_colors=None) -> Folding:
             if side != "send":
                 continue
             for r in cls.members:
-                dst = grid.pp_neighbour(r, peer - cls.stage)
+                dst = pipe_of[r][peer]
                 if (r, dst) not in pair_index:
                     pair_index[(r, dst)] = len(pairs)
                     pairs.append((r, dst))
@@ -428,10 +437,11 @@ def fold(prog, coll, *, network: bool = True, rank_colors=None) -> Folding:
     p2p_cells = [P2PCell([pairs[i] for i in m], grid.gpu_of(pairs[m[0]][0]), grid.gpu_of(pairs[m[0]][1]))
                  for m in pmembers]
     p2p_of: dict = {}
+    stage_of = {r: k for p in pipes for k, r in enumerate(p)}
     for i, (s, d) in enumerate(pairs):
         c = int(pc[i])
         for r, other, side in ((s, d, "send"), (d, s, "recv")):
-            dd = p2p_of.setdefault((int(rank_c[r]), grid.stage_of(other), side), {})
+            dd = p2p_of.setdefault((int(rank_c[r]), int(stage_of[other]), side), {})
             dd[c] = dd.get(c, 0) + 1
     p2p_of = {k: sorted(v.items()) for k, v in p2p_of.items()}
     out = Folding([tuple(m) for m in cells], cell_class, rank_c, group_cells, groups_of, p2p_cells, p2p_of)
