@@ -218,6 +218,7 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
     step_end: list[list[float]] = [[0.0] * n_cells for _ in range(n_steps)]
     waits: dict[int, list] = {c: [] for c in range(n_cells)}
     done_flags = [False] * n_cells
+    left = [n_cells]
     current: dict[int, str] = {}
     step_latch = [_Latch(env, n_cells) for _ in range(n_steps)]
     snaps = [None] * (n_steps + 1)
@@ -388,14 +389,20 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
         if outstanding["param"]:
             yield from _wait(env, [e for _, e in outstanding["param"]], waits[cid], "dp")
         done_flags[cid] = True
+        left[0] -= 1
 
     for cid in range(n_cells):
         env.process(actor(cid))
-    env.run(until=max_sim_time_s)
+    # step until every actor is done or the queue empties (simpy's run(until=T) would move the
+    # clock to T even when nothing is left, hiding a deadlock behind a runaway)
+    step_event = env.step
+    while left[0] and env.peek() <= max_sim_time_s:
+        step_event()
+    runaway = env.peek() != float("inf")
     if not all(done_flags):
         stuck = [f"class {c} (ranks {m[0]}..{m[-1]}): at {current.get(c)}"
                  for c, m in enumerate(folding.cells) if not done_flags[c]]
-        if env.now >= max_sim_time_s:
+        if runaway:
             raise SimulationError(f"simulated time passed {max_sim_time_s:g} s; stuck: " + "; ".join(stuck[:4]))
         raise DeadlockError("the program cannot finish: " + "; ".join(stuck[:6])
                             + ("; pending: " + "; ".join(coll.pending()[:6]) if coll.pending() else ""))

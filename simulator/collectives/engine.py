@@ -366,8 +366,14 @@ class CollectiveEngine:
             sizes = call.sizes if call.sizes is not None else np.full((n, n), size / n)
             if sizes.shape != (n, n):
                 raise ConfigError("sizes", sizes.shape, f"must be ({n}, {n}) for this group")
-            plan = alltoall_plan(self.cluster, members, sizes)
-            algo, proto, scale = "direct", "Simple", 1.0
+            akey = (members, sizes.tobytes(), mult)
+            prepared = self._prepared.get(akey)
+            if prepared is None:
+                plan = alltoall_plan(self.cluster, members, sizes)
+                prepared = self._prepared[akey] = (self.latency_s(call.kind, plan, "Simple", size),
+                                                   self._flows(call.kind, plan, "direct", "Simple", size, 1.0, mult))
+            self._launch(call, group_id, seq, "direct", "Simple", prepared[0], prepared[1])
+            return
         elif len(members) == 1:
             self._finish(call, group_id, seq, "none", "none", env.now, 0.0)
             return
