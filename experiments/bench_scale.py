@@ -1,53 +1,95 @@
-"""Benchmark: wall time, peak memory, events, flows and solves of one simulated step.
+"""Benchmark: wall time, peak memory, events, flows, solves and fold cells per simulated job.
 
-Llama-3-70B-like job (TP 8, PP 4, DP = rest, 1F1B, GBS = 8 per replica... see CASES) on
-64, 512 and 4,096 H100 GPUs, and Llama-3.1 405B on 16,384 GPUs (TP 8, PP 16, DP 128).
-Each case runs ``num_steps: 1``.  ``--max-gpus N`` skips larger cases (the engine does
-not fold symmetric ranks yet: every group's collectives run as flows, so cost grows with
-the GPU count -- the scale issue's folding removes that).
+Each case runs in its own Python process (so "peak RSS" is that case's), builds the
+program, folds it (unless the case says otherwise) and simulates ``num_steps`` steps.
+Wall time covers all of that; the fold column gives the rank cells simulated.
 
-Run: python experiments/bench_scale.py [--max-gpus 512]
+Cases (the scale issue's targets in brackets; CPU seconds on a 2-core machine):
+
+* Llama-3 70B, TP 8 PP 4, DP fills 64 / 512 / 1,024 / 4,096 H100 (1 step) [1,024: <= 0.5 s]
+* Llama-3.1 405B, 16,384 H100 (h100-16k), TP 8 PP 16 DP 128, 7-layer first and last
+  stages, 16 micro-batches, 1F1B, 2 steps: folded [<= 1 s]; one straggler rank (1.2x
+  compute: DP unfolded around it) [<= 10 s]; nothing folded (``--unfolded``) [<= 300 s]
+* DeepSeek-V3, 2,048 H100, EP 64 PP 16, 2 steps: balanced routing [<= 1 s]; Zipf(1.2)
+  expert popularity [<= 60 s] (``--moe``: these are slow today, see the README)
+
+Run: python experiments/bench_scale.py [--max-gpus N] [--moe] [--unfolded] [--case NAME]
 """
 
 from __future__ import annotations
 
 import argparse
-import time
+import json
 import resource
-
-from simulator.engine import run
+import subprocess
+import sys
+import time
 
 LLAMA70B = {"model": "llama3-70b", "precision": "bf16", "num_steps": 1}
+L405B = {"model": "llama3.1-405b", "cluster": "h100-16k", "num_steps": 2,
+         "parallel": {"tp": 8, "pp": 16, "dp": 128, "micro_batch_size": 1, "global_batch_size": 2048,
+                      "seq_len": 8192, "num_layers_in_first_pipeline_stage": 7,
+                      "num_layers_in_last_pipeline_stage": 7}}
+DSV3 = {"model": "deepseek-v3", "cluster": {"preset": "dgx-h100", "num_nodes": 256}, "num_steps": 2,
+        "parallel": {"tp": 1, "pp": 16, "dp": 2, "ep": 64, "micro_batch_size": 1, "global_batch_size": 2048,
+                     "seq_len": 4096, "num_layers_in_first_pipeline_stage": 4,
+                     "num_layers_in_last_pipeline_stage": 1}}
 
 
-def cases():
-    for nodes in (8, 64, 512):
+def cases() -> dict:
+    """name -> (GPUs, scenario, run() keyword arguments, group)."""
+    out = {}
+    for nodes in (8, 64, 128, 512):
         n = nodes * 8
-        yield f"llama3-70b, {n} GPUs", n, {**LLAMA70B, "cluster": {"preset": "dgx-h100", "num_nodes": nodes},
-                                          "parallel": {"tp": 8, "pp": 4, "dp": -1, "micro_batch_size": 1,
-                                                       "global_batch_size": 8 * (n // 32), "seq_len": 8192}}
-    yield "llama3.1-405b, 16,384 GPUs", 16384, {
-        "model": "llama3.1-405b", "cluster": "h100-16k", "num_steps": 1,
-        "parallel": {"tp": 8, "pp": 16, "dp": 128, "micro_batch_size": 1, "global_batch_size": 2048, "seq_len": 8192,
-                     "num_layers_in_first_pipeline_stage": 7, "num_layers_in_last_pipeline_stage": 7}}
+        out[f"llama3-70b-{n}"] = (n, {**LLAMA70B, "cluster": {"preset": "dgx-h100", "num_nodes": nodes},
+                                      "parallel": {"tp": 8, "pp": 4, "dp": -1, "micro_batch_size": 1,
+                                                   "global_batch_size": 8 * (n // 32), "seq_len": 8192}}, {}, "")
+    out["llama3.1-405b-16k"] = (16384, L405B, {}, "")
+    out["llama3.1-405b-16k-straggler"] = (16384, L405B, {"compute_scale": {5000: 1.2}}, "")
+    out["llama3.1-405b-16k-unfolded"] = (16384, L405B, {"fold": False}, "unfolded")
+    out["deepseek-v3-2048"] = (2048, {**DSV3, "moe_routing": "balanced"}, {}, "moe")
+    out["deepseek-v3-2048-zipf"] = (2048, {**DSV3, "moe_routing": "zipf(1.2)"}, {}, "moe")
+    return out
+
+
+def run_case(name: str) -> dict:
+    from simulator.engine import run
+    n, sc, kw, _ = cases()[name]
+    t0 = time.perf_counter()
+    res = run(sc, **kw)
+    wall = time.perf_counter() - t0
+    m = res.metrics
+    return {"case": name, "gpus": n, "wall_s": wall,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "events": m["num_events"], "flows": m["num_flows"], "solves": m["num_solves"],
+            "cells": m["fold"]["rank_cells"], "fold_s": m["fold"].get("wall_s", 0.0),
+            "step_s": m["step_time_s"], "mfu": m["mfu"]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--max-gpus", type=int, default=512)
+    ap.add_argument("--max-gpus", type=int, default=1 << 20)
+    ap.add_argument("--moe", action="store_true", help="also run the DeepSeek-V3 cases")
+    ap.add_argument("--unfolded", action="store_true", help="also run the 16,384-GPU case with nothing folded")
+    ap.add_argument("--case", help="run one case in this process and print its JSON")
     args = ap.parse_args()
-    print(f"{'case':<28} {'wall':>8} {'peak RSS':>9} {'events':>9} {'flows':>9} {'solves':>8} {'step':>9} {'MFU':>6}")
-    for label, n, sc in cases():
-        if n > args.max_gpus:
-            print(f"{label:<28} skipped (over --max-gpus {args.max_gpus})")
+    if args.case:
+        print(json.dumps(run_case(args.case)))
+        return
+    print(f"{'case':<30} {'GPUs':>6} {'wall':>8} {'fold':>6} {'peak RSS':>9} {'events':>9} {'flows':>8} "
+          f"{'solves':>7} {'cells':>6} {'step':>9} {'MFU':>6}")
+    for name, (n, _, _, group) in cases().items():
+        if n > args.max_gpus or (group == "moe" and not args.moe) or (group == "unfolded" and not args.unfolded):
+            print(f"{name:<30} {n:>6} skipped")
             continue
-        t0 = time.perf_counter()
-        res = run(sc)
-        wall = time.perf_counter() - t0
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux: KiB; process peak so far
-        m = res.metrics
-        print(f"{label:<28} {wall:7.1f}s {peak / 2**20:7.0f}MiB {m['num_events']:>9} {m['num_flows']:>9} "
-              f"{m['num_solves']:>8} {m['step_time_s']:8.3f}s {m['mfu']:6.1%}")
+        out = subprocess.run([sys.executable, __file__, "--case", name], capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"{name:<30} {n:>6} failed: {out.stderr.strip().splitlines()[-1:]}")
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"{name:<30} {n:>6} {r['wall_s']:7.2f}s {r['fold_s']:5.2f}s {r['peak_rss_mib']:7.0f}MiB "
+              f"{r['events']:>9} {r['flows']:>8} {r['solves']:>7} {r['cells']:>6} {r['step_s']:8.3f}s "
+              f"{r['mfu']:6.1%}", flush=True)
 
 
 if __name__ == "__main__":

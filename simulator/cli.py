@@ -129,10 +129,12 @@ def _run(args) -> int:
 
     from .engine import run
 
-    res = run(args.scenario)
+    res = run(args.scenario, fold=not args.no_fold)
     out = Path(args.out) if args.out else None
     if out:
         res.save(out)
+        if args.per_rank:
+            res.rank_timeline().to_csv(out / "timeline_ranks.csv", index=False)
     last = res.timeline[res.timeline["step"] == res.timeline["step"].max()]
     gantt_path = args.gantt or (str(out / "gantt.png") if out else None)
     trace_path = args.trace or (str(out / "trace.json") if out else None)
@@ -206,8 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gantt", metavar="PNG", help="write a Gantt chart of the reported step")
     p.add_argument("--trace", metavar="JSON", help="write a Chrome/Perfetto trace")
     p.add_argument("--out", metavar="DIR", help="write metrics.json, timeline.csv, gantt.png, trace.json here")
-    p.add_argument("--no-fold", action="store_true", help="one actor per rank (folding arrives with the scale issue; "
-                                                          "accepted for the contract, currently the same)")
+    p.add_argument("--no-fold", action="store_true",
+                   help="simulate every rank and flow on its own (the exact unfolded reference; slow at scale)")
+    p.add_argument("--per-rank", action="store_true",
+                   help="with --out: also write timeline_ranks.csv, the timeline expanded to every rank")
     sub.add_parser("presets", help="list cluster and model presets")
     p = sub.add_parser("validate", help="predict measured runs (published-runs or vTrain CSV) and report errors")
     p.add_argument("runs", help="CSV of measured runs")
