@@ -61,6 +61,7 @@ def breakdown(timeline, waits: list, t0: float, t1: float, class_id: int) -> dic
     # (the one the stream was really held up by), uncovered time is bubble
     points = sorted({x for a, b in idle for x in (a, b)} | {x for s, e, _ in ws for x in (s, e)})
     heap: list = []
+    axis_rank = {a: i for i, a in enumerate(sorted({w[2] for w in ws}))}
     j = k = 0
     for p, q in zip(points, points[1:]):
         while k < len(idle) and idle[k][1] <= p:
@@ -71,12 +72,12 @@ def breakdown(timeline, waits: list, t0: float, t1: float, class_id: int) -> dic
             continue
         mid = 0.5 * (p + q)
         while j < len(ws) and ws[j][0] <= mid:
-            heapq.heappush(heap, (-ws[j][1], ws[j][2]))
+            heapq.heappush(heap, (-ws[j][1], -axis_rank[ws[j][2]], ws[j][2]))
             j += 1
         while heap and -heap[0][0] <= mid:
             heapq.heappop(heap)
-        # ties on the end: the largest axis name, as max() over (end, axis) pairs did
-        ax = max(a for e, a in heap if e == heap[0][0]) if heap else "bubble"
+        # ties on the end go to the largest axis name (the heap orders by both)
+        ax = heap[0][2] if heap else "bubble"
         key = "bubble" if ax == "bubble" else f"exposed_{ax}"
         out[key] = out.get(key, 0.0) + (q - p)
     out.setdefault("bubble", 0.0)
