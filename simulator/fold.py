@@ -216,13 +216,16 @@ def _relabel(old: np.ndarray, h: np.ndarray) -> np.ndarray:
     """Colours that split ``old`` by ``h``, numbered in order of first occurrence."""
     if old.size == 0:
         return old
-    key = np.stack([old.astype(np.uint64), h], axis=1)
-    _, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    _, first, inv = np.unique(_pair(old, h), return_index=True, return_inverse=True)
     inv = inv.ravel()
     order = np.argsort(first, kind="stable")
     rank = np.empty_like(order)
     rank[order] = np.arange(order.size)
-    return rank[inv].astype(np.int64)
+    new = rank[inv].astype(np.int64)
+    # a refinement never merges two old colours (only a 64-bit hash collision could)
+    if np.unique(new * (int(old.max()) + 1) + old).size != order.size:
+        raise FoldError("colour refinement merged two colours (hash collision)")
+    return new
 
 
 def _labels(keys: list) -> np.ndarray:
@@ -463,13 +466,12 @@ def _check_equitable(inc_f, inc_l, inc_w, flow_c, link_c, rtol: float = 1e-9) ->
     every link of a cell the same weighted count of flows of every flow cell."""
     for a, b, ca, cb, what in ((inc_f, inc_l, flow_c, link_c, "flow"), (inc_l, inc_f, link_c, flow_c, "link")):
         # per (member a, cell of b): summed coefficient
-        key = np.stack([a, cb[b]], axis=1)
-        u, inv = np.unique(key, axis=0, return_inverse=True)
+        ncb = _count(cb)
+        u, inv = np.unique(a.astype(np.int64) * ncb + cb[b], return_inverse=True)
         s = np.bincount(inv.ravel(), weights=inc_w)
-        cell_a = ca[u[:, 0]]
-        pair = np.stack([cell_a, u[:, 1]], axis=1)
-        pu, pinv = np.unique(pair, axis=0, return_inverse=True)
+        pu_key, pinv = np.unique(ca[u // ncb] * ncb + u % ncb, return_inverse=True)
         pinv = pinv.ravel()
+        pu = np.stack([pu_key // ncb, pu_key % ncb], axis=1)
         hi = np.full(pu.shape[0], -np.inf)
         lo = np.full(pu.shape[0], np.inf)
         np.maximum.at(hi, pinv, s)

@@ -107,8 +107,8 @@ class FlowNetwork:
         self.link_busy_s = np.zeros(self.num_links)
         self._use = np.zeros(self.num_links, dtype=np.int64)     # live ordinary flows per link
         self._iso_owner = np.full(self.num_links, -1, dtype=np.int64)
-        self._iso: dict[int, list] = {}         # isolated group id -> its record (see _start_isolated)
-        self._iso_rates: dict[tuple, np.ndarray] = {}
+        self._iso: dict[int, tuple] = {}        # isolated group id -> (template, start, event)
+        self._templates: dict = {}
         self.num_solves = 0
         self.num_isolated = 0
         self.num_flows = 0
@@ -125,10 +125,12 @@ class FlowNetwork:
         """Start one flow now; the event succeeds when its last byte arrives."""
         return self.transfer_group([(links, coefs, size_bytes, weight, cap)])
 
-    def transfer_group(self, flows) -> simpy.Event:
+    def transfer_group(self, flows, key=None) -> simpy.Event:
         """Start several flows now; the event succeeds when all of them have finished.
 
         ``flows`` is an iterable of ``(links, coefs | None, size_bytes, weight, cap)``.
+        ``key`` (hashable, optional) names this exact list of flows: callers that start
+        the same group again and again (a collective call) pass it to skip re-parsing.
         """
         ev = self.env.event()
         gid = self._next_group
@@ -136,26 +138,21 @@ class FlowNetwork:
         count = 0
         self._advance()
         now = self.env.now
-        items = []
-        for links, coefs, size, weight, cap in flows:
-            if size <= 0 or len(links) == 0 and not np.isfinite(cap):
-                continue
-            links = np.asarray(links, dtype=np.int64)
-            coefs = np.ones(links.size) if coefs is None else np.asarray(coefs, dtype=float)
-            items.append((links, coefs, float(size), float(weight), float(cap)))
+        t = self._templates.get(key) if key is not None else None
+        if t is None:
+            t = _Template(flows)
+            if key is not None:
+                self._templates[key] = t
+        items = t.items
         if items:
-            all_links = np.concatenate([it[0] for it in items])
-            if all_links.size and not self._use[all_links].any():
-                owners = self._iso_owner[all_links]
-                if not (owners >= 0).any():
-                    if self._start_isolated(gid, items, all_links, ev):
-                        return ev
-                else:
-                    for o in np.unique(owners[owners >= 0]).tolist():
-                        self._materialize(int(o))
-            elif all_links.size:
-                owners = self._iso_owner[all_links]
-                for o in np.unique(owners[owners >= 0]).tolist():
+            uniq = t.uniq
+            owners = self._iso_owner[uniq]
+            busy = owners >= 0
+            if not self._use[uniq].any() and not busy.any():
+                if self._start_isolated(gid, t, ev):
+                    return ev
+            elif busy.any():
+                for o in np.unique(owners[busy]).tolist():
                     self._materialize(int(o))
         for links, coefs, size, weight, cap in items:
             key = (links.tobytes(), coefs.tobytes(), float(size), float(cap))
@@ -189,68 +186,47 @@ class FlowNetwork:
         self._advance()
         b, busy = self.link_bytes.copy(), self.link_busy_s.copy()
         now = self.env.now
-        for rec in self._iso.values():       # isolated groups' progress so far
-            links, per_s, t0 = rec[0], rec[1], rec[3]
-            np.add.at(b, links, per_s * (now - t0))
-            busy[np.unique(links)] += now - t0
+        for t, t0, _ev in self._iso.values():       # isolated groups' progress so far
+            b[t.uniq] += t.per_s * (now - t0)
+            busy[t.uniq] += now - t0
         return NetworkSnapshot(now, b, busy)
 
     # -- isolated groups ---------------------------------------------------------------------
-    def _start_isolated(self, gid: int, items, all_links: np.ndarray, ev) -> bool:
+    def _start_isolated(self, gid: int, t: "_Template", ev) -> bool:
         """Run a group alone on links nobody else uses; False if its flows would not all
         finish together (then the ordinary path handles it)."""
-        key = tuple((it[0].tobytes(), it[1].tobytes(), it[3], it[4]) for it in items)
-        rate = self._iso_rates.get(key)
-        if rate is None:
-            lens = np.array([it[0].size for it in items], dtype=np.int64)
-            ptr = np.zeros(lens.size + 1, dtype=np.int64)
-            np.cumsum(lens, out=ptr[1:])
-            rate = max_min_rates(ptr, all_links, np.concatenate([it[1] for it in items]), self.capacity,
-                                 np.array([it[3] for it in items]), np.array([it[4] for it in items]))
-            self._iso_rates[key] = rate
-        sizes = np.array([it[2] for it in items])
-        with np.errstate(divide="ignore"):
-            t = sizes / rate
-        if not np.isfinite(t).all() or t.max() - t.min() > 1e-12 * t.max():
+        if t.rate is None:
+            t.solve_alone(self.capacity)
+        if not t.isolatable:
             return False
-        dur = float(t.max())
-        weights = np.repeat(np.array([it[3] for it in items]) * rate, [it[0].size for it in items])
-        per_s = weights * np.concatenate([it[1] for it in items])        # bytes/s per route entry
-        now = self.env.now
-        self._iso_owner[all_links] = gid
-        self._iso[gid] = [all_links, per_s, items, now, dur, rate, ev]
-        self.num_flows += len(items)
+        self._iso_owner[t.uniq] = gid
+        self._iso[gid] = (t, self.env.now, ev)
+        self.num_flows += len(t.items)
         self.num_isolated += 1
-        self.env.timeout(dur).callbacks.append(lambda _e, g=gid: self._finish_isolated(g))
+        self.env.timeout(t.duration).callbacks.append(lambda _e, g=gid: self._finish_isolated(g))
         return True
 
     def _finish_isolated(self, gid: int) -> None:
         rec = self._iso.pop(gid, None)
         if rec is None:
             return                      # materialized meanwhile: its flows finish as ordinary ones
-        links, per_s, items, t0, dur, _rate, ev = rec
-        # exact bytes: every flow carried its whole size
-        w = np.concatenate([np.full(it[0].size, it[3] * it[2]) for it in items]) * np.concatenate(
-            [it[1] for it in items])
-        np.add.at(self.link_bytes, links, w)
-        self.link_busy_s[np.unique(links)] += self.env.now - t0
-        self._iso_owner[links] = -1
+        t, t0, ev = rec
+        self.link_bytes[t.uniq] += t.total_bytes     # exact: every flow carried its whole size
+        self.link_busy_s[t.uniq] += self.env.now - t0
+        self._iso_owner[t.uniq] = -1
         ev.succeed(self.env.now)
 
     def _materialize(self, gid: int) -> None:
         """Turn an isolated group into ordinary live flows with the bytes it has left."""
-        rec = self._iso.pop(gid)
-        links, per_s, items, t0, dur, rate, ev = rec
-        now = self.env.now
-        el = now - t0
-        np.add.at(self.link_bytes, links, per_s * el)
-        self.link_busy_s[np.unique(links)] += el
-        self._iso_owner[links] = -1
+        t, t0, ev = self._iso.pop(gid)
+        el = self.env.now - t0
+        self.link_bytes[t.uniq] += t.per_s * el
+        self.link_busy_s[t.uniq] += el
+        self._iso_owner[t.uniq] = -1
         count = 0
-        for (lk, cf, size, weight, cap), r in zip(items, rate.tolist()):
+        for (lk, cf, size, weight, cap), r in zip(t.items, t.rate.tolist()):
             slot = self._alloc()
-            left = max(size - r * el, 0.0)
-            self._rem[slot] = left
+            self._rem[slot] = max(size - r * el, 0.0)
             self._size[slot] = size
             self._rate[slot] = 0.0
             self._weight[slot] = weight
@@ -441,3 +417,47 @@ class FlowNetwork:
         version = self._version
         timer = self.env.timeout(max(t_next, 0.0))
         timer.callbacks.append(lambda _e, v=version: self._on_timer(v))
+
+
+class _Template:
+    """A parsed group of flows (routes as arrays), with what running it alone costs: its
+    rates from a solve of the group alone, and per distinct link the bytes/s and total
+    bytes it puts there (cached: rates depend only on routes and capacities)."""
+
+    __slots__ = ("items", "uniq", "rate", "isolatable", "duration", "per_s", "total_bytes")
+
+    def __init__(self, flows):
+        items = []
+        for links, coefs, size, weight, cap in flows:
+            if size <= 0 or len(links) == 0 and not np.isfinite(cap):
+                continue
+            links = np.asarray(links, dtype=np.int64)
+            coefs = np.ones(links.size) if coefs is None else np.asarray(coefs, dtype=float)
+            items.append((links, coefs, float(size), float(weight), float(cap)))
+        self.items = items
+        self.uniq = np.unique(np.concatenate([it[0] for it in items])) if items else np.empty(0, dtype=np.int64)
+        self.rate = None
+        self.isolatable = False
+        self.duration = 0.0
+        self.per_s = self.total_bytes = None
+
+    def solve_alone(self, capacity: np.ndarray) -> None:
+        items = self.items
+        lens = np.array([it[0].size for it in items], dtype=np.int64)
+        ptr = np.zeros(lens.size + 1, dtype=np.int64)
+        np.cumsum(lens, out=ptr[1:])
+        links = np.concatenate([it[0] for it in items])
+        coefs = np.concatenate([it[1] for it in items])
+        weights = np.array([it[3] for it in items])
+        sizes = np.array([it[2] for it in items])
+        self.rate = max_min_rates(ptr, links, coefs, capacity, weights, np.array([it[4] for it in items]))
+        with np.errstate(divide="ignore"):
+            t = sizes / self.rate
+        if links.size == 0 or not np.isfinite(t).all() or t.max() - t.min() > 1e-12 * t.max():
+            return
+        self.isolatable = True
+        self.duration = float(t.max())
+        pos = np.searchsorted(self.uniq, links)
+        self.per_s = np.bincount(pos, weights=np.repeat(weights * self.rate, lens) * coefs, minlength=self.uniq.size)
+        self.total_bytes = np.bincount(pos, weights=np.repeat(weights * sizes, lens) * coefs,
+                                       minlength=self.uniq.size)

@@ -372,7 +372,7 @@ class CollectiveEngine:
                 plan = alltoall_plan(self.cluster, members, sizes)
                 prepared = self._prepared[akey] = (self.latency_s(call.kind, plan, "Simple", size),
                                                    self._flows(call.kind, plan, "direct", "Simple", size, 1.0, mult))
-            self._launch(call, group_id, seq, "direct", "Simple", prepared[0], prepared[1])
+            self._launch(call, group_id, seq, "direct", "Simple", prepared[0], prepared[1], akey)
             return
         elif len(members) == 1:
             self._finish(call, group_id, seq, "none", "none", env.now, 0.0)
@@ -392,7 +392,7 @@ class CollectiveEngine:
                 prepared = self._prepared[ckey] = (algo, proto, self.latency_s(call.kind, plan, proto, size),
                                                    self._flows(call.kind, plan, algo, proto, size, scale, mult))
             algo, proto, lat, flows = prepared
-            self._launch(call, group_id, seq, algo, proto, lat, flows)
+            self._launch(call, group_id, seq, algo, proto, lat, flows, ckey)
             return
         lat = self.latency_s(call.kind, plan, proto, size)
         flows = self._flows(call.kind, plan, algo, proto, size, scale, mult)
@@ -408,7 +408,7 @@ class CollectiveEngine:
                           f.bytes_per_byte * scale / t_min if t_min > 0 else np.inf))
         return flows
 
-    def _launch(self, call, group_id, seq, algo, proto, lat, flows) -> None:
+    def _launch(self, call, group_id, seq, algo, proto, lat, flows, key=None) -> None:
         env = self.env
 
         start = env.now
@@ -418,7 +418,7 @@ class CollectiveEngine:
             if flows is None:           # a tiny call: its predicted time, no flows
                 finish(None)
             else:
-                self.net.transfer_group(flows).callbacks.append(finish)
+                self.net.transfer_group(flows, key).callbacks.append(finish)
 
         if lat > 0:
             env.timeout(lat).callbacks.append(go)
@@ -460,7 +460,7 @@ class CollectiveEngine:
         def go(_e):
             f = plan.flows[0]
             links, coefs = self._route(f.links, f.coefs, multiplicity, ("p2p", src, dst, multiplicity))
-            done = self.net.transfer_group([(links, coefs, size, 1.0, np.inf)])
+            done = self.net.transfer_group([(links, coefs, size, 1.0, np.inf)], ("p2p", src, dst, multiplicity, size))
             done.callbacks.append(lambda _x: self._finish(call, -1, key, "direct", "Simple", start, lat))
 
         if lat > 0:
