@@ -402,10 +402,25 @@ class CollectiveEngine:
         cap = self.ll_cap(algo, proto, plan.n_nodes)
         t_min = size * self._bus_per_alg(kind, plan) / cap if cap else 0.0
         flows = []
+        merged: dict[tuple, list] = {}
         for f in plan.flows:
             links, coefs = self._route(f.links, f.coefs, mult)
-            flows.append((links, coefs, f.bytes_per_byte * scale, 1.0,
-                          f.bytes_per_byte * scale / t_min if t_min > 0 else np.inf))
+            size = f.bytes_per_byte * scale
+            cap = size / t_min if t_min > 0 else np.inf
+            if self.folding is not None:
+                # flows of one flow cell have the same quotient route (equitability): one
+                # weighted flow stands for them (up to rounding of the coefficient sums)
+                key = (links.tobytes(), size, cap)
+                for entry in merged.get(key, ()):
+                    if np.allclose(flows[entry][1], coefs, rtol=1e-12, atol=0.0):
+                        links0, coefs0, size0, w, cap0 = flows[entry]
+                        flows[entry] = (links0, coefs0, size0, w + 1.0, cap0)
+                        break
+                else:
+                    merged.setdefault(key, []).append(len(flows))
+                    flows.append((links, coefs, size, 1.0, cap))
+                continue
+            flows.append((links, coefs, size, 1.0, cap))
         return flows
 
     def _launch(self, call, group_id, seq, algo, proto, lat, flows, key=None) -> None:
