@@ -17,8 +17,10 @@ Streams and overlap (DESIGN.md, Overlap; each rule a switch of ``scenario.overla
   with ``tp_comm`` (Transformer Engine's userbuffer overlap) a TP collective instead runs
   while the next compute op (the GEMM block it feeds or follows) computes, and that op
   then waits for it -- an approximation of TE's chunked ring overlap;
-* PP send/recv are rendezvous: both sides block until the transfer is done
-  (``p2p: true`` makes sends non-blocking -- Megatron's overlap for the interleaved schedule);
+* PP send/recv are rendezvous: both sides block until the transfer is done; for the
+  interleaved and DualPipe schedules sends do not block (their programs do not pair sends
+  with the neighbour's receives the way Megatron's combined calls do, and blocking sends
+  would deadlock them);
 * gradient buckets (``grad_*``) are issued on the DP stream without blocking when
   ``grad_reduce`` is on; the stream runs its collectives in order; the grad-norm
   all-reduce waits for all of them;
@@ -232,6 +234,11 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
     cp_overlap = sc.overlap.get("cp_comm", True)
     tp_overlap = sc.overlap.get("tp_comm", False)
     fsdp_prefetch = sc.overlap.get("fsdp_prefetch", True)
+    # Sends are rendezvous (they block until the peer posts the receive) for 1F1B, GPipe and
+    # ZB-H1.  The interleaved and DualPipe programs post each send in its own action's batch,
+    # not paired with the neighbour's receive as Megatron's combined send/recv calls are, so
+    # blocking sends would deadlock them: there sends never block (as with overlap.p2p).
+    nonblocking_sends = sc.overlap.get("p2p", False) or sc.parallel.schedule in ("interleaved_1f1b", "dualpipe")
 
     def actor(cid):
         cls = prog.classes[folding.cell_class[cid]]
@@ -306,7 +313,7 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
                         batch.append(ops[i])
                         i += 1
                     yield from _p2p(env, coll, folding, batch, step, rec, rep, node, cid, waits, free_comm,
-                                    sc.overlap.get("p2p", False) and sc.parallel.schedule == "interleaved_1f1b",
+                                    nonblocking_sends,
                                     mailbox)
                     continue
                 axis = _AXIS.get(op.group, op.stream)

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .collectives.engine import TINY_CALL_BYTES
-from .collectives.plans import alltoall_plan, p2p_plan
+from .collectives.plans import p2p_plan
 
 __all__ = ["Folding", "GroupCell", "P2PCell", "FoldError", "fold"]
 
@@ -196,14 +196,15 @@ _K3 = np.uint64(0x94D049BB133111EB)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.uint64)
+    x = np.atleast_1d(np.asarray(x, dtype=np.uint64))
     x = (x ^ (x >> np.uint64(30))) * _K2
     x = (x ^ (x >> np.uint64(27))) * _K3
     return x ^ (x >> np.uint64(31))
 
 
 def _pair(a, b) -> np.ndarray:
-    return _mix(_mix(np.asarray(a, dtype=np.uint64) + _K1) * _K1 + np.asarray(b, dtype=np.uint64))
+    """A 64-bit hash of the pair (arrays broadcast; arithmetic wraps modulo 2**64)."""
+    return _mix(_mix(np.asarray(a, dtype=np.uint64) + _K1) * _K1 + np.atleast_1d(np.asarray(b, dtype=np.uint64)))
 
 
 def _sum_into(n: int, idx: np.ndarray, vals: np.ndarray) -> np.ndarray:
@@ -315,12 +316,28 @@ def fold(prog, coll, *, network: bool = True, rank_colors=None) -> Folding:
             continue
         gpus = grid.gpus(g)
         calls, templates = [], {}
+        a2a = [(size, skey) for coll_kind, size, skey in vs if coll_kind == "all_to_all"]
+        if a2a:
+            # one flow per (source, destination) pair for all the group's all-to-alls, labelled
+            # by the bytes it carries in each of them (skewed routing: per layer and micro-batch)
+            n_m = len(g)
+            mats = np.stack([sizes_mat[k] if k >= 0 else np.full((n_m, n_m), sz / n_m) for sz, k in a2a])
+            plan = coll.alltoall_routes(gpus)
+            lat = coll.latency_s("all_to_all", plan, "Simple", 0.0)
+            calls += [("all_to_all", sz, k, "direct", "Simple", lat, plan.n_nodes) for sz, k in a2a]
+            ii, jj = np.nonzero(~np.eye(n_m, dtype=bool))
+            bits = np.ascontiguousarray(mats[:, ii, jj]).view(np.uint64)
+            lab = np.zeros(ii.size, dtype=np.uint64)
+            for v in range(bits.shape[0]):
+                lab += _pair(np.uint64(v), bits[v])
+            for f, lb in zip(plan.flows, lab.tolist()):
+                flow_links.append(f.links)
+                flow_coefs.append(f.coefs)
+                flow_label.append(("a2a", lb, f.inter_node))
+                flow_owner.append(gi)
         for coll_kind, size, skey in vs:
             if coll_kind == "all_to_all":
-                n_m = len(g)
-                mat = sizes_mat[skey] if skey >= 0 else np.full((n_m, n_m), size / n_m)
-                plan, algo, proto = alltoall_plan(cluster, gpus, mat), "direct", "Simple"
-                tkey = ("a2a", skey, size)
+                continue
             elif size <= TINY_CALL_BYTES:          # no flows: its predicted time
                 algo, proto = coll.choose(gpus, coll_kind, size)
                 calls.append((coll_kind, size, skey, algo, proto, coll.predict(gpus, coll_kind, size)[(algo, proto)]))

@@ -125,6 +125,7 @@ class CollectiveEngine:
         self._mult: dict[int, int] = {}
         self._qcache: dict[tuple, list] = {}
         self._prepared: dict[tuple, tuple] = {}
+        self._a2a_quotient: dict[tuple, list] = {}
 
     def set_folding(self, folding) -> None:
         """Run on the quotient network of a :class:`~simulator.fold.Folding`: a registered
@@ -135,6 +136,7 @@ class CollectiveEngine:
             self.net = FlowNetwork(self.env, folding.capacity(self.capacity))
         self._qcache.clear()
         self._prepared.clear()
+        self._a2a_quotient.clear()
 
     def _route(self, links, coefs, mult: int, key=None):
         if self.folding is None:
@@ -369,9 +371,18 @@ class CollectiveEngine:
             akey = (members, sizes.tobytes(), mult)
             prepared = self._prepared.get(akey)
             if prepared is None:
-                plan = alltoall_plan(self.cluster, members, sizes)
-                prepared = self._prepared[akey] = (self.latency_s(call.kind, plan, "Simple", size),
-                                                   self._flows(call.kind, plan, "direct", "Simple", size, 1.0, mult))
+                plan = self.alltoall_routes(members)
+                routes = self._a2a_quotient.get((members, mult))
+                if routes is None:
+                    routes = self._a2a_quotient[(members, mult)] = [self._route(f.links, f.coefs, mult)
+                                                                    for f in plan.flows]
+                ii, jj = np.nonzero(~np.eye(n, dtype=bool))
+                nbytes = sizes[ii, jj]
+                flows = self._merge([(*routes[p], float(nbytes[p]), 1.0, np.inf)
+                                     for p in np.flatnonzero(nbytes > 0).tolist()])
+                prepared = (self.latency_s(call.kind, plan, "Simple", size), flows)
+                if len(self._prepared) < 4096:       # skewed routing: a new matrix per layer and micro-batch
+                    self._prepared[akey] = prepared
             self._launch(call, group_id, seq, "direct", "Simple", prepared[0], prepared[1], akey)
             return
         elif len(members) == 1:
@@ -402,26 +413,41 @@ class CollectiveEngine:
         cap = self.ll_cap(algo, proto, plan.n_nodes)
         t_min = size * self._bus_per_alg(kind, plan) / cap if cap else 0.0
         flows = []
-        merged: dict[tuple, list] = {}
         for f in plan.flows:
             links, coefs = self._route(f.links, f.coefs, mult)
             size = f.bytes_per_byte * scale
-            cap = size / t_min if t_min > 0 else np.inf
-            if self.folding is not None:
-                # flows of one flow cell have the same quotient route (equitability): one
-                # weighted flow stands for them (up to rounding of the coefficient sums)
-                key = (links.tobytes(), size, cap)
-                for entry in merged.get(key, ()):
-                    if np.allclose(flows[entry][1], coefs, rtol=1e-12, atol=0.0):
-                        links0, coefs0, size0, w, cap0 = flows[entry]
-                        flows[entry] = (links0, coefs0, size0, w + 1.0, cap0)
-                        break
-                else:
-                    merged.setdefault(key, []).append(len(flows))
-                    flows.append((links, coefs, size, 1.0, cap))
-                continue
-            flows.append((links, coefs, size, 1.0, cap))
-        return flows
+            flows.append((links, coefs, size, 1.0, size / t_min if t_min > 0 else np.inf))
+        return self._merge(flows)
+
+    def _merge(self, flows: list) -> list:
+        """With folding, flows of one flow cell have the same quotient route (equitability):
+        one weighted flow stands for them (equal up to rounding of the coefficient sums)."""
+        if self.folding is None:
+            return flows
+        out: list = []
+        seen: dict[tuple, list] = {}
+        for links, coefs, size, w, cap in flows:
+            key = (links.tobytes(), size, cap)
+            for entry in seen.get(key, ()):
+                if np.allclose(out[entry][1], coefs, rtol=1e-12, atol=0.0):
+                    l0, c0, s0, w0, cap0 = out[entry]
+                    out[entry] = (l0, c0, s0, w0 + w, cap0)
+                    break
+            else:
+                seen.setdefault(key, []).append(len(out))
+                out.append((links, coefs, size, w, cap))
+        return out
+
+    def alltoall_routes(self, members) -> Plan:
+        """The all-to-all plan with every (source, destination) pair, in row-major order
+        (``bytes_per_byte`` 1): routes for any sizes matrix (cached per group)."""
+        members = tuple(members)
+        key = (members, "a2a")
+        hit = self._plan_cache.get(key)
+        if hit is None:
+            n = len(members)
+            hit = self._plan_cache[key] = (alltoall_plan(self.cluster, members, np.ones((n, n))), 0.0)
+        return hit[0]
 
     def _launch(self, call, group_id, seq, algo, proto, lat, flows, key=None) -> None:
         env = self.env

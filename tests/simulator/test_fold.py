@@ -26,7 +26,7 @@ import random
 import numpy as np
 import pytest
 
-from simulator.engine import SimulationError, run
+from simulator.engine import run
 from simulator.scenario import load_scenario
 from topologies import ConfigError
 
@@ -49,8 +49,7 @@ def scenario(tp, pp, dp, *, cp=1, ep=1, nmb=2, schedule="1f1b", preset="dgx-h100
     ``dp`` is the dense data-parallel degree (EP is carved out of it: ``edp = cp * dp / ep``);
     the model is the tiny dense or MoE preset (8 experts) with two layers per pipeline chunk
     and 8 KV heads (so TP up to 8 divides them).  The interleaved schedule runs with ``vpp=2``
-    and, unless ``p2p`` says otherwise, non-blocking sends (``overlap.p2p``): with blocking
-    sends the engine deadlocks (see ``test_schedules_that_deadlock_with_blocking_sends``).
+    and, unless ``p2p`` says otherwise, ``overlap.p2p`` on.
     """
     vpp = 2 if schedule == "interleaved_1f1b" else 1
     world = tp * cp * dp * pp
@@ -219,22 +218,16 @@ def test_folded_run_equals_unfolded_run(kw):
     assert_same_run(folded, unfolded, _describe(kw))
 
 
-@pytest.mark.xfail(strict=True, raises=SimulationError,
-                   reason="engine bug, not folding: blocking pipeline sends deadlock these schedules (fold=False "
-                          "too); raises DeadlockError")
 @pytest.mark.parametrize("kw", [
     pytest.param(dict(tp=2, pp=2, dp=2, nmb=4, schedule="interleaved_1f1b", p2p=False), id="interleaved-blocking"),
     pytest.param(dict(tp=2, pp=2, dp=2, nmb=4, schedule="dualpipe"), id="dualpipe"),
+    pytest.param(dict(tp=2, pp=4, dp=2, nmb=8, schedule="dualpipe"), id="dualpipe-pp4"),
 ])
-def test_schedules_that_deadlock_with_blocking_sends(kw):
-    """The interleaved 1F1B schedule with blocking sends (Megatron's default, ``overlap.p2p``
-    off) and DualPipe (whose sends are always blocking) cannot be compared yet: the
-    *unfolded* reference itself never finishes.  Interleaved: stage 0 blocks in ``send_grad``
-    to stage 1 while stage 1 blocks in ``send_grad`` to stage 0, each side's matching
-    receive being posted in a later send/recv batch; DualPipe: both stages block in
-    ``send_act``.  The random layouts therefore run the interleaved schedule with
-    non-blocking sends and leave DualPipe out.  Once the engine is fixed this test passes
-    (the strict xfail then fails) and both schedules can join the random draw."""
+def test_schedules_that_used_to_deadlock_fold_exactly(kw):
+    """The interleaved 1F1B schedule with ``overlap.p2p`` off and DualPipe: with blocking
+    sends their programs deadlocked (stage 0 blocked in ``send_grad`` to stage 1 while stage 1
+    blocked in ``send_grad`` to stage 0, each matching receive posted in a later batch), so
+    the engine never blocks sends for these schedules.  Both now finish, folded == unfolded."""
     sc = scenario(**kw)
     unfolded = run(sc, fold=False)
     assert_same_run(run(sc), unfolded, _describe(kw))

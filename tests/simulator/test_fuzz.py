@@ -13,7 +13,7 @@ layouts = st.fixed_dictionaries({
     "micro_batch_size": st.sampled_from([1, 2]),
     "global_batch_size": st.sampled_from([4, 8, 6]),
     "seq_len": st.sampled_from([256, 512, 500]),
-    "schedule": st.sampled_from(["1f1b", "gpipe", "zb_h1", "interleaved_1f1b"]),
+    "schedule": st.sampled_from(["1f1b", "gpipe", "zb_h1", "interleaved_1f1b", "dualpipe"]),
     "vpp": st.sampled_from([1, 2]),
     "recompute": st.sampled_from(["none", "selective", "full"]),
     "sequence_parallel": st.booleans(),
