@@ -145,31 +145,27 @@ class _Latch:
 
 
 class _Recorder:
+    """Timeline rows as tuples (op, rank, node, stream, axis, start, end, step, cell); the
+    op's own columns are filled in once, when the frame is built."""
+
     def __init__(self):
-        self.cols = {c: [] for c in TIMELINE_COLUMNS + ("step", "class_id")}
+        self.rows: list[tuple] = []
 
     def add(self, rank, node, stream, op, axis, start, end, step, cid):
-        c = self.cols
-        c["rank"].append(rank)
-        c["node"].append(node)
-        c["stream"].append(stream)
-        c["kind"].append(op.kind)
-        c["name"].append(op.name)
-        c["layer"].append(op.layer)
-        c["microbatch"].append(op.microbatch)
-        c["chunk"].append(op.chunk)
-        c["phase"].append(op.phase)
-        c["axis"].append(axis)
-        c["start_s"].append(start)
-        c["end_s"].append(end)
-        c["flops"].append(op.flops)
-        c["size_bytes"].append(op.size_bytes)
-        c["step"].append(step)
-        c["class_id"].append(cid)
+        self.rows.append((op, rank, node, stream, axis, start, end, step, cid))
 
     def frame(self):
         import pandas as pd
-        return pd.DataFrame(self.cols)
+        rows = self.rows
+        ops = [r[0] for r in rows]
+        cols = {"rank": [r[1] for r in rows], "node": [r[2] for r in rows], "stream": [r[3] for r in rows],
+                "kind": [o.kind for o in ops], "name": [o.name for o in ops], "layer": [o.layer for o in ops],
+                "microbatch": [o.microbatch for o in ops], "chunk": [o.chunk for o in ops],
+                "phase": [o.phase for o in ops], "axis": [r[4] for r in rows], "start_s": [r[5] for r in rows],
+                "end_s": [r[6] for r in rows], "flops": [o.flops for o in ops],
+                "size_bytes": [o.size_bytes for o in ops], "step": [r[7] for r in rows],
+                "class_id": [r[8] for r in rows]}
+        return pd.DataFrame(cols)
 
 
 _AXIS = {"tp": "tp", "sp": "tp", "etp": "tp", "cp": "cp", "ep": "ep", "dp": "dp", "dp_cp": "dp", "edp": "dp",

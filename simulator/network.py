@@ -75,7 +75,8 @@ class FlowNetwork:
         Effective capacity per link id, bytes/s.
     """
 
-    def __init__(self, env: simpy.Environment, capacity: np.ndarray, initial_flows: int = 1024):
+    def __init__(self, env: simpy.Environment, capacity: np.ndarray, initial_flows: int = 1024,
+                 isolate: bool = True):
         tune_allocator()            # solves allocate many large temporaries: see simulator.allocator
         self.env = env
         self.capacity = np.asarray(capacity, dtype=float)
@@ -109,6 +110,7 @@ class FlowNetwork:
         self._iso_owner = np.full(self.num_links, -1, dtype=np.int64)
         self._iso: dict[int, tuple] = {}        # isolated group id -> (template, start, event)
         self._templates: dict = {}
+        self.isolate = isolate                  # False: every group goes through the solver (tests)
         self.num_solves = 0
         self.num_isolated = 0
         self.num_flows = 0
@@ -125,35 +127,46 @@ class FlowNetwork:
         """Start one flow now; the event succeeds when its last byte arrives."""
         return self.transfer_group([(links, coefs, size_bytes, weight, cap)])
 
-    def transfer_group(self, flows, key=None) -> simpy.Event:
-        """Start several flows now; the event succeeds when all of them have finished.
+    def transfer_group(self, flows, key=None, delay: float = 0.0) -> simpy.Event:
+        """Start several flows (after ``delay`` seconds); the event succeeds when all of them
+        have finished.
 
         ``flows`` is an iterable of ``(links, coefs | None, size_bytes, weight, cap)``.
         ``key`` (hashable, optional) names this exact list of flows: callers that start
         the same group again and again (a collective call) pass it to skip re-parsing.
+        A group that is isolated now reserves its links from now on and needs no event
+        until it finishes; if anything claims them before it starts, it starts as ordinary
+        flows after the delay.
         """
         ev = self.env.event()
         gid = self._next_group
         self._next_group += 1
-        count = 0
-        self._advance()
-        now = self.env.now
         t = self._templates.get(key) if key is not None else None
         if t is None:
             t = _Template(flows)
             if key is not None:
                 self._templates[key] = t
+        if delay > 0:
+            if not (t.items and self._try_isolated(gid, t, ev, self.env.now + delay)):
+                self.env.timeout(delay).callbacks.append(lambda _e: self._admit(gid, t, ev))
+            return ev
+        self._admit(gid, t, ev)
+        return ev
+
+    def _admit(self, gid: int, t: "_Template", ev) -> None:
+        """Start template ``t``'s flows now as group ``gid``, completing ``ev``."""
+        self._advance()
+        now = self.env.now
         items = t.items
         if items:
-            uniq = t.uniq
-            owners = self._iso_owner[uniq]
+            if self._try_isolated(gid, t, ev, now):
+                return
+            owners = self._iso_owner[t.uniq]
             busy = owners >= 0
-            if not self._use[uniq].any() and not busy.any():
-                if self._start_isolated(gid, t, ev):
-                    return ev
-            elif busy.any():
+            if busy.any():
                 for o in np.unique(owners[busy]).tolist():
                     self._materialize(int(o))
+        count = 0
         for links, coefs, size, weight, cap in items:
             key = (links.tobytes(), coefs.tobytes(), float(size), float(cap))
             slot = self._merge.get(key)
@@ -176,10 +189,9 @@ class FlowNetwork:
         self._merge.clear()
         if count == 0:
             ev.succeed(now)
-            return ev
+            return
         self._groups[gid] = [count, ev]
         self._kick()
-        return ev
 
     def snapshot(self) -> NetworkSnapshot:
         """Counters now (bytes and busy time per link), for utilisation over a window."""
@@ -187,23 +199,29 @@ class FlowNetwork:
         b, busy = self.link_bytes.copy(), self.link_busy_s.copy()
         now = self.env.now
         for t, t0, _ev in self._iso.values():       # isolated groups' progress so far
-            b[t.uniq] += t.per_s * (now - t0)
-            busy[t.uniq] += now - t0
+            if now > t0:
+                b[t.uniq] += t.per_s * (now - t0)
+                busy[t.uniq] += now - t0
         return NetworkSnapshot(now, b, busy)
 
     # -- isolated groups ---------------------------------------------------------------------
-    def _start_isolated(self, gid: int, t: "_Template", ev) -> bool:
-        """Run a group alone on links nobody else uses; False if its flows would not all
-        finish together (then the ordinary path handles it)."""
+    def _try_isolated(self, gid: int, t: "_Template", ev, start: float) -> bool:
+        """Run a group alone from ``start`` on links nobody else uses or has reserved;
+        False if they are in use or its flows would not all finish together (the ordinary
+        path then handles it)."""
+        uniq = t.uniq
+        if not self.isolate or self._use[uniq].any() or (self._iso_owner[uniq] >= 0).any():
+            return False
         if t.rate is None:
             t.solve_alone(self.capacity)
         if not t.isolatable:
             return False
-        self._iso_owner[t.uniq] = gid
-        self._iso[gid] = (t, self.env.now, ev)
+        self._iso_owner[uniq] = gid
+        self._iso[gid] = (t, start, ev)
         self.num_flows += len(t.items)
         self.num_isolated += 1
-        self.env.timeout(t.duration).callbacks.append(lambda _e, g=gid: self._finish_isolated(g))
+        self.env.timeout(start - self.env.now + t.duration).callbacks.append(
+            lambda _e, g=gid: self._finish_isolated(g))
         return True
 
     def _finish_isolated(self, gid: int) -> None:
@@ -217,12 +235,19 @@ class FlowNetwork:
         ev.succeed(self.env.now)
 
     def _materialize(self, gid: int) -> None:
-        """Turn an isolated group into ordinary live flows with the bytes it has left."""
+        """Turn an isolated group into ordinary live flows with the bytes it has left (or,
+        if it has not started yet, start it as ordinary flows when it would have)."""
         t, t0, ev = self._iso.pop(gid)
-        el = self.env.now - t0
+        now = self.env.now
+        self._iso_owner[t.uniq] = -1
+        self.num_flows -= len(t.items)
+        if now < t0:
+            self.env.timeout(t0 - now).callbacks.append(lambda _e: self._admit(gid, t, ev))
+            return
+        self.num_flows += len(t.items)
+        el = now - t0
         self.link_bytes[t.uniq] += t.per_s * el
         self.link_busy_s[t.uniq] += el
-        self._iso_owner[t.uniq] = -1
         count = 0
         for (lk, cf, size, weight, cap), r in zip(t.items, t.rate.tolist()):
             slot = self._alloc()

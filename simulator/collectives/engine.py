@@ -337,6 +337,13 @@ class CollectiveEngine:
             raise ConfigError("group_id", group_id, "not registered")
         key = (group_id, seq)
         call = self._calls.get(key)
+        if call is None and count == len(members) * self._mult.get(group_id, 1):
+            # every member arrives at once (a folded cell holding the whole group cell)
+            call = _Call(kind, float(size_bytes), count, algo, proto, sizes, root, count, self.env.now,
+                         self.env.event())
+            self.call_start[key] = self.env.now
+            self._start(group_id, seq, members, call, self._mult.get(group_id, 1))
+            return call.event
         if call is None:
             call = _Call(kind, float(size_bytes), len(members) * self._mult.get(group_id, 1), algo, proto, sizes, root,
                          first_s=self.env.now, event=self.env.event())
@@ -455,16 +462,10 @@ class CollectiveEngine:
         start = env.now
         finish = lambda _e: self._finish(call, group_id, seq, algo, proto, start, lat)  # noqa: E731
 
-        def go(_ev):
-            if flows is None:           # a tiny call: its predicted time, no flows
-                finish(None)
-            else:
-                self.net.transfer_group(flows, key).callbacks.append(finish)
-
-        if lat > 0:
-            env.timeout(lat).callbacks.append(go)
+        if flows is None:               # a tiny call: its predicted time, no flows
+            env.timeout(lat).callbacks.append(finish)
         else:
-            go(None)
+            self.net.transfer_group(flows, key, delay=lat).callbacks.append(finish)
 
     def _finish(self, call: _Call, group_id, seq, algo, proto, start, lat) -> None:
         now = self.env.now
