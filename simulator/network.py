@@ -106,7 +106,7 @@ class FlowNetwork:
         self._load = np.empty(0)
         self.link_bytes = np.zeros(self.num_links)
         self.link_busy_s = np.zeros(self.num_links)
-        self._use = np.zeros(self.num_links, dtype=np.int64)     # live ordinary flows per link
+        self._occ = np.zeros(self.num_links, dtype=np.int64)     # live flows + reservations per link
         self._iso_owner = np.full(self.num_links, -1, dtype=np.int64)
         self._iso: dict[int, tuple] = {}        # isolated group id -> (template, start, event)
         self._templates: dict = {}
@@ -127,18 +127,18 @@ class FlowNetwork:
         """Start one flow now; the event succeeds when its last byte arrives."""
         return self.transfer_group([(links, coefs, size_bytes, weight, cap)])
 
-    def transfer_group(self, flows, key=None, delay: float = 0.0) -> simpy.Event:
+    def transfer_group(self, flows, key=None, delay: float = 0.0, event: simpy.Event | None = None) -> simpy.Event:
         """Start several flows (after ``delay`` seconds); the event succeeds when all of them
         have finished.
 
         ``flows`` is an iterable of ``(links, coefs | None, size_bytes, weight, cap)``.
         ``key`` (hashable, optional) names this exact list of flows: callers that start
-        the same group again and again (a collective call) pass it to skip re-parsing.
-        A group that is isolated now reserves its links from now on and needs no event
+        the same group again and again (a collective call) pass it to skip re-parsing, and
+        may pass the ``event`` to succeed.  A group that is isolated now reserves its links from now on and needs no event
         until it finishes; if anything claims them before it starts, it starts as ordinary
         flows after the delay.
         """
-        ev = self.env.event()
+        ev = self.env.event() if event is None else event
         gid = self._next_group
         self._next_group += 1
         t = self._templates.get(key) if key is not None else None
@@ -181,7 +181,7 @@ class FlowNetwork:
             self._cap[slot] = cap
             self._group[slot] = gid
             self._store_route(slot, links, coefs)
-            np.add.at(self._use, links, 1)
+            np.add.at(self._occ, links, 1)
             self._merge[key] = slot
             self._active.append(slot)
             count += 1
@@ -210,13 +210,14 @@ class FlowNetwork:
         False if they are in use or its flows would not all finish together (the ordinary
         path then handles it)."""
         uniq = t.uniq
-        if not self.isolate or self._use[uniq].any() or (self._iso_owner[uniq] >= 0).any():
+        if not self.isolate or self._occ[uniq].any():
             return False
         if t.rate is None:
             t.solve_alone(self.capacity)
         if not t.isolatable:
             return False
         self._iso_owner[uniq] = gid
+        self._occ[uniq] += 1
         self._iso[gid] = (t, start, ev)
         self.num_flows += len(t.items)
         self.num_isolated += 1
@@ -232,6 +233,7 @@ class FlowNetwork:
         self.link_bytes[t.uniq] += t.total_bytes     # exact: every flow carried its whole size
         self.link_busy_s[t.uniq] += self.env.now - t0
         self._iso_owner[t.uniq] = -1
+        self._occ[t.uniq] -= 1
         ev.succeed(self.env.now)
 
     def _materialize(self, gid: int) -> None:
@@ -240,6 +242,7 @@ class FlowNetwork:
         t, t0, ev = self._iso.pop(gid)
         now = self.env.now
         self._iso_owner[t.uniq] = -1
+        self._occ[t.uniq] -= 1
         self.num_flows -= len(t.items)
         if now < t0:
             self.env.timeout(t0 - now).callbacks.append(lambda _e: self._admit(gid, t, ev))
@@ -258,7 +261,7 @@ class FlowNetwork:
             self._cap[slot] = cap
             self._group[slot] = gid
             self._store_route(slot, lk, cf)
-            np.add.at(self._use, lk, 1)
+            np.add.at(self._occ, lk, 1)
             self._active.append(slot)
             count += 1
         self._groups[gid] = [count, ev]
@@ -399,7 +402,7 @@ class FlowNetwork:
         self._pool_live -= int(self._len[finished].sum())
         # exact byte accounting: add what rounding left in rem (about 0) to the links
         links, coefs = self._gather(finished)
-        np.subtract.at(self._use, links, 1)
+        np.subtract.at(self._occ, links, 1)
         lens = self._len[finished]
         w = np.repeat(self._weight[finished], lens)
         rem_nz = np.repeat(self._rem[finished], lens)

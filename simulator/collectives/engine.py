@@ -465,7 +465,10 @@ class CollectiveEngine:
         if flows is None:               # a tiny call: its predicted time, no flows
             env.timeout(lat).callbacks.append(finish)
         else:
-            self.net.transfer_group(flows, key, delay=lat).callbacks.append(finish)
+            ev = call.event
+            ev.callbacks.append(lambda _e: self.records.append(CollectiveRecord(
+                group_id, seq, call.kind, call.size, algo, proto, call.first_s, start, env.now, lat)))
+            self.net.transfer_group(flows, key, delay=lat, event=ev)
 
     def _finish(self, call: _Call, group_id, seq, algo, proto, start, lat) -> None:
         now = self.env.now
