@@ -259,14 +259,16 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
         ops = cls.ops
         n_ops = len(ops)
         first_layer = min((o.layer for o in ops if o.kind == "compute" and o.layer >= 0), default=0)
+        axis_of, nonblocking_of = _op_meta(cls, sc.overlap)
+        has_fsdp = fsdp_prefetch and any(o.name.startswith("fsdp_gather") for o in ops)
         for step in range(n_steps):
             i = 0
             while i < n_ops:
                 op = ops[i]
                 i += 1
-                current[cid] = f"step {step} {op.name} (layer {op.layer}, mb {op.microbatch})"
+                current[cid] = (step, op)
                 if op.kind == "compute":
-                    if fsdp_prefetch:
+                    if has_fsdp:
                         # issue the next layer's ZeRO-3 parameter gather before this compute op
                         j = i
                         while j < n_ops and ops[j].kind != "compute":
@@ -312,7 +314,7 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
                                     nonblocking_sends,
                                     mailbox)
                     continue
-                axis = _AXIS.get(op.group, op.stream)
+                axis = axis_of[i - 1]
                 if (i - 1) in prefetched:
                     t_issue, ev = prefetched.pop(i - 1)
                     t_wait = env.now
@@ -331,9 +333,7 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
                         yield from _wait(env, pend, waits[cid], "dp")
                         outstanding["grad"] = []
                 seq = step * per_kind[op.group] + op.seq
-                nonblocking = ((op.name.startswith("grad_") and op.name != "grad_norm"
-                                and sc.overlap.get("grad_reduce", True))
-                               or (op.name.startswith("param_gather") and sc.overlap.get("param_gather", True)))
+                nonblocking = nonblocking_of[i - 1]
                 sizes = None
                 if op.coll == "all_to_all" and op.tag in prog.a2a_sizes:
                     sizes = prog.a2a_sizes[op.tag]            # dispatch: [src, dst] by EP coordinate
@@ -403,7 +403,7 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
         step_event()
     runaway = env.peek() != float("inf")
     if not all(done_flags):
-        stuck = [f"class {c} (ranks {m[0]}..{m[-1]}): at {current.get(c)}"
+        stuck = [f"class {c} (ranks {m[0]}..{m[-1]}): at {_where(current.get(c))}"
                  for c, m in enumerate(folding.cells) if not done_flags[c]]
         if runaway:
             raise SimulationError(f"simulated time passed {max_sim_time_s:g} s; stuck: " + "; ".join(stuck[:4]))
@@ -460,6 +460,24 @@ class _PhysicalView:
 
     tier_summary = staticmethod(FlowNetwork.tier_summary)
     utilization = staticmethod(FlowNetwork.utilization)
+
+
+def _where(at) -> str:
+    if at is None:
+        return "start"
+    step, op = at
+    return f"step {step} {op.name} (layer {op.layer}, mb {op.microbatch})"
+
+
+def _op_meta(cls, overlap: dict) -> tuple[list, list]:
+    """Per op of a class: its timeline axis, and whether it runs on the DP stream without
+    blocking (gradient buckets and parameter gathers, as the overlap switches say)."""
+    axes, nonblocking = [], []
+    for op in cls.ops:
+        axes.append(_AXIS.get(op.group, op.stream))
+        nonblocking.append((op.name.startswith("grad_") and op.name != "grad_norm" and overlap.get("grad_reduce", True))
+                           or (op.name.startswith("param_gather") and overlap.get("param_gather", True)))
+    return axes, nonblocking
 
 
 def _wait(env, events, wait_log, axis):
