@@ -235,6 +235,13 @@ class Cluster:
         self.link_latency = np.array([a["latency_s"] for _, _, a in edges], dtype=float)
         self.link_tier = np.array([TIER_INDEX[a["tier"]] for _, _, a in edges], dtype=np.int8)
         self.num_links = len(edges)
+        if self.nics_per_host:
+            per = self.gpus_per_host // self.nics_per_host
+            self._nic = [(g // self.gpus_per_host) * self.nics_per_host + (g % self.gpus_per_host) // per
+                         for g in range(self.num_gpus)]
+            self._rail = [n % self.nics_per_host for n in self._nic]
+        else:
+            self._nic = self._rail = [-1] * self.num_gpus
         from .routing import Router  # local: routing imports Cluster for typing only
         self.router = Router(self)
 
@@ -247,14 +254,10 @@ class Cluster:
 
     def nic_of(self, gpu: int) -> int:
         """Global index of the NIC affine to ``gpu`` (-1 when hosts have no NIC)."""
-        if not self.nics_per_host:
-            return -1
-        per = self.gpus_per_host // self.nics_per_host
-        return self.host_of(gpu) * self.nics_per_host + (gpu % self.gpus_per_host) // per
+        return self._nic[gpu]
 
     def rail_of(self, gpu: int) -> int:
-        n = self.nic_of(gpu)
-        return -1 if n < 0 else n % self.nics_per_host
+        return self._rail[gpu]
 
     def route(self, src: int, dst: int, *, pxn: bool | None = None, flow_key: int = 0):
         """Route from GPU ``src`` to GPU ``dst`` under the cluster's policy (see Router.route)."""
