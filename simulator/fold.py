@@ -126,10 +126,28 @@ class Folding:
         """Route of a representative flow standing for ``multiplicity`` flows, on quotient links."""
         if self.link_cell is None:
             return links, coefs
+        return self.quotient_routes([(links, coefs)], multiplicity)[0]
+
+    def quotient_routes(self, routes, multiplicity: int) -> list:
+        """:meth:`quotient_route` of many routes at once (vectorised).  Coefficients are
+        rounded to 12 significant digits, so that flows of one cell, whose quotient routes
+        are equal up to the order of summation, get bitwise equal routes (and merge)."""
+        if self.link_cell is None:
+            return list(routes)
+        if not routes:
+            return []
+        lens = np.array([len(r[0]) for r in routes], dtype=np.int64)
+        links = np.concatenate([np.asarray(r[0], dtype=np.int64) for r in routes])
+        coefs = np.concatenate([np.asarray(r[1], dtype=float) for r in routes])
         cells = self.link_cell[links]
         w = coefs * (multiplicity / self.link_cell_size[cells])
-        u, inv = np.unique(cells, return_inverse=True)
-        return u, np.bincount(inv, weights=w, minlength=u.size)
+        flow = np.repeat(np.arange(len(routes)), lens)
+        n_cells = self.link_rep.size
+        u, inv = np.unique(flow * n_cells + cells, return_inverse=True)
+        agg = _round12(np.bincount(inv.ravel(), weights=w, minlength=u.size))
+        uf, uc = u // n_cells, u % n_cells
+        bounds = np.searchsorted(uf, np.arange(len(routes) + 1))
+        return [(uc[a:b], agg[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
 
     def expand_links(self, per_cell: np.ndarray) -> np.ndarray:
         """A per-quotient-link array as a per-physical-link array (each member the same)."""
@@ -171,6 +189,16 @@ class Folding:
         return cls(cells, cell_class, np.arange(n), group_cells, groups_of, p2p_cells, p2p_of, folded=False,
                    stats={"rank_cells": n, "group_cells": len(group_cells), "p2p_cells": len(p2p_cells),
                           "link_cells": cluster.num_links})
+
+
+def _round12(x: np.ndarray) -> np.ndarray:
+    """``x`` rounded to 12 significant digits (positive finite values)."""
+    out = x.copy()
+    pos = x > 0
+    if pos.any():
+        scale = 10.0 ** (np.floor(np.log10(x[pos])) - 11)
+        out[pos] = np.round(x[pos] / scale) * scale
+    return out
 
 
 def _kinds(cls) -> list[str]:

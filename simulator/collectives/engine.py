@@ -381,8 +381,9 @@ class CollectiveEngine:
                 plan = self.alltoall_routes(members)
                 routes = self._a2a_quotient.get((members, mult))
                 if routes is None:
-                    routes = self._a2a_quotient[(members, mult)] = [self._route(f.links, f.coefs, mult)
-                                                                    for f in plan.flows]
+                    routes = self._a2a_quotient[(members, mult)] = (
+                        self.folding.quotient_routes([(f.links, f.coefs) for f in plan.flows], mult)
+                        if self.folding is not None else [(f.links, f.coefs) for f in plan.flows])
                 ii, jj = np.nonzero(~np.eye(n, dtype=bool))
                 nbytes = sizes[ii, jj]
                 flows = self._merge([(*routes[p], float(nbytes[p]), 1.0, np.inf)
@@ -419,30 +420,31 @@ class CollectiveEngine:
     def _flows(self, kind, plan, algo, proto, size, scale, mult) -> list:
         cap = self.ll_cap(algo, proto, plan.n_nodes)
         t_min = size * self._bus_per_alg(kind, plan) / cap if cap else 0.0
+        routes = ([(f.links, f.coefs) for f in plan.flows] if self.folding is None
+                  else self.folding.quotient_routes([(f.links, f.coefs) for f in plan.flows], mult))
         flows = []
-        for f in plan.flows:
-            links, coefs = self._route(f.links, f.coefs, mult)
+        for f, (links, coefs) in zip(plan.flows, routes):
             size = f.bytes_per_byte * scale
             flows.append((links, coefs, size, 1.0, size / t_min if t_min > 0 else np.inf))
         return self._merge(flows)
 
     def _merge(self, flows: list) -> list:
-        """With folding, flows of one flow cell have the same quotient route (equitability):
-        one weighted flow stands for them (equal up to rounding of the coefficient sums)."""
+        """With folding, flows of one flow cell have the same quotient route (equitability;
+        :meth:`~simulator.fold.Folding.quotient_routes` rounds away the summation order):
+        one weighted flow stands for them."""
         if self.folding is None:
             return flows
         out: list = []
-        seen: dict[tuple, list] = {}
+        seen: dict[tuple, int] = {}
         for links, coefs, size, w, cap in flows:
-            key = (links.tobytes(), size, cap)
-            for entry in seen.get(key, ()):
-                if np.allclose(out[entry][1], coefs, rtol=1e-12, atol=0.0):
-                    l0, c0, s0, w0, cap0 = out[entry]
-                    out[entry] = (l0, c0, s0, w0 + w, cap0)
-                    break
-            else:
-                seen.setdefault(key, []).append(len(out))
+            key = (links.tobytes(), coefs.tobytes(), size, cap)
+            entry = seen.get(key)
+            if entry is None:
+                seen[key] = len(out)
                 out.append((links, coefs, size, w, cap))
+            else:
+                l0, c0, s0, w0, cap0 = out[entry]
+                out[entry] = (l0, c0, s0, w0 + w, cap0)
         return out
 
     def alltoall_routes(self, members) -> Plan:
