@@ -131,11 +131,13 @@ def _run(args) -> int:
 
     res = run(args.scenario, fold=not args.no_fold)
     out = Path(args.out) if args.out else None
+    # a folded run's timeline has one row per rank cell; --per-rank expands it to every rank
+    tl = res.rank_timeline() if args.per_rank else res.timeline
     if out:
         res.save(out)
         if args.per_rank:
-            res.rank_timeline().to_csv(out / "timeline_ranks.csv", index=False)
-    last = res.timeline[res.timeline["step"] == res.timeline["step"].max()]
+            tl.to_csv(out / "timeline_ranks.csv", index=False)
+    last = tl[tl["step"] == tl["step"].max()]
     gantt_path = args.gantt or (str(out / "gantt.png") if out else None)
     trace_path = args.trace or (str(out / "trace.json") if out else None)
     if gantt_path:
@@ -144,7 +146,7 @@ def _run(args) -> int:
                                       f"{res.metrics['step_time_s']:.3f} s, MFU {res.metrics['mfu']:.1%}")
     if trace_path:
         from .trace import to_chrome_trace
-        to_chrome_trace(res.timeline, trace_path, metadata={"scenario": res.scenario.name})
+        to_chrome_trace(tl, trace_path, metadata={"scenario": res.scenario.name})
     if args.json:
         print(json.dumps(res.metrics, default=float))
     else:
@@ -211,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-fold", action="store_true",
                    help="simulate every rank and flow on its own (the exact unfolded reference; slow at scale)")
     p.add_argument("--per-rank", action="store_true",
-                   help="with --out: also write timeline_ranks.csv, the timeline expanded to every rank")
+                   help="expand the timeline to every rank (a folded run keeps one row per rank cell): the "
+                        "Gantt chart and trace then show every rank, --out adds timeline_ranks.csv; large at scale")
     sub.add_parser("presets", help="list cluster and model presets")
     p = sub.add_parser("validate", help="predict measured runs (published-runs or vTrain CSV) and report errors")
     p.add_argument("runs", help="CSV of measured runs")

@@ -85,6 +85,23 @@ def test_run_json_and_outputs(tmp_path, capsys):
     assert "llama3-70b" in capsys.readouterr().out
 
 
+def test_run_no_fold_and_per_rank(tmp_path, capsys):
+    """--no-fold gives the folded step time (folding is exact); --per-rank expands the
+    timeline to every rank (8 ranks, 4 cells here)."""
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("model: tiny-dense\ncluster: {preset: dgx-h100, num_nodes: 1}\n"
+                   "parallel: {tp: 2, pp: 2, dp: 2, global_batch_size: 8, seq_len: 512}\nnum_steps: 1\n")
+    assert main(["run", str(cfg), "--json"]) == 0
+    folded = json.loads(capsys.readouterr().out)
+    assert main(["run", str(cfg), "--json", "--no-fold", "--per-rank", "--out", str(tmp_path / "o")]) == 0
+    unfolded = json.loads(capsys.readouterr().out)
+    assert unfolded["step_time_s"] == folded["step_time_s"]
+    assert folded["fold"]["rank_cells"] < unfolded["fold"]["rank_cells"] == 8
+    import pandas as pd
+    ranks = pd.read_csv(tmp_path / "o" / "timeline_ranks.csv")
+    assert sorted(ranks["rank"].unique()) == list(range(8))
+
+
 def test_validate_command_reports_every_row(tmp_path, capsys):
     from pathlib import Path
     runs = Path(__file__).resolve().parents[1] / "experiments" / "reference" / "published_runs_h100.csv"
