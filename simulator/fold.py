@@ -400,13 +400,20 @@ def fold(prog, coll, *, network: bool = True, rank_colors=None) -> Folding:
     p_src = np.array([p[0] for p in pairs], dtype=np.int64)
     p_dst = np.array([p[1] for p in pairs], dtype=np.int64)
     n_gflows = len(flow_links)
-    if network:
-        for s, d in pairs:
-            plan = p2p_plan(cluster, grid.gpu_of(s), grid.gpu_of(d))
-            f = plan.flows[0]
-            flow_links.append(f.links)
-            flow_coefs.append(f.coefs)
-            flow_label.append(("p2p", coll.latency_s("send_recv", plan, "Simple", 1.0), f.inter_node))
+    if network and pairs:
+        # the route of every transfer (batch-routed), labelled by the latency its call waits
+        gs = np.array([grid.gpu_of(s) for s, _ in pairs], dtype=np.int64)
+        gd = np.array([grid.gpu_of(d) for _, d in pairs], dtype=np.int64)
+        lat_of: dict = {}
+        for a, b, r in zip(gs.tolist(), gd.tolist(), cluster.router.routes(gs, gd, pxn=True)):
+            inter = cluster.domain_of(a) != cluster.domain_of(b)
+            key = (inter, cluster.router.path_latency(r) if inter else 0.0)
+            lat = lat_of.get(key)
+            if lat is None:
+                lat = lat_of[key] = coll.latency_s("send_recv", p2p_plan(cluster, a, b), "Simple", 1.0)
+            flow_links.append(r.links)
+            flow_coefs.append(r.coefs)
+            flow_label.append(("p2p", lat, inter))
             flow_owner.append(-1)
     nf = len(flow_links)
     group_c = _labels(group_label)

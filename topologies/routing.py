@@ -215,6 +215,68 @@ class Router:
         self._cache[key] = r
         return r
 
+    def routes(self, srcs, dsts, *, pxn: bool | None = None) -> list[Route]:
+        """:meth:`route` for many pairs at once (vectorised for ``dmodk``; other policies,
+        and inputs :meth:`route` would reject, go through it one by one)."""
+        if pxn is None:
+            pxn = self.pxn_default
+        src = np.asarray(srcs, dtype=np.int64)
+        dst = np.asarray(dsts, dtype=np.int64)
+        c = self.cluster
+        n_gpu = c.num_gpus
+        if (self.policy != "dmodk" or src.size < 32 or src.shape != dst.shape or not c.nics_per_host
+                or src.min(initial=0) < 0 or dst.min(initial=0) < 0
+                or src.max(initial=0) >= n_gpu or dst.max(initial=0) >= n_gpu):
+            return [self.route(int(a), int(b), pxn=pxn) for a, b in zip(src.tolist(), dst.tolist())]
+        D, gph = c.nvlink_domain_size, c.gpus_per_host
+        nic = np.asarray(c._nic, dtype=np.int64)
+        inter = src // D != dst // D
+        if (nic[src[inter]] < 0).any():
+            return [self.route(int(a), int(b), pxn=pxn) for a, b in zip(src.tolist(), dst.tolist())]
+        relay = src
+        if pxn and self.rail_optimized:
+            rail = nic % c.nics_per_host
+            rs, rd = rail[src], rail[dst]
+            peer = (src // gph) * gph + rd * (gph // c.nics_per_host)
+            ok = inter & (rd != rs) & (peer // D == src // D) & (self.nvl_up[src] >= 0)
+            relay = np.where(ok, peer, src)
+        sn, dn = nic[relay], nic[dst]
+        fab = inter & (sn != dn)
+        la, lb = self.nic_leaf[sn], self.nic_leaf[dn]
+        if (la[fab] < 0).any() or (lb[fab] < 0).any():
+            return [self.route(int(a), int(b), pxn=pxn) for a, b in zip(src.tolist(), dst.tolist())]
+        S, C = self.num_spines, self.num_cores
+        cross = fab & (la != lb)
+        if cross.any() and S == 0:
+            return [self.route(int(a), int(b), pxn=pxn) for a, b in zip(src.tolist(), dst.tolist())]
+        if not self.leaf_pod.size:          # no fabric at all (one host): nothing crosses it
+            la = lb = np.zeros_like(la)
+            pod, ls, sl = np.zeros(1, dtype=np.int64), np.full((1, 1), -1), np.full((1, 1), -1)
+        else:
+            pod, ls, sl = self.leaf_pod, self.leaf_spine, self.spine_leaf
+        sp = self.nic_port[dn] % max(S, 1)
+        pa, pb = pod[la], pod[lb]
+        xpod = cross & (pa != pb)
+        cc = self.nic_port[dn] % C if C > 1 else np.zeros_like(dn)
+        relayed = inter & (relay != src)
+        same = ~inter & (src != dst)
+        cols = [(relayed | same, self.nvl_up[src]), (relayed, self.nvl_down[relay]), (same, self.nvl_down[dst]),
+                (inter, self.pcie_up[relay]), (fab, self.nic_up[sn]), (cross, ls[la, sp]),
+                (xpod, self.spine_core[pa, sp, cc]), (xpod, self.core_spine[pb, sp, cc]),
+                (cross, sl[lb, sp]), (fab, self.nic_down[dn]), (inter, self.pcie_down[dst])]
+        mask = np.stack([m for m, _ in cols], axis=1)
+        links = np.stack([v for _, v in cols], axis=1)
+        out = []
+        cache = self._cache
+        for i, (a, b) in enumerate(zip(src.tolist(), dst.tolist())):
+            key = (a, b, pxn, 0)
+            r = cache.get(key)
+            if r is None:
+                lk = links[i][mask[i]]
+                r = cache[key] = Route(lk, np.ones(lk.size)) if lk.size else _EMPTY
+            out.append(r)
+        return out
+
     def reduction_tree(self, nics, plane: int) -> tuple[list[int], float]:
         """Switch links of a SHARP aggregation tree over ``nics`` rooted in spine plane ``plane``.
 

@@ -297,7 +297,8 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     a2a_sizes: dict = {}
     # MoE: per EP coordinate the tokens of every (layer, micro-batch); equal signatures share a class
     ep_coords = range(par.ep) if model.moe is not None else [0]
-    sig_of_ep = {e: _moe_signature(ctx, e, a2a_sizes) for e in ep_coords}
+    loads: dict = {}           # (layer, mb) -> tokens per expert: sampled once, sliced per EP coordinate
+    sig_of_ep = {e: _moe_signature(ctx, e, a2a_sizes, loads) for e in ep_coords}
     classes: list[RankClass] = []
     class_of_rank = np.empty(grid.world_size, dtype=np.int64)
     by_key: dict = {}
@@ -326,7 +327,7 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     return prog
 
 
-def _moe_signature(ctx: _Ctx, e: int, a2a_sizes: dict):
+def _moe_signature(ctx: _Ctx, e: int, a2a_sizes: dict, loads: dict):
     """(hashable signature, {(layer, mb): tokens per local expert}) of EP coordinate ``e``."""
     m, par = ctx.model, ctx.par
     if m.moe is None:
@@ -341,7 +342,10 @@ def _moe_signature(ctx: _Ctx, e: int, a2a_sizes: dict):
         if not m.is_moe_layer(layer):
             continue
         for mb in range(par.num_microbatches):
-            load = expert_load(ctx.routing, pool, E, k, layer=layer, microbatch=mb, seed=ctx.seed)
+            load = loads.get((layer, mb))
+            if load is None:
+                load = loads[(layer, mb)] = expert_load(ctx.routing, pool, E, k, layer=layer, microbatch=mb,
+                                                        seed=ctx.seed)
             table[(layer, mb)] = tuple(int(x) for x in load[e * local:(e + 1) * local])
             if (layer, mb) not in a2a_sizes and par.ep > 1:
                 a2a_sizes[(layer, mb)] = dispatch_matrix(load, par.ep, bytes_per_token)
