@@ -104,10 +104,12 @@ class FlowNetwork:
         self._version = 0
         self._load_links = np.empty(0, dtype=np.int64)
         self._load = np.empty(0)
-        self.link_bytes = np.zeros(self.num_links)
-        self.link_busy_s = np.zeros(self.num_links)
-        self._occ = np.zeros(self.num_links, dtype=np.int64)     # live flows + reservations per link
+        self._link_bytes = np.zeros(self.num_links)
+        self._link_busy_s = np.zeros(self.num_links)
+        self._done_templates: set = set()       # templates with finished isolated runs not yet accounted
+        # the isolated group that last reserved each link (stale once it finished: check _iso)
         self._iso_owner = np.full(self.num_links, -1, dtype=np.int64)
+        self._occ = np.zeros(self.num_links, dtype=np.int64)     # live flows + reservations per link
         self._iso: dict[int, tuple] = {}        # isolated group id -> (template, start, event)
         self._templates: dict = {}
         self.isolate = isolate                  # False: every group goes through the solver (tests)
@@ -161,11 +163,11 @@ class FlowNetwork:
         if items:
             if self._try_isolated(gid, t, ev, now):
                 return
-            owners = self._iso_owner[t.uniq]
-            busy = owners >= 0
-            if busy.any():
-                for o in np.unique(owners[busy]).tolist():
-                    self._materialize(int(o))
+            if self._iso:
+                # isolated groups holding one of these links become ordinary flows
+                iso = self._iso
+                for o in sorted({g for g in self._iso_owner[t.uniq].tolist() if g in iso}):
+                    self._materialize(o)
         count = 0
         for links, coefs, size, weight, cap in items:
             key = (links.tobytes(), coefs.tobytes(), float(size), float(cap))
@@ -196,13 +198,33 @@ class FlowNetwork:
     def snapshot(self) -> NetworkSnapshot:
         """Counters now (bytes and busy time per link), for utilisation over a window."""
         self._advance()
-        b, busy = self.link_bytes.copy(), self.link_busy_s.copy()
+        b, busy = self.link_bytes.copy(), self.link_busy_s.copy()       # (flushes finished isolated runs)
         now = self.env.now
         for t, t0, _ev in self._iso.values():       # isolated groups' progress so far
             if now > t0:
                 b[t.uniq] += t.per_s * (now - t0)
                 busy[t.uniq] += now - t0
         return NetworkSnapshot(now, b, busy)
+
+    @property
+    def link_bytes(self) -> np.ndarray:
+        """Bytes carried so far per link (flows still running: up to the last event)."""
+        self._flush_isolated()
+        return self._link_bytes
+
+    @property
+    def link_busy_s(self) -> np.ndarray:
+        """Seconds each link has carried traffic."""
+        self._flush_isolated()
+        return self._link_busy_s
+
+    def _flush_isolated(self) -> None:
+        for t in self._done_templates:
+            self._link_bytes[t.uniq] += t.total_bytes * t.done_runs
+            self._link_busy_s[t.uniq] += t.done_busy_s
+            t.done_runs = 0
+            t.done_busy_s = 0.0
+        self._done_templates.clear()
 
     # -- isolated groups ---------------------------------------------------------------------
     def _try_isolated(self, gid: int, t: "_Template", ev, start: float) -> bool:
@@ -216,8 +238,8 @@ class FlowNetwork:
             t.solve_alone(self.capacity)
         if not t.isolatable:
             return False
-        self._iso_owner[uniq] = gid
         self._occ[uniq] += 1
+        self._iso_owner[uniq] = gid
         self._iso[gid] = (t, start, ev)
         self.num_flows += len(t.items)
         self.num_isolated += 1
@@ -230,9 +252,10 @@ class FlowNetwork:
         if rec is None:
             return                      # materialized meanwhile: its flows finish as ordinary ones
         t, t0, ev = rec
-        self.link_bytes[t.uniq] += t.total_bytes     # exact: every flow carried its whole size
-        self.link_busy_s[t.uniq] += self.env.now - t0
-        self._iso_owner[t.uniq] = -1
+        # exact bytes (every flow carried its whole size), added to the links when read
+        t.done_runs += 1
+        t.done_busy_s += self.env.now - t0
+        self._done_templates.add(t)
         self._occ[t.uniq] -= 1
         ev.succeed(self.env.now)
 
@@ -241,7 +264,6 @@ class FlowNetwork:
         if it has not started yet, start it as ordinary flows when it would have)."""
         t, t0, ev = self._iso.pop(gid)
         now = self.env.now
-        self._iso_owner[t.uniq] = -1
         self._occ[t.uniq] -= 1
         self.num_flows -= len(t.items)
         if now < t0:
@@ -249,8 +271,8 @@ class FlowNetwork:
             return
         self.num_flows += len(t.items)
         el = now - t0
-        self.link_bytes[t.uniq] += t.per_s * el
-        self.link_busy_s[t.uniq] += el
+        self._link_bytes[t.uniq] += t.per_s * el
+        self._link_busy_s[t.uniq] += el
         count = 0
         for (lk, cf, size, weight, cap), r in zip(t.items, t.rate.tolist()):
             slot = self._alloc()
@@ -355,8 +377,8 @@ class FlowNetwork:
             act = np.asarray(self._active, dtype=np.int64)
             self._rem[act] -= self._rate[act] * dt
             if self._load_links.size:
-                self.link_bytes[self._load_links] += self._load * dt
-                self.link_busy_s[self._load_links] += dt
+                self._link_bytes[self._load_links] += self._load * dt
+                self._link_busy_s[self._load_links] += dt
         self._last = now
 
     def _kick(self) -> None:
@@ -406,7 +428,7 @@ class FlowNetwork:
         lens = self._len[finished]
         w = np.repeat(self._weight[finished], lens)
         rem_nz = np.repeat(self._rem[finished], lens)
-        np.add.at(self.link_bytes, links, rem_nz * w * coefs)
+        np.add.at(self._link_bytes, links, rem_nz * w * coefs)
         for slot in finished.tolist():
             gid = int(self._group[slot])
             g = self._groups[gid]
@@ -452,7 +474,8 @@ class _Template:
     rates from a solve of the group alone, and per distinct link the bytes/s and total
     bytes it puts there (cached: rates depend only on routes and capacities)."""
 
-    __slots__ = ("items", "uniq", "rate", "isolatable", "duration", "per_s", "total_bytes")
+    __slots__ = ("items", "uniq", "rate", "isolatable", "duration", "per_s", "total_bytes", "done_runs",
+                 "done_busy_s")
 
     def __init__(self, flows):
         items = []
@@ -468,6 +491,8 @@ class _Template:
         self.isolatable = False
         self.duration = 0.0
         self.per_s = self.total_bytes = None
+        self.done_runs = 0
+        self.done_busy_s = 0.0
 
     def solve_alone(self, capacity: np.ndarray) -> None:
         items = self.items

@@ -375,7 +375,7 @@ class CollectiveEngine:
             sizes = call.sizes if call.sizes is not None else np.full((n, n), size / n)
             if sizes.shape != (n, n):
                 raise ConfigError("sizes", sizes.shape, f"must be ({n}, {n}) for this group")
-            akey = (members, sizes.tobytes(), mult)
+            akey = (group_id, sizes.tobytes(), mult)
             prepared = self._prepared.get(akey)
             if prepared is None:
                 plan = self.alltoall_routes(members)
@@ -398,7 +398,7 @@ class CollectiveEngine:
             return
         else:
             # a call's algorithm, latency and flows depend only on these: prepared once
-            ckey = (members, call.kind, size, call.algo, call.proto, call.root, mult)
+            ckey = (group_id, call.kind, size, call.algo, call.proto, call.root, mult)
             prepared = self._prepared.get(ckey)
             if prepared is None and size <= TINY_CALL_BYTES:
                 algo, proto = self.choose(members, call.kind, size, call.algo, call.proto)
