@@ -73,6 +73,17 @@ def max_min_rates(ptr: np.ndarray, links: np.ndarray, coefs: np.ndarray | None, 
     if F == 0 or links.size == 0:
         return (rate, 0) if return_rounds else rate
     capacity = np.asarray(capacity, dtype=float)
+    if F == 1 and not return_rounds:
+        # one flow: it rises until its most loaded link fills (or it reaches its cap)
+        use = np.ones(links.size) if coefs is None else np.asarray(coefs, dtype=float)
+        if weight is not None:
+            use = use * float(np.asarray(weight, dtype=float)[0])
+        u, inv = np.unique(links, return_inverse=True)
+        load = np.bincount(inv.ravel(), weights=use, minlength=u.size)
+        live = load > _EPS
+        if live.any():
+            rate[0] = min(rate[0], float(np.min(capacity[u[live]] / load[live])))
+        return rate
     seg = np.diff(ptr)
     fids = np.flatnonzero(seg)              # flows with at least one link
     seg = seg[fids]
