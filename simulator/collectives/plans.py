@@ -74,16 +74,26 @@ def node_blocks(cluster: Cluster, members) -> list[list[int]]:
 
 
 def _concat(cluster: Cluster, edges, pxn: bool = True):
+    """The edges' routes end to end, and the largest inter-node route latency (cached: a
+    ring's all-gather, reduce-scatter and all-reduce plans walk the same edges)."""
+    edges = tuple(edges)
+    cache = cluster.router.__dict__.setdefault("_concat_cache", {})
+    hit = cache.get((edges, pxn))
+    if hit is not None:
+        return hit
     links, coefs, lat = [], [], 0.0
-    for a, b in edges:
-        r = cluster.route(a, b, pxn=pxn)
-        links.append(r.links)
-        coefs.append(r.coefs)
-        if cluster.domain_of(a) != cluster.domain_of(b):
-            lat = max(lat, cluster.router.path_latency(r))
-    if not links:
-        return np.empty(0, dtype=np.int64), np.empty(0), 0.0
-    return np.concatenate(links), np.concatenate(coefs), lat
+    if edges:
+        srcs, dsts = zip(*edges)
+        D = cluster.nvlink_domain_size
+        for a, b, r in zip(srcs, dsts, cluster.router.routes(srcs, dsts, pxn=pxn)):
+            links.append(r.links)
+            coefs.append(r.coefs)
+            if a // D != b // D:
+                lat = max(lat, cluster.router.path_latency(r))
+    out = ((np.concatenate(links), np.concatenate(coefs), lat) if links
+           else (np.empty(0, dtype=np.int64), np.empty(0), 0.0))
+    cache[(edges, pxn)] = out
+    return out
 
 
 def _channels(cluster: Cluster, blocks) -> list[int]:
