@@ -22,7 +22,7 @@ layouts = st.fixed_dictionaries({
 })
 
 
-def _check(par, model, nodes, tidy=False):
+def _check(par, model, nodes, tidy=False, unfold=False):
     if tidy:        # most draws: a layout that can be valid (dp fills the cluster, vpp fits the schedule)
         par = {**par, "dp": -1, "vpp": 2 if par["schedule"] == "interleaved_1f1b" else 1}
     sc = {"model": model, "cluster": {"preset": "dgx-h100", "num_nodes": nodes}, "parallel": par, "num_steps": 1}
@@ -39,6 +39,10 @@ def _check(par, model, nodes, tidy=False):
     assert np.all(net.link_bytes[busy] / net.link_busy_s[busy] <= net.capacity[busy] * (1 + 1e-6))
     tl = res.timeline
     assert (tl["end_s"] >= tl["start_s"]).all()
+    if unfold:
+        ref = run(sc, fold=False)
+        assert abs(ref.metrics["step_time_s"] - m["step_time_s"]) <= 1e-9 * m["step_time_s"]
+        np.testing.assert_allclose(ref.network.link_bytes, net.link_bytes, rtol=1e-9, atol=1e-3)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -51,4 +55,5 @@ def test_random_small_scenarios(par, model, nodes, tidy):
 @settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layouts, st.sampled_from(["tiny-dense", "tiny-moe"]), st.sampled_from([1, 2]), st.integers(0, 3))
 def test_random_small_scenarios_many(par, model, nodes, tidy):
-    _check(par, model, nodes, tidy > 0)
+    """Also: the unfolded run gives the folded step time (folding is exact)."""
+    _check(par, model, nodes, tidy > 0, unfold=True)
