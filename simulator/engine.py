@@ -360,10 +360,10 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale) 
                     sizes = prog.a2a_sizes[op.tag]            # dispatch: [src, dst] by EP coordinate
                     if "combine" in op.name:
                         sizes = sizes.T
-                issue = _issuer(env, coll, groups_of[op.group], seq, op, free_comm, sizes)
+                groups = groups_of[op.group]
                 t_issue = env.now
                 if (cp_overlap and op.group == "cp" and op.coll == "all_gather") or (tp_overlap and op.group == "tp"):
-                    ev = issue()
+                    ev = _issuer(env, coll, groups, seq, op, free_comm, sizes)()
                     fin = env.event()
                     ev.callbacks.append(lambda _x, op=op, t_issue=t_issue, step=step, fin=fin, axis=axis: (
                         rec.add(rep, node, op.stream, op, axis, t_issue, env.now, step, cid), fin.succeed()))
@@ -372,6 +372,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale) 
                     inflight.append(fin)
                     continue
                 if nonblocking:
+                    issue = _issuer(env, coll, groups, seq, op, free_comm, sizes)
                     tail = stream_tail.get(op.stream)
                     fin = env.event()
                     start_box = [t_issue]
@@ -393,7 +394,10 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale) 
                         outstanding["param"].append((op.tag or (-1, 1 << 30), fin))
                     inflight.append(fin)
                     continue
-                ev = issue()
+                if len(groups) == 1 and not free_comm and op.size_bytes > 0:
+                    ev = coll.issue(groups[0][0], seq, op.coll, op.size_bytes, count=groups[0][1], sizes=sizes)
+                else:
+                    ev = _issuer(env, coll, groups, seq, op, free_comm, sizes)()
                 if not ev.processed:
                     yield ev
                 rec.add(rep, node, op.stream, op, axis, t_issue, env.now, step, cid)
