@@ -26,6 +26,7 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_maxmin.py
 	$(PY) benchmarks/bench_routing.py
+	$(PY) experiments/bench_scale.py --moe
 
 clean:
 	rm -rf $(VENV) build *.egg-info
