@@ -296,8 +296,8 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale) 
                             nxt = ops[j]
                             if nxt.name.startswith("fsdp_gather") and j not in prefetched:
                                 seq_j = step * per_kind[nxt.group] + nxt.seq
-                                prefetched[j] = (env.now, _issuer(env, coll, groups_of[nxt.group], seq_j, nxt,
-                                                                  free_comm)())
+                                prefetched[j] = (env.now, _issue(env, coll, groups_of[nxt.group], seq_j, nxt,
+                                                                free_comm))
                                 inflight.append(prefetched[j][1])
                             j += 1
                     if outstanding["param"]:
@@ -363,7 +363,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale) 
                 groups = groups_of[op.group]
                 t_issue = env.now
                 if (cp_overlap and op.group == "cp" and op.coll == "all_gather") or (tp_overlap and op.group == "tp"):
-                    ev = _issuer(env, coll, groups, seq, op, free_comm, sizes)()
+                    ev = _issue(env, coll, groups, seq, op, free_comm, sizes)
                     fin = env.event()
                     ev.callbacks.append(lambda _x, op=op, t_issue=t_issue, step=step, fin=fin, axis=axis: (
                         rec.add(rep, node, op.stream, op, axis, t_issue, env.now, step, cid), fin.succeed()))
@@ -372,14 +372,14 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale) 
                     inflight.append(fin)
                     continue
                 if nonblocking:
-                    issue = _issuer(env, coll, groups, seq, op, free_comm, sizes)
                     tail = stream_tail.get(op.stream)
                     fin = env.event()
                     start_box = [t_issue]
 
-                    def launch(_e=None, issue=issue, fin=fin, op=op, start_box=start_box, step=step, axis=axis):
+                    def launch(_e=None, groups=groups, seq=seq, sizes=sizes, fin=fin, op=op, start_box=start_box,
+                               step=step, axis=axis):
                         start_box[0] = env.now
-                        ev = issue()
+                        ev = _issue(env, coll, groups, seq, op, free_comm, sizes)
                         ev.callbacks.append(lambda _x: (rec.add(rep, node, op.stream, op, axis, start_box[0],
                                                                 env.now, step, cid), fin.succeed()))
 
@@ -394,10 +394,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale) 
                         outstanding["param"].append((op.tag or (-1, 1 << 30), fin))
                     inflight.append(fin)
                     continue
-                if len(groups) == 1 and not free_comm and op.size_bytes > 0:
-                    ev = coll.issue(groups[0][0], seq, op.coll, op.size_bytes, count=groups[0][1], sizes=sizes)
-                else:
-                    ev = _issuer(env, coll, groups, seq, op, free_comm, sizes)()
+                ev = _issue(env, coll, groups, seq, op, free_comm, sizes)
                 if not ev.processed:
                     yield ev
                 rec.add(rep, node, op.stream, op, axis, t_issue, env.now, step, cid)
@@ -517,21 +514,19 @@ def _wait(env, events, wait_log, axis):
         wait_log.append((t0, env.now, axis))
 
 
-def _issuer(env, coll, groups, seq, op, free_comm, sizes=None):
-    """A function that issues ``op`` on every group of the class; returns the completion event."""
-    def issue():
-        if free_comm or op.size_bytes <= 0:
-            ev = env.event()
-            ev.succeed()
-            return ev
-        events = [coll.issue(g, seq, op.coll, op.size_bytes, count=n, sizes=sizes) for g, n in groups]
-        if len(events) == 1:
-            return events[0]
-        latch = _Latch(env, len(events))
-        for e in events:
-            e.callbacks.append(latch.hit)
-        return latch.event
-    return issue
+def _issue(env, coll, groups, seq, op, free_comm, sizes=None):
+    """Issue ``op`` on every group cell of the class (``groups``: (cell, members in it));
+    returns the completion event."""
+    if free_comm or op.size_bytes <= 0:
+        ev = env.event()
+        ev.succeed()
+        return ev
+    if len(groups) == 1:
+        return coll.issue(groups[0][0], seq, op.coll, op.size_bytes, count=groups[0][1], sizes=sizes)
+    latch = _Latch(env, len(groups))
+    for g, n in groups:
+        coll.issue(g, seq, op.coll, op.size_bytes, count=n, sizes=sizes).callbacks.append(latch.hit)
+    return latch.event
 
 
 def _p2p(env, coll, folding, batch, step, rec, rep, node, cid, waits, free_comm, nonblocking_send, mailbox):

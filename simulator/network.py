@@ -175,17 +175,7 @@ class FlowNetwork:
             if slot is not None:
                 self._weight[slot] += weight
                 continue
-            slot = self._alloc()
-            self._rem[slot] = size
-            self._size[slot] = size
-            self._rate[slot] = 0.0
-            self._weight[slot] = weight
-            self._cap[slot] = cap
-            self._group[slot] = gid
-            self._store_route(slot, links, coefs)
-            np.add.at(self._occ, links, 1)
-            self._merge[key] = slot
-            self._active.append(slot)
+            self._merge[key] = self._add_flow(gid, links, coefs, size, size, weight, cap)
             count += 1
             self.num_flows += 1
         self._merge.clear()
@@ -265,29 +255,31 @@ class FlowNetwork:
         t, t0, ev = self._iso.pop(gid)
         now = self.env.now
         self._occ[t.uniq] -= 1
-        self.num_flows -= len(t.items)
         if now < t0:
+            self.num_flows -= len(t.items)          # counted again when they start
             self.env.timeout(t0 - now).callbacks.append(lambda _e: self._admit(gid, t, ev))
             return
-        self.num_flows += len(t.items)
         el = now - t0
         self._link_bytes[t.uniq] += t.per_s * el
         self._link_busy_s[t.uniq] += el
-        count = 0
         for (lk, cf, size, weight, cap), r in zip(t.items, t.rate.tolist()):
-            slot = self._alloc()
-            self._rem[slot] = max(size - r * el, 0.0)
-            self._size[slot] = size
-            self._rate[slot] = 0.0
-            self._weight[slot] = weight
-            self._cap[slot] = cap
-            self._group[slot] = gid
-            self._store_route(slot, lk, cf)
-            np.add.at(self._occ, lk, 1)
-            self._active.append(slot)
-            count += 1
-        self._groups[gid] = [count, ev]
+            self._add_flow(gid, lk, cf, size, max(size - r * el, 0.0), weight, cap)
+        self._groups[gid] = [len(t.items), ev]
         self._kick()
+
+    def _add_flow(self, gid: int, links, coefs, size: float, remaining: float, weight: float, cap: float) -> int:
+        """A live ordinary flow of group ``gid`` in a fresh slot (returned)."""
+        slot = self._alloc()
+        self._rem[slot] = remaining
+        self._size[slot] = size
+        self._rate[slot] = 0.0
+        self._weight[slot] = weight
+        self._cap[slot] = cap
+        self._group[slot] = gid
+        self._store_route(slot, links, coefs)
+        np.add.at(self._occ, links, 1)
+        self._active.append(slot)
+        return slot
 
     @staticmethod
     def utilization(a: NetworkSnapshot, b: NetworkSnapshot, capacity: np.ndarray) -> np.ndarray:

@@ -125,7 +125,6 @@ class CollectiveEngine:
         self._mult: dict[int, int] = {}
         self._qcache: dict[tuple, list] = {}
         self._prepared: dict[tuple, tuple] = {}
-        self._a2a_quotient: dict[tuple, list] = {}
 
     def set_folding(self, folding) -> None:
         """Run on the quotient network of a :class:`~simulator.fold.Folding`: a registered
@@ -136,17 +135,10 @@ class CollectiveEngine:
             self.net = FlowNetwork(self.env, folding.capacity(self.capacity))
         self._qcache.clear()
         self._prepared.clear()
-        self._a2a_quotient.clear()
 
-    def _route(self, links, coefs, mult: int, key=None):
-        if self.folding is None:
-            return links, coefs
-        if key is not None:
-            hit = self._qcache.get(key)
-            if hit is None:
-                hit = self._qcache[key] = self.folding.quotient_route(links, coefs, mult)
-            return hit
-        return self.folding.quotient_route(links, coefs, mult)
+    def _quotient(self, routes: list, mult: int) -> list:
+        """``(links, coefs)`` routes on the network the engine runs on (see set_folding)."""
+        return routes if self.folding is None else self.folding.quotient_routes(routes, mult)
 
     # -- groups ------------------------------------------------------------------------------
     def register_group(self, members, group_id: int | None = None, multiplicity: int = 1) -> int:
@@ -337,15 +329,17 @@ class CollectiveEngine:
             raise ConfigError("group_id", group_id, "not registered")
         key = (group_id, seq)
         call = self._calls.get(key)
-        if call is None and count == len(members) * self._mult.get(group_id, 1):
+        mult = self._mult[group_id]
+        expected = len(members) * mult
+        if call is None and count == expected:
             # every member arrives at once (a folded cell holding the whole group cell)
             call = _Call(kind, float(size_bytes), count, algo, proto, sizes, root, count, self.env.now,
                          self.env.event())
             self.call_start[key] = self.env.now
-            self._start(group_id, seq, members, call, self._mult.get(group_id, 1))
+            self._start(group_id, seq, members, call, mult)
             return call.event
         if call is None:
-            call = _Call(kind, float(size_bytes), len(members) * self._mult.get(group_id, 1), algo, proto, sizes, root,
+            call = _Call(kind, float(size_bytes), expected, algo, proto, sizes, root,
                          first_s=self.env.now, event=self.env.event())
             self._calls[key] = call
         elif call.kind != kind or call.size != float(size_bytes):
@@ -357,7 +351,7 @@ class CollectiveEngine:
         if call.arrived == call.expected:
             del self._calls[key]
             self.call_start[key] = self.env.now
-            self._start(group_id, seq, members, call, self._mult.get(group_id, 1))
+            self._start(group_id, seq, members, call, mult)
         return call.event
 
     def pending(self) -> list[str]:
@@ -379,11 +373,10 @@ class CollectiveEngine:
             prepared = self._prepared.get(akey)
             if prepared is None:
                 plan = self.alltoall_routes(members)
-                routes = self._a2a_quotient.get((members, mult))
+                rkey = ("a2a routes", group_id, mult)
+                routes = self._qcache.get(rkey)
                 if routes is None:
-                    routes = self._a2a_quotient[(members, mult)] = (
-                        self.folding.quotient_routes([(f.links, f.coefs) for f in plan.flows], mult)
-                        if self.folding is not None else [(f.links, f.coefs) for f in plan.flows])
+                    routes = self._qcache[rkey] = self._quotient([(f.links, f.coefs) for f in plan.flows], mult)
                 ii, jj = np.nonzero(~np.eye(n, dtype=bool))
                 nbytes = sizes[ii, jj]
                 flows = self._merge([(*routes[p], float(nbytes[p]), 1.0, np.inf)
@@ -400,28 +393,27 @@ class CollectiveEngine:
             # a call's algorithm, latency and flows depend only on these: prepared once
             ckey = (group_id, call.kind, size, call.algo, call.proto, call.root, mult)
             prepared = self._prepared.get(ckey)
-            if prepared is None and size <= TINY_CALL_BYTES:
-                algo, proto = self.choose(members, call.kind, size, call.algo, call.proto)
-                prepared = self._prepared[ckey] = (algo, proto, self.predict(members, call.kind, size)[(algo, proto)],
-                                                   None)
             if prepared is None:
-                algo, proto = self.choose(members, call.kind, size, call.algo, call.proto)
-                plan = self.plan(members, call.kind, algo, call.root)[0]
-                scale = size / self.bandwidth_factor(call.kind, algo, proto, plan.n_nodes, size)
-                prepared = self._prepared[ckey] = (algo, proto, self.latency_s(call.kind, plan, proto, size),
-                                                   self._flows(call.kind, plan, algo, proto, size, scale, mult))
+                prepared = self._prepared[ckey] = self._prepare(members, call, mult)
             algo, proto, lat, flows = prepared
             self._launch(call, group_id, seq, algo, proto, lat, flows, ckey)
-            return
-        lat = self.latency_s(call.kind, plan, proto, size)
-        flows = self._flows(call.kind, plan, algo, proto, size, scale, mult)
-        self._launch(call, group_id, seq, algo, proto, lat, flows)
+
+    def _prepare(self, members, call: _Call, mult: int) -> tuple:
+        """(algorithm, protocol, latency, flows) of a call; a tiny call (TINY_CALL_BYTES)
+        has its predicted time as latency and no flows."""
+        size = call.size
+        algo, proto = self.choose(members, call.kind, size, call.algo, call.proto)
+        if size <= TINY_CALL_BYTES:
+            return algo, proto, self.predict(members, call.kind, size)[(algo, proto)], None
+        plan = self.plan(members, call.kind, algo, call.root)[0]
+        scale = size / self.bandwidth_factor(call.kind, algo, proto, plan.n_nodes, size)
+        return (algo, proto, self.latency_s(call.kind, plan, proto, size),
+                self._flows(call.kind, plan, algo, proto, size, scale, mult))
 
     def _flows(self, kind, plan, algo, proto, size, scale, mult) -> list:
         cap = self.ll_cap(algo, proto, plan.n_nodes)
         t_min = size * self._bus_per_alg(kind, plan) / cap if cap else 0.0
-        routes = ([(f.links, f.coefs) for f in plan.flows] if self.folding is None
-                  else self.folding.quotient_routes([(f.links, f.coefs) for f in plan.flows], mult))
+        routes = self._quotient([(f.links, f.coefs) for f in plan.flows], mult)
         flows = []
         for f, (links, coefs) in zip(plan.flows, routes):
             size = f.bytes_per_byte * scale
@@ -460,12 +452,9 @@ class CollectiveEngine:
 
     def _launch(self, call, group_id, seq, algo, proto, lat, flows, key=None) -> None:
         env = self.env
-
         start = env.now
-        finish = lambda _e: self._finish(call, group_id, seq, algo, proto, start, lat)  # noqa: E731
-
         if flows is None:               # a tiny call: its predicted time, no flows
-            env.timeout(lat).callbacks.append(finish)
+            env.timeout(lat).callbacks.append(lambda _e: self._finish(call, group_id, seq, algo, proto, start, lat))
         else:
             ev = call.event
             ev.callbacks.append(lambda _e: self.records.append(CollectiveRecord(
@@ -505,9 +494,12 @@ class CollectiveEngine:
         call = _Call("send_recv", size, 2, "direct", "Simple", None, None, first_s=first, event=ev)
 
         def go(_e):
-            f = plan.flows[0]
-            links, coefs = self._route(f.links, f.coefs, multiplicity, ("p2p", src, dst, multiplicity))
-            done = self.net.transfer_group([(links, coefs, size, 1.0, np.inf)], ("p2p", src, dst, multiplicity, size))
+            rkey = ("p2p", src, dst, multiplicity)
+            route = self._qcache.get(rkey)
+            if route is None:
+                f = plan.flows[0]
+                route = self._qcache[rkey] = self._quotient([(f.links, f.coefs)], multiplicity)[0]
+            done = self.net.transfer_group([(*route, size, 1.0, np.inf)], rkey + (size,))
             done.callbacks.append(lambda _x: self._finish(call, -1, key, "direct", "Simple", start, lat))
 
         if lat > 0:
