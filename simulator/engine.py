@@ -17,10 +17,14 @@ Streams and overlap (DESIGN.md, Overlap; each rule a switch of ``scenario.overla
   with ``tp_comm`` (Transformer Engine's userbuffer overlap) a TP collective instead runs
   while the next compute op (the GEMM block it feeds or follows) computes, and that op
   then waits for it -- an approximation of TE's chunked ring overlap;
-* PP send/recv are rendezvous: both sides block until the transfer is done; for the
-  interleaved and DualPipe schedules sends do not block (their programs do not pair sends
-  with the neighbour's receives the way Megatron's combined calls do, and blocking sends
-  would deadlock them);
+* PP send/recv are rendezvous: a rank posts its transfers in batches where the schedule's
+  implementation does (:mod:`workloads.schedules.comm`: Megatron's paired calls for 1F1B
+  and interleaved 1F1B, DualPipe's per-chunk commits), and a batch completes once every
+  peer has posted its side, so a slow stage holds up its neighbours; with ``p2p``
+  (Megatron's ``overlap_p2p_comm``) sends do not block;
+* DualPipe's F&B pairs (``fb_overlap``): the forward and backward halves run as two
+  threads; compute ops take turns on the compute stream and a collective blocks only its
+  own half, so one half's EP all-to-all runs while the other half computes;
 * gradient buckets (``grad_*``) are issued on the DP stream without blocking when
   ``grad_reduce`` is on; the stream runs its collectives in order; the grad-norm
   all-reduce waits for all of them;
@@ -207,7 +211,8 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale) 
     t_wall = time.perf_counter()
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     prog = build_program(sc.model, sc.parallel, sc.cluster.gpu, precision=sc.precision,
-                         moe_routing=sc.moe_routing, seed=sc.seed, grad_reduce_dtype=sc.grad_reduce_dtype)
+                         moe_routing=sc.moe_routing, seed=sc.seed, grad_reduce_dtype=sc.grad_reduce_dtype,
+                         p2p_overlap=sc.overlap.get("p2p", False))
     env = simpy.Environment()
     coll = CollectiveEngine(env, sc.cluster, calibration)
     grid = prog.grid
@@ -251,11 +256,11 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale) 
     cp_overlap = sc.overlap.get("cp_comm", True)
     tp_overlap = sc.overlap.get("tp_comm", False)
     fsdp_prefetch = sc.overlap.get("fsdp_prefetch", True)
-    # Sends are rendezvous (they block until the peer posts the receive) for 1F1B, GPipe and
-    # ZB-H1.  The interleaved and DualPipe programs post each send in its own action's batch,
-    # not paired with the neighbour's receive as Megatron's combined send/recv calls are, so
-    # blocking sends would deadlock them: there sends never block (as with overlap.p2p).
-    nonblocking_sends = sc.overlap.get("p2p", False) or sc.parallel.schedule in ("interleaved_1f1b", "dualpipe")
+    fb_overlap = sc.overlap.get("fb_overlap", True)
+    # Sends are rendezvous: a batch of transfers completes once every peer has posted its side
+    # (workloads.schedules.comm places the batches as Megatron-Core and DualPipe do); with
+    # overlap.p2p sends never block.
+    nonblocking_sends = sc.overlap.get("p2p", False)
 
     def actor(cid):
         cls = prog.classes[folding.cell_class[cid]]
@@ -282,12 +287,103 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale) 
         first_layer = min((o.layer for o in ops if o.kind == "compute" and o.layer >= 0), default=0)
         axis_of, nonblocking_of = _op_meta(cls, sc.overlap)
         has_fsdp = fsdp_prefetch and any(o.name.startswith("fsdp_gather") for o in ops)
+
+        def compute_time(op):
+            # the op's time on this rank, slower while a collective of the rank is in flight
+            dur = op.duration_s * factor
+            if slowdown != 1.0 and dur > 0 and any(not e.processed for e in inflight):
+                dur *= slowdown
+            inflight[:] = [e for e in inflight if not e.processed]
+            return dur
+
+        def sizes_of(op):
+            if op.coll == "all_to_all" and op.tag in prog.a2a_sizes:
+                sizes = prog.a2a_sizes[op.tag]            # dispatch: [src, dst] by EP coordinate
+                return sizes.T if "combine" in op.name else sizes
+            return None
+
+        def on_stream(op, step, seq, axis):
+            # issue ``op`` without blocking, after the collectives already queued on its
+            # stream; returns the event of its completion
+            tail = stream_tail.get(op.stream)
+            fin = env.event()
+            start_box = [env.now]
+            groups, sizes = groups_of[op.group], sizes_of(op)
+
+            def launch(_e=None):
+                start_box[0] = env.now
+                ev = _issue(env, coll, groups, seq, op, free_comm, sizes)
+                ev.callbacks.append(lambda _x: (rec.add(rep, node, op.stream, op, axis, start_box[0], env.now, step,
+                                                        cid), fin.succeed()))
+
+            if tail is not None and not tail.processed:
+                tail.callbacks.append(launch)
+            else:
+                launch()
+            stream_tail[op.stream] = fin
+            return fin
+
+        def fb_pair(step, lo, hi):
+            # A DualPipe F&B pair (ops lo..hi-1): the forward half (lane 1) and the backward
+            # half (lane 2) run as two threads on one GPU.  Their compute ops take turns on
+            # the compute stream; a collective blocks only its own half, so the other half
+            # computes meanwhile -- DeepSeek-V3's overlap of one chunk's all-to-all (and
+            # TP / PP communication) with the other chunk's computation (arXiv 2412.19437,
+            # §3.2.1, Fig. 4).  Collectives of both halves queue on one stream per kind.
+            lanes = ([j for j in range(lo, hi) if ops[j].lane == 1], [j for j in range(lo, hi) if ops[j].lane == 2])
+            pos = [0, 0]
+            blocked = [None, None]       # (completion event, axis) of the collective a half waits for
+            cur = 0
+            while pos[0] < len(lanes[0]) or pos[1] < len(lanes[1]) or any(blocked):
+                ready = [h for h in (cur, 1 - cur) if pos[h] < len(lanes[h])
+                         and (blocked[h] is None or blocked[h][0].processed)]
+                if not ready:
+                    waiting = [b for b in blocked if b is not None and not b[0].processed]
+                    if waiting:
+                        t0 = env.now
+                        first = _Latch(env, 1)
+                        for ev, _axis in waiting:
+                            ev.callbacks.append(first.hit)
+                        yield first.event
+                        waits[cid].append((t0, env.now, waiting[0][1]))
+                    blocked = [b if b is not None and not b[0].processed else None for b in blocked]
+                    continue
+                h = cur = ready[0]
+                blocked[h] = None
+                j = lanes[h][pos[h]]
+                pos[h] += 1
+                op = ops[j]
+                current[cid] = (step, op)
+                if op.kind == "compute":
+                    t0 = env.now
+                    dur = compute_time(op)
+                    if dur > 0:
+                        yield env.timeout(dur)
+                    rec.add(rep, node, "compute", op, "", t0, env.now, step, cid)
+                    continue
+                fin = on_stream(op, step, step * per_kind[op.group] + op.seq, axis_of[j])
+                inflight.append(fin)
+                if nonblocking_of[j]:
+                    outstanding["grad"].append(fin)
+                else:
+                    blocked[h] = (fin, axis_of[j])
+                    cur = 1 - h
         for step in range(n_steps):
             i = 0
             while i < n_ops:
                 op = ops[i]
                 i += 1
                 current[cid] = (step, op)
+                if op.lane and fb_overlap:
+                    hi = i
+                    while hi < n_ops and ops[hi].lane:
+                        hi += 1
+                    if outstanding["param"]:
+                        yield from _wait(env, [e for _, e in outstanding["param"]], waits[cid], "dp")
+                        outstanding["param"] = []
+                    yield from fb_pair(step, i - 1, hi)
+                    i = hi
+                    continue
                 if op.kind == "compute":
                     if has_fsdp:
                         # issue the next layer's ZeRO-3 parameter gather before this compute op
@@ -313,10 +409,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale) 
                             yield from _wait(env, need, waits[cid], "dp")
                             outstanding["param"] = [(r, e) for r, e in outstanding["param"] if not e.processed]
                     t0 = env.now
-                    dur = op.duration_s * factor
-                    if slowdown != 1.0 and dur > 0 and any(not e.processed for e in inflight):
-                        dur *= slowdown
-                    inflight[:] = [e for e in inflight if not e.processed]
+                    dur = compute_time(op)
                     if dur > 0:
                         yield env.timeout(dur)
                     rec.add(rep, node, "compute", op, "", t0, env.now, step, cid)
@@ -355,11 +448,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale) 
                         outstanding["grad"] = []
                 seq = step * per_kind[op.group] + op.seq
                 nonblocking = nonblocking_of[i - 1]
-                sizes = None
-                if op.coll == "all_to_all" and op.tag in prog.a2a_sizes:
-                    sizes = prog.a2a_sizes[op.tag]            # dispatch: [src, dst] by EP coordinate
-                    if "combine" in op.name:
-                        sizes = sizes.T
+                sizes = sizes_of(op)
                 groups = groups_of[op.group]
                 t_issue = env.now
                 if (cp_overlap and op.group == "cp" and op.coll == "all_gather") or (tp_overlap and op.group == "tp"):
@@ -372,22 +461,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale) 
                     inflight.append(fin)
                     continue
                 if nonblocking:
-                    tail = stream_tail.get(op.stream)
-                    fin = env.event()
-                    start_box = [t_issue]
-
-                    def launch(_e=None, groups=groups, seq=seq, sizes=sizes, fin=fin, op=op, start_box=start_box,
-                               step=step, axis=axis):
-                        start_box[0] = env.now
-                        ev = _issue(env, coll, groups, seq, op, free_comm, sizes)
-                        ev.callbacks.append(lambda _x: (rec.add(rep, node, op.stream, op, axis, start_box[0],
-                                                                env.now, step, cid), fin.succeed()))
-
-                    if tail is not None and not tail.processed:
-                        tail.callbacks.append(launch)
-                    else:
-                        launch()
-                    stream_tail[op.stream] = fin
+                    fin = on_stream(op, step, seq, axis)
                     if op.name.startswith("grad_"):
                         outstanding["grad"].append(fin)
                     else:

@@ -23,7 +23,7 @@ __all__ = ["Scenario", "load_scenario", "OVERLAP_DEFAULTS"]
 
 #: Megatron-Core defaults for the overlap switches (DESIGN.md, Overlap).
 OVERLAP_DEFAULTS = {"grad_reduce": True, "param_gather": True, "tp_comm": False, "p2p": False, "cp_comm": True,
-                    "fsdp_prefetch": True, "comm_slowdown": True}
+                    "fsdp_prefetch": True, "comm_slowdown": True, "fb_overlap": True}
 _KEYS = {"name", "description", "model", "cluster", "parallel", "precision", "grad_reduce_dtype", "overlap", "whatif",
          "num_steps", "seed", "moe_routing"}
 

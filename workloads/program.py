@@ -61,6 +61,8 @@ from .model import ModelSpec
 from .moe_routing import dispatch_matrix, expert_load, parse_routing
 from .parallel import ParallelConfig, split_layers
 from .schedules import ActionKind, get_schedule, model_chunk, route
+from .schedules.actions import COMM_KINDS
+from .schedules.comm import p2p_order
 
 __all__ = ["Op", "RankClass", "Program", "build_program"]
 
@@ -89,6 +91,7 @@ class Op(NamedTuple):
     size_bytes: float
     peer: int            #: p2p: the other stage; -1 otherwise
     tag: tuple | None    #: p2p: (src stage, dst stage, chunk, microbatch, phase); a2a: sizes key
+    lane: int = 0        #: DualPipe F&B pair: 1 = its forward half, 2 = its backward half; 0 otherwise
 
 
 @dataclass
@@ -207,6 +210,7 @@ class _Ctx:
     routing: object
     seed: int
     seg_cache: dict = field(default_factory=dict)
+    p2p_overlap: bool = False
 
 
 def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[str, list]:
@@ -245,16 +249,18 @@ class _Emitter:
     def __init__(self):
         self.ops: list[Op] = []
         self.seq: dict[str, int] = {}
+        self.lane = 0            # set while emitting one half of a DualPipe F&B pair
 
     def compute(self, name, layer, mb, chunk, phase, flops, dur):
         if dur > 0 or flops > 0:
-            self.ops.append(Op("compute", "compute", name, layer, mb, chunk, phase, flops, dur, "", "", -1, 0.0, -1, None))
+            self.ops.append(Op("compute", "compute", name, layer, mb, chunk, phase, flops, dur, "", "", -1, 0.0, -1, None,
+                               self.lane))
 
     def coll(self, stream, coll, group, size, name, layer=-1, mb=-1, chunk=0, phase="F", tag=None):
         n = self.seq.get(group, 0)
         self.seq[group] = n + 1
         self.ops.append(Op(stream, "collective", name, layer, mb, chunk, phase, 0.0, 0.0, coll, group, n, float(size),
-                           -1, tag))
+                           -1, tag, self.lane))
 
     def p2p(self, kind, name, peer, size, tag, mb, chunk, phase):
         self.ops.append(Op("pp", kind, name, -1, mb, chunk, phase, 0.0, 0.0, "send_recv", "", -1, float(size), peer, tag))
@@ -262,7 +268,8 @@ class _Emitter:
 
 def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, num_gpus: int | None = None,
                   precision: str = "bf16", compute_model=None, moe_routing="balanced", seed: int = 0,
-                  with_memory: bool = False, grad_reduce_dtype: str | None = None) -> Program:
+                  with_memory: bool = False, grad_reduce_dtype: str | None = None,
+                  p2p_overlap: bool = False) -> Program:
     """The class-level program of one training step.
 
     Parameters
@@ -273,6 +280,9 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     grad_reduce_dtype : override the recipe's gradient-reduction dtype (``fp32`` | ``bf16``)
     compute_model : a ``ComputeModel``; default :class:`RooflineComputeModel` for ``gpu``
     moe_routing : routing spec for MoE layers (``workloads.moe_routing``), sampled from ``seed``
+    p2p_overlap : Megatron's ``overlap_p2p_comm`` (the scenario's ``overlap.p2p``): the
+        interleaved schedule posts each transfer asynchronously next to its compute action
+        instead of in Megatron's per-step batches (:mod:`workloads.schedules.comm`)
     """
     par = parallel.resolve(num_gpus) if num_gpus is not None else parallel
     par.check_model(model)
@@ -294,6 +304,7 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
         start += n
     ctx = _Ctx(model, par, compute, recipe, par.micro_batch_size, seq, chunk_layers, sched,
                parse_routing(moe_routing), seed)
+    ctx.p2p_overlap = p2p_overlap
     a2a_sizes: dict = {}
     # MoE: per EP coordinate the tokens of every (layer, micro-batch); equal signatures share a class
     ep_coords = range(par.ep) if model.moe is not None else [0]
@@ -555,13 +566,20 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
     wq = weight_quantize_op(ctx.recipe, sum(_local_params(ctx, r)[0] + _local_params(ctx, r)[1] for r in stage_layers))
     if wq is not None:
         em.compute("weight_quantize", -1, -1, 0, "F", 0.0, float(np.sum(ctx.compute.op_times_s([wq]))))
-    for act in (a for a in sched.actions[stage] if a is not None):
+    order = p2p_order(sched, stage, overlap_p2p=ctx.p2p_overlap)
+    for act in (order if order is not None else [a for a in sched.actions[stage] if a is not None]):
         kind = act.kind
+        if kind in COMM_KINDS:
+            _emit_transfer(ctx, em, act, act_p2p)
+            continue
         if kind not in (ActionKind.F, ActionKind.B, ActionKind.W, ActionKind.BW, ActionKind.FB):
             continue
         halves = act.halves() if kind == ActionKind.FB else [act]
-        for a in halves:
-            _emit_action(ctx, em, stage, a, tokens, stage_layers, n_stage_layers, act_p2p, grads_ready, flush, last_mb)
+        for lane, a in enumerate(halves, start=1 if kind == ActionKind.FB else 0):
+            em.lane = lane
+            _emit_action(ctx, em, stage, a, tokens, stage_layers, n_stage_layers, act_p2p, grads_ready, flush, last_mb,
+                         p2p=order is None)
+        em.lane = 0
     # step end
     first_stage = stage == 0 or (sched.layout == "bidirectional")
     last_stage = stage == pp - 1 or (sched.layout == "bidirectional")
@@ -598,7 +616,32 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
     return em.ops
 
 
-def _emit_action(ctx, em, stage, a, tokens, stage_layers, n_stage_layers, act_p2p, grads_ready, flush, last_mb):
+def _emit_transfer(ctx, em, t, act_p2p):
+    """The p2p op of transfer action ``t`` (:mod:`workloads.schedules.comm`): the input or
+    output of compute action ``(t.stage, t.chunk, t.microbatch)``, with the tags
+    :func:`_emit_action` gives the same transfer."""
+    sched, stage, mb = ctx.sched, t.stage, t.microbatch
+    k = model_chunk(sched, stage, t.chunk)
+    path = route(sched, mb)
+    pos = path.index((stage, t.chunk))
+    if t.kind == ActionKind.RECV_F:
+        peer = path[pos - 1][0]
+        em.p2p("recv", "recv_act", peer, act_p2p, (peer, stage, k, mb, "F"), mb, t.chunk, "F")
+    elif t.kind == ActionKind.SEND_F:
+        peer = path[pos + 1][0]
+        em.p2p("send", "send_act", peer, act_p2p, (stage, peer, k + 1, mb, "F"), mb, t.chunk, "F")
+    elif t.kind == ActionKind.RECV_B:
+        peer = path[pos + 1][0]
+        em.p2p("recv", "recv_grad", peer, act_p2p, (peer, stage, k, mb, "B"), mb, t.chunk, "B")
+    else:
+        peer = path[pos - 1][0]
+        em.p2p("send", "send_grad", peer, act_p2p, (stage, peer, k - 1, mb, "B"), mb, t.chunk, "B")
+
+
+def _emit_action(ctx, em, stage, a, tokens, stage_layers, n_stage_layers, act_p2p, grads_ready, flush, last_mb,
+                 p2p: bool = True):
+    """The ops of compute action ``a``; with ``p2p`` also its receive before and send after
+    (the plain rule of :mod:`workloads.schedules.comm`)."""
     par, model, sched = ctx.par, ctx.model, ctx.sched
     kind, chunk, mb = a.kind, a.chunk, a.microbatch
     k = model_chunk(sched, stage, chunk)
@@ -611,7 +654,7 @@ def _emit_action(ctx, em, stage, a, tokens, stage_layers, n_stage_layers, act_p2
     is_last_mb = mb == last_mb[chunk]
     zero3 = par.zero_stage == 3 and par.dp * par.cp > 1
     if kind == ActionKind.F:
-        if prev_pos is not None:
+        if p2p and prev_pos is not None:
             em.p2p("recv", "recv_act", prev_pos[0], act_p2p, (prev_pos[0], stage, k, mb, "F"), mb, chunk, "F")
         if k == 0:
             _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), "F", "embedding", mb, chunk)
@@ -623,13 +666,14 @@ def _emit_action(ctx, em, stage, a, tokens, stage_layers, n_stage_layers, act_p2
                            _recompute_kind(par, first_idx + j, n_stage_layers))
         if next_pos is None:
             _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), "F", "output_loss", mb, chunk)
-        else:
+        elif p2p:
             em.p2p("send", "send_act", next_pos[0], act_p2p, (stage, next_pos[0], k + 1, mb, "F"), mb, chunk, "F")
         return
     with_w = kind == ActionKind.BW
     if kind in (ActionKind.B, ActionKind.BW):
         if next_pos is not None:
-            em.p2p("recv", "recv_grad", next_pos[0], act_p2p, (next_pos[0], stage, k, mb, "B"), mb, chunk, "B")
+            if p2p:
+                em.p2p("recv", "recv_grad", next_pos[0], act_p2p, (next_pos[0], stage, k, mb, "B"), mb, chunk, "B")
         else:
             _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), "B", "output_loss_bwd", mb, chunk)
             if with_w:
@@ -648,7 +692,7 @@ def _emit_action(ctx, em, stage, a, tokens, stage_layers, n_stage_layers, act_p2
             _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), "W", "embedding_wgrad", mb, chunk)
             if is_last_mb:
                 grads_ready([], chunk, _embedding_params(ctx))
-        if prev_pos is not None:
+        if p2p and prev_pos is not None:
             em.p2p("send", "send_grad", prev_pos[0], act_p2p, (stage, prev_pos[0], k - 1, mb, "B"), mb, chunk, "B")
         if with_w and is_last_mb:
             flush("dense", chunk)

@@ -44,63 +44,126 @@ from __future__ import annotations
 
 from collections import deque
 
-from .actions import Action, ActionKind, Schedule
+from .actions import COMM_KINDS, Action, ActionKind, Schedule
 from .config import validate_schedule_config
 
-__all__ = ["dualpipe"]
+__all__ = ["dualpipe", "rank_order"]
 
 
-def _rank_actions(s: int, pp: int, half: int) -> list[Action]:
+def rank_order(s: int, pp: int, half: int) -> list[Action]:
+    """Rank ``s``'s compute actions and p2p transfers in the order the reference
+    implementation issues them (deepseek-ai/DualPipe ``DualPipe.step``): transfers are
+    queued (``SEND_*`` / ``RECV_*`` actions) and every compute chunk -- weight passes
+    included -- first posts and waits for the queue, so the transfers between two compute
+    actions are one batch (see :mod:`.comm`).  Transfers without a peer are kept here;
+    :func:`.comm.p2p_order` drops them."""
     h = pp // 2
     r = min(s, pp - 1 - s)
+    middle = r == h - 1
     near = 0 if s < h else 1        # chunk 0 is fed from stage 0, chunk 1 from stage pp-1
     far = 1 - near
-    next_f = [0, 0]                 # next micro-batch index per chunk (direction), forward
-    next_b = [0, 0]                 # ... and backward; both run in arrival order
+    count = {kind: [0, 0] for kind in ("F", "B", "rF", "sF", "rB", "sB")}  # per chunk, in arrival order
     queued_w: deque[tuple[int, int]] = deque()
     out: list[Action] = []
 
     def mb(chunk: int, j: int) -> int:
         return j if chunk == 0 else half + j
 
-    def forward(c: int) -> Action:
-        next_f[c] += 1
-        return Action(s, c, ActionKind.F, mb(c, next_f[c] - 1))
+    def take(kind: str, c: int) -> int:
+        count[kind][c] += 1
+        return mb(c, count[kind][c] - 1)
 
-    def backward(c: int, split: bool = False) -> Action:
-        next_b[c] += 1
-        a = Action(s, c, ActionKind.B if split else ActionKind.BW, mb(c, next_b[c] - 1))
+    def recv_f(c: int) -> None:
+        out.append(Action(s, c, ActionKind.RECV_F, take("rF", c)))
+
+    def send_f(c: int) -> None:
+        out.append(Action(s, c, ActionKind.SEND_F, take("sF", c)))
+
+    def recv_b(c: int) -> None:
+        out.append(Action(s, c, ActionKind.RECV_B, take("rB", c)))
+
+    def send_b(c: int) -> None:
+        out.append(Action(s, c, ActionKind.SEND_B, take("sB", c)))
+
+    def f(c: int) -> Action:
+        return Action(s, c, ActionKind.F, take("F", c))
+
+    def b(c: int, split: bool) -> Action:
+        a = Action(s, c, ActionKind.B if split else ActionKind.BW, take("B", c))
         if split:
             queued_w.append((c, a.microbatch))
         return a
 
-    def weight() -> Action:
+    def forward(c: int, recv: bool = True, send: bool = True) -> None:
+        if recv:
+            recv_f(c)
+        out.append(f(c))
+        if send:
+            send_f(c)
+
+    def backward(c: int, split: bool = False, recv: bool = True, send: bool = True) -> None:
+        if recv:
+            recv_b(c)
+        out.append(b(c, split))
+        if send:
+            send_b(c)
+
+    def forward_backward(c_f: int, c_b: int, recv_f_input: bool = True) -> None:
+        if recv_f_input:
+            recv_f(c_f)
+        recv_b(c_b)
+        out.append(Action.pair(f(c_f), b(c_b, False)))
+        send_f(c_f)
+        send_b(c_b)
+
+    def weight() -> None:
         c, i = queued_w.popleft()
-        return Action(s, c, ActionKind.W, i)
+        out.append(Action(s, c, ActionKind.W, i))
 
-    def pair(c_f: int, c_b: int) -> Action:
-        return Action.pair(forward(c_f), backward(c_b))
-
-    out += [forward(near) for _ in range(2 * (h - r - 1))]                       # 1
-    for _ in range(r + 1):                                                        # 2
-        out += [forward(near), forward(far)]
+    for _ in range(2 * (h - r - 1)):                                              # 1
+        forward(near)
+    recv_f(near)                                                                  # 2
+    for i in range(r + 1):
+        forward(near, recv=False, send=middle)
+        recv_f(near)                       # the next near forward's input, one chunk early
+        forward(far, send=not middle or i < r)
+        if not middle:
+            send_f(near)
     for _ in range(h - r - 1):                                                    # 3
-        out += [backward(far, split=True), weight(), forward(far)]
+        backward(far, split=True)
+        recv_f(far)
+        weight()
+        forward(far, recv=False)
     for i in range(half - pp + r + 1):                                            # 4
-        if i == 0 and r == h - 1:
-            out += [forward(near), backward(far)]
+        if i == 0 and middle:
+            # DualPipe does not overlap the middle ranks' first pair ("to further reduce
+            # bubble size"); the far forward held back in phase 2 goes out here
+            forward(near, recv=False, send=False)
+            send_f(far)
+            backward(far, send=False)
+            send_f(near)
+            send_b(far)
         else:
-            out.append(pair(near, far))
-        out.append(pair(far, near))
+            forward_backward(near, far, recv_f_input=i > 0)
+        forward_backward(far, near)
     for _ in range(h - r - 1):                                                    # 5
-        out += [backward(far), pair(far, near)]
+        backward(far)
+        forward_backward(far, near)
     for i in range(r + 1):                                                        # 6
-        out.append(backward(far, split=2 * i >= r + 1))
-        out.append(backward(near, split=2 * i + 1 >= r + 1))
+        backward(far, split=2 * i >= r + 1)
+        backward(near, split=2 * i + 1 >= r + 1)
     for _ in range(h - r - 1):                                                    # 7
-        out += [weight(), backward(near, split=True)]
-    out += [weight() for _ in range(len(queued_w))]                               # 8
+        weight()
+        backward(near, split=True)
+    while queued_w:                                                               # 8
+        weight()
+    # the last sends are posted by the final commit
+    # (the order of the compute actions alone is DualPipe's table, checked against Fig. 5)
     return out
+
+
+def _rank_actions(s: int, pp: int, half: int) -> list[Action]:
+    return [a for a in rank_order(s, pp, half) if a.kind not in COMM_KINDS]
 
 
 def dualpipe(pp: int, num_microbatches: int, vpp: int = 1) -> Schedule:

@@ -1,0 +1,136 @@
+"""Pipeline p2p batches (Megatron's interleaved loop, DualPipe's queue) and DualPipe's F&B overlap."""
+
+import collections
+
+import pytest
+
+import workloads.program as program_module
+from simulator.engine import DeadlockError, run
+from workloads.schedules import ActionKind, get_schedule
+from workloads.schedules.actions import COMM_KINDS, route_position
+from workloads.schedules.comm import batches, p2p_order
+
+CASES = ([("interleaved_1f1b", pp, vpp, m) for pp in (2, 4) for vpp in (2, 3) for m in (pp, 2 * pp, 3 * pp)]
+         + [("dualpipe", pp, 1, m) for pp in (2, 4, 6) for m in (2 * pp, 2 * pp + 2, 4 * pp)])
+
+
+def _scenario(schedule, pp, vpp, m, **kw):
+    layers = 2 * pp if schedule == "dualpipe" else pp * vpp
+    return {"model": {"preset": "tiny-dense", "num_layers": layers},
+            "cluster": {"gpu": "H100-SXM", "num_nodes": 1, "gpus_per_host": pp, "nvlink_domain_size": pp,
+                        "nics_per_host": 1},
+            "parallel": {"tp": 1, "pp": pp, "dp": 1, "vpp": vpp, "global_batch_size": m, "micro_batch_size": 1,
+                         "seq_len": 256, "schedule": schedule},
+            "num_steps": 1, **kw}
+
+
+def _key(sched, a):
+    """The transfer a SEND/RECV action takes part in: (micro-batch, receiving route position, F|B)."""
+    k = route_position(sched)(a.stage, a.chunk, a.microbatch)
+    return {ActionKind.SEND_F: (a.microbatch, k + 1, "F"), ActionKind.RECV_F: (a.microbatch, k, "F"),
+            ActionKind.SEND_B: (a.microbatch, k - 1, "B"), ActionKind.RECV_B: (a.microbatch, k, "B")}[a.kind]
+
+
+@pytest.mark.parametrize("schedule, pp, vpp, m", CASES)
+def test_every_transfer_is_posted_once_on_each_side(schedule, pp, vpp, m):
+    sched = get_schedule(schedule)(pp, m, vpp)
+    sends, recvs = collections.Counter(), collections.Counter()
+    for s in range(pp):
+        order = p2p_order(sched, s)
+        assert [a for a in order if a.kind not in COMM_KINDS] == [a for a in sched.actions[s] if a is not None]
+        for a in order:
+            if a.kind in (ActionKind.SEND_F, ActionKind.SEND_B):
+                sends[_key(sched, a)] += 1
+            elif a.kind in COMM_KINDS:
+                recvs[_key(sched, a)] += 1
+    assert sends == recvs and set(sends.values()) == {1}
+    # a micro-batch crosses every boundary of its route once forward and once backward
+    assert len(sends) == 2 * m * (sched.num_model_chunks - 1)
+
+
+def test_interleaved_batches_are_megatrons_steps():
+    """Steady state: one batch after each (F, BW) step sends its activation and gradient and
+    receives the next step's (send_forward_backward_recv_forward_backward)."""
+    sched = get_schedule("interleaved_1f1b")(4, 8, 2)
+    order = p2p_order(sched, 1)                      # a middle stage: every transfer has a peer
+    kinds = [tuple(sorted(a.kind.value for a in b)) for b in batches(order)]
+    steady = [k for k in kinds if len(k) == 4]
+    assert steady and all(k == ("RECV_B", "RECV_F", "SEND_B", "SEND_F") for k in steady[:-1])
+    # with Megatron's overlap_p2p_comm the plain per-action rule applies
+    assert p2p_order(sched, 1, overlap_p2p=True) is None
+    assert p2p_order(get_schedule("1f1b")(4, 8), 1) is None
+
+
+def test_dualpipe_order_follows_the_reference_queue():
+    """Rank 0 of pp=4, 8 micro-batches, written out from deepseek-ai/DualPipe's step():
+    sends leave with the next chunk's receives, the far forward's input is received before
+    the phase-3 weight pass, and F&B pairs receive both inputs up front."""
+    sched = get_schedule("dualpipe")(4, 8)
+    text = " ".join(str(a) if a.kind not in COMM_KINDS else f"[{a}]" for a in p2p_order(sched, 0))
+    assert text == ("0F0 [0SEND_F0] 0F1 [0SEND_F1] 0F2 [0RECV_F4@c1] 0F4@c1 [0SEND_F2] 0B4@c1 [0SEND_B4@c1] "
+                    "[0RECV_F5@c1] 0W4@c1 0F5@c1 0F3&BW5@c1 [0SEND_F3] [0SEND_B5@c1] [0RECV_F6@c1] [0RECV_B0] "
+                    "0F6@c1&BW0 0BW6@c1 [0SEND_B6@c1] [0RECV_F7@c1] [0RECV_B1] 0F7@c1&BW1 0BW7@c1 [0SEND_B7@c1] "
+                    "[0RECV_B2] 0B2 0W2 [0RECV_B3] 0B3 0W3")
+
+
+@pytest.mark.parametrize("schedule, pp, vpp, m", CASES)
+def test_blocking_sends_finish_with_the_implementations_batches(schedule, pp, vpp, m):
+    res = run(_scenario(schedule, pp, vpp, m))
+    assert res.metrics["step_time_s"] > 0
+
+
+def test_per_action_batches_would_deadlock(monkeypatch):
+    """Negative control: posting each transfer next to its own action (no pairing) with
+    blocking sends deadlocks both schedules, so the batches above are what makes them finish."""
+    monkeypatch.setattr(program_module, "p2p_order", lambda *a, **kw: None)
+    for case in (("interleaved_1f1b", 4, 2, 8), ("dualpipe", 4, 1, 8)):
+        with pytest.raises(DeadlockError, match="cannot finish"):
+            run(_scenario(*case))
+
+
+def test_interleaved_send_blocks_until_the_receive_is_posted():
+    res = run(_scenario("interleaved_1f1b", 4, 2, 8))
+    tl = res.timeline
+    send = tl[tl["name"] == "send_act"].set_index(["class_id", "microbatch", "chunk"])
+    recv = tl[tl["name"] == "recv_act"]
+    checked = 0
+    for _, r in recv.iterrows():
+        src_stage = (r["class_id"] - 1) % 4               # one class per stage here
+        src_chunk = r["chunk"] if r["class_id"] > 0 else r["chunk"] - 1
+        s = send.loc[(src_stage, r["microbatch"], src_chunk)]
+        assert s["end_s"] >= r["start_s"] - 1e-15           # rendezvous: done only once posted
+        checked += 1
+    assert checked == 8 * (2 * 4 - 1)
+    # with overlap.p2p sends do not wait for the receiver
+    res = run(_scenario("interleaved_1f1b", 4, 2, 8, overlap={"p2p": True}))
+    sends = res.timeline[res.timeline["name"] == "send_act"]
+    assert (sends["end_s"] == sends["start_s"]).any()
+
+
+def _moe_dualpipe(**kw):
+    return {"model": {"preset": "tiny-moe", "num_layers": 8},
+            "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+            "parallel": {"tp": 1, "pp": 2, "ep": 4, "dp": -1, "global_batch_size": 32, "micro_batch_size": 1,
+                         "seq_len": 2048, "schedule": "dualpipe", "mesh_order": "tp-cp-dp-ep-pp"},
+            "num_steps": 1, **kw}
+
+
+def test_dualpipe_overlaps_one_halfs_all_to_all_with_the_other_halfs_compute():
+    on = run(_moe_dualpipe())
+    off = run(_moe_dualpipe(overlap={"fb_overlap": False}))
+    assert on.metrics["step_time_s"] < off.metrics["step_time_s"]
+    assert on.metrics["exposed_comm_s"]["ep"] < off.metrics["exposed_comm_s"]["ep"]
+    # in some F&B pair an all-to-all of one half runs while the other half computes
+    tl = on.timeline
+    a2a = tl[(tl["stream"] == "ep") & (tl["end_s"] > tl["start_s"])]
+    comp = tl[(tl["stream"] == "compute") & (tl["end_s"] > tl["start_s"])]
+    hidden = 0
+    for _, a in a2a.iterrows():
+        same = comp[(comp["class_id"] == a["class_id"]) & (comp["start_s"] < a["end_s"])
+                    & (comp["end_s"] > a["start_s"]) & (comp["phase"] != a["phase"])]
+        hidden += len(same) > 0
+    assert hidden > 0
+    # the overlap hides communication only: with free communication both give the same step
+    free_on = run(_moe_dualpipe(), free_comm=True).metrics["step_time_s"]
+    free_off = run(_moe_dualpipe(overlap={"fb_overlap": False}), free_comm=True).metrics["step_time_s"]
+    assert free_on == pytest.approx(free_off, rel=1e-12)
