@@ -201,6 +201,114 @@ def _print_schedule(args) -> None:
     print("activations held at peak (micro-batch chunks) per stage: " + " ".join(map(str, peak_in_flight(sched))))
 
 
+def _executor_args(p) -> None:
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: the CPU count)")
+    p.add_argument("--dask", metavar="ADDRESS", help="run on a Dask cluster: a scheduler address, or 'local' "
+                                                     "for a LocalCluster of --workers processes")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _sweep(args) -> int:
+    import pandas as pd
+
+    from .sweep import Store, config_hash, load_sweep, make_executor, run_points
+    configs = load_sweep(args.sweep)
+    db = Path(args.db) if args.db else Path("results") / "sweeps" / (Path(args.sweep).stem + ".sqlite")
+    store = Store(db)
+    with make_executor(args.dask, args.workers) as ex:
+        counts = run_points(configs, store, ex, progress=not args.no_progress, retry_failed=args.retry_failed)
+    rows = store.rows({config_hash(c) for c in configs})
+    print(f"{counts['total']} points: {counts['skipped']} already finished, {counts['ok']} ok, "
+          f"{counts['failed']} failed now; database {db}")
+    flat = []
+    for r in rows:
+        row = {"hash": r["hash"], "status": r["status"], "wall_s": r["wall_s"]}
+        row.update(pd.json_normalize(r["config"], sep=".").iloc[0].to_dict())
+        for k, v in (r["metrics"] or {}).items():
+            if isinstance(v, dict):
+                row.update({f"{k}.{a}": b for a, b in v.items()})
+            else:
+                row[k] = v
+        row["error"] = r["error"]
+        flat.append(row)
+    df = pd.DataFrame(flat)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        df.to_csv(args.out, index=False)
+        print(f"wrote {args.out}")
+    varying = [c for c in df.columns if c not in ("hash", "status", "wall_s", "error") and "." in c
+               and not c.startswith(("exposed_comm_s", "metrics")) and df[c].astype(str).nunique() > 1]
+    show = [c for c in varying if not c.startswith(("step_time", "mfu"))] + \
+        [c for c in ("status", "step_time_s", "mfu") if c in df.columns]
+    if not df.empty:
+        print(df[show].to_string(index=False))
+    return 0 if counts["failed"] == 0 else 1
+
+
+def _search(args) -> int:
+    import math
+
+    from .search import SearchSpec, plot_search, search
+    from .sweep import Store, make_executor
+    path = Path(args.search)
+    if not path.is_file():
+        raise ConfigError("search", str(path), "file not found")
+    with path.open() as f:
+        raw = yaml.safe_load(f)
+    if args.simulate is not None:
+        raw = {**(raw or {}), "simulate": args.simulate if args.simulate == "all" else _int_arg(args.simulate)}
+    spec = SearchSpec.from_dict(raw)
+    store = Store(args.db) if args.db else None
+    with make_executor(args.dask, args.workers) as ex:
+        out = search(spec, executor=ex, store=store, progress=not args.no_progress and not args.json)
+    table, counts, timing = out["table"], out["counts"], out["timing"]
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(args.out, index=False)
+    if args.plot:
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+        cl = spec.cluster if isinstance(spec.cluster, dict) else {"preset": spec.cluster}
+        plot_search(table, args.plot, title=f"{path.stem}: step time vs memory",
+                    hbm_gb=build_cluster(cl).gpu.hbm_bytes / 1e9)
+    ok = table[table["status"] == "ok"].head(args.top)
+    if args.json:
+        rows = []
+        for _, r in ok.iterrows():
+            rows.append({"parallel": {k: (int(r[k]) if k not in ("schedule", "recompute") else r[k])
+                                      for k in ("tp", "cp", "pp", "dp", "ep", "micro_batch_size", "schedule", "vpp",
+                                                "recompute", "zero_stage")},
+                         "memory_gb": r["memory_gb"], "est_step_time_s": r["est_step_s"],
+                         "step_time_s": None if math.isnan(r["sim_step_s"]) else r["sim_step_s"],
+                         "mfu": None if math.isnan(r["sim_mfu"]) else r["sim_mfu"],
+                         "exposed_comm_s": r["exposed_comm_s"]})
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{counts['candidates']} candidates: {counts['invalid']} invalid, {counts['oom']} out of memory, "
+          f"{counts['ok']} feasible ({timing['screened_per_s']:.0f} screened/s); "
+          f"{counts['simulated']} simulated in {timing['simulate_s']:.1f} s")
+    print(f"{'#':>3} {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>4} {'ep':>3} {'mbs':>3} {'schedule':<18} {'recompute':<9} "
+          f"{'zero':>4} {'mem GB':>7} {'est s':>8} {'sim s':>8} {'MFU':>6}  exposed comm")
+    for i, (_, r) in enumerate(ok.iterrows(), 1):
+        sched = r["schedule"] + (f" vpp{r['vpp']}" if r["vpp"] > 1 else "")
+        sim = "" if math.isnan(r["sim_step_s"]) else f"{r['sim_step_s']:8.3f}"
+        mfu = "" if math.isnan(r["sim_mfu"]) else f"{r['sim_mfu']:6.1%}"
+        exp = r["exposed_comm_s"] if isinstance(r["exposed_comm_s"], dict) else {}
+        exp_s = " ".join(f"{k} {v:.2f}s" for k, v in sorted(exp.items()) if v > 0.005)
+        print(f"{i:>3} {r['tp']:>3} {r['cp']:>3} {r['pp']:>3} {r['dp']:>4} {r['ep']:>3} {r['micro_batch_size']:>3} "
+              f"{sched:<18} {r['recompute']:<9} {r['zero_stage']:>4} {r['memory_gb']:>7.1f} {r['est_step_s']:>8.3f} "
+              f"{sim:>8} {mfu:>6}  {exp_s}")
+    if args.plot:
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _int_arg(v: str) -> int:
+    try:
+        return int(v)
+    except ValueError:
+        raise ConfigError("--simulate", v, "must be an integer or 'all'") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="clustersim", description="Discrete-event simulator of LLM training clusters.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -241,6 +349,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("scenario", help="scenario YAML (model, cluster, parallel, precision, ...)")
     p.add_argument("--json", action="store_true", help="print the per-stage terms as JSON")
     sub.add_parser("demo", help="the default demo: a 32-GPU H100 cluster, its collectives and contention")
+    p = sub.add_parser("sweep", help="run a grid or list of scenarios (resumable; local processes or Dask)")
+    p.add_argument("sweep", help="sweep YAML: base scenario + grid or points")
+    _executor_args(p)
+    p.add_argument("--db", metavar="SQLITE", help="results database (default results/sweeps/<name>.sqlite)")
+    p.add_argument("--out", metavar="CSV", help="export this sweep's rows")
+    p.add_argument("--retry-failed", action="store_true", help="run failed points again (finished ones are skipped)")
+    p = sub.add_parser("search", help="search parallel layouts: prune by memory, estimate, simulate the best")
+    p.add_argument("search", help="search YAML: model, cluster, global_batch_size, fixed, bounds, simulate")
+    _executor_args(p)
+    p.add_argument("--simulate", metavar="K", help="simulate the best K by estimate ('all': every feasible one)")
+    p.add_argument("--top", type=int, default=10, metavar="K", help="rows to print (default 10)")
+    p.add_argument("--json", action="store_true", help="print the ranked candidates as a JSON list")
+    p.add_argument("--db", metavar="SQLITE", help="database of simulated candidates (resumable)")
+    p.add_argument("--out", metavar="CSV", help="write every candidate (status, reason, memory, estimate, simulation)")
+    p.add_argument("--plot", metavar="PNG", help="step time vs memory, coloured by tp x pp, Pareto set marked")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "run":
@@ -276,6 +399,10 @@ def main(argv: list[str] | None = None) -> int:
             return _print_memory(args)
         elif args.cmd == "schedule":
             _print_schedule(args)
+        elif args.cmd == "sweep":
+            return _sweep(args)
+        elif args.cmd == "search":
+            return _search(args)
         elif args.cmd == "demo":
             c = build_cluster("dgx-h100", num_nodes=4)
             print(c.summary() + "\n")
@@ -284,6 +411,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"clustersim: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("clustersim: interrupted; finished points are saved, run the same command again to resume",
+              file=sys.stderr)
+        return 130
     except SimulationError as e:
         print(f"clustersim: simulation failed: {e}", file=sys.stderr)
         return 1

@@ -48,8 +48,12 @@ class Scenario:
     """The mapping the scenario was loaded from (echoed in results)."""
 
 
-def load_scenario(spec: "str | Path | dict") -> Scenario:
-    """Load and validate a scenario from a YAML path or a mapping."""
+def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
+    """Load and validate a scenario from a YAML path or a mapping.
+
+    ``cluster``: an already built :class:`~topologies.Cluster` to use instead of building
+    the ``cluster`` section again (a search screens thousands of layouts on one cluster).
+    """
     if isinstance(spec, (str, Path)):
         path = Path(spec)
         if not path.is_file():
@@ -69,7 +73,7 @@ def load_scenario(spec: "str | Path | dict") -> Scenario:
         if key not in data:
             raise ConfigError(f"scenario.{key}", None, "required")
     model = load_model(data["model"])
-    cluster = build_cluster(data["cluster"])
+    cluster = build_cluster(data["cluster"]) if cluster is None else cluster
     par = ParallelConfig.from_dict(data["parallel"]).resolve(cluster.num_gpus)
     par.check_model(model)
     par.check_schedule()

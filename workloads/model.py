@@ -72,7 +72,9 @@ and the rule.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -569,14 +571,18 @@ def load_preset_mapping(name: str, where: str = "model") -> dict:
     """The mapping stored in ``presets/models/<name>.yaml`` (with ``name`` set)."""
     if not isinstance(name, str) or "/" in name or not (PRESET_DIR / f"{name}.yaml").is_file():
         raise ConfigError(where, name, f"unknown model preset; known: {', '.join(_preset_names())}")
-    path = PRESET_DIR / f"{name}.yaml"
-    with path.open() as f:
-        data = yaml.safe_load(f)
+    data = copy.deepcopy(_read_preset(PRESET_DIR / f"{name}.yaml"))
     if not isinstance(data, dict):
-        raise ConfigError(where, name, f"preset file {path.name} does not hold a mapping")
-    data = dict(data)
+        raise ConfigError(where, name, f"preset file {name}.yaml does not hold a mapping")
     data.setdefault("name", name)
     return data
+
+
+@functools.lru_cache(maxsize=None)
+def _read_preset(path: Path):
+    # presets are package data: parsed once per process (a search loads the model per candidate)
+    with path.open() as f:
+        return yaml.safe_load(f)
 
 
 def load_model(spec: str | Mapping | ModelSpec, where: str = "model") -> ModelSpec:

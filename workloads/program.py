@@ -210,6 +210,7 @@ class _Ctx:
     routing: object
     seed: int
     seg_cache: dict = field(default_factory=dict)
+    param_cache: dict = field(default_factory=dict)
     p2p_overlap: bool = False
 
 
@@ -497,6 +498,14 @@ def _recompute_kind(par: ParallelConfig, index_in_stage: int, layers_in_stage: i
 
 def _local_params(ctx, layers) -> tuple[int, int]:
     """(dense, expert) parameters of ``layers`` held by one rank (TP / EP sharded)."""
+    key = tuple(layers)
+    hit = ctx.param_cache.get(key)
+    if hit is None:
+        hit = ctx.param_cache[key] = _count_local_params(ctx, key)
+    return hit
+
+
+def _count_local_params(ctx, layers) -> tuple[int, int]:
     m, par = ctx.model, ctx.par
     dense = expert = 0
     for i in layers:

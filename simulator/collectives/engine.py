@@ -117,6 +117,7 @@ class CollectiveEngine:
         self.call_start: dict = {}
         """When each collective call started (its last member arrived), by (group id, seq)."""
         """When each matched transfer started (both sides posted), by key."""
+        self._stretch: dict = {}            # concurrent_s: (groups, kind, algo) -> slowdown together
         self._plan_cache: dict[tuple, tuple[Plan, float]] = {}
         self.records: list[CollectiveRecord] = []
         self.generation = cluster.gpu.generation
@@ -283,6 +284,64 @@ class CollectiveEngine:
             lat = self.latency_s(kind, plan, proto, size)
             out[(algo, proto)] = lat + t_bw
         return out
+
+    def uncontended_s(self, members, kind: str, size: float) -> float:
+        """One call's time on an idle network: NCCL's choice (the least predicted time), or
+        for an all-to-all (``size`` bytes per rank, equal shares to every rank) its latency
+        plus the slowest pair at max-min rates."""
+        members = tuple(members)
+        if len(members) < 2 or size <= 0:
+            return 0.0
+        if kind == "all_to_all":
+            plan = self.alltoall_routes(members)
+            key = (members, "a2a spb")
+            spb = self._plan_cache.get(key)
+            if spb is None:
+                spb = self._plan_cache[key] = self._seconds_per_byte(plan)
+            return self.latency_s(kind, plan, "Simple", size) + size / len(members) * spb
+        if kind == "send_recv":
+            plan = p2p_plan(self.cluster, members[0], members[1])
+            return self.latency_s(kind, plan, "Simple", size) + size * self._seconds_per_byte(plan)
+        return min(self.predict(members, kind, size).values())
+
+    def concurrent_s(self, groups, kind: str, size: float) -> float:
+        """One call's time when every group of ``groups`` makes the same call at once (the
+        DP reductions of a stage's TP peers, every EP group of a stage): each group uses the
+        plan NCCL picks for it alone (:meth:`uncontended_s`), and the bandwidth part
+        stretches by how much slower the groups' flows run together, at max-min rates,
+        than the first group's alone.  Latency is unchanged."""
+        groups = [tuple(g) for g in groups]
+        first = groups[0]
+        alone = self.uncontended_s(first, kind, size)
+        if len(groups) == 1 or alone == 0.0 or size <= TINY_CALL_BYTES:
+            return alone
+        if kind == "all_to_all":
+            lat = self.latency_s(kind, self.alltoall_routes(first), "Simple", size)
+            ref_kind, ref_algo = kind, "a2a"
+        else:
+            algo, proto = self.choose(first, kind, size)
+            ref_kind, ref_algo = ("all_reduce", "ring") if algo == "tree" else (kind, algo)
+            lat = self.latency_s(kind, self.plan(first, kind, algo)[0], proto, size)
+        key = (tuple(groups), ref_kind, ref_algo)
+        stretch = self._stretch.get(key)
+        if stretch is None:
+            if ref_algo == "a2a":
+                plans = [self.alltoall_routes(g) for g in groups]
+            else:
+                plans = [self.plan(g, ref_kind, ref_algo)[0] for g in groups]
+            flows = [f for p in plans for f in p.flows]
+            spb_alone = self._seconds_per_byte(plans[0]) if flows else 0.0
+            if spb_alone > 0:
+                lens = [f.links.size for f in flows]
+                ptr = np.zeros(len(lens) + 1, dtype=np.int64)
+                ptr[1:] = np.cumsum(lens)
+                rate = max_min_rates(ptr, np.concatenate([f.links for f in flows]),
+                                     np.concatenate([f.coefs for f in flows]), self.capacity)
+                stretch = float(np.max(np.array([f.bytes_per_byte for f in flows]) / rate)) / spb_alone
+            else:
+                stretch = 1.0
+            self._stretch[key] = stretch
+        return lat + (alone - lat) * stretch
 
     def _shell(self, members, blocks, algo: str) -> Plan:
         """A flowless plan with the shape the latency model needs (ranks, nodes, the largest

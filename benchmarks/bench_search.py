@@ -1,0 +1,61 @@
+"""Benchmark: configuration-search throughput.
+
+* screening (validation + memory model + closed-form estimate) in candidates per second,
+  and the estimate alone per feasible candidate, on a 64-GPU and a 1,024-GPU Llama-3 70B
+  search space;
+* simulated candidates per minute for a 1,024-GPU search (the best 8 by estimate), with
+  local worker processes and on a 2-worker Dask LocalCluster.
+
+Run: python benchmarks/bench_search.py [--simulate K] [--no-dask]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+from simulator.search import SearchSpec, candidates, screen, search
+from simulator.sweep import DaskExecutor, LocalExecutor, Store
+
+
+def spec(nodes: int, simulate: int = 8) -> SearchSpec:
+    return SearchSpec.from_dict({"model": "llama3-70b", "cluster": {"preset": "dgx-h100", "num_nodes": nodes},
+                                 "global_batch_size": 8 * nodes * 2, "seq_len": 4096, "simulate": simulate,
+                                 "num_steps": 1})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--simulate", type=int, default=8)
+    ap.add_argument("--no-dask", action="store_true")
+    ap.add_argument("--limit", type=int, default=600, help="candidates screened per space")
+    args = ap.parse_args()
+    for nodes in (8, 128):
+        s = spec(nodes)
+        cands = candidates(s)
+        sample = cands[:: max(1, len(cands) // args.limit)][: args.limit]
+        t0 = time.perf_counter()
+        table = screen(s, sample)
+        dt = time.perf_counter() - t0
+        ok = int((table["status"] == "ok").sum())
+        t0 = time.perf_counter()
+        screen(s, [sample[i] for i in table.index[table["status"] == "ok"]])
+        dt_ok = time.perf_counter() - t0
+        print(f"{nodes * 8:>5} GPUs: {len(cands)} candidates; screened {len(sample)} in {dt:.1f} s = "
+              f"{len(sample) / dt:.0f}/s ({ok} feasible: estimate {ok / dt_ok:.0f}/s when screened again, "
+              f"collective predictions cached)", flush=True)
+    s = spec(128, args.simulate)
+    for label, make in [("local, 2 processes", lambda: LocalExecutor(2))] + \
+            ([] if args.no_dask else [("Dask LocalCluster, 2 workers", lambda: DaskExecutor("local", 2))]):
+        with make() as ex:
+            t0 = time.perf_counter()
+            out = search(s, executor=ex, store=Store(tempfile.mkdtemp() + "/b.sqlite"), progress=False)
+            sim_s = out["timing"]["simulate_s"]
+            print(f"1,024-GPU search, {label}: {out['counts']['simulated']} simulated in {sim_s:.1f} s = "
+                  f"{out['counts']['simulated'] / sim_s * 60:.1f} per minute (whole search "
+                  f"{time.perf_counter() - t0:.0f} s, best {out['table'].iloc[0]['sim_step_s']:.3f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""A fast closed-form step-time estimate, built from the simulator's own models.
+
+``estimate(scenario)`` answers in milliseconds what :func:`simulator.engine.run` answers
+in seconds, for screening thousands of layouts (:mod:`simulator.search`).  It has no
+formula of its own:
+
+* **per-action costs** come from the program builder (:func:`workloads.build_program`,
+  the same compute model and the same collectives), built with the fewest micro-batches
+  the schedule accepts: the ops of one micro-batch of every chunk are what every
+  micro-batch runs.  Within an action its ops run back to back, each collective taking
+  its uncontended predicted time (:meth:`~simulator.collectives.CollectiveEngine.predict`,
+  NCCL's choice: the least predicted time); a collective the engine overlaps (CP K/V
+  with ``cp_comm``, TP with ``tp_comm``, prefetched FSDP gathers) hides behind the next
+  compute op; a receive adds its p2p transfer;
+* **the pipeline** is the schedule's longest path over those costs
+  (:func:`workloads.schedules.schedule_timing`);
+* **data parallelism**: the gradient buckets overlap the last micro-batch's backward, so
+  the estimate exposes ``max(last bucket, all buckets - one backward)``; the distributed
+  optimizer's parameter gather exposes ``max(first bucket, all buckets - one forward)``; step-end ops (grad-norm
+  all-reduce, tied embeddings, the optimizer) add;
+* **memory** is :func:`workloads.memory_estimates`, the simulator's memory model.
+
+What it leaves out, by construction: contention between concurrent flows (DP buckets
+against PP transfers, EP all-to-alls against each other), the compute slowdown while
+collectives share the GPU, DualPipe's F&B overlap, per-micro-batch routing imbalance.
+The search therefore simulates its best candidates with the engine; a test checks that
+the estimate ranks layouts like the simulator does (Spearman >= 0.9).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+from workloads import build_program, memory_estimates
+from workloads.costs import model_flops_per_step
+from workloads.schedules import get_schedule, min_microbatches, schedule_timing
+from workloads.schedules.actions import ActionKind
+
+from .collectives import CollectiveEngine
+from .scenario import Scenario, load_scenario
+
+__all__ = ["estimate", "Estimator"]
+
+_OVERLAPPED_NONBLOCKING = ("grad_", "param_gather")
+_ONE_CHUNK = ("gpipe", "1f1b", "zb_h1")       # the same per-action costs; only the order differs
+
+
+class Estimator:
+    """Estimates for many scenarios on one cluster (keeps the collective predictions)."""
+
+    def __init__(self, cluster, calibration=None):
+        import simpy
+        self.cluster = cluster
+        self.coll = CollectiveEngine(simpy.Environment(), cluster, calibration)
+        self._pred: dict = {}
+        self._p2p: dict = {}
+        self._tables: dict = {}
+        self._groups: dict = {}
+
+    def collective_s(self, groups: tuple[tuple[int, ...], ...], kind: str, size: float) -> float:
+        """Time of one call of ``groups[0]`` while every group of ``groups`` makes it too
+        (:meth:`~simulator.collectives.CollectiveEngine.concurrent_s`)."""
+        if size <= 0 or len(groups[0]) < 2:
+            return 0.0
+        key = (groups, kind, size)
+        t = self._pred.get(key)
+        if t is None:
+            t = self._pred[key] = self.coll.concurrent_s(groups, kind, size)
+        return t
+
+    def p2p_s(self, src: int, dst: int, size: float) -> float:
+        key = (src, dst, size)
+        t = self._p2p.get(key)
+        if t is None:
+            t = self._p2p[key] = self.coll.uncontended_s((src, dst), "send_recv", size)
+        return t
+
+    def _stage_tables(self, sc) -> dict[int, dict]:
+        """Per stage: the seconds of one micro-batch's F / B / W on each chunk, the DP
+        buckets, the parameter gathers and the step-end time (cached: GPipe, 1F1B and ZB-H1
+        share their tables, and so do layouts that differ only in the batch)."""
+        par = sc.parallel
+        canon = "1f1b" if par.schedule in _ONE_CHUNK else par.schedule
+        key = (sc.model, dataclasses.replace(par, global_batch_size=0, schedule=canon), sc.precision,
+               sc.grad_reduce_dtype, tuple(sorted(sc.overlap.items())))
+        hit = self._tables.get(key)
+        if hit is not None:
+            return hit
+        m = par.num_microbatches
+        m_small = min(m, max(1, min_microbatches(canon, par.pp, par.vpp)))
+        small = dataclasses.replace(par, schedule=canon, global_batch_size=m_small * par.micro_batch_size * par.dp)
+        prog = build_program(sc.model, small, sc.cluster.gpu, precision=sc.precision, moe_routing="balanced",
+                             seed=sc.seed, grad_reduce_dtype=sc.grad_reduce_dtype,
+                             p2p_overlap=sc.overlap.get("p2p", False))
+        grid = prog.grid
+        gpu_of = grid.gpu_of
+        ov = sc.overlap
+        per_stage: dict[int, dict] = {}
+        gkey = (par.tp, par.cp, par.dp, par.pp, par.ep, par.expert_tp, par.expert_dp, par.mesh_order)
+        for cls in prog.classes:
+            rep = cls.members[0]
+            members: dict[str, tuple[int, ...]] = {}
+
+            def group_gpus(kind, rep=rep, members=members, stage=cls.stage):
+                # the rank's group first, then the other groups of its stage that make
+                # the same calls at the same time
+                g = members.get(kind)
+                if g is None:
+                    if kind in ("world", "embedding"):
+                        ranks = range(grid.world_size) if kind == "world" else grid.embedding_group(rep)
+                        g = (tuple(gpu_of(r) for r in ranks),)
+                    else:
+                        own = grid.group(kind, rep)
+                        peers = self._groups.get((gkey, kind, stage))
+                        if peers is None:
+                            peers = self._groups[(gkey, kind, stage)] = [grp for grp in grid.groups(kind)
+                                                                         if grid.stage_of(grp[0]) == stage]
+                        g = tuple(tuple(gpu_of(r) for r in grp) for grp in [own] + [p for p in peers if p != own])
+                    members[kind] = g
+                return g
+
+            action = defaultdict(float)       # (kind F|B|W, chunk) -> seconds of one micro-batch
+            seen: dict[tuple[str, int], int] = {}
+            pending = 0.0
+            grad, gather, tail = [], [], 0.0
+            for op in cls.ops:
+                if op.microbatch < 0:
+                    if op.kind == "compute":
+                        tail += op.duration_s
+                    elif op.name.startswith("grad_") and op.name != "grad_norm":
+                        grad.append(self.collective_s(group_gpus(op.group), op.coll, op.size_bytes))
+                    elif op.name.startswith("param_gather"):
+                        gather.append(self.collective_s(group_gpus(op.group), op.coll, op.size_bytes))
+                    elif op.kind == "collective":
+                        tail += self.collective_s(group_gpus(op.group), op.coll, op.size_bytes)
+                    continue
+                kind = {"R": "B"}.get(op.phase, op.phase)
+                first = seen.setdefault((kind, op.chunk), op.microbatch)
+                if op.microbatch != first:
+                    if op.name.startswith("grad_"):
+                        grad.append(self.collective_s(group_gpus(op.group), op.coll, op.size_bytes))
+                    continue
+                akey = (kind, op.chunk)
+                if op.kind == "compute":
+                    action[akey] += max(op.duration_s, pending)
+                    pending = 0.0
+                elif op.kind == "recv":
+                    peer = grid.rank(pp=op.peer, **{a: v for a, v in grid.coords(rep).items() if a != "pp"})
+                    action[akey] += self.p2p_s(gpu_of(peer), gpu_of(rep), op.size_bytes)
+                elif op.kind == "collective":
+                    if op.name.startswith(_OVERLAPPED_NONBLOCKING) and op.name != "grad_norm":
+                        if op.name.startswith("grad_"):
+                            grad.append(self.collective_s(group_gpus(op.group), op.coll, op.size_bytes))
+                        continue
+                    t = self.collective_s(group_gpus(op.group), op.coll, op.size_bytes)
+                    if ((ov.get("cp_comm", True) and op.group == "cp" and op.coll == "all_gather")
+                            or (ov.get("tp_comm", False) and op.group == "tp")
+                            or (ov.get("fsdp_prefetch", True) and op.name.startswith("fsdp_gather"))):
+                        pending += t
+                    else:
+                        action[akey] += t
+            cur = per_stage.get(cls.stage)
+            total = sum(action.values())
+            if cur is None or total > cur["total"]:
+                per_stage[cls.stage] = {"action": dict(action), "grad": grad, "gather": gather, "tail": tail,
+                                        "total": total}
+        self._tables[key] = per_stage
+        return per_stage
+
+    def estimate(self, scenario) -> dict:
+        sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, cluster=self.cluster)
+        par = sc.parallel
+        m = par.num_microbatches
+        per_stage = self._stage_tables(sc)
+        sched = get_schedule(par.schedule)(par.pp, m, par.vpp)
+
+        def cost(a):
+            tab = per_stage[a.stage]["action"]
+            if a.kind is ActionKind.FB:
+                f, b = a.halves()
+                return cost(f) + cost(b)
+            if a.kind is ActionKind.BW:
+                return tab.get(("B", a.chunk), 0.0) + tab.get(("W", a.chunk), 0.0)
+            return tab.get((a.kind.value, a.chunk), 0.0)
+
+        timing = schedule_timing(sched, cost)
+        stage_end, exposed_dp = [], []
+        for s in range(par.pp):
+            st = per_stage[s]
+            window = st["action"].get(("B", 0), 0.0) + st["action"].get(("W", 0), 0.0)
+            dp = max(st["grad"][-1], sum(st["grad"]) - window) if st["grad"] else 0.0
+            if st["gather"]:       # the next step's first forward waits for the buckets it needs
+                dp += max(st["gather"][0], sum(st["gather"]) - st["action"].get(("F", 0), 0.0))
+            exposed_dp.append(dp)
+            stage_end.append(max(timing.end[s]) + dp + st["tail"])
+        step = max(stage_end)
+        worst = stage_end.index(step)
+        busy = timing.busy[worst]
+        mem = memory_estimates(sc.model, par, gpu_hbm_bytes=sc.cluster.gpu.hbm_bytes)
+        peak_mem = max(e.total_bytes for e in mem)
+        gpu = sc.cluster.gpu
+        from workloads import get_recipe
+        recipe = get_recipe(sc.precision, gpu=gpu)
+        peak = gpu.peak_flops.get(recipe.peak_dtype, gpu.peak_flops["bf16"])
+        model_flops = model_flops_per_step(sc.model, par.batch_size, par.seq_len or sc.model.seq_len)
+        n = par.world_size
+        seq = par.seq_len or sc.model.seq_len
+        return {
+            "step_time_s": step,
+            "mfu": model_flops / (step * n * peak) if step > 0 else 0.0,
+            "tokens_per_s": par.batch_size * seq / step if step > 0 else 0.0,
+            "pipeline_s": max(max(e) for e in timing.end),
+            "bubble_fraction": (max(timing.end[worst]) - busy) / step if step > 0 else 0.0,
+            "exposed_dp_s": exposed_dp[worst],
+            "peak_memory_bytes": peak_mem,
+            "fits": all(e.fits() for e in mem),
+        }
+
+
+def estimate(scenario, calibration=None) -> dict:
+    """The closed-form estimate of one scenario (see the module docstring): step time, MFU,
+    tokens/s, the pipeline's longest path, bubble fraction and exposed DP time of the
+    slowest stage, peak memory and whether every stage fits."""
+    sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    return Estimator(sc.cluster, calibration).estimate(sc)

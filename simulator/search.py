@@ -1,0 +1,337 @@
+"""Configuration search: enumerate legal 5D layouts, prune by memory, screen with the
+closed-form estimate, simulate the best with the engine, rank by simulated step time.
+
+The search file (``clustersim search SEARCH.yaml``)::
+
+    model: llama3-70b                  # a preset name or a model mapping
+    cluster: {preset: dgx-h100, num_nodes: 8}
+    global_batch_size: 128
+    seq_len: 4096                      # optional (the model's default)
+    precision: bf16                    # optional; also overlap, moe_routing, num_steps
+    fixed: {tp: 8, recompute: full}    # optional: knob -> value
+    bounds: {pp: [1, 8]}               # optional: knob -> [min, max] (numeric knobs)
+    simulate: 10                       # optional: simulate the best k by estimate ("all": every one)
+
+Knobs and the values tried (each restrictable with ``fixed`` / ``bounds``; any other
+``ParallelConfig`` field may be fixed):
+
+=====================  ==============================================================
+``tp``                 powers of two up to the NVLink domain (at most 16) dividing the
+                       attention heads
+``cp``                 1, and 2 / 4 / 8 when the sequence is at least 32k tokens
+``pp``                 divisors of the layer count that divide the GPU count / (tp cp)
+``dp``                 derived: GPUs / (tp cp pp)
+``ep``                 MoE: divisors of the expert count; dense: 1
+``micro_batch_size``   1, 2, 4, 8 (dividing the batch per replica)
+``schedule``           gpipe, 1f1b, interleaved_1f1b (``vpp`` 2 or 4), zb_h1, dualpipe
+``recompute``          none, selective, full
+``zero_stage``         0, 1, 2, 3 (``distributed_optimizer`` for stages >= 1)
+=====================  ==============================================================
+
+``sequence_parallel`` follows ``tp > 1``.  A candidate is ``invalid`` when the
+configuration rules reject it (the reason recorded), ``oom`` when a stage exceeds HBM
+under the memory model (the biggest terms recorded), else ``ok`` with its estimate
+(:mod:`simulator.estimate`).  The ``simulate`` best are run with the engine through the
+sweep machinery (:mod:`simulator.sweep`: local processes or Dask, SQLite, resumable).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from topologies import ConfigError, build_cluster
+from workloads import ParallelConfig, load_model, memory_estimates
+
+from .estimate import Estimator
+from .scenario import load_scenario
+
+__all__ = ["SearchSpec", "candidates", "screen", "search", "plot_search", "KNOBS", "pareto_mask"]
+
+KNOBS = ("tp", "cp", "pp", "dp", "ep", "micro_batch_size", "schedule", "vpp", "recompute", "zero_stage")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "dualpipe")
+_SCENARIO_KEYS = ("precision", "overlap", "moe_routing", "num_steps", "grad_reduce_dtype", "seed")
+_SPEC_KEYS = {"model", "cluster", "global_batch_size", "seq_len", "fixed", "bounds", "simulate", "name",
+              "description", *_SCENARIO_KEYS}
+
+
+@dataclass
+class SearchSpec:
+    model: object
+    cluster: object
+    global_batch_size: int
+    seq_len: int | None = None
+    fixed: dict = field(default_factory=dict)
+    bounds: dict = field(default_factory=dict)
+    simulate: int | None = 10               # None: every ok candidate
+    scenario: dict = field(default_factory=dict)   # precision, overlap, moe_routing, num_steps, ...
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SearchSpec":
+        if not isinstance(d, dict):
+            raise ConfigError("search", d, "expected a mapping")
+        for k in d:
+            if k not in _SPEC_KEYS:
+                raise ConfigError(f"search.{k}", d[k], f"unknown key; valid keys: {', '.join(sorted(_SPEC_KEYS))}")
+        for k in ("model", "cluster", "global_batch_size"):
+            if k not in d:
+                raise ConfigError(f"search.{k}", None, "required")
+        gbs = d["global_batch_size"]
+        if isinstance(gbs, bool) or not isinstance(gbs, int) or gbs < 1:
+            raise ConfigError("search.global_batch_size", gbs, "must be a positive integer")
+        fixed = d.get("fixed") or {}
+        bounds = d.get("bounds") or {}
+        if not isinstance(fixed, dict):
+            raise ConfigError("search.fixed", fixed, "must map knobs to values")
+        if not isinstance(bounds, dict):
+            raise ConfigError("search.bounds", bounds, "must map knobs to [min, max]")
+        par_fields = {f.name for f in dataclasses.fields(ParallelConfig)}
+        for k in fixed:
+            if k not in par_fields:
+                raise ConfigError(f"search.fixed.{k}", fixed[k], f"not a parallel knob; knobs: {', '.join(KNOBS)}")
+        for k, v in bounds.items():
+            if k not in ("tp", "cp", "pp", "dp", "ep", "micro_batch_size", "vpp", "zero_stage"):
+                raise ConfigError(f"search.bounds.{k}", v, "bounds apply to numeric knobs: tp, cp, pp, dp, ep, "
+                                                          "micro_batch_size, vpp, zero_stage")
+            if (not isinstance(v, (list, tuple)) or len(v) != 2 or not all(isinstance(x, int) for x in v)
+                    or v[0] > v[1]):
+                raise ConfigError(f"search.bounds.{k}", v, "must be [min, max] integers with min <= max")
+        sim = d.get("simulate", 10)
+        if sim == "all":
+            sim = None
+        elif isinstance(sim, bool) or not isinstance(sim, int) or sim < 0:
+            raise ConfigError("search.simulate", sim, "must be a non-negative integer or 'all'")
+        return cls(d["model"], d["cluster"], gbs, d.get("seq_len"), dict(fixed), dict(bounds), sim,
+                   {k: d[k] for k in _SCENARIO_KEYS if k in d})
+
+    def scenario_for(self, parallel: dict) -> dict:
+        """The scenario mapping of one candidate."""
+        par = {**parallel, "global_batch_size": self.global_batch_size}
+        if self.seq_len:
+            par["seq_len"] = self.seq_len
+        return {"model": self.model, "cluster": self.cluster, "parallel": par, **self.scenario}
+
+
+def _pow2_upto(n: int) -> list[int]:
+    out, v = [], 1
+    while v <= n:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidates(spec: SearchSpec, cluster=None, model=None) -> list[dict]:
+    """Every combination of the knobs' values (see the module docstring) that passes the
+    arithmetic rules (degrees multiply to the GPU count, the batch divides); the
+    configuration rules proper are checked by :func:`screen`."""
+    cluster = cluster or build_cluster(spec.cluster if isinstance(spec.cluster, dict) else {"preset": spec.cluster})
+    model = model or load_model(spec.model)
+    n = cluster.num_gpus
+    seq = spec.seq_len or model.seq_len
+    fixed, bounds = spec.fixed, spec.bounds
+
+    def allowed(knob, values):
+        if knob in fixed:
+            return [fixed[knob]]
+        lo, hi = bounds.get(knob, (-math.inf, math.inf))
+        return [v for v in values if lo <= v <= hi]
+
+    heads = model.num_attention_heads
+    tps = allowed("tp", [t for t in _pow2_upto(min(cluster.nvlink_domain_size, 16)) if heads % t == 0])
+    cps = allowed("cp", [1, 2, 4, 8] if seq >= 32768 else [1])
+    pps = allowed("pp", _divisors(model.num_layers))
+    eps = allowed("ep", _divisors(model.moe.num_experts) if model.moe is not None else [1])
+    mbss = allowed("micro_batch_size", [1, 2, 4, 8])
+    scheds = [fixed["schedule"]] if "schedule" in fixed else list(SCHEDULES)
+    recs = [fixed["recompute"]] if "recompute" in fixed else ["none", "selective", "full"]
+    zeros = allowed("zero_stage", [0, 1, 2, 3])
+    vpps = allowed("vpp", [2, 4])
+    extra = {k: v for k, v in fixed.items() if k not in KNOBS}
+    out = []
+    for tp in tps:
+        for cp in cps:
+            for pp in pps:
+                if n % (tp * cp * pp):
+                    continue
+                dp = n // (tp * cp * pp)
+                if dp not in allowed("dp", [dp]):
+                    continue
+                for ep in eps:
+                    for mbs in mbss:
+                        if spec.global_batch_size % (mbs * dp):
+                            continue
+                        for sched in (scheds if pp > 1 else ["1f1b"]):
+                            for vpp in (vpps if sched == "interleaved_1f1b" else [1]):
+                                for rec in recs:
+                                    for z in zeros:
+                                        out.append({"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep,
+                                                    "micro_batch_size": mbs, "schedule": sched, "vpp": vpp,
+                                                    "recompute": rec, "zero_stage": z,
+                                                    "distributed_optimizer": z >= 1,
+                                                    "sequence_parallel": tp > 1, **extra})
+    return out
+
+
+def screen(spec: SearchSpec, cands: list[dict], estimator: Estimator | None = None, *,
+           progress: bool = False) -> pd.DataFrame:
+    """Validate, prune by memory and estimate every candidate: one row each, with
+    ``status`` (ok | oom | invalid), ``reason``, peak memory and the estimate."""
+    rows = []
+    cluster = None
+    it = cands
+    if progress:
+        from tqdm import tqdm
+        it = tqdm(cands, desc="screen", unit="cand")
+    for par in it:
+        row = {**{k: par[k] for k in KNOBS}, "status": "ok", "reason": "", "memory_gb": math.nan,
+               "est_step_s": math.nan, "est_mfu": math.nan}
+        try:
+            sc = load_scenario(spec.scenario_for(par), cluster=cluster)
+            cluster = sc.cluster
+            mem = memory_estimates(sc.model, sc.parallel, gpu_hbm_bytes=sc.cluster.gpu.hbm_bytes)
+            worst = max(mem, key=lambda e: e.total_bytes)
+            row["memory_gb"] = worst.total_bytes / 1e9
+            if not all(e.fits() for e in mem):
+                row["status"] = "oom"
+                row["reason"] = worst.verdict()
+                rows.append(row)
+                continue
+            if estimator is None:
+                estimator = Estimator(sc.cluster)
+            e = estimator.estimate(sc)
+            row["est_step_s"] = e["step_time_s"]
+            row["est_mfu"] = e["mfu"]
+        except ConfigError as err:
+            row["status"] = "invalid"
+            row["reason"] = str(err)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def pareto_mask(df: pd.DataFrame, x: str, y: str) -> pd.Series:
+    """Rows not dominated in (x, y), both minimised."""
+    order = df.sort_values([x, y]).index
+    best = math.inf
+    keep = pd.Series(False, index=df.index)
+    for i in order:
+        if df.at[i, y] < best:
+            keep[i] = True
+            best = df.at[i, y]
+    return keep
+
+
+def search(spec: SearchSpec, *, executor=None, store=None, progress: bool = True) -> dict:
+    """The whole search: candidates, screening, simulation of the best ``spec.simulate``.
+
+    Returns ``{"table": DataFrame (every candidate, simulated ones ranked first by
+    simulated step time, then the rest by estimate), "counts": {...}, "timing": {...}}``.
+    """
+    from .sweep import LocalExecutor, Store, config_hash, run_points
+    t0 = time.perf_counter()
+    sc0 = None
+    cands = candidates(spec)
+    t1 = time.perf_counter()
+    table = screen(spec, cands, progress=progress)
+    t2 = time.perf_counter()
+    ok = table[table["status"] == "ok"].sort_values("est_step_s", kind="stable")
+    k = len(ok) if spec.simulate is None else min(spec.simulate, len(ok))
+    chosen = ok.head(k)
+    configs = [spec.scenario_for(cands[i]) for i in chosen.index]
+    table["sim_step_s"] = math.nan
+    table["sim_mfu"] = math.nan
+    table["exposed_comm_s"] = None
+    table["sim_status"] = ""
+    if configs:
+        own_store = store is None
+        if own_store:
+            import tempfile
+            store = Store(tempfile.mkdtemp(prefix="clustersim-search-") + "/search.sqlite")
+        ex = executor or LocalExecutor()
+        try:
+            run_points(configs, store, ex, progress=progress, desc="simulate")
+        finally:
+            if executor is None:
+                ex.close()
+        by_hash = {r["hash"]: r for r in store.rows()}
+        for i, cfg in zip(chosen.index, configs):
+            r = by_hash.get(config_hash(cfg))
+            if r is None:
+                continue
+            table.at[i, "sim_status"] = r["status"]
+            if r["status"] == "ok":
+                table.at[i, "sim_step_s"] = r["metrics"]["step_time_s"]
+                table.at[i, "sim_mfu"] = r["metrics"]["mfu"]
+                table.at[i, "exposed_comm_s"] = r["metrics"].get("exposed_comm_s")
+            else:
+                table.at[i, "reason"] = r["error"]
+    t3 = time.perf_counter()
+    del sc0
+    rank_key = table["sim_step_s"].fillna(math.inf)
+    table = table.assign(_r=rank_key, _e=table["est_step_s"].fillna(math.inf)).sort_values(["_r", "_e"],
+                                                                                          kind="stable")
+    table = table.drop(columns=["_r", "_e"]).reset_index(drop=True)
+    counts = {"candidates": len(table), "ok": int((table["status"] == "ok").sum()),
+              "oom": int((table["status"] == "oom").sum()), "invalid": int((table["status"] == "invalid").sum()),
+              "simulated": int(len(configs))}
+    return {"table": table, "counts": counts,
+            "timing": {"enumerate_s": t1 - t0, "screen_s": t2 - t1, "simulate_s": t3 - t2,
+                       "screened_per_s": len(cands) / (t2 - t1) if t2 > t1 else math.inf}}
+
+
+def plot_search(table: pd.DataFrame, path, title: str = "", hbm_gb: float | None = None) -> None:
+    """Step time vs peak memory of every feasible candidate, coloured by tp x pp; the
+    simulated ones drawn solid, the Pareto set (less memory or less time) ringed."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = table[table["status"] == "ok"].copy()
+    ok["step_s"] = ok["sim_step_s"].fillna(ok["est_step_s"])
+    ok["tppp"] = ok["tp"] * ok["pp"]
+    fig, ax = plt.subplots(figsize=(9, 6))
+    if ok.empty:
+        ax.text(0.5, 0.5, "no feasible candidate", ha="center", va="center", transform=ax.transAxes)
+    else:
+        levels = sorted(ok["tppp"].unique())
+        cmap = plt.get_cmap("viridis", max(len(levels), 2))
+        for j, lv in enumerate(levels):
+            sub = ok[ok["tppp"] == lv]
+            est = sub[sub["sim_step_s"].isna()]
+            sim = sub[sub["sim_step_s"].notna()]
+            ax.scatter(est["memory_gb"], est["est_step_s"], s=24, color=cmap(j), alpha=0.6, marker="o",
+                       linewidths=0)
+            ax.scatter(sim["memory_gb"], sim["sim_step_s"], s=46, color=cmap(j), marker="D",
+                       edgecolors="black", linewidths=0.6, label=f"tp·pp = {lv}")
+            if sim.empty:
+                ax.scatter([], [], s=46, color=cmap(j), marker="D", label=f"tp·pp = {lv}")
+        front = ok[pareto_mask(ok, "memory_gb", "step_s")].sort_values("memory_gb")
+        ax.plot(front["memory_gb"], front["step_s"], color="crimson", lw=1.2, ls="--", zorder=0)
+        ax.scatter(front["memory_gb"], front["step_s"], s=140, facecolors="none", edgecolors="crimson",
+                   linewidths=1.4, label="Pareto set (memory, step time)")
+        best = ok.loc[ok["step_s"].idxmin()]
+        ax.annotate(f"best: tp{best.tp} cp{best.cp} pp{best.pp} dp{best.dp} ep{best.ep}\n"
+                    f"mbs {best.micro_batch_size}, {best.schedule}"
+                    f"{' vpp' + str(best.vpp) if best.vpp > 1 else ''}, {best.recompute}, ZeRO-{best.zero_stage}\n"
+                    f"{best.step_s:.2f} s",
+                    (best.memory_gb, best.step_s), xytext=(12, 24), textcoords="offset points", fontsize=8,
+                    arrowprops={"arrowstyle": "->", "lw": 0.8})
+        ax.scatter([], [], s=24, color="grey", alpha=0.6, label="estimate only (not simulated)")
+        if hbm_gb:
+            ax.axvline(hbm_gb, color="grey", ls=":", lw=1)
+            ax.text(hbm_gb, ax.get_ylim()[0], " HBM ", va="bottom", ha="right", fontsize=8, color="grey")
+        ax.legend(fontsize=8, loc="upper right", title="diamonds: simulated step time", title_fontsize=8)
+    ax.set_xlabel("peak memory per GPU (GB, memory model)")
+    ax.set_ylabel("step time (s)")
+    ax.set_title(title or "configuration search: step time vs memory")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)

@@ -1,0 +1,146 @@
+"""Sweeps: expansion, the SQLite store, resuming, local processes vs Dask, a killed run."""
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from simulator.cli import main
+from simulator.sweep import (LocalExecutor, Store, config_hash, expand, load_sweep, run_points, simulate_point)
+from topologies import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = {"model": "tiny-dense", "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+        "parallel": {"tp": 2, "pp": 2, "dp": 2, "global_batch_size": 8, "seq_len": 512}, "num_steps": 1}
+
+
+def test_grid_is_the_cartesian_product_in_order():
+    pts = expand({"base": BASE, "grid": {"parallel.global_batch_size": [8, 16],
+                                         "parallel.schedule": ["1f1b", "gpipe", "zb_h1"]}})
+    assert len(pts) == 6
+    assert [(p["parallel"]["global_batch_size"], p["parallel"]["schedule"]) for p in pts][:3] == \
+        [(8, "1f1b"), (8, "gpipe"), (8, "zb_h1")]
+    assert BASE["parallel"].get("schedule") is None            # the base is not modified
+    # a preset name becomes a mapping when a field under it is swept
+    pts = expand({"base": BASE, "points": [{"model.num_layers": 8}]})
+    assert pts[0]["model"] == {"preset": "tiny-dense", "num_layers": 8}
+
+
+@pytest.mark.parametrize("spec, field", [({"grid": {"a": [1]}}, "sweep.base"),
+                                         ({"base": BASE}, "sweep"),
+                                         ({"base": BASE, "grid": {"parallel.pp": 2}}, "sweep.grid.parallel.pp"),
+                                         ({"base": BASE, "points": [1, 2]}, "sweep.points"),
+                                         ({"base": "nope.yaml", "points": []}, "sweep.base"),
+                                         ({"base": BASE, "grid": {"x": [1]}, "color": 1}, "sweep.color")])
+def test_bad_sweeps_name_the_field(spec, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        expand(spec)
+
+
+def test_config_hash_is_canonical():
+    a = {"x": 1, "y": {"b": 2, "a": 1}}
+    b = {"y": {"a": 1, "b": 2}, "x": 1}
+    assert config_hash(a) == config_hash(b) != config_hash({**a, "x": 2})
+
+
+def test_points_are_stored_once_and_rerun_skips_them(tmp_path):
+    pts = expand({"base": BASE, "grid": {"parallel.schedule": ["1f1b", "gpipe"], "parallel.pp": [2, 3]}})
+    store = Store(tmp_path / "s.sqlite")
+    counts = run_points(pts, store, LocalExecutor(1), progress=False)
+    assert counts == {"total": 4, "skipped": 0, "ok": 2, "failed": 2}       # pp=3 does not divide 8 GPUs
+    rows = store.rows()
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"ok", "invalid"}
+    bad = [r for r in rows if r["status"] == "invalid"]
+    assert all("pp" in r["error"] for r in bad)
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert all(r["metrics"]["step_time_s"] > 0 and r["versions"]["clustersim"] for r in ok)
+    # the simulator is deterministic: a stored point equals a fresh run
+    fresh = simulate_point(ok[0]["config"])
+    assert fresh["metrics"] == ok[0]["metrics"]
+    again = run_points(pts, store, LocalExecutor(1), progress=False)
+    assert again == {"total": 4, "skipped": 4, "ok": 0, "failed": 0}
+    retry = run_points(pts, store, LocalExecutor(1), progress=False, retry_failed=True)
+    assert retry["skipped"] == 2 and retry["failed"] == 2
+    assert len(Store(tmp_path / "s.sqlite").rows()) == 4
+
+
+def test_cli_sweep_writes_csv(tmp_path, capsys):
+    sweep = tmp_path / "sw.yaml"
+    sweep.write_text(yaml.safe_dump({"base": BASE, "grid": {"parallel.global_batch_size": [8, 16]}}))
+    out = tmp_path / "out.csv"
+    rc = main(["sweep", str(sweep), "--db", str(tmp_path / "sw.sqlite"), "--out", str(out), "--workers", "1",
+               "--no-progress"])
+    assert rc == 0
+    import pandas as pd
+    df = pd.read_csv(out)
+    assert len(df) == 2 and set(df["parallel.global_batch_size"]) == {8, 16} and df["step_time_s"].gt(0).all()
+    assert "2 points" in capsys.readouterr().out
+
+
+def test_cli_sweep_bad_file_is_one_line(tmp_path, capsys):
+    sweep = tmp_path / "sw.yaml"
+    sweep.write_text(yaml.safe_dump({"base": BASE}))
+    assert main(["sweep", str(sweep), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "grid" in err[0]
+
+
+def _rows(db):
+    con = sqlite3.connect(db)
+    try:
+        return con.execute("SELECT hash, status FROM points").fetchall()
+    except sqlite3.OperationalError:          # the client has not created the table yet
+        return []
+    finally:
+        con.close()
+
+
+@pytest.mark.slow
+def test_a_sweep_on_dask_gives_the_local_results(tmp_path):
+    from simulator.sweep import DaskExecutor
+    pts = expand({"base": BASE, "grid": {"parallel.schedule": ["1f1b", "gpipe", "zb_h1"],
+                                         "parallel.global_batch_size": [8, 16]}})
+    local, dask = Store(tmp_path / "local.sqlite"), Store(tmp_path / "dask.sqlite")
+    run_points(pts, local, LocalExecutor(2), progress=False)
+    with DaskExecutor("local", workers=2) as ex:
+        run_points(pts, dask, ex, progress=False)
+    a = {r["hash"]: r["metrics"] for r in local.rows()}
+    b = {r["hash"]: r["metrics"] for r in dask.rows()}
+    assert len(a) == 6 and a == b
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_a_killed_sweep_resumes_without_duplicates_or_gaps(tmp_path, sig):
+    n = 10
+    sweep = tmp_path / "sw.yaml"
+    sweep.write_text(yaml.safe_dump({"base": {**BASE, "num_steps": 2},
+                                     "grid": {"parallel.global_batch_size": [8 * (i + 1) for i in range(n)]}}))
+    db = tmp_path / "sw.sqlite"
+    cmd = [sys.executable, "-m", "simulator.cli", "sweep", str(sweep), "--db", str(db), "--workers", "1",
+           "--no-progress"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if db.exists() and 2 <= len(_rows(db)) < n:
+            break
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    first = len(_rows(db))
+    assert 2 <= first < n, "the sweep was not stopped midway"
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130 and b"resume" in err
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = _rows(db)
+    hashes = [h for h, _ in rows]
+    assert len(hashes) == len(set(hashes)) == n and {s for _, s in rows} == {"ok"}
+    assert f"{first} already finished" in done.stdout
+    expected = {config_hash(c) for c in load_sweep(sweep)}
+    assert set(hashes) == expected
