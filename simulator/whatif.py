@@ -86,11 +86,15 @@ _SEED_TAG = 0x57484154          # "WHAT": separates what-if draws from other use
 class JobStopped(RuntimeError):
     """The job stopped: a failed NIC was needed and no failover was configured."""
 
-    def __init__(self, time_s: float, nic: str, gpus: tuple, reason: str = ""):
+    def __init__(self, time_s: float, nic: str, gpus: tuple):
+        # args are the fields (simpy re-creates a process's exception from its args)
+        super().__init__(time_s, nic, tuple(gpus))
         self.time_s, self.nic, self.gpus = time_s, nic, tuple(gpus)
+
+    def __str__(self) -> str:
         gl = ", ".join(f"gpu{g}" for g in self.gpus)
-        super().__init__(f"job stopped at t = {time_s:.6g} s: NIC {nic} ({gl}) failed and a transfer needs it"
-                         + (f" ({reason})" if reason else "") + "; set whatif.nic_failover: pxn to route around it")
+        return (f"job stopped at t = {self.time_s:.6g} s: NIC {self.nic} ({gl}) failed and a transfer needs it; "
+                "set whatif.nic_failover: pxn to route around it")
 
 
 @dataclass(slots=True)
