@@ -1,6 +1,7 @@
 """Command line: ``clustersim run | presets | topo | collectives | schedule | memory | demo``.
 
-Exit status: 0 done, 2 bad input (one line on stderr, no traceback), 1 internal error.
+Exit status: 0 done, 2 bad input (one line on stderr, no traceback), 1 internal error or a
+job stopped by a what-if failure (a failed NIC without failover; one line on stderr).
 (``clustersim run`` arrives with the end-to-end engine.)
 """
 
@@ -17,6 +18,7 @@ from topologies import CLUSTER_PRESETS, ConfigError, build_cluster
 from topologies.units import fmt_bytes, parse_size
 
 from .engine import SimulationError
+from .whatif import JobStopped
 
 __all__ = ["main", "collective_table"]
 
@@ -417,6 +419,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except SimulationError as e:
         print(f"clustersim: simulation failed: {e}", file=sys.stderr)
+        return 1
+    except JobStopped as e:
+        # a what-if failure the job does not survive: the result is the stop itself
+        print(f"clustersim: {e}", file=sys.stderr)
         return 1
     return 0
 

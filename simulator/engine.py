@@ -56,6 +56,7 @@ import gc
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import simpy
 
 from topologies import ConfigError
@@ -66,8 +67,9 @@ from .collectives import CollectiveEngine
 from .fold import Folding, fold as fold_program
 from .network import FlowNetwork, NetworkSnapshot
 from .scenario import Scenario, load_scenario
+from .whatif import JobStopped, Perturbation, WhatIf
 
-__all__ = ["run", "Result", "DeadlockError", "SimulationError", "TIMELINE_COLUMNS", "COMM_SLOWDOWN"]
+__all__ = ["run", "Result", "DeadlockError", "SimulationError", "JobStopped", "TIMELINE_COLUMNS", "COMM_SLOWDOWN"]
 
 #: Compute slowdown while a communication kernel shares the GPU: NCCL runs one CTA per
 #: channel, 16 channels for NVLS / most rings on SM90 (NVLS_NCHANNELS_SM90 = 16,
@@ -179,7 +181,7 @@ _AXIS = {"tp": "tp", "sp": "tp", "etp": "tp", "cp": "cp", "ep": "ep", "dp": "dp"
 
 
 def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: float = 1e7,
-        fold: "bool | Folding" = True, compute_scale: dict | None = None) -> Result:
+        fold: "bool | Folding" = True, compute_scale: dict | None = None, whatif=None) -> Result:
     """Simulate ``scenario`` (a :class:`Scenario`, a mapping or a YAML path).
 
     ``fold`` (default) simulates each cell of interchangeable ranks once on the quotient
@@ -188,9 +190,12 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
     :class:`~simulator.fold.Folding` is used as given, unchecked (tests use that to show a
     wrong partition gives a wrong answer).  ``compute_scale`` maps ranks to a factor on
     their compute durations (a straggler: 1.2); folding splits only the cells it touches.
+    ``whatif`` (a mapping in the ``whatif:`` YAML form, or a :class:`~simulator.whatif.WhatIf`)
+    replaces the scenario's what-ifs (:mod:`simulator.whatif`); a failed NIC without
+    failover raises :class:`~simulator.whatif.JobStopped`.
     """
     with _gc_tuned():
-        return _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale)
+        return _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, whatif)
 
 
 @contextlib.contextmanager
@@ -207,31 +212,42 @@ def _gc_tuned():
         gc.set_threshold(*old)
 
 
-def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale) -> Result:
+def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, whatif=None) -> Result:
     t_wall = time.perf_counter()
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     prog = build_program(sc.model, sc.parallel, sc.cluster.gpu, precision=sc.precision,
                          moe_routing=sc.moe_routing, seed=sc.seed, grad_reduce_dtype=sc.grad_reduce_dtype,
                          p2p_overlap=sc.overlap.get("p2p", False))
-    env = simpy.Environment()
-    coll = CollectiveEngine(env, sc.cluster, calibration)
     grid = prog.grid
-    cluster = sc.cluster
     scale = {int(r): float(f) for r, f in (compute_scale or {}).items()}
     for r, f in scale.items():
         if not 0 <= r < grid.world_size or not f > 0:
             raise ConfigError("compute_scale", {r: f}, f"ranks must be in [0, {grid.world_size}), factors > 0")
+    # what-ifs: a perturbed cluster (links, NICs) and per-rank compute hooks and colours
+    wi = WhatIf.from_dict(sc.whatif if whatif is None else whatif)
+    if whatif is not None:
+        wi.check(sc.cluster, grid.world_size, sc.num_steps)
+    if wi.placement is not None:
+        grid.placement = tuple(wi.placement)
+    pert = Perturbation(wi, sc.cluster, grid.world_size, grid.gpu_of, sc.seed, sc.num_steps, scale)
+    cluster = pert.cluster
+    env = simpy.Environment()
+    coll = CollectiveEngine(env, cluster, calibration)
+    colors = [pert.rank_color(r) for r in range(grid.world_size)]
     if isinstance(fold, Folding):
         folding = fold
     elif fold:
-        colors = [scale.get(r, 1.0) for r in range(grid.world_size)] if scale else None
-        folding = fold_program(prog, coll, network=not free_comm, rank_colors=colors)
+        plain = all(c == (1.0,) for c in colors)
+        folding = fold_program(prog, coll, network=not free_comm, rank_colors=None if plain else colors,
+                               link_colors=pert.link_colors())
     else:
         folding = Folding.identity(prog, cluster)
     for c, members in enumerate(folding.cells):
-        if len({scale.get(r, 1.0) for r in members}) > 1:
-            raise ConfigError("fold", c, "a rank cell mixes ranks with different compute_scale")
+        if len({colors[r] for r in members}) > 1:
+            raise ConfigError("fold", c, "a rank cell mixes ranks with different compute_scale or what-ifs")
     coll.set_folding(folding if folding.link_cell is not None else None)
+    if pert.watch and not free_comm:
+        _watch_failed_nics(coll.net, folding, pert.watch)
     for gc_id, cell in enumerate(folding.group_cells):
         coll.register_group(cell.rep_gpus, group_id=gc_id, multiplicity=cell.size)
     net = _PhysicalView(coll.net, folding, coll.capacity)
@@ -265,7 +281,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale) 
     def actor(cid):
         cls = prog.classes[folding.cell_class[cid]]
         rep = folding.cells[cid][0]
-        factor = scale.get(rep, 1.0)
+        factor, jit, therm = pert.hooks(rep, cls.ops)
         node = cluster.host_of(grid.gpu_of(rep))
         # per group kind: the group cells of the members' groups, with the members in each
         groups_of: dict[str, list] = {}
@@ -288,12 +304,17 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale) 
         axis_of, nonblocking_of = _op_meta(cls, sc.overlap)
         has_fsdp = fsdp_prefetch and any(o.name.startswith("fsdp_gather") for o in ops)
 
-        def compute_time(op):
-            # the op's time on this rank, slower while a collective of the rank is in flight
+        def compute_time(op, step=0, idx=0):
+            # the op's time on this rank, slower while a collective of the rank is in flight;
+            # what-ifs: jitter (factor, stall) and thermal throttling (simulator.whatif)
             dur = op.duration_s * factor
+            if jit is not None:
+                dur = jit(dur, step, idx)
             if slowdown != 1.0 and dur > 0 and any(not e.processed for e in inflight):
                 dur *= slowdown
             inflight[:] = [e for e in inflight if not e.processed]
+            if therm is not None:
+                dur = therm(dur, step, env.now)
             return dur
 
         def sizes_of(op):
@@ -356,7 +377,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale) 
                 current[cid] = (step, op)
                 if op.kind == "compute":
                     t0 = env.now
-                    dur = compute_time(op)
+                    dur = compute_time(op, step, j)
                     if dur > 0:
                         yield env.timeout(dur)
                     rec.add(rep, node, "compute", op, "", t0, env.now, step, cid)
@@ -409,7 +430,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale) 
                             yield from _wait(env, need, waits[cid], "dp")
                             outstanding["param"] = [(r, e) for r, e in outstanding["param"] if not e.processed]
                     t0 = env.now
-                    dur = compute_time(op)
+                    dur = compute_time(op, step, i - 1)
                     if dur > 0:
                         yield env.timeout(dur)
                     rec.add(rep, node, "compute", op, "", t0, env.now, step, cid)
@@ -523,6 +544,27 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale) 
     res.metrics["num_solves"] = int(coll.net.num_solves)
     res.metrics["fold"] = dict(folding.stats)
     return res
+
+
+def _watch_failed_nics(net: FlowNetwork, folding: Folding, watch: list) -> None:
+    """Stop the job (JobStopped) when a transfer needs a failed NIC (see simulator.whatif):
+    the network reports transfers over the NICs' links (quotient links when folded: failed
+    NIC links are coloured apart, so they form cells of their own)."""
+    n = net.num_links
+    owner = np.full(n, -1, dtype=np.int64)
+    for k, (_name, _gpus, links, _at) in enumerate(watch):
+        q = np.asarray(links) if folding.link_cell is None else folding.link_cell[np.asarray(links)]
+        owner[q] = k
+    at_s = min(w[3] for w in watch)
+
+    def stop(time_s, links):
+        ks = sorted({int(owner[x]) for x in links if owner[x] >= 0 and watch[int(owner[x])][3] <= time_s})
+        if not ks:
+            return
+        name, gpus, _, _ = watch[ks[0]]
+        raise JobStopped(time_s, name, gpus)
+
+    net.watch_links(owner >= 0, at_s, stop)
 
 
 class _PhysicalView:

@@ -267,13 +267,14 @@ def _count(c: np.ndarray) -> int:
     return int(c.max()) + 1 if c.size else 0
 
 
-def fold(prog, coll, *, network: bool = True, rank_colors=None) -> Folding:
+def fold(prog, coll, *, network: bool = True, rank_colors=None, link_colors=None) -> Folding:
     """The coarsest equitable partition of ``prog``'s ranks, groups, transfers and links.
 
     ``coll`` is the (unfolded) :class:`~simulator.collectives.CollectiveEngine` whose
     algorithm choice, plans and latencies the run will use.  ``network=False`` (free
     communication) partitions ranks and groups only.  ``rank_colors`` (one hashable per
-    rank) splits ranks a perturbation treats differently.
+    rank) splits ranks a perturbation treats differently; ``link_colors`` (one hashable per
+    physical link) splits links beyond their capacity (what-ifs: latency, failure).
     """
     t0 = time.perf_counter()
     grid = prog.grid
@@ -427,7 +428,12 @@ def fold(prog, coll, *, network: bool = True, rank_colors=None) -> Folding:
     nl = cluster.num_links if network else 0
     _, coef_id = np.unique(inc_w, return_inverse=True)
     coef_id = coef_id.ravel()
-    link_c = _labels([float(x) for x in coll.capacity]) if network else np.empty(0, dtype=np.int64)
+    if not network:
+        link_c = np.empty(0, dtype=np.int64)
+    elif link_colors is None:
+        link_c = _labels([float(x) for x in coll.capacity])
+    else:
+        link_c = _labels([(float(x), c) for x, c in zip(coll.capacity.tolist(), link_colors)])
     pflow = np.arange(n_gflows, nf)
     p_of_flow = pflow - n_gflows
 

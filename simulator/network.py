@@ -118,11 +118,24 @@ class FlowNetwork:
         self.num_flows = 0
         self.solve_wall_s = 0.0
         self.max_live_flows = 0
+        self._watch = None                      # what-ifs: links whose use stops the job (watch_links)
 
     # -- public ------------------------------------------------------------------------------
     @property
     def live_flows(self) -> int:
         return len(self._active)
+
+    def watch_links(self, mask: np.ndarray, at_s: float, on_use) -> None:
+        """Call ``on_use(time_s, links)`` when a transfer crosses a link of ``mask`` at or
+        after ``at_s`` (a failed NIC, :mod:`simulator.whatif`): at its start, or at ``at_s``
+        for transfers live then.  ``on_use`` may raise to stop the run."""
+        self._watch = (np.asarray(mask, dtype=bool), float(at_s), on_use)
+        if at_s > self.env.now:
+            def check(_e):
+                hit = np.flatnonzero(self._watch[0] & (self._occ > 0))
+                if hit.size:
+                    on_use(self.env.now, hit.tolist())
+            self.env.timeout(at_s - self.env.now).callbacks.append(check)
 
     def transfer(self, links: np.ndarray, size_bytes: float, *, coefs: np.ndarray | None = None,
                  weight: float = 1.0, cap: float = np.inf) -> simpy.Event:
@@ -148,6 +161,11 @@ class FlowNetwork:
             t = _Template(flows)
             if key is not None:
                 self._templates[key] = t
+        if self._watch is not None and t.items:
+            mask, at_s, on_use = self._watch
+            hit = t.uniq[mask[t.uniq]]
+            if hit.size and self.env.now + delay >= at_s:
+                on_use(self.env.now + delay, hit.tolist())
         if delay > 0:
             if not (t.items and self._try_isolated(gid, t, ev, self.env.now + delay)):
                 self.env.timeout(delay).callbacks.append(lambda _e: self._admit(gid, t, ev))

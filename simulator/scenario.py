@@ -19,6 +19,8 @@ from topologies import Cluster, ConfigError, build_cluster
 from topologies.errors import check_keys
 from workloads import ModelSpec, ParallelConfig, get_recipe, load_model
 
+from .whatif import WhatIf
+
 __all__ = ["Scenario", "load_scenario", "OVERLAP_DEFAULTS"]
 
 #: Megatron-Core defaults for the overlap switches (DESIGN.md, Overlap).
@@ -37,7 +39,8 @@ class Scenario:
     parallel: ParallelConfig
     precision: str = "bf16"
     overlap: dict = field(default_factory=lambda: dict(OVERLAP_DEFAULTS))
-    whatif: dict = field(default_factory=dict)
+    whatif: WhatIf = field(default_factory=WhatIf)
+    """What-ifs (:mod:`simulator.whatif`); empty: none."""
     num_steps: int = 2
     seed: int = 0
     moe_routing: str = "balanced"
@@ -89,19 +92,17 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
         if not isinstance(v, bool):
             raise ConfigError(f"overlap.{k}", v, "must be true or false")
     overlap.update(ov)
-    whatif = data.get("whatif") or {}
-    if whatif:
-        # What-ifs arrive with their own issue; accepting them now would silently ignore them.
-        raise ConfigError("scenario.whatif", whatif, "what-if studies are not modelled yet")
     num_steps = data.get("num_steps", 2)
     if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
         raise ConfigError("scenario.num_steps", num_steps, "must be an integer >= 1")
     seed = data.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError("scenario.seed", seed, "must be an integer >= 0")
+    whatif = WhatIf.from_dict(data.get("whatif"))
+    whatif.check(cluster, par.world_size, num_steps)
     from workloads.moe_routing import parse_routing
     routing = data.get("moe_routing", "balanced")
     parse_routing(routing, "scenario.moe_routing")
-    return Scenario(model=model, cluster=cluster, parallel=par, precision=precision, overlap=overlap, whatif={},
+    return Scenario(model=model, cluster=cluster, parallel=par, precision=precision, overlap=overlap, whatif=whatif,
                     num_steps=num_steps, seed=seed, moe_routing=routing, name=str(data.get("name", name)),
                     grad_reduce_dtype=grad_dtype, source=data)

@@ -263,6 +263,41 @@ class Cluster:
         """Route from GPU ``src`` to GPU ``dst`` under the cluster's policy (see Router.route)."""
         return self.router.route(src, dst, pxn=pxn, flow_key=flow_key)
 
+    def perturbed(self, *, capacity_factor=None, extra_latency_s=None, failed_links=(),
+                  failover=None) -> "Cluster":
+        """A copy of this cluster with degraded or failed links (what-ifs).
+
+        Parameters
+        ----------
+        capacity_factor : numpy.ndarray, optional
+            Per link id: multiplies the link's bandwidth (0.5 = half).
+        extra_latency_s : numpy.ndarray, optional
+            Per link id: seconds added to the link's latency.
+        failed_links : iterable of int
+            Link ids that carry nothing: routes avoid them (:mod:`topologies.routing`).
+        failover : sequence of int, optional
+            Per GPU: the GPU whose NIC carries its scale-out traffic (itself unless its NIC
+            failed and ``nic_failover: pxn`` moves it to a same-host peer).
+
+        The graph and spec are shared with this cluster; the link arrays and the router
+        (with its route caches) are new.
+        """
+        import copy
+        from .routing import Router
+        c = copy.copy(self)
+        if capacity_factor is not None:
+            c.link_capacity = self.link_capacity * np.asarray(capacity_factor, dtype=float)
+        if extra_latency_s is not None:
+            c.link_latency = self.link_latency + np.asarray(extra_latency_s, dtype=float)
+        c.router = Router(c)
+        failed = np.zeros(self.num_links, dtype=bool)
+        failed[list(failed_links)] = True
+        if failed.any():
+            c.router.link_failed = failed
+        if failover is not None:
+            c.router.failover = np.asarray(failover, dtype=np.int64)
+        return c
+
     def tier_bandwidth(self) -> dict[str, float]:
         """Total one-direction capacity per tier, bytes/s."""
         return {t.value: float(self.link_capacity[self.link_tier == i].sum()) for i, t in enumerate(TIERS)}

@@ -18,6 +18,15 @@ through the spines.
 
 A route is a :class:`Route`: link ids plus per-link coefficients (bytes carried on the
 link per byte of the flow; 1 except for ``adaptive`` spreading).
+
+Failures (what-ifs, :meth:`topologies.cluster.Cluster.perturbed`): a failed switch link
+takes its spine plane (or core) out of the routes that would cross it, and the policy
+chooses among the planes left -- D-mod-K moves to the next working plane after the one
+it would pick (as a subnet manager re-sweeping its tables does), ECMP hashes over the
+working planes, adaptive spreads over them; no plane left is a :class:`ConfigError`
+naming both GPUs.  A failed NIC with failover (NCCL's PXN-style ``nic_failover: pxn``)
+hands the GPU's traffic to a same-host peer: out over NVLink to the peer and through the
+peer's NIC, and in through the peer's NIC and over NVLink.
 """
 
 from __future__ import annotations
@@ -124,6 +133,15 @@ class Router:
         self.hosts_per_pod = spec.hosts_per_rack or spec.num_nodes
         self.rail_optimized = spec.rail_optimized
         self._cache: dict[tuple, Route] = {}
+        # what-if failures (set by Cluster.perturbed; None: none)
+        self.link_failed: np.ndarray | None = None
+        """Per link id: failed (routes avoid it)."""
+        self.failover: np.ndarray | None = None
+        """Per GPU: the GPU whose NIC carries its scale-out traffic (itself unless its NIC failed)."""
+
+    @property
+    def perturbed(self) -> bool:
+        return self.link_failed is not None or self.failover is not None
 
     # -- pieces ------------------------------------------------------------------------------
     def _plane(self, src_nic: int, dst_nic: int, flow_key: int, n: int) -> int:
@@ -133,8 +151,64 @@ class Router:
         # D-mod-K: the destination's port number on its leaf picks the plane
         return int(self.nic_port[dst_nic]) % n
 
-    def _fabric(self, src_nic: int, dst_nic: int, flow_key: int) -> tuple[list[int], list[float]]:
+    def _planes(self, la: int, lb: int, pa: int, pb: int) -> list[tuple[int, int]]:
+        """(spine, core) planes between leaves ``la`` and ``lb`` whose links all work."""
+        S, C = self.num_spines, self.num_cores
+        bad = self.link_failed
+        out = []
+        for s in range(S):
+            if bad[self.leaf_spine[la, s]] or bad[self.spine_leaf[lb, s]]:
+                continue
+            for cc in range(C if pa != pb else 1):
+                if pa != pb and (bad[self.spine_core[pa, s, cc]] or bad[self.core_spine[pb, s, cc]]):
+                    continue
+                out.append((s, cc))
+        return out
+
+    def _fabric_failed(self, la, lb, src_nic, dst_nic, flow_key, src, dst) -> tuple[list[int], list[float]]:
+        """The spine part of a route around failed links (see the module docstring)."""
+        S, C = self.num_spines, self.num_cores
+        pa, pb = int(self.leaf_pod[la]), int(self.leaf_pod[lb])
+        planes = self._planes(la, lb, pa, pb)
+        if not planes:
+            raise ConfigError("whatif.failed_links", f"gpu{src} -> gpu{dst}",
+                              f"no path left: every spine plane between leaf{pa}.{la} and leaf{pb}.{lb} "
+                              "has a failed link")
+        links: list[int] = []
+        coefs: list[float] = []
+        if self.policy == "adaptive":
+            w = 1.0 / len(planes)
+            for s, cc in planes:
+                links += [int(self.leaf_spine[la, s])]
+                if pa != pb:
+                    links += [int(self.spine_core[pa, s, cc]), int(self.core_spine[pb, s, cc])]
+                links += [int(self.spine_leaf[lb, s])]
+            coefs = [w] * len(links)
+            # merge the leaf links shared by several cores of one spine
+            merged: dict[int, float] = {}
+            for lk, cf in zip(links, coefs):
+                merged[lk] = merged.get(lk, 0.0) + cf
+            return list(merged), list(merged.values())
+        if self.policy == "ecmp_hash":
+            s, cc = planes[self._plane(src_nic, dst_nic, flow_key, len(planes))]
+        else:
+            # D-mod-K: the plane it would pick, else the next working one (spine-major)
+            s0 = int(self.nic_port[dst_nic]) % S
+            c0 = int(self.nic_port[dst_nic]) % C if (pa != pb and C > 1) else 0
+            order = {(s, cc): ((s - s0) % S) * max(C, 1) + (cc - c0) % max(C, 1) for s, cc in planes}
+            s, cc = min(planes, key=order.__getitem__)
+        links += [int(self.leaf_spine[la, s])]
+        if pa != pb:
+            links += [int(self.spine_core[pa, s, cc]), int(self.core_spine[pb, s, cc])]
+        links += [int(self.spine_leaf[lb, s])]
+        return links, [1.0] * len(links)
+
+    def _fabric(self, src_nic: int, dst_nic: int, flow_key: int, src: int = -1,
+                dst: int = -1) -> tuple[list[int], list[float]]:
         la, lb = int(self.nic_leaf[src_nic]), int(self.nic_leaf[dst_nic])
+        if self.link_failed is not None and la != lb:
+            fl, fc = self._fabric_failed(la, lb, src_nic, dst_nic, flow_key, src, dst)
+            return ([int(self.nic_up[src_nic])] + fl + [int(self.nic_down[dst_nic])], [1.0] + fc + [1.0])
         links = [int(self.nic_up[src_nic])]
         coefs = [1.0]
         if la != lb:
@@ -199,18 +273,26 @@ class Router:
                 raise ConfigError("cluster", c.spec.name, f"no path from gpu{src} to gpu{dst}")
             links: list[int] = []
             coefs: list[float] = []
-            relay = self.pxn_peer(src, dst) if (pxn and self.rail_optimized) else src
+            fo = self.failover
+            # with NIC failover the destination's traffic lands at its peer's NIC
+            land = dst if fo is None else int(fo[dst])
+            relay = self.pxn_peer(src, land) if (pxn and self.rail_optimized) else src
+            if fo is not None:
+                relay = int(fo[relay])
             if relay != src:
                 links += [int(self.nvl_up[src]), int(self.nvl_down[relay])]
                 coefs += [1.0, 1.0]
-            sn, dn = c.nic_of(relay), c.nic_of(dst)
+            sn, dn = c.nic_of(relay), c.nic_of(land)
             links.append(int(self.pcie_up[relay])); coefs.append(1.0)
             if sn != dn:
                 if self.nic_leaf[sn] < 0 or self.nic_leaf[dn] < 0:
                     raise ConfigError("cluster", c.spec.name, f"no path from gpu{src} to gpu{dst}")
-                fl, fc = self._fabric(sn, dn, flow_key)
+                fl, fc = self._fabric(sn, dn, flow_key, src, dst)
                 links += fl; coefs += fc
-            links.append(int(self.pcie_down[dst])); coefs.append(1.0)
+            links.append(int(self.pcie_down[land])); coefs.append(1.0)
+            if land != dst:
+                links += [int(self.nvl_up[land]), int(self.nvl_down[dst])]
+                coefs += [1.0, 1.0]
             r = Route(np.array(links, dtype=np.int64), np.array(coefs, dtype=float))
         self._cache[key] = r
         return r
@@ -224,7 +306,7 @@ class Router:
         dst = np.asarray(dsts, dtype=np.int64)
         c = self.cluster
         n_gpu = c.num_gpus
-        if (self.policy != "dmodk" or src.size < 32 or src.shape != dst.shape or not c.nics_per_host
+        if (self.policy != "dmodk" or self.perturbed or src.size < 32 or src.shape != dst.shape or not c.nics_per_host
                 or src.min(initial=0) < 0 or dst.min(initial=0) < 0
                 or src.max(initial=0) >= n_gpu or dst.max(initial=0) >= n_gpu):
             return [self.route(int(a), int(b), pxn=pxn) for a, b in zip(src.tolist(), dst.tolist())]

@@ -24,7 +24,7 @@ BASE = {"model": "tiny-dense", "cluster": {"preset": "dgx-h100", "num_nodes": 1}
     ({"bogus": 1}, "scenario.bogus"),
     ({"parallel": {"tp": 2, "dp": 2}}, "parallel"),                       # 4 ranks on 8 GPUs
     ({"precision": "nvfp4"}, "precision"),                                 # needs Blackwell
-    ({"whatif": {"slow_gpus": {1: 1.5}}}, "scenario.whatif"),
+    ({"whatif": {"slow_gpus": {8: 1.5}}}, "whatif.slow_gpus"),            # GPUs 0..7
     ({"overlap": {"tp_comm": "yes"}}, "overlap.tp_comm"),
     ({"grad_reduce_dtype": "fp64"}, "grad_reduce_dtype"),
     ({"overlap": {"everything": True}}, "overlap.everything"),
