@@ -27,6 +27,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_maxmin.py
 	$(PY) benchmarks/bench_routing.py
 	$(PY) experiments/bench_scale.py --moe
+	$(PY) benchmarks/bench_search.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
