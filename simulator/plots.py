@@ -653,6 +653,19 @@ def validation_scatter(results: Sequence[Mapping], path: str | Path | None = Non
                    zorder=3, label=f"{src}: {len(g)}/{totals[src]} rows, median |err| {np.median(err):.1f}%")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    from matplotlib.ticker import FuncFormatter
+
+    def _major(v, _pos):
+        return f"{v:g}"
+
+    def _minor(v, _pos):                      # label 2x and 5x of each decade only
+        mant = v / 10 ** np.floor(np.log10(v))
+        return f"{v:g}" if round(mant) in (2, 5) and abs(mant - round(mant)) < 1e-6 else ""
+
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(FuncFormatter(_major))
+        axis.set_minor_formatter(FuncFormatter(_minor))
+    ax.tick_params(which="minor", labelsize=8)
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_aspect("equal")
