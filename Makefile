@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench clean
+.PHONY: demo test test-slow test-validation validate bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,14 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# step-time accuracy regression test (vTrain set + the documented H100 subset, ~10 min)
+test-validation: $(STAMP)
+	$(PY) -m pytest -q -m validation
+
+# both reference sets in full: predictions CSVs, the per-source table, results/validation/scatter.png
+validate: $(STAMP)
+	$(PY) experiments/validate_all.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_maxmin.py

@@ -330,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runs", help="CSV of measured runs")
     p.add_argument("--out", metavar="CSV", help="write one prediction row per input row")
     p.add_argument("--max-gpus", type=int, default=None, help="report larger runs as unsupported instead of simulating")
+    p.add_argument("--plot", metavar="PNG", help="write a log-log scatter of predicted vs measured step time")
     p = sub.add_parser("topo", help="summarise a cluster (preset name or YAML)")
     p.add_argument("cluster", help=f"preset ({', '.join(CLUSTER_PRESETS)}) or YAML file")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a cluster field")
@@ -373,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "validate":
             from .validate import main as validate_main
             argv2 = [args.runs] + (["--out", args.out] if args.out else []) + \
-                (["--max-gpus", str(args.max_gpus)] if args.max_gpus is not None else [])
+                (["--max-gpus", str(args.max_gpus)] if args.max_gpus is not None else []) + \
+                (["--plot", args.plot] if args.plot else [])
             return validate_main(argv2)
         if args.cmd == "presets":
             from workloads import MODEL_PRESETS

@@ -25,7 +25,7 @@ import pandas as pd
 
 from .trace import _require_columns, stream_order
 
-__all__ = ["AXIS_COLORS", "PHASE_COLORS", "breakdown_bar", "gantt"]
+__all__ = ["AXIS_COLORS", "PHASE_COLORS", "breakdown_bar", "gantt", "validation_scatter"]
 
 # ---- colours -------------------------------------------------------------------------------
 # Compute by phase (blue forward, greens backward, purple recompute, dark grey step end),
@@ -604,4 +604,78 @@ def breakdown_bar(breakdown: Mapping[str, float], path: str | Path | None = None
     fig.text(0.5, 1 - 0.15 / fig_h, title, ha="center", va="top", fontsize=12)
     if path is not None:
         fig.savefig(path, dpi=dpi)
+    return fig
+
+
+# ---- validation scatter -------------------------------------------------------------------------
+_SOURCE_COLORS = ("#3a6fb0", "#d1495b", "#3f9a4a", "#edae49", "#8e6bbf", "#00798c", "#6b4226", "#3b3b3b")
+
+
+def validation_scatter(results: Sequence[Mapping], path: str | Path | None = None, *, title: str | None = None,
+                       band: float = 0.10, dpi: int = 110):
+    """Predicted against measured step time of :func:`simulator.validate.validate` rows.
+
+    Log-log axes, the ``y = x`` line with a ``+-band`` (default 10 %) band, one colour per
+    ``source``; the legend gives each source's simulated rows and median absolute error.
+    Rows whose ``status`` is not ``ok`` are not drawn (the legend counts them).  Writes a PNG
+    when ``path`` is given; returns the ``Figure``.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    groups: dict[str, list[tuple[float, float]]] = {}
+    totals: dict[str, int] = {}
+    for r in results:
+        src = str(r.get("source", "")) or "runs"
+        totals[src] = totals.get(src, 0) + 1
+        groups.setdefault(src, [])
+        if r.get("status") == "ok" and r.get("predicted_step_s") not in ("", None):
+            groups[src].append((float(r["measured_step_s"]), float(r["predicted_step_s"])))
+    pts = [p for g in groups.values() for p in g]
+    if not pts:
+        raise ValueError("no simulated rows (status ok) to plot")
+    lo = min(min(p) for p in pts) / 1.3
+    hi = max(max(p) for p in pts) * 1.3
+
+    fig = Figure(figsize=(7.5, 7), dpi=dpi)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    xs = np.geomspace(lo, hi, 64)
+    ax.fill_between(xs, xs * (1 - band), xs * (1 + band), color="#d9d9d9", alpha=0.6, linewidth=0,
+                    label=f"±{band:.0%}")
+    ax.plot(xs, xs, color="#555555", linewidth=1.0, label="predicted = measured")
+    for i, (src, g) in enumerate(groups.items()):
+        if not g:
+            continue
+        m, p = np.array(g).T
+        err = np.abs(p / m - 1) * 100
+        ax.scatter(m, p, s=26, color=_SOURCE_COLORS[i % len(_SOURCE_COLORS)], edgecolor="white", linewidth=0.5,
+                   zorder=3, label=f"{src}: {len(g)}/{totals[src]} rows, median |err| {np.median(err):.1f}%")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    from matplotlib.ticker import FuncFormatter
+
+    def _major(v, _pos):
+        return f"{v:g}"
+
+    def _minor(v, _pos):                      # label 2x and 5x of each decade only
+        mant = v / 10 ** np.floor(np.log10(v))
+        return f"{v:g}" if round(mant) in (2, 5) and abs(mant - round(mant)) < 1e-6 else ""
+
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(FuncFormatter(_major))
+        axis.set_minor_formatter(FuncFormatter(_minor))
+    ax.tick_params(which="minor", labelsize=8)
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_aspect("equal")
+    ax.set_xlabel("measured step time (s)")
+    ax.set_ylabel("predicted step time (s)")
+    ax.set_title(title or "clustersim: predicted vs measured step time")
+    ax.grid(True, which="both", color="#eeeeee", linewidth=0.6)
+    ax.legend(loc="upper left", fontsize=8, frameon=True)
+    fig.tight_layout()
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(str(path))
     return fig

@@ -112,8 +112,14 @@ single-node file's 2- and 4-GPU runs are one host of that many GPUs);
 (ZeRO-0: gradients all-reduced); no gradient bucketing -> ``overlap.grad_reduce: false``
 (the reduction no longer overlaps the backward; clustersim still issues it in buckets of
 ``max(40M, 1M x dp)`` parameters, each blocking); precision bf16 for "mixed precision"
-(fp16 on A100 has the same tensor-core peak; loss scaling and fp16 gradient reduction are
-not modelled).  **A100 80GB** (``A100-SXM4-80GB``, the preset's GPU): vTrain's
+(fp16 on A100 has the same tensor-core peak; loss scaling is not modelled) with
+``grad_reduce_dtype: bf16``: Megatron-LM reduces FP16 gradients in FP16, 2 bytes per
+parameter (``accumulate_allreduce_grads_in_fp32`` is forced on only for ``--bf16``,
+``megatron/arguments.py``), and vTrain's own predictor sizes the all-reduce as
+``numel x element_size`` of FP16 parameters (``src/predictor.py``).  Core attention is
+Megatron-LM's unfused ``CoreAttention`` (``flash_attention: false``): the kernels vTrain
+profiles (``baddbmm``, fused scale-mask-softmax, dropout, ``bmm``; vTrain
+``src/model/gpt_modeling.py``), the Megatron-LM of that era having no FlashAttention path.  **A100 80GB** (``A100-SXM4-80GB``, the preset's GPU): vTrain's
 configurations say only "A100"; the 80GB part is the one with a measured matmul peak in
 ``hardware.csv`` (the GEMM efficiency model's anchor) and both parts have the same FLOP/s;
 the 40GB part differs in HBM capacity and bandwidth (1.555 vs 2.039 TB/s), which affect the
@@ -591,7 +597,7 @@ def _vtrain_scenario(row: dict) -> tuple[dict, list[str]]:
     model = {"name": f"vtrain-gpt-{size}b" if size else "vtrain-gpt", "num_layers": layers,
              "hidden_size": h, "num_attention_heads": heads, "vocab_size": _GPT2_VOCAB, "seq_len": seq,
              "mlp": "gelu", "norm": "layernorm", "position_embedding": "learned", "add_bias_linear": True,
-             "tied_embeddings": True, "dropout": 0.1}
+             "tied_embeddings": True, "dropout": 0.1, "flash_attention": False}
     scenario = {
         "model": model,
         "cluster": {"preset": "a100-4nic", "num_nodes": n // 8, **leaf},
@@ -600,13 +606,14 @@ def _vtrain_scenario(row: dict) -> tuple[dict, list[str]]:
                      "sequence_parallel": False, "distributed_optimizer": False, "zero_stage": 0,
                      "recompute": "full"},
         "precision": "bf16",
+        "grad_reduce_dtype": "bf16",
         "overlap": {"grad_reduce": False, "param_gather": False, "tp_comm": False, "p2p": False},
         "num_steps": 2,
     }
     notes = [("vTrain settings: GPT vocab 50257, learned positions, GELU, LayerNorm; a100-4nic (A100-SXM4-80GB, "
               "4 x 200 Gb/s per 8-GPU host); 1F1B; full recompute; no SP; ZeRO-0 all-reduce; no gradient "
-              "bucketing (grad_reduce overlap off); mixed precision as bf16"),
-             _NOT_MODELLED + "FP16 gradient all-reduce (modelled in FP32)"] + lnotes
+              "bucketing (grad_reduce overlap off); FP16 mixed precision as bf16 with a 2-byte gradient "
+              "all-reduce; Megatron-LM's unfused core attention (no FlashAttention)")] + lnotes
     return scenario, notes
 
 
@@ -1026,7 +1033,8 @@ def write_csv(results: list[dict], path) -> None:
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
 
 
-def validate(path, out_csv=None, *, run_fn=None, max_gpus: int | None = None, progress=None) -> list[dict]:
+def validate(path, out_csv=None, *, run_fn=None, max_gpus: int | None = None, progress=None,
+             select=None, limit: int | None = None) -> list[dict]:
     """Simulate every row of a runs table and compare with its measurement.
 
     Parameters
@@ -1043,6 +1051,11 @@ def validate(path, out_csv=None, *, run_fn=None, max_gpus: int | None = None, pr
         and checked, not simulated).
     progress
         ``progress(index, total, result_row)`` after each row.
+    select
+        ``select(row) -> bool`` on the loaded rows (:func:`load_runs`): only selected rows
+        are evaluated and reported (a documented subset, e.g. for a CI test); None: all.
+    limit
+        Evaluate only the first ``limit`` (selected) rows; None: all.
 
     Returns
     -------
@@ -1053,6 +1066,10 @@ def validate(path, out_csv=None, *, run_fn=None, max_gpus: int | None = None, pr
     if max_gpus is not None and (isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or max_gpus < 1):
         raise ConfigError("--max-gpus", max_gpus, "must be a positive integer")
     rows = load_runs(path)
+    if select is not None:
+        rows = [r for r in rows if select(r)]
+    if limit is not None:
+        rows = rows[:max(0, int(limit))]
     if run_fn is None:
         from .engine import run as run_fn
     results = []
@@ -1136,13 +1153,15 @@ def _row_line(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    """``clustersim validate RUNS.csv [--out predictions.csv] [--max-gpus N]``: per-row lines, then the summary."""
+    """``clustersim validate RUNS.csv [--out predictions.csv] [--max-gpus N] [--plot PNG]``: per-row lines,
+    then the summary."""
     p = argparse.ArgumentParser(prog="clustersim validate",
                                 description="Simulate every measured run of a table and report the step-time error.")
     p.add_argument("runs", help="CSV in the published-runs format or vTrain's ground-truth format")
     p.add_argument("--out", help="write one row per input row (predictions, errors, status) to this CSV")
     p.add_argument("--max-gpus", type=int, default=None,
                    help="report rows on more GPUs as 'unsupported: over --max-gpus' instead of simulating them")
+    p.add_argument("--plot", help="write a log-log scatter of predicted vs measured step time to this PNG")
     args = p.parse_args(argv)
     print(f"{'id':<22} {'model':<32} {'gpus':>5} {'prec':<6} {'measured':>8} {'predicted':>9} {'error':>8}  status")
 
@@ -1152,4 +1171,8 @@ def main(argv=None) -> int:
     results = validate(args.runs, args.out, max_gpus=args.max_gpus, progress=progress)
     print()
     print(summary(results))
+    if args.plot:
+        from .plots import validation_scatter
+        validation_scatter(results, args.plot)
+        print(f"scatter plot: {args.plot}")
     return 0

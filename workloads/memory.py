@@ -286,7 +286,8 @@ class MemoryOptions:
     logits_bytes_per_element: float = 4.0
     """Bytes per held logit of the loss: the fp32 softmax Megatron's cross entropy keeps."""
     flash_attention: bool = True
-    """FlashAttention / fused attention: no ``s^2`` scores kept, an fp32 log-sum-exp instead."""
+    """FlashAttention / fused attention: no ``s^2`` scores kept, an fp32 log-sum-exp instead
+    (also off when the model sets ``flash_attention: false``)."""
     attention_dropout: float | None = None
     """Dropout on attention probabilities (matters only without FlashAttention, which
     regenerates its mask); None: the model's ``dropout`` (Megatron uses one value for both)."""
@@ -557,7 +558,7 @@ def _layer_terms(d: _Dims, moe_layer: bool, modules: frozenset[str]) -> dict[str
             out["qk_norm_inputs"] = tok * (a_loc + d.kv_heads) * hd * e
         dv = hd
     if "core_attn" not in modules:
-        if d.opt.flash_attention:
+        if d.opt.flash_attention and m.flash_attention:
             out["softmax_stats"] = 4 * a_loc * tok
         else:
             scores = a_loc * d.s_loc * d.seq * d.b          # this rank's queries against every key

@@ -318,6 +318,12 @@ class ModelSpec:
     """A norm over each head's query and key (Qwen3; Megatron's ``--qk-layernorm``): ``2 n(d)``."""
     dropout: float = 0.0
     """Hidden (residual) dropout probability, after attention and MLP; 0 disables it."""
+    flash_attention: bool = True
+    """Core attention runs as one fused FlashAttention kernel (Transformer Engine / cuDNN /
+    flash-attn; Megatron-Core's default).  False: Megatron-LM's unfused ``CoreAttention``
+    (before ``--use-flash-attn``, 2023): a batched ``Q K^T`` GEMM over the full ``s x s``
+    scores (no causal skipping), a fused scale-mask-softmax and the attention dropout
+    over ``b x heads x s^2`` elements in HBM, and a batched ``P V`` GEMM."""
     moe: MoESpec | None = None
     """Mixture-of-experts layers; None for a dense model."""
     mla: MLASpec | None = None
@@ -380,6 +386,11 @@ class ModelSpec:
         if isinstance(d, bool) or not isinstance(d, numbers.Real) or not 0 <= d < 1:
             raise ConfigError(f"{w}.dropout", d, "must be a probability in [0, 1)")
         _set(self, "dropout", float(d))
+        if not isinstance(self.flash_attention, bool):
+            raise ConfigError(f"{w}.flash_attention", self.flash_attention, "must be true or false")
+        if not self.flash_attention and self.mla is not None:
+            raise ConfigError(f"{w}.flash_attention", False, "unfused attention is modelled for multi-head / "
+                                                             "grouped-query attention only, not mla")
         _set(self, "mtp_layers", _int(w, "mtp_layers", self.mtp_layers, minimum=0))
 
         if self.moe is not None:

@@ -345,3 +345,34 @@ def test_input_errors_are_config_errors():
         layer_ops(m, ParallelConfig(), 0, recompute="most")
     with pytest.raises(ConfigError, match="moe"):
         balanced_tokens_per_expert(m, ParallelConfig())
+
+
+def test_unfused_attention_runs_full_scores_and_moves_them_through_hbm():
+    # Megatron-LM's CoreAttention without FlashAttention (vTrain's runs): Q K^T and P V over
+    # the full s x s scores, softmax and dropout as memory-bound passes over b*heads*s^2
+    model = dataclasses.replace(load_model("gpt3-175b"), flash_attention=False, dropout=0.1)
+    par = ParallelConfig(tp=8, recompute="none")
+    b, s = 2, 2048
+    ops = layer_ops(model, par, 0, b, s)
+    attn = [o for o in ops if o.name.startswith("core_attn")]
+    assert [(o.name, o.phase) for o in attn] == [
+        ("core_attn.qk", "F"), ("core_attn.softmax", "F"), ("core_attn.dropout", "F"), ("core_attn.pv", "F"),
+        ("core_attn.dp", "B"), ("core_attn.dv", "B"), ("core_attn.dropout", "B"), ("core_attn.softmax", "B"),
+        ("core_attn.dq", "B"), ("core_attn.dk", "B")]
+    heads, d = model.num_attention_heads // 8, model.head_dim
+    full = 2.0 * b * heads * s * s * d                    # one s x s x d product, no causal skipping
+    assert sum(o.flops for o in attn if o.phase == "F") == pytest.approx(2 * full)
+    assert sum(o.flops for o in attn if o.phase == "B") == pytest.approx(4 * full)
+    scores = b * heads * s * s
+    by = {(o.name, o.phase): o for o in attn}
+    assert by[("core_attn.softmax", "F")].mem_bytes == 4 * scores
+    assert by[("core_attn.dropout", "F")].mem_bytes == 5 * scores
+    assert by[("core_attn.softmax", "B")].mem_bytes == 6 * scores
+    # no dropout, no dropout kernels; context parallelism needs the fused kernel
+    names = {o.name for o in layer_ops(dataclasses.replace(model, dropout=0.0), par, 0, b, s)}
+    assert "core_attn.dropout" not in names and "core_attn.qk" in names
+    with pytest.raises(ConfigError, match="flash_attention"):
+        layer_ops(model, ParallelConfig(tp=8, cp=2, recompute="none"), 0, b, s)
+    # full recompute re-runs the unfused forward too
+    rec = [o for o in layer_ops(model, ParallelConfig(tp=8, recompute="full"), 0, b, s) if o.recompute]
+    assert {"core_attn.qk", "core_attn.softmax", "core_attn.pv"} <= {o.name for o in rec}

@@ -16,7 +16,12 @@ The interface is :class:`ComputeModel` -- ``op_time_s(op)`` and the vectorised
   (c) :class:`MemoryModel` -- element-wise ops (norms, RoPE, SwiGLU, bias-dropout-add,
       permutation, cross-entropy, optimizer, FP8 casts) as bytes over HBM at an
       achievable fraction of the datasheet bandwidth;
-  (d) :class:`LaunchModel` -- a fixed cost per kernel launch, much smaller under CUDA graphs.
+  (d) :class:`LaunchModel` -- a fixed cost per kernel launch, much smaller under CUDA graphs;
+
+  and GEMM and attention efficiencies are scaled by :data:`SUSTAINED_FRACTION`, the
+  tensor-core rate a GPU holds at its power limit under a full node's training load
+  relative to the short-run benchmarks (MAMF, FlashAttention figures) the sub-models
+  reproduce.
 
   The GEMM dtype of each op comes from the precision recipe
   (:mod:`workloads.costs.precision`): fprop, dgrad and wgrad may run in different dtypes,
@@ -30,7 +35,8 @@ The interface is :class:`ComputeModel` -- ``op_time_s(op)`` and the vectorised
   to another model (named by :meth:`MeasuredComputeModel.source_of`) for ops not in it.
 
 Not modelled here: the slowdown of compute kernels that share the GPU with communication
-kernels (a simulator concern), clock throttling, L2 reuse between consecutive kernels.
+kernels (a simulator concern), per-GPU spread in the sustained clock beyond the slowest GPU
+of one measured node, L2 reuse between consecutive kernels.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ from .precision import DTYPE_BYTES, PrecisionRecipe, get_recipe
 
 __all__ = ["ComputeModel", "RooflineComputeModel", "MeasuredComputeModel", "GemmModel", "AttentionModel",
            "MemoryModel", "LaunchModel", "OpCost", "SM_COUNTS", "GEMM_TILES", "MAMF_BEST_SHAPES",
-           "MAMF_FALLBACK_FRACTION", "FLASH_ATTENTION_EFFICIENCY", "HBM_EFFICIENCY", "LAUNCH_OVERHEAD_S",
+           "MAMF_FALLBACK_FRACTION", "FLASH_ATTENTION_EFFICIENCY", "SUSTAINED_FRACTION", "HBM_EFFICIENCY", "LAUNCH_OVERHEAD_S",
            "COMPUTE_MODELS", "get_compute_model", "num_sms"]
 
 
@@ -160,6 +166,34 @@ with ``r(s) = s / (s + 384)`` (capped at ``eff_16k``): 98 % of the long-sequence
 papers' figures (fewer query blocks per head fill fewer SMs; fixed per-block work).  A fit
 by eye; ``s`` is the query length per sequence on the rank (``s / cp`` under CP)."""
 _FA_REFERENCE_SEQ = 16384
+
+SUSTAINED_FRACTION: dict[str, dict[str, float]] = {
+    # generation -> {"gemm": ..., "attention": ...}: the tensor-core rate a GPU holds under a
+    # full node's sustained training load, as a fraction of the short-run measurements the
+    # GEMM and attention sub-models are anchored on.  Dense GEMMs drive an SXM part to its
+    # power limit within milliseconds, and GPU Boost then lowers the SM clock.  Source:
+    # stas00/ml-engineering compute/accelerator/benchmarks/README.md ("What was measured:
+    # alone vs all-8 concurrent", mamf-finder-all-gpus.py, torch 2.14+cu130): MSMF, the
+    # mean rate over a 4 s window that holds steady, with every GPU of the node computing,
+    # against MAMF, the median of the 5 fastest boost-clock iterations:
+    #   H200 BF16: node MSMF 755 TFLOP/s, slowest GPU 745; MAMF 852.1 (all 8 GPUs, n=40).
+    #   B200 BF16: node MSMF 1439, slowest GPU 1421; MAMF 1746.7.
+    # A synchronous job runs at its slowest GPU, so the slowest-GPU MSMF is used.
+    # "gemm": over the MAMF of GPUSpec.mamf_flops (hardware.csv: H100/H200 794.5, B200
+    #   1745.0, measured with the older mamf-finder's mean of 100 iterations per shape):
+    #   Hopper 745 / 794.5 = 0.938, Blackwell 1421 / 1745.0 = 0.814.
+    # "attention": over boost-clock kernel benchmarks (the FlashAttention papers' figures,
+    #   FLASH_ATTENTION_EFFICIENCY): the MSMF / burst-MAMF clock ratio, Hopper 745 / 852.1 =
+    #   0.874, Blackwell 1421 / 1746.7 = 0.814.
+    # H100 (700 W, GH100) is taken equal to the measured H200 (same die and power limit), B300
+    # and GB200/GB300 equal to the measured B200, and FP8 equal to BF16 (the clock is what
+    # drops): assumptions.  Ampere: no sustained measurement of an A100 SXM is published in
+    # these sources, so none is applied (1.0, an assumption; A100 GEMMs may be a few percent
+    # optimistic).
+    "hopper": {"gemm": 745.0 / 794.5, "attention": 745.0 / 852.1},
+    "blackwell": {"gemm": 1421.0 / 1745.0, "attention": 1421.0 / 1746.7},
+    "ampere": {"gemm": 1.0, "attention": 1.0},
+}
 
 HBM_EFFICIENCY = 0.85
 """Achievable fraction of the datasheet HBM bandwidth for fused element-wise kernels.  A
@@ -372,6 +406,10 @@ class RooflineComputeModel(ComputeModel):
         layers in BF16 (``nvfp4``).
     gemm, attention, memory, launch
         Replace a sub-model (e.g. a :class:`GemmModel` with other tiles).
+    sustained
+        ``{"gemm": f, "attention": f}``: the sustained-clock fractions that scale the GEMM
+        and attention efficiencies; default :data:`SUSTAINED_FRACTION` of the generation
+        (``{"gemm": 1, "attention": 1}`` reproduces the short-run measurements).
 
     Examples
     --------
@@ -379,13 +417,13 @@ class RooflineComputeModel(ComputeModel):
     >>> m = RooflineComputeModel("H100")
     >>> op = ComputeOp("fc1", "F", "gemm", 2.0 * 8192 ** 3, 8192, 8192, 8192)
     >>> round(op.flops / m.op_time_s(op) / 1e12)
-    788
+    739
     """
 
     def __init__(self, gpu: GPUSpec | str, precision: str | PrecisionRecipe = "bf16", cuda_graphs: bool = False,
                  *, num_layers: int | None = None, gemm: GemmModel | None = None,
                  attention: AttentionModel | None = None, memory: MemoryModel | None = None,
-                 launch: LaunchModel | None = None):
+                 launch: LaunchModel | None = None, sustained: dict | None = None):
         self.gpu = get_gpu_spec(gpu)
         self.recipe = get_recipe(precision, gpu=self.gpu)
         if not isinstance(cuda_graphs, bool):
@@ -396,6 +434,8 @@ class RooflineComputeModel(ComputeModel):
         self.attention = attention or AttentionModel(self.gpu.generation, dict(self.gpu.peak_flops))
         self.memory = memory or MemoryModel(self.gpu.hbm_bandwidth_bytes_per_s)
         self.launch = launch or LaunchModel.for_graphs(cuda_graphs)
+        self.sustained = dict(SUSTAINED_FRACTION.get(self.gpu.generation, {"gemm": 1.0, "attention": 1.0})
+                              if sustained is None else sustained)
         self._cache: dict[ComputeOp, float] = {}
 
     def op_cost(self, op: ComputeOp) -> OpCost:
@@ -404,7 +444,7 @@ class RooflineComputeModel(ComputeModel):
         if op.op_class == "gemm":
             dtype = self.recipe.op_gemm_dtype(op, self.num_layers)
             shapes = _sub_gemms(op)
-            eff = self.gemm.efficiency(dtype, shapes)
+            eff = self.gemm.efficiency(dtype, shapes) * self.sustained["gemm"]
             compute_s = op.flops / (self.gemm.peak_flops[dtype] * eff) if op.flops else 0.0
             in_b = DTYPE_BYTES[dtype]
             out_b = 2 * 4.0 if gemm_role(op) == "wgrad" else 2.0   # wgrad: FP32 main-grad read + write
@@ -413,7 +453,7 @@ class RooflineComputeModel(ComputeModel):
         if op.op_class == "attention":
             dtype = self.recipe.attention_dtype
             phase = "F" if (op.phase == "F" or op.recompute) else "B"
-            eff = self.attention.efficiency(phase, dtype, op.m)
+            eff = self.attention.efficiency(phase, dtype, op.m) * self.sustained["attention"]
             compute_s = op.flops / (self.attention.peak_flops[dtype] * eff) if op.flops else 0.0
             return OpCost(compute_s, self.memory.time_s(op.mem_bytes), launch_s, dtype, eff)
         if op.op_class == "elementwise":

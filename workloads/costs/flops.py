@@ -55,6 +55,13 @@ FlashAttention's own benchmark uses (Dao-AILab/flash-attention
 ``benchmarks/benchmark_flash_attention.py``: ``bwd = 2.5 * fwd``), which is also what its
 papers' efficiencies are relative to.  Core attention has no ``W`` phase.
 
+With ``ModelSpec.flash_attention = False`` (Megatron-LM's unfused ``CoreAttention``) core
+attention is ``core_attn.qk`` / ``core_attn.pv`` batched GEMMs over the *full* ``s x s``
+scores (``2 s^2 d`` FLOPs each per head; the backward runs four: ``dp, dv, dq, dk``) and
+``core_attn.softmax`` / ``core_attn.dropout`` memory-bound passes over the ``b x heads x
+s^2`` scores in BF16 (softmax 4 / 6 bytes per score forward / backward, dropout 5 with its
+one-byte mask); see :func:`_unfused_attention`.
+
 **MoE.**  Megatron-Core requires sequence parallelism for MoE with tp > 1, so tokens
 enter the MoE block as ``Tn``; the router and the permutation run on them.  A rank's
 ``E / ep`` local experts run grouped GEMMs on ``tokens_per_expert`` tokens each -- an
@@ -312,6 +319,48 @@ def _attention(name: str, layer: int, sh: _Shard, heads: int, kv_heads: int, d_q
             ComputeOp(name, "B", "attention", 2.5 * fwd, sq, s, d_qk, b_bytes, 2 * cp + 1, layer))
 
 
+def _bmm(name: str, phase: str, layer: int, batches: int, m: int, n: int, k: int) -> ComputeOp:
+    """``batches`` independent ``m x n x k`` GEMMs in one batched kernel (cuBLAS strided
+    batched): timed by the GEMM model as a grouped GEMM of ``batches`` groups of ``m`` rows."""
+    return ComputeOp(name, phase, "gemm", 2.0 * batches * m * n * k, m, n, k,
+                     ACT_BYTES * batches * (m * k + k * n + m * n), 1, layer, False, (float(m),) * batches)
+
+
+def _unfused_attention(L: int, sh: _Shard, heads: int, d: int, dropout: float, add_pair) -> None:
+    """Megatron-LM's unfused ``CoreAttention`` (``ModelSpec.flash_attention = False``).
+
+    Per micro-batch, ``B = b x heads`` (this rank's heads) score matrices of ``s x s``:
+    F: ``baddbmm`` Q K^T (full ``s^2``: the causal mask is applied after the product),
+    the fused scale-mask-softmax (read scores, write probabilities: 4 bytes / score), the
+    attention dropout (read 2, write 2 and a one-byte mask), ``bmm`` P V.  B: dP = dO V^T
+    and dV = P^T dO, dropout backward (read 2 + mask 1, write 2), softmax backward (read
+    probabilities and their gradient, write 6 bytes / score), dQ = dS K and dK = dS^T Q.
+    Kernel sequence as in NVIDIA/Megatron-LM ``megatron/model/transformer.py``
+    ``CoreAttention.forward`` (2022) and vTrain's model (``src/model/gpt_modeling.py``).
+    """
+    if sh.cp > 1:
+        raise ConfigError("model.flash_attention", False, "context parallelism needs fused (flash) attention")
+    B, s = sh.b * heads, sh.s
+    scores = float(B) * s * s
+    drop = dropout > 0
+    f_ops = [_bmm("core_attn.qk", "F", L, B, s, s, d),
+             _ew("core_attn.softmax", "F", L, 4 * scores),
+             *([_ew("core_attn.dropout", "F", L, 5 * scores)] if drop else []),
+             _bmm("core_attn.pv", "F", L, B, s, d, s)]
+    # backward ops in forward order (layer_ops reverses them): executed as dP, dV,
+    # dropout, softmax, dQ, dK
+    b_ops = [_bmm("core_attn.dk", "B", L, B, s, d, s),
+             _bmm("core_attn.dq", "B", L, B, s, d, s),
+             _ew("core_attn.softmax", "B", L, 6 * scores),
+             *([_ew("core_attn.dropout", "B", L, 5 * scores)] if drop else []),
+             _bmm("core_attn.dv", "B", L, B, s, d, s),
+             _bmm("core_attn.dp", "B", L, B, s, s, d)]
+    for f in f_ops:
+        add_pair((f, None))
+    for b in b_ops:
+        add_pair((None, b))
+
+
 # -- MoE token counts --------------------------------------------------------------------------
 def balanced_tokens_per_expert(model: ModelSpec, parallel: ParallelConfig, micro_batch_size: int | None = None,
                                seq_len: int | None = None) -> tuple[float, ...]:
@@ -363,7 +412,7 @@ _MOE_OPS = {"router", "router_topk", "moe_permute", "expert_fc1", "expert_act", 
 
 
 def _selected_for_recompute(name: str, modules: tuple[str, ...]) -> bool:
-    if _MODULE_OF.get(name) in modules:
+    if _MODULE_OF.get(name.split(".")[0]) in modules:      # "core_attn.qk" belongs to core_attn
         return True
     return "moe" in modules and name in _MOE_OPS
 
@@ -423,7 +472,10 @@ def layer_ops(model: ModelSpec, parallel: ParallelConfig, layer_index: int, micr
         fwd.append(f), bwd.append(b), wgt.append(w)
 
     def add_pair(pair):
-        fwd.append(pair[0]), bwd.append(pair[1])
+        if pair[0] is not None:
+            fwd.append(pair[0])
+        if pair[1] is not None:
+            bwd.append(pair[1])
 
     h, L = model.hidden_size, layer_index
     if is_mtp:
@@ -483,7 +535,10 @@ def _attention_block(model: ModelSpec, sh: _Shard, L: int, causal: bool, block: 
         if model.position_embedding == "rope":
             a = ACT_BYTES * T * (heads + kv_local) * d      # rotate q and k in place: read + write
             add_pair(_ew_pair("rope", L, 2 * a, 2 * a, 2, 2))
-        add_pair(_attention("core_attn", L, sh, heads, kv_local, d, d, causal, block))
+        if model.flash_attention:
+            add_pair(_attention("core_attn", L, sh, heads, kv_local, d, d, causal, block))
+        else:
+            _unfused_attention(L, sh, heads, d, model.dropout, add_pair)
         add_linear("out_proj", T, h, heads * d)
     add_pair(_residual("attn_residual", L, Tn, h, model.dropout))
 

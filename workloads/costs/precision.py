@@ -83,7 +83,10 @@ __all__ = ["PrecisionRecipe", "PRECISION_RECIPES", "DTYPE_BYTES", "get_recipe", 
 DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 0.5}
 """Bytes per element of each dtype (scales not included)."""
 
-_BF16_GEMMS = frozenset({"output_gemm", "mtp_output_gemm", "router"})
+_BF16_GEMMS = frozenset({"output_gemm", "mtp_output_gemm", "router",
+                         # unfused core attention (ModelSpec.flash_attention false): attention stays BF16
+                         "core_attn.qk", "core_attn.pv", "core_attn.dq", "core_attn.dk", "core_attn.dp",
+                         "core_attn.dv"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

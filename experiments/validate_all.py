@@ -1,0 +1,108 @@
+"""Step-time accuracy on both shared reference sets: predictions, the per-source table, a scatter plot.
+
+Runs ``simulator.validate.validate`` on
+
+* ``h100``:   ``experiments/reference/published_runs_h100.csv`` (NVIDIA DGX Cloud benchmark
+  runs, 32-2,304 H100, BF16 and FP8; 34 rows);
+* ``vtrain``: ``experiments/reference/vtrain/ground_truth_multi.csv`` (vTrain's Megatron runs
+  on 64-512 A100; 109 rows),
+
+writes ``predictions_<set>.csv`` (one row per input row: measured and predicted step time,
+signed error, status, notes) to the output directory, prints the per-source table
+(rows, simulated, coverage, median / p90 / max / mean absolute error and the median signed
+error) and writes ``scatter.png`` (predicted vs measured step time, log-log, +-10 % band,
+one colour per source).
+
+Run: ``python experiments/validate_all.py [--set all|h100|vtrain] [--limit N] [--max-gpus N]
+[--out-dir results/validation]``.  The whole H100 set takes about 12 minutes on a 2-core
+machine (its 1,152- and 2,304-GPU Llama 3.1 405B rows most of it), the vTrain set about 5.
+``--subset ci`` runs the deterministic subset the ``validation`` regression test uses
+(:data:`CI_SUBSET`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:                    # run as a script from any directory
+    sys.path.insert(0, str(ROOT))
+
+from simulator.validate import summary, validate, write_csv  # noqa: E402
+
+REFERENCE = ROOT / "experiments" / "reference"
+SETS = {
+    "h100": REFERENCE / "published_runs_h100.csv",
+    "vtrain": REFERENCE / "vtrain" / "ground_truth_multi.csv",
+}
+"""The shared reference sets by name (the repository copies of ``shared/reference``)."""
+
+CI_MAX_GPUS = {"h100": 512, "vtrain": None}
+"""The deterministic CI subset: every vTrain row, and the H100 rows on at most 512 GPUs (20
+of 34: GPT-3 175B on 128-512 and Llama 3.1 70B on 64-512 GPUs, the Llama 3.1 405B proxies
+on 32-192 GPUs, BF16 and FP8; about 5 minutes).  The 1,024-2,304-GPU rows take most of the H100 set's time and differ
+from the kept ones only in data-parallel degree (weak scaling: same per-GPU work)."""
+
+
+def ci_select(name: str):
+    """Row predicate of the CI subset of set ``name`` (None: every row)."""
+    cap = CI_MAX_GPUS.get(name)
+    if cap is None:
+        return None
+    return lambda row: int(float(row.get("num_gpus") or 0)) <= cap
+
+
+def run_set(name: str, out_dir: Path | None, *, limit: int | None = None, max_gpus: int | None = None,
+            subset: str | None = None, quiet: bool = False) -> list[dict]:
+    """Validate one set; write ``predictions_<name>.csv`` under ``out_dir`` (None: not written)."""
+    select = ci_select(name) if subset == "ci" else None
+    t0 = time.perf_counter()
+
+    def progress(i, n, r):
+        if not quiet:
+            err = f"{r['error_pct']:+.1f}%" if isinstance(r["error_pct"], float) else "-"
+            print(f"  [{name} {i + 1}/{n}] {r['id']:<22} {str(r['model'])[:30]:<30} {r['num_gpus']:>5} "
+                  f"{err:>8}  {r['status']}", flush=True)
+
+    results = validate(SETS[name], None, max_gpus=max_gpus, progress=progress, select=select, limit=limit)
+    if out_dir is not None:
+        write_csv(results, out_dir / f"predictions_{name}.csv")
+    if not quiet:
+        print(f"  {name}: {len(results)} rows in {time.perf_counter() - t0:.0f} s", flush=True)
+    return results
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--set", choices=("all", *SETS), default="all", help="which reference set(s) to run")
+    ap.add_argument("--limit", type=int, default=None, help="only the first N rows of each set")
+    ap.add_argument("--max-gpus", type=int, default=None,
+                    help="report rows on more GPUs as unsupported instead of simulating them")
+    ap.add_argument("--subset", choices=("ci",), default=None, help="the CI regression test's deterministic subset")
+    ap.add_argument("--out-dir", default=str(ROOT / "results" / "validation"), help="where CSVs and the plot go")
+    ap.add_argument("--no-plot", action="store_true", help="skip scatter.png")
+    ap.add_argument("--quiet", action="store_true", help="no per-row progress lines")
+    args = ap.parse_args(argv)
+
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = list(SETS) if args.set == "all" else [args.set]
+    results: list[dict] = []
+    for name in names:
+        results += run_set(name, out_dir, limit=args.limit, max_gpus=args.max_gpus, subset=args.subset,
+                           quiet=args.quiet)
+    print()
+    print(summary(results))
+    if not args.no_plot:
+        from simulator.plots import validation_scatter
+        png = out_dir / "scatter.png"
+        validation_scatter(results, png)
+        print(f"\npredictions: {', '.join(str(out_dir / f'predictions_{n}.csv') for n in names)}\nscatter: {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

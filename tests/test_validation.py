@@ -1,0 +1,52 @@
+"""Step-time accuracy regression test on the shared reference sets (marker ``validation``).
+
+Runs ``experiments/validate_all.py``'s sets the way CI can afford them (``make
+test-validation``, about 10 minutes on 2 cores): the whole vTrain multi-node set (109 rows)
+and the deterministic H100 subset ``CI_MAX_GPUS`` (the 20 rows on at most 512 GPUs; the
+1,024-2,304-GPU rows are weak-scaling copies of them and take most of the set's time).
+Fails if a row stops being simulated (coverage drops) or the median absolute step-time
+error rises more than 1 point above the value reached when the calibration was last
+changed (``REACHED``).  Update ``REACHED`` only together with a calibration change, with
+the new numbers from ``python experiments/validate_all.py --subset ci``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from simulator.validate import _stats
+
+pytestmark = pytest.mark.validation
+
+_SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "validate_all.py"
+
+REACHED = {
+    # set: (rows, simulated rows, median |error| in % reached)
+    "vtrain": (109, 109, 10.77),
+    "h100": (20, 20, 7.98),
+}
+"""Coverage and median absolute step-time error reached (see the module docstring)."""
+
+TOLERANCE_POINTS = 1.0
+
+
+def _validate_all():
+    spec = importlib.util.spec_from_file_location("validate_all", _SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("name", list(REACHED))
+def test_step_time_accuracy_does_not_regress(name):
+    rows, ok, median = REACHED[name]
+    results = _validate_all().run_set(name, None, subset="ci", quiet=True)
+    s = _stats(results)
+    bad = [(r["id"], r["status"]) for r in results if r["status"] != "ok"]
+    assert s["rows"] == rows, f"{name}: {s['rows']} rows in the CI subset, expected {rows}"
+    assert s["ok"] >= ok, f"{name}: coverage dropped to {s['ok']}/{rows}: {bad}"
+    assert s["median"] <= median + TOLERANCE_POINTS, (
+        f"{name}: median |step-time error| {s['median']:.2f}% > reached {median:.2f}% + {TOLERANCE_POINTS} point")
