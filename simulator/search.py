@@ -28,7 +28,8 @@ Knobs and the values tried (each restrictable with ``fixed`` / ``bounds``; any o
 ``zero_stage``         0, 1, 2, 3 (``distributed_optimizer`` for stages >= 1)
 =====================  ==============================================================
 
-``sequence_parallel`` follows ``tp > 1``.  A candidate is ``invalid`` when the
+``sequence_parallel`` follows ``tp > 1``; a dense layout without data parallelism tries
+only the first ZeRO stage allowed (the stages do not differ there).  A candidate is ``invalid`` when the
 configuration rules reject it (the reason recorded), ``oom`` when a stage exceeds HBM
 under the memory model (the biggest terms recorded), else ``ok`` with its estimate
 (:mod:`simulator.estimate`).  The ``simulate`` best are run with the engine through the
@@ -171,7 +172,9 @@ def candidates(spec: SearchSpec, cluster=None, model=None) -> list[dict]:
                         for sched in (scheds if pp > 1 else ["1f1b"]):
                             for vpp in (vpps if sched == "interleaved_1f1b" else [1]):
                                 for rec in recs:
-                                    for z in zeros:
+                                    # without data parallelism the ZeRO stages are one layout
+                                    single = dp * cp == 1 and model.moe is None
+                                    for z in (zeros[:1] if single else zeros):
                                         out.append({"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep,
                                                     "micro_batch_size": mbs, "schedule": sched, "vpp": vpp,
                                                     "recompute": rec, "zero_stage": z,

@@ -12,9 +12,10 @@ point) or a list of ``points`` (each a mapping of dotted fields -> values)::
 
 Every point becomes one row of an SQLite database (:class:`Store`), keyed by the hash of
 its full scenario: config JSON, metrics, status (``ok`` | ``invalid`` | ``error``), error
-text, wall time, the clustersim and package versions.  Only the client process writes
-it, one committed row per finished point, so a crash or Ctrl-C loses nothing that
-finished, and running the same sweep again skips every finished point.
+text, wall time, the clustersim and package versions (with a fingerprint of clustersim's
+source).  Only the client process writes it, one committed row per finished point, so a
+crash or Ctrl-C loses nothing that finished, and running the same sweep again skips every
+point finished by the same code; rows from other code run again.
 
 Execution goes through one interface, :class:`Executor` (``imap``: items in, results
 out as they finish): :class:`LocalExecutor` (worker processes; the default, no server) or
@@ -135,8 +136,27 @@ def config_hash(config: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def code_fingerprint() -> str:
+    """Hash of clustersim's own source and preset files: results from other code are stale
+    (the package version does not change with every commit)."""
+    global _FINGERPRINT
+    if _FINGERPRINT is None:
+        root = Path(__file__).resolve().parent.parent
+        h = hashlib.sha256()
+        for pkg in ("simulator", "workloads", "topologies"):
+            for f in sorted((root / pkg).rglob("*")):
+                if f.suffix in (".py", ".yaml") and f.is_file():
+                    h.update(str(f.relative_to(root)).encode())
+                    h.update(f.read_bytes())
+        _FINGERPRINT = h.hexdigest()[:16]
+    return _FINGERPRINT
+
+
+_FINGERPRINT: str | None = None
+
+
 def versions() -> dict:
-    out = {"python": sys.version.split()[0]}
+    out = {"python": sys.version.split()[0], "clustersim_code": code_fingerprint()}
     for pkg in ("clustersim", "simpy", "networkx", "numpy", "pandas"):
         try:
             out[pkg] = metadata.version(pkg)
@@ -163,8 +183,11 @@ class Store:
         self._versions = json.dumps(versions(), sort_keys=True)
 
     def finished(self, retry_failed: bool = False) -> set[str]:
-        q = "SELECT hash FROM points" + (" WHERE status = 'ok'" if retry_failed else "")
-        return {h for (h,) in self.db.execute(q)}
+        """Hashes of points finished by this code (a row written by other clustersim code is
+        stale: it runs again and is replaced)."""
+        q = "SELECT hash, versions FROM points" + (" WHERE status = 'ok'" if retry_failed else "")
+        code = code_fingerprint()
+        return {h for h, ver in self.db.execute(q) if json.loads(ver or "{}").get("clustersim_code") == code}
 
     def put(self, h: str, config: dict, result: dict) -> None:
         self.db.execute("INSERT OR REPLACE INTO points VALUES (?, ?, ?, ?, ?, ?, ?, ?)",

@@ -144,3 +144,21 @@ def test_a_killed_sweep_resumes_without_duplicates_or_gaps(tmp_path, sig):
     assert f"{first} already finished" in done.stdout
     expected = {config_hash(c) for c in load_sweep(sweep)}
     assert set(hashes) == expected
+
+
+def test_rows_from_other_code_are_run_again(tmp_path):
+    import json as _json
+    import sqlite3 as _sqlite3
+    pts = expand({"base": BASE, "grid": {"parallel.schedule": ["1f1b", "gpipe"]}})
+    store = Store(tmp_path / "s.sqlite")
+    run_points(pts, store, LocalExecutor(1), progress=False)
+    con = _sqlite3.connect(tmp_path / "s.sqlite")
+    h, ver = con.execute("SELECT hash, versions FROM points").fetchone()
+    ver = _json.loads(ver)
+    ver["clustersim_code"] = "older"
+    con.execute("UPDATE points SET versions = ? WHERE hash = ?", (_json.dumps(ver), h))
+    con.commit()
+    con.close()
+    again = run_points(pts, Store(tmp_path / "s.sqlite"), LocalExecutor(1), progress=False)
+    assert again == {"total": 2, "skipped": 1, "ok": 1, "failed": 0}
+    assert len(Store(tmp_path / "s.sqlite").rows()) == 2
