@@ -604,7 +604,7 @@ def _vtrain_scenario(row: dict) -> tuple[dict, list[str]]:
         "parallel": {"tp": tp, "pp": pp, "dp": dp, "cp": 1, "ep": 1, "micro_batch_size": mbs,
                      "global_batch_size": gbs, "seq_len": seq, "schedule": "1f1b", "vpp": 1,
                      "sequence_parallel": False, "distributed_optimizer": False, "zero_stage": 0,
-                     "recompute": "full"},
+                     "recompute": "full", "scatter_gather_tensors_in_pipeline": True},
         "precision": "bf16",
         "grad_reduce_dtype": "bf16",
         "overlap": {"grad_reduce": False, "param_gather": False, "tp_comm": False, "p2p": False},
@@ -613,7 +613,8 @@ def _vtrain_scenario(row: dict) -> tuple[dict, list[str]]:
     notes = [("vTrain settings: GPT vocab 50257, learned positions, GELU, LayerNorm; a100-4nic (A100-SXM4-80GB, "
               "4 x 200 Gb/s per 8-GPU host); 1F1B; full recompute; no SP; ZeRO-0 all-reduce; no gradient "
               "bucketing (grad_reduce overlap off); FP16 mixed precision as bf16 with a 2-byte gradient "
-              "all-reduce; Megatron-LM's unfused core attention (no FlashAttention)")] + lnotes
+              "all-reduce; Megatron-LM's unfused core attention (no FlashAttention); Megatron-LM's "
+              "pipeline scatter/gather (default then: each TP rank sends 1/tp of the activation)")] + lnotes
     return scenario, notes
 
 

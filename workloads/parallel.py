@@ -86,6 +86,11 @@ class ParallelConfig:
     """With selective recompute: modules recomputed (Megatron-Core's --recompute-modules)."""
     mesh_order: str = "tp-cp-ep-dp-pp"
     """Rank order of the mesh axes, innermost first (Megatron's convention)."""
+    scatter_gather_tensors_in_pipeline: bool = False
+    """Megatron-LM's (pre-Core) pipeline scatter/gather, on by default there
+    (``--no-scatter-gather-tensors-in-pipeline`` turned it off): without sequence
+    parallelism each TP rank sends only its 1/tp slice of the activation to the next stage,
+    and the receiving TP group all-gathers it.  Megatron-Core dropped it (False)."""
     num_layers_in_first_pipeline_stage: int | None = None
     num_layers_in_last_pipeline_stage: int | None = None
     account_for_embedding_in_pipeline_split: bool = False
@@ -138,7 +143,7 @@ class ParallelConfig:
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise ConfigError(f"{where}.{key}", v, "must be an integer")
         for key in ("distributed_optimizer", "sequence_parallel", "account_for_embedding_in_pipeline_split",
-                    "account_for_loss_in_pipeline_split"):
+                    "account_for_loss_in_pipeline_split", "scatter_gather_tensors_in_pipeline"):
             if key in kw and not isinstance(kw[key], bool):
                 raise ConfigError(f"{where}.{key}", kw[key], "must be true or false")
         shorthand = "etp" not in d and "edp" not in d and kw.get("ep", 1) > 1 and kw.get("dp", 1) != -1

@@ -548,7 +548,7 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
     last_mb = _last_microbatches(sched, stage)
     stage_layers = [ctx.chunk_layers[model_chunk(sched, stage, c)] for c in range(sched.num_chunks)]
     n_stage_layers = sum(len(r) for r in stage_layers)
-    act_p2p = ctx.mbs * ctx.seq / par.cp * model.hidden_size * 2.0 / (par.tp if par.sequence_parallel else 1)
+    act_p2p = ctx.mbs * ctx.seq / par.cp * model.hidden_size * 2.0 / (par.tp if _p2p_split(par) else 1)
     # gradient buckets: parameters accumulate in backward order during the last micro-batch
     bucket_params = max(40_000_000, 1_000_000 * par.dp * par.cp)
     grad_bytes = _DTYPE_BYTES.get(ctx.recipe.grad_reduce_dtype, 4.0)
@@ -625,6 +625,22 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
     return em.ops
 
 
+def _p2p_split(par) -> bool:
+    """Whether a TP rank sends only its 1/tp slice of the activations between stages:
+    with sequence parallelism they are split already; with Megatron-LM's scatter/gather
+    the receiver all-gathers them over the TP group (:func:`_gather_received`)."""
+    return par.sequence_parallel or (par.scatter_gather_tensors_in_pipeline and par.tp > 1)
+
+
+def _gather_received(ctx, em, mb, chunk, phase):
+    """Megatron-LM's ``gather_split_1d_tensor``: the TP group rebuilds the received
+    activation (or gradient) from its slices before computing on it."""
+    par = ctx.par
+    if par.scatter_gather_tensors_in_pipeline and par.tp > 1 and not par.sequence_parallel:
+        size = ctx.mbs * ctx.seq / par.cp * ctx.model.hidden_size * 2.0
+        em.coll("tp", "all_gather", "tp", size, "p2p_gather", -1, mb, chunk, phase)
+
+
 def _emit_transfer(ctx, em, t, act_p2p):
     """The p2p op of transfer action ``t`` (:mod:`workloads.schedules.comm`): the input or
     output of compute action ``(t.stage, t.chunk, t.microbatch)``, with the tags
@@ -665,6 +681,8 @@ def _emit_action(ctx, em, stage, a, tokens, stage_layers, n_stage_layers, act_p2
     if kind == ActionKind.F:
         if p2p and prev_pos is not None:
             em.p2p("recv", "recv_act", prev_pos[0], act_p2p, (prev_pos[0], stage, k, mb, "F"), mb, chunk, "F")
+        if prev_pos is not None:
+            _gather_received(ctx, em, mb, chunk, "F")
         if k == 0:
             _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), "F", "embedding", mb, chunk)
         for j, layer in enumerate(layers):
@@ -683,6 +701,7 @@ def _emit_action(ctx, em, stage, a, tokens, stage_layers, n_stage_layers, act_p2
         if next_pos is not None:
             if p2p:
                 em.p2p("recv", "recv_grad", next_pos[0], act_p2p, (next_pos[0], stage, k, mb, "B"), mb, chunk, "B")
+            _gather_received(ctx, em, mb, chunk, "B")
         else:
             _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), "B", "output_loss_bwd", mb, chunk)
             if with_w:

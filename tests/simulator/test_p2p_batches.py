@@ -134,3 +134,23 @@ def test_dualpipe_overlaps_one_halfs_all_to_all_with_the_other_halfs_compute():
     free_on = run(_moe_dualpipe(), free_comm=True).metrics["step_time_s"]
     free_off = run(_moe_dualpipe(overlap={"fb_overlap": False}), free_comm=True).metrics["step_time_s"]
     assert free_on == pytest.approx(free_off, rel=1e-12)
+
+
+def test_megatron_lm_scatter_gather_sends_a_slice_and_gathers_it():
+    """Megatron-LM's scatter_gather_tensors_in_pipeline (without SP): each TP rank sends
+    1/tp of the activation, the receiving TP group all-gathers it before computing."""
+    base = {"model": "tiny-dense", "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+            "parallel": {"tp": 4, "pp": 2, "dp": 2, "global_batch_size": 8, "seq_len": 2048,
+                         "sequence_parallel": False, "mesh_order": "tp-cp-ep-pp-dp"}, "num_steps": 1}
+    plain = run(base)
+    sg = run({**base, "parallel": {**base["parallel"], "scatter_gather_tensors_in_pipeline": True}})
+    send = lambda r: r.program.classes[0].ops  # noqa: E731
+    size = {op.size_bytes for op in send(plain) if op.kind == "send"}
+    size_sg = {op.size_bytes for op in send(sg) if op.kind == "send"}
+    assert len(size) == len(size_sg) == 1 and size_sg.pop() * 4 == size.pop()
+    recvs = sum(1 for c in sg.program.classes for op in c.ops if op.kind == "recv")
+    gathers = sum(1 for c in sg.program.classes for op in c.ops if op.name == "p2p_gather")
+    assert gathers == recvs > 0
+    assert all(op.group == "tp" and op.coll == "all_gather" for c in sg.program.classes for op in c.ops
+               if op.name == "p2p_gather")
+    assert plain.metrics["exposed_comm_s"].get("pp", 0) > sg.metrics["exposed_comm_s"].get("pp", 0)
