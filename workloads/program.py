@@ -397,8 +397,10 @@ def _layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
         if par.ep > 1:
             em.coll("ep", "all_to_all", "ep", _a2a_total(ctx, layer, mb), "ep_dispatch", layer, mb, chunk, phase,
                     tag=(layer, mb))
+        _expert_tp(ctx, em, "all_gather", "etp_ag", layer, mb, chunk, phase)
         f, t = seg.get(f"{src}:mlp", (0.0, 0.0))
         em.compute("experts", layer, mb, chunk, phase, f, t)
+        _expert_tp(ctx, em, "reduce_scatter", "etp_rs", layer, mb, chunk, phase)
         if par.ep > 1:
             em.coll("ep", "all_to_all", "ep", _a2a_total(ctx, layer, mb), "ep_combine", layer, mb, chunk, phase,
                     tag=(layer, mb))
@@ -444,8 +446,10 @@ def _layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bool):
         if par.ep > 1:
             em.coll("ep", "all_to_all", "ep", _a2a_total(ctx, layer, mb), "ep_combine_bwd", layer, mb, chunk, "B",
                     tag=(layer, mb))
+        _expert_tp(ctx, em, "all_gather", "etp_ag_bwd", layer, mb, chunk, "B")
         f, t = seg.get("B:mlp", (0.0, 0.0))
         em.compute("experts_bwd", layer, mb, chunk, "B", f, t)
+        _expert_tp(ctx, em, "reduce_scatter", "etp_rs_bwd", layer, mb, chunk, "B")
         if par.ep > 1:
             em.coll("ep", "all_to_all", "ep", _a2a_total(ctx, layer, mb), "ep_dispatch_bwd", layer, mb, chunk, "B",
                     tag=(layer, mb))
@@ -477,6 +481,18 @@ def _kv_bytes(ctx) -> float:
         return (m.mla.kv_lora_rank + m.mla.qk_rope_head_dim) * 2.0
     kv_heads = max(m.num_kv_heads // par.tp, 1)
     return 2 * kv_heads * m.head_dim * 2.0
+
+
+def _expert_tp(ctx, em, coll, name, layer, mb, chunk, phase):
+    """Expert tensor parallelism around the experts (Megatron-Core's
+    ``MoEAlltoAllTokenDispatcher``): after the dispatch all-to-all the expert-TP group
+    all-gathers the tokens its ranks received (each rank then runs its 1/etp slice of every
+    local expert on all of them), and before the combine all-to-all it reduce-scatters the
+    partial outputs; backward mirrors both.  Sized for the mean load (the gathered buffer:
+    etp ranks' tokens x top-k x hidden, BF16)."""
+    par = ctx.par
+    if par.expert_tp > 1:
+        em.coll("tp", coll, "etp", par.expert_tp * _a2a_total(ctx, layer, mb), name, layer, mb, chunk, phase)
 
 
 def _a2a_total(ctx, layer, mb) -> float:

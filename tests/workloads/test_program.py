@@ -92,6 +92,23 @@ def test_moe_classes_split_only_when_routing_is_skewed():
         assert max(flops) / (sum(flops) / len(flops)) == pytest.approx(2.0, rel=0.02)
 
 
+def test_expert_tensor_parallelism_gathers_and_scatters_around_the_experts():
+    """Megatron-Core's all-to-all dispatcher with expert TP: all-gather of the received
+    tokens over the expert-TP group after dispatch, reduce-scatter before combine, and the
+    mirror in backward; nothing of the kind with etp = 1."""
+    kw = dict(pp=1, ep=2, global_batch_size=8, seq_len=256, sequence_parallel=True)
+    with_etp = prog("tiny-moe", tp=2, dp=4, etp=2, **kw)
+    ops = with_etp.classes[0].ops
+    layer0 = [op.name for op in ops if op.layer == 0 and op.microbatch == 0 and op.phase in ("F", "B")
+              and (op.group in ("ep", "etp") or op.name.startswith("experts"))]
+    assert layer0 == ["ep_dispatch", "etp_ag", "experts", "etp_rs", "ep_combine",
+                      "ep_combine_bwd", "etp_ag_bwd", "experts_bwd", "etp_rs_bwd", "ep_dispatch_bwd"]
+    a2a = next(op.size_bytes for op in ops if op.name == "ep_dispatch")
+    assert all(op.size_bytes == 2 * a2a and op.group == "etp" for op in ops if op.name.startswith("etp_"))
+    plain = prog("tiny-moe", tp=2, dp=4, etp=1, **kw)
+    assert not any(op.group == "etp" for c in plain.classes for op in c.ops)
+
+
 def test_zero3_gathers_parameters_per_layer():
     p = prog(tp=1, pp=1, dp=4, zero_stage=3, distributed_optimizer=False)
     names = collections.Counter(op.name for op in p.classes[0].ops)
