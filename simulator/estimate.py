@@ -169,7 +169,9 @@ class Estimator:
         return per_stage
 
     def estimate(self, scenario) -> dict:
-        sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, cluster=self.cluster)
+        sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+        if sc.cluster is not self.cluster and sc.cluster.spec != self.cluster.spec:
+            raise ValueError("Estimator: the scenario's cluster is not the one this estimator was built for")
         par = sc.parallel
         m = par.num_microbatches
         per_stage = self._stage_tables(sc)

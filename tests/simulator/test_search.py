@@ -81,6 +81,17 @@ def test_estimate_tracks_the_engine_on_the_case_study(shape, xrack, tol):
     assert est == pytest.approx(sim, rel=tol)
 
 
+def test_an_estimator_refuses_another_cluster():
+    from simulator.estimate import Estimator
+    from simulator.scenario import load_scenario
+    a = load_scenario({**_case(8, 1, 8), "num_steps": 1})
+    b = load_scenario({**_case(8, 1, 8, "200 GB/s"), "num_steps": 1})
+    est = Estimator(a.cluster)
+    assert est.estimate(load_scenario({**_case(8, 1, 8), "num_steps": 1}))["step_time_s"] > 0   # an equal cluster
+    with pytest.raises(ValueError, match="cluster"):
+        est.estimate(b)
+
+
 def test_pareto_mask():
     import pandas as pd
     df = pd.DataFrame({"m": [1, 2, 3, 2, 4], "t": [5, 4, 4, 6, 1]})
