@@ -96,35 +96,59 @@ def _concat(cluster: Cluster, edges, pxn: bool = True):
     return out
 
 
-def _channels(cluster: Cluster, blocks) -> list[int]:
-    """Rails every node of the group can use (at least one pseudo-rail)."""
+MAX_RING_CHANNELS = 32
+"""NCCL's cap on channels per communicator (``MAXCHANNELS``, 32 in NCCL 2.x,
+``src/include/device.h``)."""
+
+
+def _channels(cluster: Cluster, blocks) -> list[list[int]]:
+    """The channels of a ring or tree whose group spans NVLink domains: per channel, the
+    GPU of each block (domain) where it enters the block.
+
+    A channel crosses between domains on one rail, through its own NIC in every block
+    (PXN relays the leaving hop onto the rail, NCCL's rail-matching): on rail ``r`` a
+    block offers as many channels as its members have distinct rail-``r`` NICs -- one
+    per rail in an 8-GPU server, one per compute tray in an NVL72 rack -- and the group
+    gets the fewest any block offers.  Channels take the rails in turn, at most
+    :data:`MAX_RING_CHANNELS`.  One block, or hosts without NICs: one channel.
+    """
     if len(blocks) == 1 or cluster.nics_per_host == 0:
-        return [0]
-    common = None
+        return [[b[0] for b in blocks]]
+    offers = []                 # per block: rail -> entry GPUs, one per distinct NIC
     for b in blocks:
-        rails = {cluster.rail_of(g) for g in b}
-        common = rails if common is None else common & rails
-    return sorted(common) if common else [cluster.rail_of(blocks[0][0])]
+        by_rail: dict[int, list[int]] = {}
+        seen: set[int] = set()
+        for g in b:
+            nic = cluster.nic_of(g)
+            if nic not in seen:
+                seen.add(nic)
+                by_rail.setdefault(cluster.rail_of(g), []).append(g)
+        offers.append(by_rail)
+    common = sorted(set(offers[0]).intersection(*offers[1:]))
+    if not common:              # no rail shared by every block: one channel, as the first GPU's rail
+        rail = cluster.rail_of(blocks[0][0])
+        return [[o[rail][0] if rail in o else b[0] for o, b in zip(offers, blocks)]]
+    depth = {r: min(len(o[r]) for o in offers) for r in common}
+    out = [[o[r][k] for o in offers] for k in range(max(depth.values())) for r in common if k < depth[r]]
+    return out[:MAX_RING_CHANNELS]
 
 
-def _rotate(cluster: Cluster, block: list[int], rail: int) -> list[int]:
-    for i, g in enumerate(block):
-        if cluster.rail_of(g) == rail:
-            return block[i:] + block[:i]
-    return block
+def _rotate(block: list[int], entry: int) -> list[int]:
+    i = block.index(entry)
+    return block[i:] + block[:i]
 
 
 def ring_plan(cluster: Cluster, members, kind: str, root: int | None = None) -> Plan:
     members = list(members)
     n = len(members)
     blocks = node_blocks(cluster, members)
-    rails = _channels(cluster, blocks)
-    C = len(rails)
+    channels = _channels(cluster, blocks)
+    C = len(channels)
     per = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
            "broadcast": 1.0, "reduce": 1.0}[kind]
     flows, lat = [], 0.0
-    for rail in rails:
-        order = [g for b in blocks for g in (_rotate(cluster, b, rail) if len(blocks) > 1 else b)]
+    for entries in channels:
+        order = [g for b, e in zip(blocks, entries) for g in (_rotate(b, e) if len(blocks) > 1 else b)]
         if kind in ("broadcast", "reduce"):
             r = order.index(root if root is not None else members[0])
             order = order[r:] + order[:r]
@@ -197,11 +221,11 @@ def _tree_flows(cluster: Cluster, reps: list[int], chains: list[list[int]], shar
 def tree_plan(cluster: Cluster, members) -> Plan:
     members = list(members)
     blocks = node_blocks(cluster, members)
-    rails = _channels(cluster, blocks)
-    C = len(rails)
+    channels = _channels(cluster, blocks)
+    C = len(channels)
     flows, lat = [], 0.0
-    for rail in rails:
-        chains = [_rotate(cluster, b, rail) for b in blocks]
+    for entries in channels:
+        chains = [_rotate(b, e) for b, e in zip(blocks, entries)]
         f, l = _tree_flows(cluster, [ch[0] for ch in chains], chains, 1.0 / (2 * C))
         flows += f
         lat = max(lat, l)

@@ -214,3 +214,30 @@ def test_sharp_is_offered_only_where_declared():
     assert eng.choose(members, "all_reduce", 2**30)[0] in ("collnet_direct", "nvls")
     with pytest.raises(Exception):
         CollectiveEngine(simpy.Environment(), plain).choose(members, "all_reduce", 2**30, algo="collnet_direct")
+
+
+def test_ring_channels_use_every_nic_of_a_multi_host_nvlink_domain():
+    """A ring crossing NVLink domains gets one channel per NIC it can pair across the
+    domains (on one rail each): 8 on DGX H100 hosts as before; on two NVL72 racks a group
+    with one GPU per compute tray has 18 NICs per rack on its rail, and a denser group hits
+    NCCL's 32-channel cap -- not the 4 rails of one tray."""
+    from simulator.collectives.plans import MAX_RING_CHANNELS, ring_plan
+    dgx = build_cluster("dgx-h100", num_nodes=2)
+    assert ring_plan(dgx, list(range(16)), "reduce_scatter").n_channels == 8
+    gb = build_cluster({"preset": "gb200-nvl72", "num_nodes": 36})
+    one_per_tray = list(range(0, 144, 4))
+    plan = ring_plan(gb, one_per_tray, "reduce_scatter")
+    assert plan.n_channels == 18
+    # every channel leaves each rack through a different NIC
+    nic_up = set(gb.router.nic_up.tolist())
+    used = [frozenset(int(x) for x in f.links if int(x) in nic_up) for f in plan.flows]
+    assert all(len(u) == 2 for u in used) and len(set().union(*used)) == 36
+    assert ring_plan(gb, list(range(0, 144, 2)), "reduce_scatter").n_channels == MAX_RING_CHANNELS
+    # the wider ring is faster than one NIC per rail would allow (4 x 50 GB/s per rack)
+    env = simpy.Environment()
+    eng = CollectiveEngine(env, gb)
+    g = eng.register_group(one_per_tray)
+    eng.issue(g, 0, "reduce_scatter", 2**30, count=len(one_per_tray), algo="ring", proto="Simple")
+    env.run()
+    r = eng.records[-1]
+    assert 2**30 * 35 / 36 / (r.end_s - r.arrive_s) > 4 * 50e9
