@@ -49,7 +49,7 @@ def main(argv=None) -> list[dict]:
     fig = Figure(figsize=(13, 4.6), dpi=110)
     titles = {"oversubscription": "Fat-tree oversubscription\n(Llama-3 8B, TP 8 x DP 8, 64 H100)",
               "rail_optimized": "Rail optimisation\n(same job, full bisection)",
-              "nvlink_domain": "NVLink domain size, MoE job\n(Qwen3-30B-A3B-like, 4 layers, EP 72, 72 GB200)"}
+              "nvlink_domain": "NVLink domain size, MoE job\n(Qwen3-30B-A3B-like, EP 72 x DP 2, 144 GB200)"}
     for i, study in enumerate(studies):
         ax = fig.add_subplot(1, 3, i + 1)
         r = [x for x in rows if x["study"] == study]
