@@ -42,7 +42,6 @@ from .scenario import Scenario, load_scenario
 
 __all__ = ["estimate", "Estimator"]
 
-_OVERLAPPED_NONBLOCKING = ("grad_", "param_gather")
 _ONE_CHUNK = ("gpipe", "1f1b", "zb_h1")       # the same per-action costs; only the order differs
 
 
@@ -135,11 +134,9 @@ class Estimator:
                     elif op.kind == "collective":
                         tail += self.collective_s(group_gpus(op.group), op.coll, op.size_bytes)
                     continue
+                # gradient buckets and parameter gathers are step ops (micro-batch -1), above
                 kind = {"R": "B"}.get(op.phase, op.phase)
-                first = seen.setdefault((kind, op.chunk), op.microbatch)
-                if op.microbatch != first:
-                    if op.name.startswith("grad_"):
-                        grad.append(self.collective_s(group_gpus(op.group), op.coll, op.size_bytes))
+                if op.microbatch != seen.setdefault((kind, op.chunk), op.microbatch):
                     continue
                 akey = (kind, op.chunk)
                 if op.kind == "compute":
@@ -149,10 +146,6 @@ class Estimator:
                     peer = grid.rank(pp=op.peer, **{a: v for a, v in grid.coords(rep).items() if a != "pp"})
                     action[akey] += self.p2p_s(gpu_of(peer), gpu_of(rep), op.size_bytes)
                 elif op.kind == "collective":
-                    if op.name.startswith(_OVERLAPPED_NONBLOCKING) and op.name != "grad_norm":
-                        if op.name.startswith("grad_"):
-                            grad.append(self.collective_s(group_gpus(op.group), op.coll, op.size_bytes))
-                        continue
                     t = self.collective_s(group_gpus(op.group), op.coll, op.size_bytes)
                     if ((ov.get("cp_comm", True) and op.group == "cp" and op.coll == "all_gather")
                             or (ov.get("tp_comm", False) and op.group == "tp")

@@ -239,7 +239,6 @@ def search(spec: SearchSpec, *, executor=None, store=None, progress: bool = True
     """
     from .sweep import LocalExecutor, Store, config_hash, run_points
     t0 = time.perf_counter()
-    sc0 = None
     cands = candidates(spec)
     t1 = time.perf_counter()
     table = screen(spec, cands, progress=progress)
@@ -276,7 +275,6 @@ def search(spec: SearchSpec, *, executor=None, store=None, progress: bool = True
             else:
                 table.at[i, "reason"] = r["error"]
     t3 = time.perf_counter()
-    del sc0
     rank_key = table["sim_step_s"].fillna(math.inf)
     table = table.assign(_r=rank_key, _e=table["est_step_s"].fillna(math.inf)).sort_values(["_r", "_e"],
                                                                                           kind="stable")

@@ -196,9 +196,7 @@ class WhatIf:
             w.jitter.append(_jitter(e, f"whatif.jitter[{j}]"))
         for j, e in enumerate(_entries(d.get("thermal"), "whatif.thermal")):
             f = f"whatif.thermal[{j}]"
-            if not isinstance(e, dict):
-                raise ConfigError(f, e, "expected a mapping {factor, gpus, start_s | start_step}")
-            check_keys(e, ("factor", "gpus", "start_s", "start_step"), f)
+            _entry(e, ("factor", "gpus", "start_s", "start_step"), f, "{factor, gpus, start_s | start_step}")
             if ("start_s" in e) == ("start_step" in e):
                 raise ConfigError(f"{f}.start_s", e.get("start_s"), "give exactly one of start_s and start_step")
             start_s = start_step = None
@@ -210,9 +208,8 @@ class WhatIf:
                                      start_s, start_step))
         for j, e in enumerate(_entries(d.get("degraded_links"), "whatif.degraded_links")):
             f = f"whatif.degraded_links[{j}]"
-            if not isinstance(e, dict):
-                raise ConfigError(f, e, "expected a mapping {link: [node, node], bandwidth_factor, extra_latency}")
-            check_keys(e, ("link", "bandwidth_factor", "extra_latency"), f)
+            _entry(e, ("link", "bandwidth_factor", "extra_latency"), f,
+                   "{link: [node, node], bandwidth_factor, extra_latency}")
             w.degraded_links.append(LinkChange(_link(e.get("link"), f"{f}.link"),
                                                _factor(e.get("bandwidth_factor", 1.0), f"{f}.bandwidth_factor"),
                                                _time(e.get("extra_latency", 0.0), f"{f}.extra_latency")))
@@ -220,9 +217,8 @@ class WhatIf:
             w.failed_links.append(_link(e, f"whatif.failed_links[{j}]"))
         for j, e in enumerate(_entries(d.get("degraded_nics"), "whatif.degraded_nics")):
             f = f"whatif.degraded_nics[{j}]"
-            if not isinstance(e, dict):
-                raise ConfigError(f, e, "expected a mapping {nic: NAME | gpu: ID, bandwidth_factor, extra_latency}")
-            check_keys(e, ("nic", "gpu", "bandwidth_factor", "extra_latency"), f)
+            _entry(e, ("nic", "gpu", "bandwidth_factor", "extra_latency"), f,
+                   "{nic: NAME | gpu: ID, bandwidth_factor, extra_latency}")
             w.degraded_nics.append(NicChange(_nic_ref(e, f), _factor(e.get("bandwidth_factor", 1.0),
                                                                       f"{f}.bandwidth_factor"),
                                              _time(e.get("extra_latency", 0.0), f"{f}.extra_latency")))
@@ -336,6 +332,13 @@ def _mapping(v, f) -> dict:
     return v
 
 
+def _entry(e, keys, f, shape: str) -> None:
+    """An entry must be a mapping of ``keys`` only (``shape`` shows its form in the error)."""
+    if not isinstance(e, dict):
+        raise ConfigError(f, e, f"expected a mapping {shape}")
+    check_keys(e, keys, f)
+
+
 def _entries(v, f) -> list:
     if v is None:
         return []
@@ -387,9 +390,7 @@ _DIST = re.compile(r"^\s*(lognormal|bernoulli_stall)\s*\(\s*([^,()]+?)\s*,\s*([^
 
 
 def _jitter(e, f) -> Jitter:
-    if not isinstance(e, dict):
-        raise ConfigError(f, e, "expected a mapping {scope, dist, gpus}")
-    check_keys(e, ("scope", "dist", "gpus"), f)
+    _entry(e, ("scope", "dist", "gpus"), f, "{scope, dist, gpus}")
     scope = e.get("scope", "op")
     if scope not in SCOPES:
         raise ConfigError(f"{f}.scope", scope, f"must be one of {', '.join(SCOPES)}")

@@ -659,24 +659,26 @@ def _gather_received(ctx, em, mb, chunk, phase):
 
 def _emit_transfer(ctx, em, t, act_p2p):
     """The p2p op of transfer action ``t`` (:mod:`workloads.schedules.comm`): the input or
-    output of compute action ``(t.stage, t.chunk, t.microbatch)``, with the tags
-    :func:`_emit_action` gives the same transfer."""
+    output of compute action ``(t.stage, t.chunk, t.microbatch)``."""
     sched, stage, mb = ctx.sched, t.stage, t.microbatch
-    k = model_chunk(sched, stage, t.chunk)
     path = route(sched, mb)
     pos = path.index((stage, t.chunk))
-    if t.kind == ActionKind.RECV_F:
-        peer = path[pos - 1][0]
-        em.p2p("recv", "recv_act", peer, act_p2p, (peer, stage, k, mb, "F"), mb, t.chunk, "F")
-    elif t.kind == ActionKind.SEND_F:
-        peer = path[pos + 1][0]
-        em.p2p("send", "send_act", peer, act_p2p, (stage, peer, k + 1, mb, "F"), mb, t.chunk, "F")
-    elif t.kind == ActionKind.RECV_B:
-        peer = path[pos + 1][0]
-        em.p2p("recv", "recv_grad", peer, act_p2p, (peer, stage, k, mb, "B"), mb, t.chunk, "B")
+    step = 1 if t.kind in (ActionKind.SEND_F, ActionKind.RECV_B) else -1
+    _p2p(em, t.kind, stage, t.chunk, mb, model_chunk(sched, stage, t.chunk), path[pos + step][0], act_p2p)
+
+
+def _p2p(em, kind, stage, chunk, mb, k, peer, act_p2p):
+    """One send or receive of stage ``stage``'s model chunk ``k`` with stage ``peer``; the
+    tag (source stage, destination stage, receiver's model chunk, micro-batch, F|B) is
+    what both sides match on."""
+    if kind == ActionKind.RECV_F:
+        em.p2p("recv", "recv_act", peer, act_p2p, (peer, stage, k, mb, "F"), mb, chunk, "F")
+    elif kind == ActionKind.SEND_F:
+        em.p2p("send", "send_act", peer, act_p2p, (stage, peer, k + 1, mb, "F"), mb, chunk, "F")
+    elif kind == ActionKind.RECV_B:
+        em.p2p("recv", "recv_grad", peer, act_p2p, (peer, stage, k, mb, "B"), mb, chunk, "B")
     else:
-        peer = path[pos - 1][0]
-        em.p2p("send", "send_grad", peer, act_p2p, (stage, peer, k - 1, mb, "B"), mb, t.chunk, "B")
+        em.p2p("send", "send_grad", peer, act_p2p, (stage, peer, k - 1, mb, "B"), mb, chunk, "B")
 
 
 def _emit_action(ctx, em, stage, a, tokens, stage_layers, n_stage_layers, act_p2p, grads_ready, flush, last_mb,
@@ -696,7 +698,7 @@ def _emit_action(ctx, em, stage, a, tokens, stage_layers, n_stage_layers, act_p2
     zero3 = par.zero_stage == 3 and par.dp * par.cp > 1
     if kind == ActionKind.F:
         if p2p and prev_pos is not None:
-            em.p2p("recv", "recv_act", prev_pos[0], act_p2p, (prev_pos[0], stage, k, mb, "F"), mb, chunk, "F")
+            _p2p(em, ActionKind.RECV_F, stage, chunk, mb, k, prev_pos[0], act_p2p)
         if prev_pos is not None:
             _gather_received(ctx, em, mb, chunk, "F")
         if k == 0:
@@ -710,13 +712,13 @@ def _emit_action(ctx, em, stage, a, tokens, stage_layers, n_stage_layers, act_p2
         if next_pos is None:
             _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), "F", "output_loss", mb, chunk)
         elif p2p:
-            em.p2p("send", "send_act", next_pos[0], act_p2p, (stage, next_pos[0], k + 1, mb, "F"), mb, chunk, "F")
+            _p2p(em, ActionKind.SEND_F, stage, chunk, mb, k, next_pos[0], act_p2p)
         return
     with_w = kind == ActionKind.BW
     if kind in (ActionKind.B, ActionKind.BW):
         if next_pos is not None:
             if p2p:
-                em.p2p("recv", "recv_grad", next_pos[0], act_p2p, (next_pos[0], stage, k, mb, "B"), mb, chunk, "B")
+                _p2p(em, ActionKind.RECV_B, stage, chunk, mb, k, next_pos[0], act_p2p)
             _gather_received(ctx, em, mb, chunk, "B")
         else:
             _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), "B", "output_loss_bwd", mb, chunk)
@@ -737,7 +739,7 @@ def _emit_action(ctx, em, stage, a, tokens, stage_layers, n_stage_layers, act_p2
             if is_last_mb:
                 grads_ready([], chunk, _embedding_params(ctx))
         if p2p and prev_pos is not None:
-            em.p2p("send", "send_grad", prev_pos[0], act_p2p, (stage, prev_pos[0], k - 1, mb, "B"), mb, chunk, "B")
+            _p2p(em, ActionKind.SEND_B, stage, chunk, mb, k, prev_pos[0], act_p2p)
         if with_w and is_last_mb:
             flush("dense", chunk)
             flush("expert", chunk)

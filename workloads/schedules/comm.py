@@ -93,25 +93,17 @@ def batches(order: list[Action]) -> list[list[Action]]:
     return out
 
 
-def _inputs(a: Action) -> list[Action]:
-    """Receives that feed compute action ``a`` (for an ``FB`` pair, both halves')."""
+def _transfers(a: Action, recv: bool) -> list[Action]:
+    """The receives that feed compute action ``a`` (``recv``), or the sends of what it
+    produces: activations for a forward, gradients for a backward (both halves of an
+    ``FB`` pair)."""
+    f_kind, b_kind = (ActionKind.RECV_F, ActionKind.RECV_B) if recv else (ActionKind.SEND_F, ActionKind.SEND_B)
     out = []
     for h in a.halves():
         if h.kind is ActionKind.F:
-            out.append(Action(h.stage, h.chunk, ActionKind.RECV_F, h.microbatch))
+            out.append(Action(h.stage, h.chunk, f_kind, h.microbatch))
         elif h.kind in (ActionKind.B, ActionKind.BW):
-            out.append(Action(h.stage, h.chunk, ActionKind.RECV_B, h.microbatch))
-    return out
-
-
-def _outputs(a: Action) -> list[Action]:
-    """Sends of what compute action ``a`` produces (activations forward, gradients back)."""
-    out = []
-    for h in a.halves():
-        if h.kind is ActionKind.F:
-            out.append(Action(h.stage, h.chunk, ActionKind.SEND_F, h.microbatch))
-        elif h.kind in (ActionKind.B, ActionKind.BW):
-            out.append(Action(h.stage, h.chunk, ActionKind.SEND_B, h.microbatch))
+            out.append(Action(h.stage, h.chunk, b_kind, h.microbatch))
     return out
 
 
@@ -132,9 +124,9 @@ def _megatron_interleaved(schedule: Schedule, stage: int) -> list[Action] | None
     order: list[Action] = []
     for i, step in enumerate(steps):
         if i == 0:
-            order += [r for a in step for r in _inputs(a)]
+            order += [r for a in step for r in _transfers(a, recv=True)]
         order += step
-        order += [s for a in step for s in _outputs(a)]
+        order += [x for a in step for x in _transfers(a, recv=False)]
         if i + 1 < len(steps):
-            order += [r for a in steps[i + 1] for r in _inputs(a)]
+            order += [r for a in steps[i + 1] for r in _transfers(a, recv=True)]
     return order
