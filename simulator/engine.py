@@ -219,7 +219,8 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     prog = build_program(sc.model, sc.parallel, sc.cluster.gpu, precision=sc.precision,
                          moe_routing=sc.moe_routing, seed=sc.seed, grad_reduce_dtype=sc.grad_reduce_dtype,
-                         p2p_overlap=sc.overlap.get("p2p", False))
+                         p2p_overlap=sc.overlap.get("p2p", False),
+                         grad_reduce_overlap=sc.overlap.get("grad_reduce", True))
     grid = prog.grid
     scale = {int(r): float(f) for r, f in (compute_scale or {}).items()}
     for r, f in scale.items():

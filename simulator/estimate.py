@@ -15,7 +15,8 @@ formula of its own:
 * **the pipeline** is the schedule's longest path over those costs
   (:func:`workloads.schedules.schedule_timing`);
 * **data parallelism**: the gradient buckets overlap the last micro-batch's backward, so
-  the estimate exposes ``max(last bucket, all buckets - one backward)``; the distributed
+  the estimate exposes ``max(last bucket, all buckets - one backward)`` (without
+  ``grad_reduce`` overlap: all of them, after the stage's schedule); the distributed
   optimizer's parameter gather exposes ``max(first bucket, all buckets - one forward)``; step-end ops (grad-norm
   all-reduce, tied embeddings, the optimizer) add;
 * **memory** is :func:`workloads.memory_estimates`, the simulator's memory model.
@@ -91,7 +92,8 @@ class Estimator:
         small = dataclasses.replace(par, schedule=canon, global_batch_size=m_small * par.micro_batch_size * par.dp)
         prog = build_program(sc.model, small, sc.cluster.gpu, precision=sc.precision, moe_routing="balanced",
                              seed=sc.seed, grad_reduce_dtype=sc.grad_reduce_dtype,
-                             p2p_overlap=sc.overlap.get("p2p", False))
+                             p2p_overlap=sc.overlap.get("p2p", False),
+                             grad_reduce_overlap=sc.overlap.get("grad_reduce", True))
         grid = prog.grid
         gpu_of = grid.gpu_of
         ov = sc.overlap
@@ -184,7 +186,12 @@ class Estimator:
         for s in range(par.pp):
             st = per_stage[s]
             window = st["action"].get(("B", 0), 0.0) + st["action"].get(("W", 0), 0.0)
-            dp = max(st["grad"][-1], sum(st["grad"]) - window) if st["grad"] else 0.0
+            if not st["grad"]:
+                dp = 0.0
+            elif sc.overlap.get("grad_reduce", True):
+                dp = max(st["grad"][-1], sum(st["grad"]) - window)
+            else:                  # issued after the stage's schedule, each bucket blocking
+                dp = sum(st["grad"])
             if st["gather"]:       # the next step's first forward waits for the buckets it needs
                 dp += max(st["gather"][0], sum(st["gather"]) - st["action"].get(("F", 0), 0.0))
             exposed_dp.append(dp)

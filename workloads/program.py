@@ -212,6 +212,7 @@ class _Ctx:
     seg_cache: dict = field(default_factory=dict)
     param_cache: dict = field(default_factory=dict)
     p2p_overlap: bool = False
+    grad_overlap: bool = True
 
 
 def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[str, list]:
@@ -270,7 +271,7 @@ class _Emitter:
 def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, num_gpus: int | None = None,
                   precision: str = "bf16", compute_model=None, moe_routing="balanced", seed: int = 0,
                   with_memory: bool = False, grad_reduce_dtype: str | None = None,
-                  p2p_overlap: bool = False) -> Program:
+                  p2p_overlap: bool = False, grad_reduce_overlap: bool = True) -> Program:
     """The class-level program of one training step.
 
     Parameters
@@ -284,6 +285,11 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     p2p_overlap : Megatron's ``overlap_p2p_comm`` (the scenario's ``overlap.p2p``): the
         interleaved schedule posts each transfer asynchronously next to its compute action
         instead of in Megatron's per-step batches (:mod:`workloads.schedules.comm`)
+    grad_reduce_overlap : the scenario's ``overlap.grad_reduce``: gradient buckets are
+        issued as their last micro-batch's backward fills them (Megatron-Core's
+        ``overlap_grad_reduce``); off, all of them are issued after the stage's last
+        action, as Megatron's ``finalize_model_grads`` does once the pipeline schedule has
+        returned (the engine then runs them blocking)
     """
     par = parallel.resolve(num_gpus) if num_gpus is not None else parallel
     par.check_model(model)
@@ -306,6 +312,7 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     ctx = _Ctx(model, par, compute, recipe, par.micro_batch_size, seq, chunk_layers, sched,
                parse_routing(moe_routing), seed)
     ctx.p2p_overlap = p2p_overlap
+    ctx.grad_overlap = grad_reduce_overlap
     a2a_sizes: dict = {}
     # MoE: per EP coordinate the tokens of every (layer, micro-batch); equal signatures share a class
     ep_coords = range(par.ep) if model.moe is not None else [0]
@@ -570,6 +577,9 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
     grad_bytes = _DTYPE_BYTES.get(ctx.recipe.grad_reduce_dtype, 4.0)
     dp_coll = "reduce_scatter" if (par.distributed_optimizer or par.zero_stage >= 1) else "all_reduce"
     pending = {"dense": 0, "expert": 0}
+    # without overlap the reduction is issued once the stage's schedule is done (Megatron's
+    # finalize_model_grads after forward_backward_func), not as the buckets fill
+    deferred: list[tuple] = []
 
     def flush(kind, chunk):
         n = pending[kind]
@@ -577,7 +587,11 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
             return
         group = "dp_cp" if kind == "dense" else "edp"
         if (par.dp * par.cp if kind == "dense" else par.expert_dp) > 1:
-            em.coll("dp", dp_coll, group, n * grad_bytes, f"grad_{kind}", chunk=chunk, phase="W")
+            args = ("dp", dp_coll, group, n * grad_bytes, f"grad_{kind}")
+            if ctx.grad_overlap:
+                em.coll(*args, chunk=chunk, phase="W")
+            else:
+                deferred.append((args, chunk))
         pending[kind] = 0
 
     def grads_ready(layers, chunk, extra: int = 0):
@@ -606,6 +620,8 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
                          p2p=order is None)
         em.lane = 0
     # step end
+    for args, chunk in deferred:
+        em.coll(*args, chunk=chunk, phase="W")
     first_stage = stage == 0 or (sched.layout == "bidirectional")
     last_stage = stage == pp - 1 or (sched.layout == "bidirectional")
     if model.tied_embeddings and pp > 1 and (first_stage or last_stage):
