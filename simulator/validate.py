@@ -88,8 +88,8 @@ Framework defaults for empty cells (echoed per row in ``notes``), :data:`FRAMEWO
   ``llama3.1/llama3.1_{70b,405b}.yaml`` (``sequence_parallel: true``,
   ``distributed_fused_adam`` with ``overlap_grad_sync`` / ``overlap_param_sync``,
   ``activations_checkpoint_granularity: null``, ``overlap_p2p_comm: true``).  Not modelled
-  (noted per row): per recipe ``fp8_params: true`` (GPT-3 FP8: FP8 parameter all-gather)
-  and ``NCCL_NVLS_ENABLE=0`` (Llama 3.1 runs; clustersim may pick NVLS).  Modelled:
+  (noted per row): per recipe ``fp8_params: true`` (GPT-3 FP8: FP8 parameter all-gather).  Modelled:
+  ``NCCL_NVLS_ENABLE=0`` (Llama 3.1 runs) -> ``cluster.nvls: false``,
   ``ub_tp_comm_overlap: true`` -> ``overlap.tp_comm: true`` and ``grad_sync_dtype: bf16``
   -> ``grad_reduce_dtype: bf16``.
 * **Megatron-LM / Megatron-Core / Megatron-DeepSpeed** (contains "megatron"): the
@@ -274,8 +274,12 @@ FRAMEWORKS: dict[str, dict] = {
 # Recipe-specific settings of the NeMo 24.09 runs that clustersim cannot express (model preset -> notes).
 _NEMO_RECIPE_NOTES = {
     "gpt3-175b": [("fp8", "FP8 parameter all-gather (NeMo fp8_params: true; clustersim gathers BF16)")],
-    "llama3.1-70b": [("", "NCCL_NVLS_ENABLE=0 in the recipe (clustersim may choose NVLS for NVLink collectives)")],
-    "llama3.1-405b": [("", "NCCL_NVLS_ENABLE=0 in the recipe (clustersim may choose NVLS for NVLink collectives)")],
+}
+
+# Recipe settings of the NeMo 24.09 runs that map onto the cluster (model preset -> overrides, note).
+_NEMO_RECIPE_CLUSTER = {
+    "llama3.1-70b": ({"nvls": False}, "NCCL_NVLS_ENABLE=0 in the recipe -> cluster.nvls: false (ring/tree on NVLink)"),
+    "llama3.1-405b": ({"nvls": False}, "NCCL_NVLS_ENABLE=0 in the recipe -> cluster.nvls: false (ring/tree on NVLink)"),
 }
 
 _GPT2_VOCAB = 50257
@@ -788,6 +792,10 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
         for prec, text in _NEMO_RECIPE_NOTES.get(mpreset, []):
             if not prec or precision.startswith(prec):
                 notes.append(_NOT_MODELLED + text)
+        if mpreset in _NEMO_RECIPE_CLUSTER:
+            over, text = _NEMO_RECIPE_CLUSTER[mpreset]
+            cluster = {**cluster, **over}
+            notes.append(text)
 
     scenario = {"model": model if len(model) > 1 else mpreset, "cluster": cluster, "parallel": par,
                 "precision": precision, "overlap": overlap, "num_steps": 2}

@@ -73,6 +73,9 @@ class ClusterSpec:
     multi-node NVLS for all-reduce across nodes."""
     seed: int = 0
     """Seed of the ECMP hash."""
+    nvls: bool = True
+    """NCCL may use NVLink SHARP where the GPUs and switches have it (``NCCL_NVLS_ENABLE``,
+    default on); false: never (``NCCL_NVLS_ENABLE=0``, as some recipes set)."""
 
     @property
     def num_gpus(self) -> int:
@@ -83,7 +86,7 @@ _SPEC_KEYS = {
     "preset", "name", "gpu", "num_nodes", "num_gpus", "gpus_per_host", "nvlink_domain_size",
     "nvlink_bandwidth", "nics_per_host", "nic", "nic_bandwidth", "pcie_bandwidth", "hosts_per_leaf",
     "rail_optimized", "oversubscription", "num_spines", "hosts_per_rack", "xrack_bandwidth_per_host",
-    "num_cores", "xrack_latency", "routing", "pxn", "sharp", "seed", "source", "description",
+    "num_cores", "xrack_latency", "routing", "pxn", "sharp", "nvls", "seed", "source", "description",
 }
 
 
@@ -153,7 +156,7 @@ def spec_from_mapping(cfg: dict | str) -> ClusterSpec:
     over = d.get("oversubscription", 1.0)
     if isinstance(over, bool) or not isinstance(over, (int, float)) or not over > 0:
         raise ConfigError("cluster.oversubscription", over, "must be a positive number (downlink:uplink ratio)")
-    for key in ("rail_optimized", "pxn", "sharp"):
+    for key in ("rail_optimized", "pxn", "sharp", "nvls"):
         if key in d and not isinstance(d[key], bool):
             raise ConfigError(f"cluster.{key}", d[key], "must be true or false")
     return ClusterSpec(
@@ -171,7 +174,7 @@ def spec_from_mapping(cfg: dict | str) -> ClusterSpec:
         num_cores=_int(d, "num_cores", 1), xrack_latency_s=parse_time(d.get("xrack_latency", LINK_LATENCY_S[Tier.XRACK]),
                                                                     "cluster.xrack_latency"),
         routing=routing, pxn=bool(d.get("pxn", True)), sharp=bool(d.get("sharp", False)),
-        seed=_int(d, "seed", 0, minimum=0),
+        seed=_int(d, "seed", 0, minimum=0), nvls=bool(d.get("nvls", True)),
     )
 
 

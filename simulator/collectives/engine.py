@@ -121,7 +121,7 @@ class CollectiveEngine:
         self._plan_cache: dict[tuple, tuple[Plan, float]] = {}
         self.records: list[CollectiveRecord] = []
         self.generation = cluster.gpu.generation
-        self.nvls_capable = cluster.gpu.nvls and cluster.nvlink_domain_size > 2
+        self.nvls_capable = cluster.gpu.nvls and cluster.spec.nvls and cluster.nvlink_domain_size > 2
         self.folding = None
         self._mult: dict[int, int] = {}
         self._qcache: dict[tuple, list] = {}

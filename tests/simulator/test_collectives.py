@@ -73,6 +73,20 @@ def test_nvls_inside_one_host(dgx2):
     close(run_one(dgx2, range(8), "all_reduce", S, "nvls")[0], A.nvls_all_reduce(8, S, 450e9, ALPHA))
 
 
+def test_nvls_disabled_like_nccl_nvls_enable_0():
+    """``cluster.nvls: false`` (NCCL_NVLS_ENABLE=0) leaves NCCL ring and tree: on 8 H100 the
+    all-reduce runs at the ring's rate, slower than with NVLS."""
+    size = 2**30
+    times = {}
+    for nvls in (True, False):
+        env = simpy.Environment()
+        eng = CollectiveEngine(env, build_cluster("dgx-h100", num_nodes=1, nvls=nvls))
+        choices = eng.predict(list(range(8)), "all_reduce", size)
+        assert any(algo == "nvls" for algo, _ in choices) is nvls
+        times[nvls] = min(choices.values())
+    assert times[False] > 1.2 * times[True]
+
+
 @pytest.mark.parametrize("hosts", [1, 2, 3])
 def test_uniform_all_to_all(hosts):
     c = build_cluster("dgx-h100", num_nodes=max(hosts, 1))

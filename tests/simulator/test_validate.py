@@ -99,7 +99,7 @@ def test_published_mapping_follows_the_nemo_recipes():
     assert par["distributed_optimizer"] is True and par["recompute"] == "none"
     assert sc["overlap"] == {"grad_reduce": True, "param_gather": True, "tp_comm": True, "p2p": True}
     assert sc["grad_reduce_dtype"] == "bf16"
-    assert sc["cluster"] == {"preset": "dgx-h100", "num_nodes": 8}
+    assert sc["cluster"] == {"preset": "dgx-h100", "num_nodes": 8, "nvls": False}      # the recipe's NCCL_NVLS_ENABLE=0
     assert sc["precision"] == "bf16"
     text = NOTE_SEP.join(notes)
     assert "defaults (NeMo" in text and "recompute=none" in text and "sequence_parallel=true" in text
@@ -329,7 +329,15 @@ def test_summary_numbers_on_a_fake_run(tmp_path):
     line = next(ln for ln in text.splitlines() if ln.startswith("synthetic"))
     assert line.split() == ["synthetic", "6", "4", "67%", "25.0%", "37.0%", "40.0%", "25.0%", "+20.0%"]
     assert "   2  unsupported: unknown model 'Falcon 180B' (no clustersim preset)" in text
-    assert "NCCL_NVLS_ENABLE=0" in text          # the not-modelled features are counted
+    assert "NCCL_NVLS_ENABLE" not in text        # modelled now (cluster.nvls), not a not-modelled feature
+
+
+def test_nemo_llama_recipe_disables_nvls():
+    sc, notes = row_to_scenario(row())
+    assert sc["cluster"]["nvls"] is False
+    assert any("NCCL_NVLS_ENABLE=0" in n and "cluster.nvls: false" in n for n in notes)
+    sc, _ = row_to_scenario(row(model="GPT3-175B", seq_len="2048", cp="1", vpp="12", tp="4", pp="8", dp="2"))
+    assert "nvls" not in sc["cluster"]
 
 
 def test_bad_files_raise_config_errors(tmp_path):
@@ -371,7 +379,7 @@ def test_a_tiny_vtrain_row_simulates(tmp_path):
 def test_runs_on_part_of_one_host_get_a_smaller_host():
     sc, _ = row_to_scenario(row(num_gpus="4", tp="2", pp="1", vpp="", dp="2", cp="", global_batch_size="8"))
     assert sc["cluster"] == {"preset": "dgx-h100", "num_nodes": 1, "gpus_per_host": 4, "nvlink_domain_size": 4,
-                             "nics_per_host": 4}
+                             "nics_per_host": 4, "nvls": False}
     assert load_scenario(sc).cluster.num_gpus == 4
     v = {"_format": "vtrain", "# GPUs": "2", "global batch": "16", "micro batch": "8", "hidden size": "1024",
          "attention heads": "16", "# layers": "24", "sequence length": "1024", "tensor parallelism": "1",
