@@ -80,3 +80,35 @@ def test_h200_partial_node_nvls_scaling():
     sim = {n: size / sim_all_reduce(c, n, size, "nvls", "Simple") * 2 * (n - 1) / n for n in meas}
     for n in meas:
         assert sim[n] / sim[8] == pytest.approx(meas[n] / meas[8], rel=0.05)
+
+
+def _payload(text):
+    units = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+    return int(float(text[:-3]) * units[text[-3:]])
+
+
+def test_b200_plateaus_and_partial_node_rows():
+    """Blackwell constants come from the P6-B200 plateaus (8-GPU ring with NVLS off and NVLS
+    at 8 GiB, 4 hosts at 16 GiB); the partial-node rows (ring on 4-5 GPUs, NVLS on 6-7)
+    are held out."""
+    rows = load(REF / "nccl_microbenchmarks.csv")
+    full = {(int(r["gpus"]), r["payload"]): float(r["busbw_GBps"]) for r in rows
+            if r["system"].startswith("AWS P6-B200 (8x B200")}
+    part = {int(r["gpus"]): (r["algorithm"], float(r["busbw_GBps"])) for r in rows
+            if r["system"].startswith("B200 node (AWS p6-b200.48xlarge), partial GPU count")}
+
+    def busbw(cluster, n, size, algo=None, proto=None):
+        return size * 2 * (n - 1) / n / sim_all_reduce(cluster, n, size, algo, proto) / 1e9
+
+    one = build_cluster("dgx-b200")
+    assert busbw(one, 8, 16 * 2**30) == pytest.approx(full[(8, "16GiB")], rel=0.03)      # NCCL's choice: NVLS
+    assert busbw(build_cluster("dgx-b200", num_nodes=4), 32, 16 * 2**30) == pytest.approx(full[(32, "16GiB")],
+                                                                                           rel=0.02)
+    no_nvls = build_cluster("dgx-b200", nvls=False)
+    for n, (algo, measured) in part.items():
+        size = _payload("8GiB")
+        if algo == "Ring":
+            assert busbw(no_nvls, n, size) == pytest.approx(measured, rel=0.05), n
+        else:
+            assert busbw(one, n, size, "nvls", "Simple") / busbw(one, 8, size, "nvls", "Simple") == \
+                pytest.approx(measured / part[8][1], rel=0.05), n
