@@ -908,7 +908,8 @@ def _row_id(row: dict) -> str:
 
 def _source(row: dict) -> str:
     if row.get("_format") == "vtrain":
-        return "vtrain"
+        # vTrain's two files are separate sources: 64-512 GPUs, and one host
+        return "vtrain_single" if Path(row.get("_file", "")).stem == "ground_truth_single" else "vtrain"
     return _cell(row, "source_id") or Path(row.get("_file", "runs")).stem
 
 

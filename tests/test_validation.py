@@ -1,9 +1,10 @@
 """Step-time accuracy regression test on the shared reference sets (marker ``validation``).
 
 Runs ``experiments/validate_all.py``'s sets the way CI can afford them (``make
-test-validation``, about 10 minutes on 2 cores): the whole vTrain multi-node set (109 rows)
-and the deterministic H100 subset ``CI_MAX_GPUS`` (the 20 rows on at most 512 GPUs; the
-1,024-2,304-GPU rows are weak-scaling copies of them and take most of the set's time).
+test-validation``, about 10 minutes on 2 cores): the whole vTrain multi-node set (109 rows),
+the deterministic H100 subset ``CI_MAX_GPUS`` (the 20 rows on at most 512 GPUs; the
+1,024-2,304-GPU rows are weak-scaling copies of them and take most of the set's time) and
+vTrain's 1,440 single-host runs (under a minute).
 Fails if a row stops being simulated (coverage drops) or the median absolute step-time
 error rises more than 1 point above the value reached when the calibration was last
 changed (``REACHED``).  Update ``REACHED`` only together with a calibration change, with
@@ -27,6 +28,9 @@ REACHED = {
     # set: (rows, simulated rows, median |error| in % reached)
     "vtrain": (109, 109, 6.26),
     "h100": (20, 20, 4.05),
+    # one-host runs, not a target: a regression guard on the host-bound regime clustersim
+    # does not model (see README, Accuracy)
+    "vtrain_single": (1440, 1440, 26.66),
 }
 """Coverage and median absolute step-time error reached (see the module docstring)."""
 
