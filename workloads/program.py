@@ -32,7 +32,9 @@ The op list of a class is its program order across streams:
   data parallel         gradient buckets of ``max(40M, 1M x dp x cp)`` parameters in
                         ``grad_reduce_dtype``, reduce-scattered (distributed optimizer) or
                         all-reduced over dp x cp (dense) / edp (experts), emitted as the last
-                        micro-batch's backward of each chunk completes them; after the
+                        micro-batch's backward of each chunk completes them (without
+                        ``grad_reduce`` overlap: all of them after the stage's last
+                        action, as Megatron's ``finalize_model_grads``); after the
                         optimizer step the distributed optimizer all-gathers parameters by
                         bucket; ZeRO-3 gathers each layer's parameters before its forward and
                         backward and reduce-scatters its gradients.
