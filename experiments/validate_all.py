@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:                    # run as a script from any directory
     sys.path.insert(0, str(ROOT))
 
-from simulator.validate import summary, validate, write_csv  # noqa: E402
+from simulator.validate import summary, validate  # noqa: E402
 
 REFERENCE = ROOT / "experiments" / "reference"
 SETS = {
@@ -72,9 +72,8 @@ def run_set(name: str, out_dir: Path | None, *, limit: int | None = None, max_gp
             print(f"  [{name} {i + 1}/{n}] {r['id']:<22} {str(r['model'])[:30]:<30} {r['num_gpus']:>5} "
                   f"{err:>8}  {r['status']}", flush=True)
 
-    results = validate(SETS[name], None, max_gpus=max_gpus, progress=progress, select=select, limit=limit)
-    if out_dir is not None:
-        write_csv(results, out_dir / f"predictions_{name}.csv")
+    out_csv = out_dir / f"predictions_{name}.csv" if out_dir is not None else None
+    results = validate(SETS[name], out_csv, max_gpus=max_gpus, progress=progress, select=select, limit=limit)
     if not quiet:
         print(f"  {name}: {len(results)} rows in {time.perf_counter() - t0:.0f} s", flush=True)
     return results

@@ -313,9 +313,9 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
             dur = op.duration_s * factor
             if jit is not None:
                 dur = jit(dur, step, idx)
-            if slowdown != 1.0 and dur > 0 and any(not e.processed for e in inflight):
-                dur *= slowdown
             inflight[:] = [e for e in inflight if not e.processed]
+            if slowdown != 1.0 and dur > 0 and inflight:
+                dur *= slowdown
             if therm is not None:
                 dur = therm(dur, step, env.now)
             return dur

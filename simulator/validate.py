@@ -271,15 +271,13 @@ FRAMEWORKS: dict[str, dict] = {
 }
 """Defaults per framework for the cells a published-format row leaves empty."""
 
-# Recipe-specific settings of the NeMo 24.09 runs that clustersim cannot express (model preset -> notes).
-_NEMO_RECIPE_NOTES = {
-    "gpt3-175b": [("fp8", "FP8 parameter all-gather (NeMo fp8_params: true; clustersim gathers BF16)")],
-}
-
-# Recipe settings of the NeMo 24.09 runs that map onto the cluster (model preset -> overrides, note).
-_NEMO_RECIPE_CLUSTER = {
-    "llama3.1-70b": ({"nvls": False}, "NCCL_NVLS_ENABLE=0 in the recipe -> cluster.nvls: false (ring/tree on NVLink)"),
-    "llama3.1-405b": ({"nvls": False}, "NCCL_NVLS_ENABLE=0 in the recipe -> cluster.nvls: false (ring/tree on NVLink)"),
+# Recipe-specific settings of the NeMo 24.09 runs (model preset -> list of (precision prefix
+# or '' for any, cluster overrides or None when clustersim cannot express it, note)).
+_NVLS_OFF = ({"nvls": False}, "NCCL_NVLS_ENABLE=0 in the recipe -> cluster.nvls: false (ring/tree on NVLink)")
+_NEMO_RECIPES = {
+    "gpt3-175b": [("fp8", None, "FP8 parameter all-gather (NeMo fp8_params: true; clustersim gathers BF16)")],
+    "llama3.1-70b": [("", *_NVLS_OFF)],
+    "llama3.1-405b": [("", *_NVLS_OFF)],
 }
 
 _GPT2_VOCAB = 50257
@@ -789,13 +787,14 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
     notes += pnotes
     notes += [_NOT_MODELLED + x for x in prof["not_modelled"]]
     if fw == "nemo":
-        for prec, text in _NEMO_RECIPE_NOTES.get(mpreset, []):
-            if not prec or precision.startswith(prec):
+        for prec, over, text in _NEMO_RECIPES.get(mpreset, []):
+            if prec and not precision.startswith(prec):
+                continue
+            if over is None:
                 notes.append(_NOT_MODELLED + text)
-        if mpreset in _NEMO_RECIPE_CLUSTER:
-            over, text = _NEMO_RECIPE_CLUSTER[mpreset]
-            cluster = {**cluster, **over}
-            notes.append(text)
+            else:
+                cluster = {**cluster, **over}
+                notes.append(text)
 
     scenario = {"model": model if len(model) > 1 else mpreset, "cluster": cluster, "parallel": par,
                 "precision": precision, "overlap": overlap, "num_steps": 2}

@@ -573,7 +573,7 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
     last_mb = _last_microbatches(sched, stage)
     stage_layers = [ctx.chunk_layers[model_chunk(sched, stage, c)] for c in range(sched.num_chunks)]
     n_stage_layers = sum(len(r) for r in stage_layers)
-    act_p2p = ctx.mbs * ctx.seq / par.cp * model.hidden_size * 2.0 / (par.tp if _p2p_split(par) else 1)
+    act_p2p = _act_bytes(ctx) / (par.tp if _p2p_split(par) else 1)
     # gradient buckets: parameters accumulate in backward order during the last micro-batch
     bucket_params = max(40_000_000, 1_000_000 * par.dp * par.cp)
     grad_bytes = _DTYPE_BYTES.get(ctx.recipe.grad_reduce_dtype, 4.0)
@@ -659,6 +659,11 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
     return em.ops
 
 
+def _act_bytes(ctx) -> float:
+    """Bytes of one micro-batch's activation (or its gradient) between stages, whole."""
+    return ctx.mbs * ctx.seq / ctx.par.cp * ctx.model.hidden_size * 2.0
+
+
 def _p2p_split(par) -> bool:
     """Whether a TP rank sends only its 1/tp slice of the activations between stages:
     with sequence parallelism they are split already; with Megatron-LM's scatter/gather
@@ -669,10 +674,8 @@ def _p2p_split(par) -> bool:
 def _gather_received(ctx, em, mb, chunk, phase):
     """Megatron-LM's ``gather_split_1d_tensor``: the TP group rebuilds the received
     activation (or gradient) from its slices before computing on it."""
-    par = ctx.par
-    if par.scatter_gather_tensors_in_pipeline and par.tp > 1 and not par.sequence_parallel:
-        size = ctx.mbs * ctx.seq / par.cp * ctx.model.hidden_size * 2.0
-        em.coll("tp", "all_gather", "tp", size, "p2p_gather", -1, mb, chunk, phase)
+    if _p2p_split(ctx.par) and not ctx.par.sequence_parallel:
+        em.coll("tp", "all_gather", "tp", _act_bytes(ctx), "p2p_gather", -1, mb, chunk, phase)
 
 
 def _emit_transfer(ctx, em, t, act_p2p):

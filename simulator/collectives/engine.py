@@ -185,15 +185,19 @@ class CollectiveEngine:
 
     def _seconds_per_byte(self, p: Plan) -> float:
         """Uncontended transfer time per payload byte: max over flows of bytes / rate."""
-        if not p.flows:
+        return self._spb(p.flows)
+
+    def _spb(self, flows) -> float:
+        """Time per payload byte of ``flows`` running together at max-min rates."""
+        if not flows:
             return 0.0
-        lens = [f.links.size for f in p.flows]
+        lens = [f.links.size for f in flows]
         ptr = np.zeros(len(lens) + 1, dtype=np.int64)
         ptr[1:] = np.cumsum(lens)
-        links = np.concatenate([f.links for f in p.flows])
-        coefs = np.concatenate([f.coefs for f in p.flows])
+        links = np.concatenate([f.links for f in flows])
+        coefs = np.concatenate([f.coefs for f in flows])
         rate = max_min_rates(ptr, links, coefs, self.capacity)
-        bpb = np.array([f.bytes_per_byte for f in p.flows])
+        bpb = np.array([f.bytes_per_byte for f in flows])
         return float(np.max(bpb / rate))
 
     def _algo_factor(self, algo: str) -> float:
@@ -330,16 +334,8 @@ class CollectiveEngine:
             else:
                 plans = [self.plan(g, ref_kind, ref_algo)[0] for g in groups]
             flows = [f for p in plans for f in p.flows]
-            spb_alone = self._seconds_per_byte(plans[0]) if flows else 0.0
-            if spb_alone > 0:
-                lens = [f.links.size for f in flows]
-                ptr = np.zeros(len(lens) + 1, dtype=np.int64)
-                ptr[1:] = np.cumsum(lens)
-                rate = max_min_rates(ptr, np.concatenate([f.links for f in flows]),
-                                     np.concatenate([f.coefs for f in flows]), self.capacity)
-                stretch = float(np.max(np.array([f.bytes_per_byte for f in flows]) / rate)) / spb_alone
-            else:
-                stretch = 1.0
+            spb_alone = self._spb(plans[0].flows) if flows else 0.0
+            stretch = self._spb(flows) / spb_alone if spb_alone > 0 else 1.0
             self._stretch[key] = stretch
         return lat + (alone - lat) * stretch
 

@@ -16,7 +16,7 @@ import pytest
 import simpy
 
 from simulator.collectives import CollectiveEngine
-from topologies import build_cluster
+from topologies import build_cluster, parse_size
 
 REF = Path(__file__).resolve().parents[2] / "experiments" / "reference"
 
@@ -82,11 +82,6 @@ def test_h200_partial_node_nvls_scaling():
         assert sim[n] / sim[8] == pytest.approx(meas[n] / meas[8], rel=0.05)
 
 
-def _payload(text):
-    units = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
-    return int(float(text[:-3]) * units[text[-3:]])
-
-
 def test_b200_plateaus_and_partial_node_rows():
     """Blackwell constants come from the P6-B200 plateaus (8-GPU ring with NVLS off and NVLS
     at 8 GiB, 4 hosts at 16 GiB); the partial-node rows (ring on 4-5 GPUs, NVLS on 6-7)
@@ -106,7 +101,7 @@ def test_b200_plateaus_and_partial_node_rows():
                                                                                            rel=0.02)
     no_nvls = build_cluster("dgx-b200", nvls=False)
     for n, (algo, measured) in part.items():
-        size = _payload("8GiB")
+        size = parse_size("8GiB")
         if algo == "Ring":
             assert busbw(no_nvls, n, size) == pytest.approx(measured, rel=0.05), n
         else:
