@@ -163,9 +163,10 @@ class FlowNetwork:
                 self._templates[key] = t
         if self._watch is not None and t.items:
             mask, at_s, on_use = self._watch
-            hit = t.uniq[mask[t.uniq]]
-            if hit.size and self.env.now + delay >= at_s:
-                on_use(self.env.now + delay, hit.tolist())
+            if self.env.now + delay >= at_s:
+                hit = t.uniq[mask[t.uniq]]
+                if hit.size:
+                    on_use(self.env.now + delay, hit.tolist())
         if delay > 0:
             if not (t.items and self._try_isolated(gid, t, ev, self.env.now + delay)):
                 self.env.timeout(delay).callbacks.append(lambda _e: self._admit(gid, t, ev))

@@ -165,6 +165,15 @@ class Router:
                 out.append((s, cc))
         return out
 
+    def _plane_links(self, la: int, lb: int, pa: int, pb: int, s: int, cc: int) -> list[int]:
+        """The links of plane (spine ``s``, core ``cc``) from leaf ``la`` (pod ``pa``) to leaf
+        ``lb`` (pod ``pb``): leaf -> spine, spine -> core -> spine when the pods differ, spine -> leaf."""
+        links = [int(self.leaf_spine[la, s])]
+        if pa != pb:
+            links += [int(self.spine_core[pa, s, cc]), int(self.core_spine[pb, s, cc])]
+        links.append(int(self.spine_leaf[lb, s]))
+        return links
+
     def _fabric_failed(self, la, lb, src_nic, dst_nic, flow_key, src, dst) -> tuple[list[int], list[float]]:
         """The spine part of a route around failed links (see the module docstring)."""
         S, C = self.num_spines, self.num_cores
@@ -179,10 +188,7 @@ class Router:
         if self.policy == "adaptive":
             w = 1.0 / len(planes)
             for s, cc in planes:
-                links += [int(self.leaf_spine[la, s])]
-                if pa != pb:
-                    links += [int(self.spine_core[pa, s, cc]), int(self.core_spine[pb, s, cc])]
-                links += [int(self.spine_leaf[lb, s])]
+                links += self._plane_links(la, lb, pa, pb, s, cc)
             coefs = [w] * len(links)
             # merge the leaf links shared by several cores of one spine
             merged: dict[int, float] = {}
@@ -197,10 +203,7 @@ class Router:
             c0 = int(self.nic_port[dst_nic]) % C if (pa != pb and C > 1) else 0
             order = {(s, cc): ((s - s0) % S) * max(C, 1) + (cc - c0) % max(C, 1) for s, cc in planes}
             s, cc = min(planes, key=order.__getitem__)
-        links += [int(self.leaf_spine[la, s])]
-        if pa != pb:
-            links += [int(self.spine_core[pa, s, cc]), int(self.core_spine[pb, s, cc])]
-        links += [int(self.spine_leaf[lb, s])]
+        links = self._plane_links(la, lb, pa, pb, s, cc)
         return links, [1.0] * len(links)
 
     def _fabric(self, src_nic: int, dst_nic: int, flow_key: int, src: int = -1,
@@ -227,12 +230,10 @@ class Router:
                     links.append(int(self.spine_leaf[lb, s])); coefs.append(1.0 / S)
             else:
                 s = self._plane(src_nic, dst_nic, flow_key, S)
-                links.append(int(self.leaf_spine[la, s])); coefs.append(1.0)
-                if pa != pb:
-                    cc = self._plane(src_nic, dst_nic, flow_key + 0x5bd1e995, C) if C > 1 else 0
-                    links += [int(self.spine_core[pa, s, cc]), int(self.core_spine[pb, s, cc])]
-                    coefs += [1.0, 1.0]
-                links.append(int(self.spine_leaf[lb, s])); coefs.append(1.0)
+                cc = self._plane(src_nic, dst_nic, flow_key + 0x5bd1e995, C) if pa != pb and C > 1 else 0
+                plane = self._plane_links(la, lb, pa, pb, s, cc)
+                links += plane
+                coefs += [1.0] * len(plane)
         links.append(int(self.nic_down[dst_nic])); coefs.append(1.0)
         return links, coefs
 

@@ -68,11 +68,9 @@ def gantt_pair(base, other, out: Path, *, label: str, ranks=None, by: str = "ran
     from simulator.plots import gantt
     paths = []
     for name, res, what in (("baseline", base, "baseline"), ("whatif", other, label)):
-        tl = res.rank_timeline(ranks)
-        tl = tl[tl["step"] == tl["step"].max()]
         p = out / f"gantt_{name}.png"
-        gantt(tl, p, by=by, stage_of=stage_of, title=f"{what}: step {res.metrics['step_time_s'] * 1e3:.1f} ms "
-                                                     f"(last of {len(res.step_bounds)} steps)")
+        gantt(res.rank_timeline(ranks), p, by=by, stage_of=stage_of, step=-1,
+              title=f"{what}: step {res.metrics['step_time_s'] * 1e3:.1f} ms (last of {len(res.step_bounds)} steps)")
         paths.append(p)
     return paths
 
@@ -86,6 +84,18 @@ def new_axes(title: str, xlabel: str, ylabel: str, figsize=(8, 5)):
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     return fig, ax
+
+
+def step_time_bars(ax, rows: list[dict], labels: list[str], colors: list[str], *, fontsize=9) -> None:
+    """Bars of ``rows``' step times in ms, each labelled "<ms> ms (<ratio>x)" (``ratio`` key),
+    x tick ``labels`` at ``fontsize``, a "step time (ms)" axis and head-room for the labels."""
+    ax.bar(range(len(rows)), [r["step_time_s"] * 1e3 for r in rows], color=colors)
+    for j, r in enumerate(rows):
+        ax.text(j, r["step_time_s"] * 1e3, f"{r['step_time_s'] * 1e3:.0f} ms\n({r['ratio']:.2f}x)",
+                ha="center", va="bottom", fontsize=9)
+    ax.set_xticks(range(len(rows)), labels, fontsize=fontsize)
+    ax.set_ylabel("step time (ms)")
+    ax.margins(y=0.2)
 
 
 def save(fig, path: Path) -> Path:

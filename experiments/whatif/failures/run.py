@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import gantt_pair, load_config, merge, out_dir, parse_args, save, write_csv  # noqa: E402
+from _common import gantt_pair, load_config, merge, out_dir, parse_args, save, step_time_bars, write_csv  # noqa: E402
 
 
 def utilisation(res) -> np.ndarray:
@@ -46,6 +46,7 @@ def main(argv=None) -> list[dict]:
     cut = run(merge(base, {"whatif": {"failed_links": [[u, v]]}}))
     rows = [{"case": "healthy", "outcome": "completed", "step_time_s": healthy.metrics["step_time_s"]},
             {"case": f"link {u}--{v} down", "outcome": "completed", "step_time_s": cut.metrics["step_time_s"]}]
+    stop = None
     try:
         run(merge(base, {"whatif": {"failed_nics": [nic]}}))
         rows.append({"case": f"{nic} down, no failover", "outcome": "completed"})
@@ -72,16 +73,11 @@ def main(argv=None) -> list[dict]:
     fig = Figure(figsize=(14, 4.8), dpi=110)
     ax = fig.add_subplot(1, 3, 1)
     done = [r for r in rows if "step_time_s" in r]
-    ax.bar(range(len(done)), [r["step_time_s"] * 1e3 for r in done], color=["C0", "C3", "C2"][:len(done)])
-    for j, r in enumerate(done):
-        ax.text(j, r["step_time_s"] * 1e3, f"{r['step_time_s'] * 1e3:.0f} ms\n({r['ratio']:.2f}x)", ha="center",
-                va="bottom", fontsize=9)
-    ax.set_xticks(range(len(done)), [r["case"].replace(", ", ",\n").replace(" down", "\ndown") for r in done],
-                  fontsize=8)
-    ax.set_ylabel("step time (ms)")
-    ax.set_title(f"Step time ({nic} down without failover:\njob stopped at t = {stop.time_s * 1e3:.1f} ms, "
-                 f"{' '.join(f'gpu{g}' for g in stop.gpus)})", fontsize=9)
-    ax.margins(y=0.2)
+    step_time_bars(ax, done, [r["case"].replace(", ", ",\n").replace(" down", "\ndown") for r in done],
+                   ["C0", "C3", "C2"][:len(done)], fontsize=8)
+    stopped = ("job completed" if stop is None else
+               f"job stopped at t = {stop.time_s * 1e3:.1f} ms, {' '.join(f'gpu{g}' for g in stop.gpus)}")
+    ax.set_title(f"Step time ({nic} down without failover:\n{stopped})", fontsize=9)
     ax = fig.add_subplot(1, 3, 2)
     leaf = u if c.graph.nodes[u]["kind"] == "leaf" else v
     up = [i for i in sel if leaf in c.link_nodes[i]]

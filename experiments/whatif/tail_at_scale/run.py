@@ -46,6 +46,7 @@ def main(argv=None) -> list[dict]:
         tl = base.timeline[(base.timeline["step"] == 1) & (base.timeline["stream"] == "compute")]
         c0 = float((tl["end_s"] - tl["start_s"]).groupby(tl["class_id"]).sum().max())
         keep[(n, None)] = base
+        emax = expected_max_lognormal(n, 0.0, sigma)
         for scope in ("gpu_step", "op"):
             ratios = []
             for seed in cfg["seeds"]:
@@ -55,8 +56,7 @@ def main(argv=None) -> list[dict]:
             rows.append({"num_gpus": n, "scope": scope, "sigma": sigma, "base_step_s": t0,
                          "compute_share": c0 / t0, "ratio_mean": float(np.mean(ratios)),
                          "ratio_min": float(np.min(ratios)), "ratio_max": float(np.max(ratios)),
-                         "expected_max_factor": expected_max_lognormal(n, 0.0, sigma),
-                         "expected_step_ratio": 1 + c0 / t0 * (expected_max_lognormal(n, 0.0, sigma) - 1)})
+                         "expected_max_factor": emax, "expected_step_ratio": 1 + c0 / t0 * (emax - 1)})
             r = rows[-1]
             print(f"N={n:5d} {scope:<8} step/base {r['ratio_mean']:.4f} [{r['ratio_min']:.4f}, {r['ratio_max']:.4f}]"
                   f"  E[max]={r['expected_max_factor']:.4f}  expected step ratio {r['expected_step_ratio']:.4f}")

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import gantt_pair, load_config, merge, out_dir, parse_args, save, write_csv  # noqa: E402
+from _common import gantt_pair, load_config, merge, out_dir, parse_args, save, step_time_bars, write_csv  # noqa: E402
 
 
 def main(argv=None) -> list[dict]:
@@ -53,14 +53,8 @@ def main(argv=None) -> list[dict]:
     for i, study in enumerate(studies):
         ax = fig.add_subplot(1, 3, i + 1)
         r = [x for x in rows if x["study"] == study]
-        ax.bar(range(len(r)), [x["step_time_s"] * 1e3 for x in r], color=[f"C{j}" for j in range(len(r))])
-        for j, x in enumerate(r):
-            ax.text(j, x["step_time_s"] * 1e3, f"{x['step_time_s'] * 1e3:.0f} ms\n({x['ratio']:.2f}x)",
-                    ha="center", va="bottom", fontsize=9)
-        ax.set_xticks(range(len(r)), [x["setting"] for x in r], fontsize=9)
-        ax.set_ylabel("step time (ms)")
+        step_time_bars(ax, r, [x["setting"] for x in r], [f"C{j}" for j in range(len(r))])
         ax.set_title(titles[study], fontsize=10)
-        ax.margins(y=0.2)
     save(fig, out / "topology.png")
     o = cfg["oversubscription"]
     a, b = runs[("oversubscription", f"{o[0]}:1")], runs[("oversubscription", f"{o[-1]}:1")]
