@@ -102,7 +102,7 @@ def main() -> None:
                         row["status"], row["reason"] = "oom", worst.verdict()
                     else:
                         est = est or Estimator(sc.cluster)
-                        row["est_step_s"] = est.estimate(sc)["step_time_s"]
+                        row["est_step_s"] = est.estimate(sc, mem)["step_time_s"]
                         todo.append((len(rows), cfg))
                 except Exception as e:          # ConfigError: e.g. tp beyond the attention heads' split
                     row["status"], row["reason"] = "invalid", str(e)

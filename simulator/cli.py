@@ -250,15 +250,13 @@ def _sweep(args) -> int:
 def _search(args) -> int:
     import math
 
-    from .search import SearchSpec, plot_search, search
+    from .scenario import read_yaml
+    from .search import KNOBS, SearchSpec, plot_search, search
     from .sweep import Store, make_executor
     path = Path(args.search)
-    if not path.is_file():
-        raise ConfigError("search", str(path), "file not found")
-    with path.open() as f:
-        raw = yaml.safe_load(f)
+    raw = read_yaml(path, "search")
     if args.simulate is not None:
-        raw = {**(raw or {}), "simulate": args.simulate if args.simulate == "all" else _int_arg(args.simulate)}
+        raw = {**raw, "simulate": args.simulate if args.simulate == "all" else _int_arg(args.simulate)}
     spec = SearchSpec.from_dict(raw)
     store = Store(args.db) if args.db else None
     with make_executor(args.dask, args.workers) as ex:
@@ -269,16 +267,13 @@ def _search(args) -> int:
         table.to_csv(args.out, index=False)
     if args.plot:
         Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
-        cl = spec.cluster if isinstance(spec.cluster, dict) else {"preset": spec.cluster}
         plot_search(table, args.plot, title=f"{path.stem}: step time vs memory",
-                    hbm_gb=build_cluster(cl).gpu.hbm_bytes / 1e9)
+                    hbm_gb=out["cluster"].gpu.hbm_bytes / 1e9)
     ok = table[table["status"] == "ok"].head(args.top)
     if args.json:
         rows = []
         for _, r in ok.iterrows():
-            rows.append({"parallel": {k: (int(r[k]) if k not in ("schedule", "recompute") else r[k])
-                                      for k in ("tp", "cp", "pp", "dp", "ep", "micro_batch_size", "schedule", "vpp",
-                                                "recompute", "zero_stage")},
+            rows.append({"parallel": {k: (int(r[k]) if k not in ("schedule", "recompute") else r[k]) for k in KNOBS},
                          "memory_gb": r["memory_gb"], "est_step_time_s": r["est_step_s"],
                          "step_time_s": None if math.isnan(r["sim_step_s"]) else r["sim_step_s"],
                          "mfu": None if math.isnan(r["sim_mfu"]) else r["sim_mfu"],

@@ -163,7 +163,8 @@ class Estimator:
         self._tables[key] = per_stage
         return per_stage
 
-    def estimate(self, scenario) -> dict:
+    def estimate(self, scenario, mem=None) -> dict:
+        """``mem``: the scenario's :func:`workloads.memory_estimates`, when already computed."""
         sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
         if sc.cluster is not self.cluster and sc.cluster.spec != self.cluster.spec:
             raise ValueError("Estimator: the scenario's cluster is not the one this estimator was built for")
@@ -199,7 +200,8 @@ class Estimator:
         step = max(stage_end)
         worst = stage_end.index(step)
         busy = timing.busy[worst]
-        mem = memory_estimates(sc.model, par, gpu_hbm_bytes=sc.cluster.gpu.hbm_bytes)
+        if mem is None:
+            mem = memory_estimates(sc.model, par, gpu_hbm_bytes=sc.cluster.gpu.hbm_bytes)
         peak_mem = max(e.total_bytes for e in mem)
         gpu = sc.cluster.gpu
         from workloads import get_recipe

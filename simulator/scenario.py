@@ -21,7 +21,7 @@ from workloads import ModelSpec, ParallelConfig, get_recipe, load_model
 
 from .whatif import WhatIf
 
-__all__ = ["Scenario", "load_scenario", "OVERLAP_DEFAULTS"]
+__all__ = ["Scenario", "load_scenario", "read_yaml", "OVERLAP_DEFAULTS"]
 
 #: Megatron-Core defaults for the overlap switches (DESIGN.md, Overlap).
 OVERLAP_DEFAULTS = {"grad_reduce": True, "param_gather": True, "tp_comm": False, "p2p": False, "cp_comm": True,
@@ -51,6 +51,22 @@ class Scenario:
     """The mapping the scenario was loaded from (echoed in results)."""
 
 
+def read_yaml(path: str | Path, where: str, what: str = "a mapping") -> dict:
+    """The mapping in the YAML file ``path`` (``yaml.safe_load``); ConfigError naming
+    ``where`` when the file is missing, is not valid YAML or does not hold ``what``."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(where, str(path), "file not found")
+    with p.open() as f:
+        try:
+            data = yaml.safe_load(f)
+        except yaml.YAMLError as e:
+            raise ConfigError(where, str(path), f"not valid YAML ({e.__class__.__name__})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(where, type(data).__name__, f"expected {what}")
+    return data
+
+
 def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
     """Load and validate a scenario from a YAML path or a mapping.
 
@@ -58,15 +74,7 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
     the ``cluster`` section again (a search screens thousands of layouts on one cluster).
     """
     if isinstance(spec, (str, Path)):
-        path = Path(spec)
-        if not path.is_file():
-            raise ConfigError("scenario", str(spec), "file not found")
-        with path.open() as f:
-            try:
-                data = yaml.safe_load(f)
-            except yaml.YAMLError as e:
-                raise ConfigError("scenario", str(spec), f"not valid YAML ({e.__class__.__name__})") from None
-        name = path.stem
+        data, name = read_yaml(spec, "scenario", "a mapping of sections"), Path(spec).stem
     else:
         data, name = spec, "scenario"
     if not isinstance(data, dict):

@@ -47,6 +47,8 @@ import pandas as pd
 
 from topologies import ConfigError, build_cluster
 from workloads import ParallelConfig, load_model, memory_estimates
+from workloads.parallel import RECOMPUTE_KINDS
+from workloads.schedules import SCHEDULE_NAMES
 
 from .estimate import Estimator
 from .scenario import load_scenario
@@ -54,7 +56,6 @@ from .scenario import load_scenario
 __all__ = ["SearchSpec", "candidates", "screen", "search", "plot_search", "KNOBS", "pareto_mask"]
 
 KNOBS = ("tp", "cp", "pp", "dp", "ep", "micro_batch_size", "schedule", "vpp", "recompute", "zero_stage")
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "dualpipe")
 _SCENARIO_KEYS = ("precision", "overlap", "moe_routing", "num_steps", "grad_reduce_dtype", "seed")
 _SPEC_KEYS = {"model", "cluster", "global_batch_size", "seq_len", "fixed", "bounds", "simulate", "name",
               "description", *_SCENARIO_KEYS}
@@ -129,11 +130,15 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _build_cluster(spec: SearchSpec):
+    return build_cluster(spec.cluster if isinstance(spec.cluster, dict) else {"preset": spec.cluster})
+
+
 def candidates(spec: SearchSpec, cluster=None, model=None) -> list[dict]:
     """Every combination of the knobs' values (see the module docstring) that passes the
     arithmetic rules (degrees multiply to the GPU count, the batch divides); the
     configuration rules proper are checked by :func:`screen`."""
-    cluster = cluster or build_cluster(spec.cluster if isinstance(spec.cluster, dict) else {"preset": spec.cluster})
+    cluster = cluster or _build_cluster(spec)
     model = model or load_model(spec.model)
     n = cluster.num_gpus
     seq = spec.seq_len or model.seq_len
@@ -151,8 +156,8 @@ def candidates(spec: SearchSpec, cluster=None, model=None) -> list[dict]:
     pps = allowed("pp", _divisors(model.num_layers))
     eps = allowed("ep", _divisors(model.moe.num_experts) if model.moe is not None else [1])
     mbss = allowed("micro_batch_size", [1, 2, 4, 8])
-    scheds = [fixed["schedule"]] if "schedule" in fixed else list(SCHEDULES)
-    recs = [fixed["recompute"]] if "recompute" in fixed else ["none", "selective", "full"]
+    scheds = [fixed["schedule"]] if "schedule" in fixed else list(SCHEDULE_NAMES)
+    recs = [fixed["recompute"]] if "recompute" in fixed else list(RECOMPUTE_KINDS)
     zeros = allowed("zero_stage", [0, 1, 2, 3])
     vpps = allowed("vpp", [2, 4])
     extra = {k: v for k, v in fixed.items() if k not in KNOBS}
@@ -184,11 +189,13 @@ def candidates(spec: SearchSpec, cluster=None, model=None) -> list[dict]:
 
 
 def screen(spec: SearchSpec, cands: list[dict], estimator: Estimator | None = None, *,
-           progress: bool = False) -> pd.DataFrame:
+           progress: bool = False, cluster=None, model=None) -> pd.DataFrame:
     """Validate, prune by memory and estimate every candidate: one row each, with
-    ``status`` (ok | oom | invalid), ``reason``, peak memory and the estimate."""
+    ``status`` (ok | oom | invalid), ``reason``, peak memory and the estimate.
+
+    ``cluster`` / ``model``: the spec's cluster and :class:`~workloads.ModelSpec`, already
+    built (else the first candidate builds the cluster, each one loads the model)."""
     rows = []
-    cluster = None
     it = cands
     if progress:
         from tqdm import tqdm
@@ -197,7 +204,10 @@ def screen(spec: SearchSpec, cands: list[dict], estimator: Estimator | None = No
         row = {**{k: par[k] for k in KNOBS}, "status": "ok", "reason": "", "memory_gb": math.nan,
                "est_step_s": math.nan, "est_mfu": math.nan}
         try:
-            sc = load_scenario(spec.scenario_for(par), cluster=cluster)
+            cfg = spec.scenario_for(par)
+            if model is not None:
+                cfg["model"] = model
+            sc = load_scenario(cfg, cluster=cluster)
             cluster = sc.cluster
             mem = memory_estimates(sc.model, sc.parallel, gpu_hbm_bytes=sc.cluster.gpu.hbm_bytes)
             worst = max(mem, key=lambda e: e.total_bytes)
@@ -209,7 +219,7 @@ def screen(spec: SearchSpec, cands: list[dict], estimator: Estimator | None = No
                 continue
             if estimator is None:
                 estimator = Estimator(sc.cluster)
-            e = estimator.estimate(sc)
+            e = estimator.estimate(sc, mem)
             row["est_step_s"] = e["step_time_s"]
             row["est_mfu"] = e["mfu"]
         except ConfigError as err:
@@ -235,13 +245,16 @@ def search(spec: SearchSpec, *, executor=None, store=None, progress: bool = True
     """The whole search: candidates, screening, simulation of the best ``spec.simulate``.
 
     Returns ``{"table": DataFrame (every candidate, simulated ones ranked first by
-    simulated step time, then the rest by estimate), "counts": {...}, "timing": {...}}``.
+    simulated step time, then the rest by estimate), "counts": {...}, "timing": {...},
+    "cluster": the spec's Cluster}``.
     """
     from .sweep import LocalExecutor, Store, config_hash, run_points
     t0 = time.perf_counter()
-    cands = candidates(spec)
+    cluster = _build_cluster(spec)
+    model = load_model(spec.model)
+    cands = candidates(spec, cluster, model)
     t1 = time.perf_counter()
-    table = screen(spec, cands, progress=progress)
+    table = screen(spec, cands, progress=progress, cluster=cluster, model=model)
     t2 = time.perf_counter()
     ok = table[table["status"] == "ok"].sort_values("est_step_s", kind="stable")
     k = len(ok) if spec.simulate is None else min(spec.simulate, len(ok))
@@ -282,7 +295,7 @@ def search(spec: SearchSpec, *, executor=None, store=None, progress: bool = True
     counts = {"candidates": len(table), "ok": int((table["status"] == "ok").sum()),
               "oom": int((table["status"] == "oom").sum()), "invalid": int((table["status"] == "invalid").sum()),
               "simulated": int(len(configs))}
-    return {"table": table, "counts": counts,
+    return {"table": table, "counts": counts, "cluster": cluster,
             "timing": {"enumerate_s": t1 - t0, "screen_s": t2 - t1, "simulate_s": t3 - t2,
                        "screened_per_s": len(cands) / (t2 - t1) if t2 > t1 else math.inf}}
 

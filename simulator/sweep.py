@@ -37,9 +37,9 @@ from collections.abc import Callable, Iterable, Iterator
 from importlib import metadata
 from pathlib import Path
 
-import yaml
-
 from topologies import ConfigError
+
+from .scenario import read_yaml
 
 __all__ = ["expand", "load_sweep", "config_hash", "Store", "Executor", "LocalExecutor", "DaskExecutor",
            "make_executor", "simulate_point", "run_points", "METRIC_KEYS"]
@@ -70,14 +70,7 @@ def _load_base(base, where: str = "base") -> dict:
     if isinstance(base, dict):
         return copy.deepcopy(base)
     if isinstance(base, str):
-        path = Path(base)
-        if not path.is_file():
-            raise ConfigError(where, base, "file not found")
-        with path.open() as f:
-            data = yaml.safe_load(f)
-        if not isinstance(data, dict):
-            raise ConfigError(where, base, "must hold a scenario mapping")
-        return data
+        return read_yaml(base, where, "a scenario mapping")
     raise ConfigError(where, base, "must be a scenario mapping or the path of a scenario YAML")
 
 
@@ -119,11 +112,8 @@ def load_sweep(path) -> list[dict]:
     """:func:`expand` of a sweep YAML file (a relative ``base`` path is tried from the
     current directory, then from the sweep file's folder)."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError("sweep", str(path), "file not found")
-    with path.open() as f:
-        spec = yaml.safe_load(f)
-    if isinstance(spec, dict) and isinstance(spec.get("base"), str):
+    spec = read_yaml(path, "sweep", "a mapping with 'base' and 'grid' or 'points'")
+    if isinstance(spec.get("base"), str):
         b = Path(spec["base"])
         if not b.is_file() and (path.parent / b).is_file():
             spec = {**spec, "base": str(path.parent / b)}
@@ -265,10 +255,7 @@ class DaskExecutor(Executor):
     a :class:`distributed.LocalCluster` of ``workers`` single-threaded worker processes."""
 
     def __init__(self, address: str = "local", workers: int | None = None):
-        try:
-            from distributed import Client, LocalCluster
-        except ImportError as e:            # pragma: no cover - dask is a dependency
-            raise ConfigError("--dask", address, "needs the dask[distributed] package") from e
+        from distributed import Client, LocalCluster
         self._cluster = None
         if address == "local":
             self._cluster = LocalCluster(n_workers=max(1, workers or os.cpu_count() or 1), threads_per_worker=1,
