@@ -1,9 +1,10 @@
 """NCCL collective model vs nccl-tests measurements: fits and error tables.
 
 Prints
-  1. the A100 fit: tier efficiencies from the 1-2 host rows of the Azure ND A100 v4 data;
+  1. the A100 fit: tier efficiencies and ring-size factors from the >= 1 GiB plateaus of the
+     Azure ND A100 v4 data, latency terms from its 1-4 host rows (``--fit-latency``);
   2. the full all-reduce error table (GPU count x size) on 1-16 hosts, with the
-     algorithm/protocol the model picked; the 4-16 host rows were not used to fit;
+     algorithm/protocol the model picked; the 8-16 host rows were not used to fit;
   3. the H200 NVLS vs ring bus-bandwidth ratio and the NVLS partial-GPU-count rows.
 
 Run: python experiments/calibrate_nccl.py [--csv OUT.csv]
@@ -59,26 +60,35 @@ def error_table(rows, cluster, min_size: float = 2**20) -> list[dict]:
     return out
 
 
+FIT_GPUS = (2, 4, 8, 16, 32)
+"""Azure rows the A100 constants are fitted on (1-4 hosts); 64 and 128 GPUs are held out."""
+
+
 def fit_a100(rows) -> dict[str, float]:
-    """Tier efficiencies from 8-GPU (NVLink) and 16-GPU (2 hosts, IB) rows >= 1 GiB."""
-    nvl = [r["busbw_GBps"] for r in rows if r["num_gpus"] == 8 and r["size_bytes"] >= 2**30]
-    ib = [r["busbw_GBps"] for r in rows if r["num_gpus"] == 16 and r["size_bytes"] >= 2**30]
-    return {"nvlink": float(np.median(nvl)) / 300.0, "ib": float(np.median(ib)) / (8 * 25.0)}
+    """Tier efficiencies from the >= 1 GiB plateaus: 8 GPUs (NVLink), 16 GPUs (2 hosts, IB);
+    ring-size factors: 2- and 4-GPU bus bandwidth over 8-GPU, same plateau."""
+    def plateau(n):
+        return float(np.median([r["busbw_GBps"] for r in rows if r["num_gpus"] == n and r["size_bytes"] >= 2**30]))
+    return {"nvlink": plateau(8) / 300.0, "ib": plateau(16) / (8 * 25.0),
+            "ring2": plateau(2) / plateau(8), "ring4": plateau(4) / plateau(8)}
 
 
-def fit_a100_latency(rows, grid=(1.0, 1.25, 1.5, 2.0, 2.5)) -> list[tuple[float, float, float]]:
-    """Least-squares log error of latency scales (intra, inter) over the 8/16-GPU rows >= 1 MiB."""
+def fit_a100_latency(rows, intra=(0.25, 0.5, 0.75, 1.0), inter=(0.5, 1.0, 1.5, 2.0),
+                     call_us=(30.0, 40.0, 45.0, 50.0, 55.0, 60.0)) -> list[tuple[float, float, float, float]]:
+    """RMS log error of (intra scale, inter scale, per-call latency) over the FIT_GPUS rows
+    >= 1 MiB, best first: ``[(intra, inter, call_us, rms), ...]``."""
     import dataclasses
+    import itertools
     cluster = azure_cluster()
-    fit_rows = [r for r in rows if r["num_gpus"] in (8, 16) and r["size_bytes"] >= 2**20]
+    fit_rows = [r for r in rows if r["num_gpus"] in FIT_GPUS and r["size_bytes"] >= 2**20]
     out = []
-    for a in grid:
-        for b in grid:
-            cal = dataclasses.replace(CALIBRATIONS["ampere"], intra_latency_scale=a, inter_latency_scale=b)
-            e = [np.log(simulate_all_reduce(cluster, range(r["num_gpus"]), r["size_bytes"], cal)[0] / r["time_s"])
-                 for r in fit_rows]
-            out.append((a, b, float(np.sqrt(np.mean(np.square(e))))))
-    return sorted(out, key=lambda x: x[2])
+    for a, b, c in itertools.product(intra, inter, call_us):
+        cal = dataclasses.replace(CALIBRATIONS["ampere"], intra_latency_scale=a, inter_latency_scale=b,
+                                  call_latency_us=c)
+        e = [np.log(simulate_all_reduce(cluster, range(r["num_gpus"]), r["size_bytes"], cal)[0] / r["time_s"])
+             for r in fit_rows]
+        out.append((a, b, c, float(np.sqrt(np.mean(np.square(e))))))
+    return sorted(out, key=lambda x: x[3])
 
 
 def h200_nvls_ratio():
@@ -92,26 +102,29 @@ def h200_nvls_ratio():
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", help="write the error table here")
-    ap.add_argument("--fit-latency", action="store_true", help="also rerun the latency-scale grid fit (minutes)")
+    ap.add_argument("--fit-latency", action="store_true", help="also rerun the latency grid fit (about a minute)")
     args = ap.parse_args()
     rows = load_azure()
     fit = fit_a100(rows)
     cal = CALIBRATIONS["ampere"]
-    print(f"A100 fit (8- and 16-GPU rows >= 1 GiB): nvlink efficiency {fit['nvlink']:.3f}, "
-          f"ib efficiency {fit['ib']:.3f}; in use: {cal.tier_efficiency}, latency scales "
-          f"intra {cal.intra_latency_scale} inter {cal.inter_latency_scale}")
+    print(f"A100 fit (rows >= 1 GiB): nvlink efficiency {fit['nvlink']:.3f}, ib efficiency {fit['ib']:.3f}, "
+          f"ring-size factors 2 GPUs {fit['ring2']:.3f}, 4 GPUs {fit['ring4']:.3f}\n  in use: {cal.tier_efficiency}, "
+          f"ring-size factors {({n: round(f, 3) for n, f in cal.ring_size_factor.items()})}, latency scales "
+          f"intra {cal.intra_latency_scale} inter {cal.inter_latency_scale}, per call {cal.call_latency_us} us")
     if args.fit_latency:
-        for a, b, rms in fit_a100_latency(rows)[:5]:
-            print(f"  latency scales intra {a:<5} inter {b:<5} rms log error {rms:.4f}")
+        for a, b, c, rms in fit_a100_latency(rows)[:5]:
+            print(f"  latency scales intra {a:<5} inter {b:<5} per call {c:<5} us: rms log error {rms:.4f}")
     table = error_table(rows, azure_cluster())
     print(f"\n{'GPUs':>5} {'size':>10} {'measured':>11} {'simulated':>11} {'error':>8}  choice")
     for r in table:
         print(f"{r['num_gpus']:>5} {r['size_bytes'] / 2**20:>8.0f}Mi {r['time_s'] * 1e6:>9.1f}us "
               f"{r['sim_s'] * 1e6:>9.1f}us {r['err_pct']:>+7.1f}%  {r['algo']}/{r['proto']}")
-    held = [r for r in table if r["num_gpus"] >= 32]
+    fitted = [abs(r["err_pct"]) for r in table if r["num_gpus"] in FIT_GPUS]
+    print(f"\nfitted 1-4 hosts (2-32 GPUs): max |error| {max(fitted):.1f}% (median {np.median(fitted):.1f}%)")
+    held = [r for r in table if r["num_gpus"] > max(FIT_GPUS)]
     big = [abs(r["err_pct"]) for r in held if r["size_bytes"] >= 64 * 2**20]
     mid = [abs(r["err_pct"]) for r in held if r["size_bytes"] < 64 * 2**20]
-    print(f"\nheld-out 4-16 hosts: >= 64 MiB max |error| {max(big):.1f}% (median {np.median(big):.1f}%), "
+    print(f"held-out 8-16 hosts: >= 64 MiB max |error| {max(big):.1f}% (median {np.median(big):.1f}%), "
           f"1-64 MiB max |error| {max(mid):.1f}% (median {np.median(mid):.1f}%)")
     peak = max(r["busbw_GBps"] for r in rows if r["num_gpus"] == 16)
     fast = [r for r in held if r["busbw_GBps"] > 1.05 * peak]

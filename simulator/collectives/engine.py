@@ -209,10 +209,14 @@ class CollectiveEngine:
             return nccl.COLLNET_FACTOR[self.generation]
         return 1.0
 
-    def bandwidth_factor(self, kind: str, algo: str, proto: str, n_nodes: int, size: float) -> float:
+    def bandwidth_factor(self, kind: str, algo: str, proto: str, n_nodes: int, size: float,
+                         n_ranks: int = 0) -> float:
         if self.cal.ideal:
             return 1.0
-        return nccl.bandwidth_factor(kind, algo, proto, n_nodes, size) * self._algo_factor(algo)
+        f = nccl.bandwidth_factor(kind, algo, proto, n_nodes, size) * self._algo_factor(algo)
+        if n_nodes == 1 and algo == "ring" and n_ranks:
+            f *= self.cal.ring_factor(n_ranks)
+        return f
 
     def ll_cap(self, algo: str, proto: str, n_nodes: int) -> float | None:
         """NCCL's cap on LL bus bandwidth (bytes/s), or None."""
@@ -246,13 +250,13 @@ class CollectiveEngine:
         if plan.algo == "direct":
             hw = "net" if plan.n_nodes > 1 else "nvlink"
             scale = self.cal.inter_latency_scale if plan.n_nodes > 1 else self.cal.intra_latency_scale
-            return (nccl.HW_LAT_US[hw]["ring"][2] * scale + lat_inter_us) * 1e-6
+            return (nccl.HW_LAT_US[hw]["ring"][2] * scale + lat_inter_us + self.cal.call_latency_us) * 1e-6
         lat = nccl.latency_us(kind, plan.algo, proto, n, N, plan.intra_hw, lat_inter_us,
                               self.cal.intra_latency_scale, self.cal.inter_latency_scale)
         if (self.cal.ring_plateau and plan.algo == "ring" and proto == "Simple" and N > 1 and kind == "all_reduce"
                 and size / (plan.n_channels * n) >= 64):
             lat *= nccl.RING_PLATEAU_FACTOR[self.generation]
-        return lat * 1e-6
+        return (lat + self.cal.call_latency_us) * 1e-6
 
     def predict(self, members, kind: str, size: float) -> dict[tuple[str, str], float]:
         """Predicted time (s) of every enabled (algorithm, protocol) for one call."""
@@ -280,7 +284,7 @@ class CollectiveEngine:
                 plan = self.plan(members, kind, "tree")[0]
             else:
                 plan, spb = self.plan(members, kind, algo)
-            f = self.bandwidth_factor(kind, algo, proto, N, size)
+            f = self.bandwidth_factor(kind, algo, proto, N, size, len(members))
             t_bw = size * spb / f
             cap = self.ll_cap(algo, proto, N)
             if cap is not None:      # LL bus bandwidth is capped at llMaxBw
@@ -461,7 +465,7 @@ class CollectiveEngine:
         if size <= TINY_CALL_BYTES:
             return algo, proto, self.predict(members, call.kind, size)[(algo, proto)], None
         plan = self.plan(members, call.kind, algo, call.root)[0]
-        scale = size / self.bandwidth_factor(call.kind, algo, proto, plan.n_nodes, size)
+        scale = size / self.bandwidth_factor(call.kind, algo, proto, plan.n_nodes, size, len(members))
         return (algo, proto, self.latency_s(call.kind, plan, proto, size),
                 self._flows(call.kind, plan, algo, proto, size, scale, mult))
 
