@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from topologies import ConfigError, get_gpu_spec
-from workloads.costs.compute import (FLASH_ATTENTION_EFFICIENCY, HBM_EFFICIENCY, LAUNCH_OVERHEAD_S,
-                                     SUSTAINED_FRACTION, ComputeModel, GemmModel, MeasuredComputeModel, RooflineComputeModel, get_compute_model,
+from workloads.costs.compute import (CHIP_SPREAD, FLASH_ATTENTION_EFFICIENCY, HBM_EFFICIENCY, LAUNCH_OVERHEAD_S,
+                                     SUSTAINED_FRACTION, ComputeModel, expected_max_normal, slowest_chip_factor, GemmModel, MeasuredComputeModel, RooflineComputeModel, get_compute_model,
                                      num_sms)
 from workloads.costs.flops import ComputeOp, layer_ops, sum_flops
 from workloads.costs.precision import (DTYPE_BYTES, PRECISION_RECIPES, get_recipe, quantize_ops,
@@ -56,6 +56,34 @@ def test_sustained_clock_turns_mamf_into_node_msmf(gpu, shape, msmf):
     assert op.flops / model.op_time_s(op) / 1e12 == pytest.approx(msmf, rel=0.02)
     # attention: FA papers' boost-clock figures scaled by MSMF / burst MAMF
     assert SUSTAINED_FRACTION[gpu.generation]["attention"] <= 1.0
+
+
+def test_expected_maximum_of_normals_matches_closed_forms():
+    assert expected_max_normal(1) == 0.0
+    assert expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), abs=1e-6)
+    assert expected_max_normal(3) == pytest.approx(3 / (2 * math.sqrt(math.pi)), abs=1e-6)
+    assert expected_max_normal(8) == pytest.approx(1.4236, abs=1e-4)        # tables of normal order statistics
+    # Monte Carlo for a large n
+    rng = np.random.default_rng(0)
+    assert expected_max_normal(512) == pytest.approx(rng.standard_normal((2000, 512)).max(axis=1).mean(), abs=0.02)
+
+
+def test_slowest_chip_of_the_job_sets_the_sustained_rate():
+    # the spread reproduces its source: the slowest of 8 H200s at 745 against the median 755
+    sigma, n_ref = CHIP_SPREAD["hopper"]
+    assert 1 - sigma * expected_max_normal(8) == pytest.approx(745 / 755, abs=1e-4) and n_ref == 8
+    # reference: the measured node; fewer GPUs are faster, more are slower, monotonically
+    assert slowest_chip_factor("hopper", 8) == 1.0 and slowest_chip_factor("hopper", None) == 1.0
+    f = [slowest_chip_factor("hopper", n) for n in (1, 8, 64, 512, 2048)]
+    assert f[0] > 1.0 and all(a > b for a, b in zip(f, f[1:]))
+    assert f[-1] == pytest.approx((1 - sigma * 3.4418) / (1 - sigma * 1.4236), abs=1e-4)   # ~1.8 % below 8 GPUs
+    # A100's fraction is a typical chip (NVIDIA's HPL clock): any job of >= 2 GPUs is slower
+    assert slowest_chip_factor("ampere", 1) == 1.0 and slowest_chip_factor("ampere", 512) < 0.975
+    # GEMMs and attention slow down with it; memory-bound ops do not
+    gemm, norm = gemm_op(8192, 8192, 8192), ComputeOp("norm", "F", "elementwise", 0.0, mem_bytes=2**30)
+    t = {n: RooflineComputeModel(H100, num_gpus=n) for n in (8, 2048)}
+    assert t[2048].op_time_s(gemm) / t[8].op_time_s(gemm) == pytest.approx(1 / f[-1], rel=1e-3)
+    assert t[2048].op_time_s(norm) == t[8].op_time_s(norm)
 
 
 def test_h100_fp8_best_shape_and_never_above_mamf():

@@ -34,14 +34,17 @@ The interface is :class:`ComputeModel` -- ``op_time_s(op)`` and the vectorised
 * :class:`MeasuredComputeModel` -- per-op times from a CSV of measurements, falling back
   to another model (named by :meth:`MeasuredComputeModel.source_of`) for ops not in it.
 
+A job on N GPUs runs at its slowest chip: :data:`CHIP_SPREAD` and :func:`slowest_chip_factor`
+scale the sustained fractions by the expected minimum of N chips (``num_gpus``).
+
 Not modelled here: the slowdown of compute kernels that share the GPU with communication
-kernels (a simulator concern), per-GPU spread in the sustained clock beyond the slowest GPU
-of one measured node, L2 reuse between consecutive kernels.
+kernels (a simulator concern), L2 reuse between consecutive kernels.
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -57,7 +60,8 @@ from .precision import DTYPE_BYTES, PrecisionRecipe, get_recipe
 
 __all__ = ["ComputeModel", "RooflineComputeModel", "MeasuredComputeModel", "GemmModel", "AttentionModel",
            "MemoryModel", "LaunchModel", "OpCost", "SM_COUNTS", "GEMM_TILES", "MAMF_BEST_SHAPES",
-           "MAMF_FALLBACK_FRACTION", "FLASH_ATTENTION_EFFICIENCY", "SUSTAINED_FRACTION", "HBM_EFFICIENCY", "LAUNCH_OVERHEAD_S",
+           "MAMF_FALLBACK_FRACTION", "FLASH_ATTENTION_EFFICIENCY", "SUSTAINED_FRACTION", "CHIP_SPREAD",
+           "slowest_chip_factor", "expected_max_normal", "HBM_EFFICIENCY", "LAUNCH_OVERHEAD_S",
            "COMPUTE_MODELS", "get_compute_model", "num_sms"]
 
 
@@ -201,6 +205,57 @@ SUSTAINED_FRACTION: dict[str, dict[str, float]] = {
     "blackwell": {"gemm": 1421.0 / 1745.0, "attention": 1421.0 / 1746.7},
     "ampere": {"gemm": 1305.0 / 1410.0, "attention": 1305.0 / 1410.0},
 }
+
+CHIP_SPREAD: dict[str, tuple[float, int]] = {
+    # generation -> (sigma, n_ref).  Chips of one model differ in the clock they hold at the
+    # power limit, and each keeps its place: stas00/ml-engineering, "alone vs all-8
+    # concurrent" (source of SUSTAINED_FRACTION above): across 5 rounds on all 8 GPUs of a
+    # node, "each GPU stays in its own part of that range" -- on B200 GPU0 averaged 1417,
+    # GPU5 1472.  A synchronous job waits on its slowest chip, so on N GPUs it runs at the
+    # expected minimum of N chips, mean x (1 - sigma x e(N)), e(N) the expected maximum of N
+    # standard normals (e(8) = 1.42, e(512) = 3.04, e(2048) = 3.40).
+    # sigma, the chip-to-chip spread of the sustained rate over its mean: from the node's
+    # median GPU against its slowest (both in SUSTAINED_FRACTION's source), (median -
+    # slowest) / median = sigma x e(8): Hopper (H200) (755 - 745) / 755 / 1.42 = 0.93 %,
+    # Blackwell (B200) (1439 - 1421) / 1439 / 1.42 = 0.88 %.
+    # n_ref: the chip SUSTAINED_FRACTION already stands for: Hopper and Blackwell the slowest
+    # of a measured 8-GPU node (n_ref 8); Ampere a typical chip (NVIDIA's HPL clock; n_ref 1).
+    # Ampere's sigma is taken equal to Hopper's (no A100 per-chip measurement in these
+    # sources): an assumption.  The order of magnitude agrees with Sinha et al., "Not All
+    # GPUs Are Created Equal" (SC22, arXiv 2208.11035): across >90 % of the GPUs of V100 and
+    # MI60 clusters, "8% (max 22%) average performance variation" for one SKU -- about 6
+    # sigma of ~1.3 % between the fastest and slowest of thousands.
+    "hopper": ((755.0 - 745.0) / 755.0 / 1.4236, 8),
+    "blackwell": ((1439.0 - 1421.0) / 1439.0 / 1.4236, 8),
+    "ampere": ((755.0 - 745.0) / 755.0 / 1.4236, 1),
+}
+
+
+def expected_max_normal(n: int) -> float:
+    """E[max of ``n`` independent standard normals] (0 for ``n`` <= 1), by quadrature."""
+    if n <= 1:
+        return 0.0
+    return _expected_max_normal(int(n))
+
+
+@functools.lru_cache(maxsize=256)
+def _expected_max_normal(n: int) -> float:
+    x, dx = np.linspace(-8.0, 8.0, 16001, retstep=True)
+    pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    cdf = 0.5 * (1.0 + np.array([math.erf(v / math.sqrt(2.0)) for v in x]))
+    y = x * n * pdf * cdf ** (n - 1)
+    return float((y.sum() - 0.5 * (y[0] + y[-1])) * dx)     # trapezoid rule
+
+
+def slowest_chip_factor(generation: str, num_gpus: int | None) -> float:
+    """Sustained tensor rate of the slowest of ``num_gpus`` chips relative to the chip
+    :data:`SUSTAINED_FRACTION` stands for (:data:`CHIP_SPREAD`); 1.0 when ``num_gpus`` is
+    None or the generation has no measured spread."""
+    if num_gpus is None or generation not in CHIP_SPREAD:
+        return 1.0
+    sigma, n_ref = CHIP_SPREAD[generation]
+    return (1.0 - sigma * expected_max_normal(num_gpus)) / (1.0 - sigma * expected_max_normal(n_ref))
+
 
 HBM_EFFICIENCY = 0.85
 """Achievable fraction of the datasheet HBM bandwidth for fused element-wise kernels.  A
@@ -417,6 +472,9 @@ class RooflineComputeModel(ComputeModel):
         ``{"gemm": f, "attention": f}``: the sustained-clock fractions that scale the GEMM
         and attention efficiencies; default :data:`SUSTAINED_FRACTION` of the generation
         (``{"gemm": 1, "attention": 1}`` reproduces the short-run measurements).
+    num_gpus
+        GPUs of the job: the default sustained fractions then hold for the slowest of that
+        many chips (:func:`slowest_chip_factor`); None keeps the generation's reference chip.
 
     Examples
     --------
@@ -430,7 +488,7 @@ class RooflineComputeModel(ComputeModel):
     def __init__(self, gpu: GPUSpec | str, precision: str | PrecisionRecipe = "bf16", cuda_graphs: bool = False,
                  *, num_layers: int | None = None, gemm: GemmModel | None = None,
                  attention: AttentionModel | None = None, memory: MemoryModel | None = None,
-                 launch: LaunchModel | None = None, sustained: dict | None = None):
+                 launch: LaunchModel | None = None, sustained: dict | None = None, num_gpus: int | None = None):
         self.gpu = get_gpu_spec(gpu)
         self.recipe = get_recipe(precision, gpu=self.gpu)
         if not isinstance(cuda_graphs, bool):
@@ -441,8 +499,12 @@ class RooflineComputeModel(ComputeModel):
         self.attention = attention or AttentionModel(self.gpu.generation, dict(self.gpu.peak_flops))
         self.memory = memory or MemoryModel(self.gpu.hbm_bandwidth_bytes_per_s)
         self.launch = launch or LaunchModel.for_graphs(cuda_graphs)
-        self.sustained = dict(SUSTAINED_FRACTION.get(self.gpu.generation, {"gemm": 1.0, "attention": 1.0})
-                              if sustained is None else sustained)
+        if sustained is None:
+            chip = slowest_chip_factor(self.gpu.generation, num_gpus)
+            base = SUSTAINED_FRACTION.get(self.gpu.generation, {"gemm": 1.0, "attention": 1.0})
+            sustained = {k: f * chip for k, f in base.items()}
+        self.sustained = dict(sustained)
+        self.num_gpus = num_gpus
         self._cache: dict[ComputeOp, float] = {}
 
     def op_cost(self, op: ComputeOp) -> OpCost:
