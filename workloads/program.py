@@ -298,7 +298,7 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     par.check_schedule()
     recipe = get_recipe(precision, gpu=gpu, grad_reduce_dtype=grad_reduce_dtype)
     compute = compute_model or RooflineComputeModel(gpu, precision, num_layers=model.num_layers,
-                                                    num_gpus=par.world_size)
+                                                    num_gpus=par.world_size if par.dp > 0 else None)
     seq = par.seq_len or model.seq_len
     grid = RankGrid(par)
     sched = get_schedule(par.schedule)(par.pp, par.num_microbatches, par.vpp)
