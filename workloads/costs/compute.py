@@ -213,7 +213,7 @@ CHIP_SPREAD: dict[str, tuple[float, int]] = {
     # node, "each GPU stays in its own part of that range" -- on B200 GPU0 averaged 1417,
     # GPU5 1472.  A synchronous job waits on its slowest chip, so on N GPUs it runs at the
     # expected minimum of N chips, mean x (1 - sigma x e(N)), e(N) the expected maximum of N
-    # standard normals (e(8) = 1.42, e(512) = 3.04, e(2048) = 3.40).
+    # standard normals (e(8) = 1.42, e(512) = 3.04, e(2048) = 3.44).
     # sigma, the chip-to-chip spread of the sustained rate over its mean: from the node's
     # median GPU against its slowest (both in SUSTAINED_FRACTION's source), (median -
     # slowest) / median = sigma x e(8): Hopper (H200) (755 - 745) / 755 / 1.42 = 0.93 %,
