@@ -103,7 +103,8 @@ Framework defaults for empty cells (echoed per row in ``notes``), :data:`FRAMEWO
 
 Mapping (vTrain format)
 -----------------------
-As ``reference/vtrain/README.md`` states the runs: a GPT model (vocabulary 50,257,
+As ``reference/vtrain/README.md`` states the runs (collected with Megatron-DeepSpeed, says
+vTrain's ``data/README.md``): a GPT model (vocabulary 50,257,
 learned positions, GELU, LayerNorm, biases, tied embeddings, FFN 4h, dropout 0.1 --
 Megatron-LM's default) with the row's layers, hidden size, heads and sequence length;
 cluster preset ``a100-4nic`` (8 GPUs per node, 4 x 200 Gb/s NICs = 800 Gb/s per host; the
@@ -615,8 +616,9 @@ def _vtrain_scenario(row: dict) -> tuple[dict, list[str]]:
     notes = [("vTrain settings: GPT vocab 50257, learned positions, GELU, LayerNorm; a100-4nic (A100-SXM4-80GB, "
               "4 x 200 Gb/s per 8-GPU host); 1F1B; full recompute; no SP; ZeRO-0 all-reduce; no gradient "
               "bucketing (grad_reduce overlap off); FP16 mixed precision as bf16 with a 2-byte gradient "
-              "all-reduce; Megatron-LM's unfused core attention (no FlashAttention); Megatron-LM's "
-              "pipeline scatter/gather (default then: each TP rank sends 1/tp of the activation)")] + lnotes
+              "all-reduce; Megatron-LM's unfused core attention (no FlashAttention); pipeline sends "
+              "partitioned over the TP ranks, 1/tp of the activation each (Megatron-LM's scatter/gather; "
+              "DeepSpeed's pipeline engine, pipe_partitioned, does the same)")] + lnotes
     return scenario, notes
 
 
