@@ -219,8 +219,12 @@ class _Ctx:
 
 def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[str, list]:
     """One layer's compute ops grouped into the segments between communication points."""
+    # everything that makes one layer's ops differ from another's: MoE or dense, MTP, the
+    # routed load, recompute, and whether the recipe runs this layer's GEMMs in low precision
+    # (NVFP4 keeps the first 2 and last 8 layers in BF16)
     key = (ctx.model.moe is not None and layer < ctx.model.num_layers and ctx.model.is_moe_layer(layer),
-           layer >= ctx.model.num_layers, None if tokens_per_expert is None else tuple(tokens_per_expert), recompute)
+           layer >= ctx.model.num_layers, None if tokens_per_expert is None else tuple(tokens_per_expert), recompute,
+           ctx.recipe.is_low_precision_layer(layer, ctx.model.num_layers))
     hit = ctx.seg_cache.get(key)
     if hit is not None:
         return hit
@@ -605,7 +609,9 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
             if pending[kind] >= bucket_params:
                 flush(kind, chunk)
 
-    wq = weight_quantize_op(ctx.recipe, sum(_local_params(ctx, r)[0] + _local_params(ctx, r)[1] for r in stage_layers))
+    # the weights of the layers whose GEMMs run in low precision (NVFP4 keeps some in BF16)
+    lowp = [i for r in stage_layers for i in r if ctx.recipe.is_low_precision_layer(i, ctx.model.num_layers)]
+    wq = weight_quantize_op(ctx.recipe, sum(_local_params(ctx, lowp)))
     if wq is not None:
         em.compute("weight_quantize", -1, -1, 0, "F", 0.0, float(np.sum(ctx.compute.op_times_s([wq]))))
     order = p2p_order(sched, stage, overlap_p2p=ctx.p2p_overlap)

@@ -158,3 +158,29 @@ def test_fp8_program_is_faster_but_not_by_the_peak_ratio():
         if precision != "bf16":
             assert any(op.name == "weight_quantize" for op in p.classes[0].ops)
     assert 1.0 < t["bf16"] / t["fp8_delayed"] < 2.0
+
+
+def test_nvfp4_keeps_its_bf16_layers_in_every_stage():
+    """NVFP4 runs the first 2 and last 8 layers' GEMMs in BF16: each layer costs what its own
+    precision says, whichever layer a stage starts with (the per-layer cost cache once took
+    the stage's first layer for all), and only the low-precision layers' weights are
+    quantised."""
+    b200 = get_gpu_spec("B200")
+    m = load_model("llama3-8b")
+    L = m.num_layers
+    par = ParallelConfig(tp=1, pp=2, dp=1, micro_batch_size=1, global_batch_size=2, seq_len=1024)
+
+    def mlp_forward(precision):
+        p = build_program(m, par, b200, precision=precision)
+        return p, {o.layer: o.duration_s for c in p.classes for o in c.ops
+                   if o.name == "mlp" and o.phase == "F" and o.microbatch == 0}
+
+    p4, fp4 = mlp_forward("nvfp4")
+    _, bf16 = mlp_forward("bf16")
+    assert sorted(fp4) == list(range(L))
+    for layer in (0, 1, *range(L - 8, L)):
+        assert fp4[layer] == pytest.approx(bf16[layer]), layer
+    for layer in (2, L // 2 - 1, L // 2, L - 9):
+        assert fp4[layer] < 0.7 * bf16[layer], layer
+    wq = [sum(o.duration_s for o in c.ops if o.name == "weight_quantize") for c in p4.classes]
+    assert wq[0] / wq[1] == pytest.approx((L // 2 - 2) / (L // 2 - 8), rel=0.01)   # 14 vs 8 quantised layers
