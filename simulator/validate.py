@@ -46,7 +46,10 @@ gpus_per_node          one host -> one host of that many GPUs (NVLink only, note
                        the preset's host nor its NVLink domain, is unsupported.  When the
                        preset's leaf size (scalable unit, 32 DGX H100 hosts) does not divide
                        the hosts, ``hosts_per_leaf`` is the largest divisor below it (72 hosts
-                       -> 24; the fabric stays full-bisection; noted).
+                       -> 24; the fabric stays full-bisection; noted).  NVL72 racks: a job on
+                       fewer than 72 GPUs is one NVLink domain of its size; one that is not a
+                       whole number of racks runs equal domains, the largest of whole hosts
+                       that divides it (128 GPUs -> 2 x 64, 16 trays a rack; noted).
 inter_node_network     ``<n>x ... <b> Gb/s`` overrides the preset's NICs per host and NIC rate
                        when it differs (noted); anything else keeps the preset.
 model                  a model preset by name, punctuation-blind (``GPT3-175B`` -> gpt3-175b,
@@ -624,6 +627,7 @@ def _vtrain_scenario(row: dict) -> tuple[dict, list[str]]:
 
 def _published_scenario(row: dict) -> tuple[dict, list[str]]:
     from topologies import load_preset
+    from topologies.cluster import domain_that_divides
     from workloads.model import load_preset_mapping
 
     notes: list[str] = []
@@ -647,6 +651,15 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
         notes += pnotes
     elif n % gph:
         raise Unsupported(f"{n} GPUs is not a whole number of {gph}-GPU hosts ({preset})")
+    dom = pdata.get("nvlink_domain_size", gph)
+    if gph < n < dom:
+        notes.append(f"{n} GPUs: one NVLink domain of {n} ({n // gph} hosts of a {dom}-GPU rack)")
+    elif n > dom and n % dom:
+        # NVL72 racks: a job of 128, 256, ... GPUs runs 16 trays (64 GPUs) per rack
+        fit = domain_that_divides(n, gph, dom)
+        cluster["nvlink_domain_size"] = fit
+        notes.append(f"{n} GPUs is not a whole number of {dom}-GPU NVLink domains: {n // fit} domains of {fit} "
+                     f"({fit // gph} hosts of each rack)")
     if pdata.get("gpu") != gpu:
         cluster["gpu"] = gpu
     leaf, lnotes = _leaf_fit(pdata, n // gph)

@@ -8,7 +8,8 @@ apart, as real systems do:
 * ``nics_per_host``   scale-out NICs of a host, with GPU ``local`` affine to NIC
   ``local // (gpus_per_host // nics_per_host)``;
 * ``nvlink_domain_size``  GPUs in one NVLink domain: 8 for DGX/HGX (= the host),
-  72 for GB200 NVL72 (18 hosts of 4 GPUs).
+  72 for GB200 NVL72 (18 hosts of 4 GPUs); a job on fewer GPUs than that is one domain of
+  its own size.
 
 Links are numbered in the order the builders add them; ``link_capacity``,
 ``link_latency`` and ``link_tier`` are numpy arrays indexed by link id, and routes are
@@ -31,7 +32,8 @@ from .specs import (LINK_LATENCY_S, PCIE_BANDWIDTH, TIER_INDEX, TIERS, GPUSpec, 
                     get_gpu_spec, get_nic_spec)
 from .units import fmt_bw, parse_bandwidth, parse_time
 
-__all__ = ["ClusterSpec", "Cluster", "build_cluster", "CLUSTER_PRESETS", "load_preset", "ROUTING_POLICIES"]
+__all__ = ["ClusterSpec", "Cluster", "build_cluster", "CLUSTER_PRESETS", "load_preset", "ROUTING_POLICIES",
+           "domain_that_divides"]
 
 PRESET_DIR = Path(__file__).with_name("presets")
 ROUTING_POLICIES = ("dmodk", "ecmp_hash", "adaptive")
@@ -161,7 +163,9 @@ def spec_from_mapping(cfg: dict | str) -> ClusterSpec:
             raise ConfigError(f"cluster.{key}", d[key], "must be true or false")
     return ClusterSpec(
         name=str(d.get("name", "custom")), gpu=gpu, num_nodes=num_nodes, gpus_per_host=gph,
-        nvlink_domain_size=_int(d, "nvlink_domain_size", min(gpu.nvlink_domain_size, gph * num_nodes)),
+        # a job smaller than the preset's NVLink domain (16 trays of an NVL72 rack) has all of
+        # its GPUs in one domain of its own size
+        nvlink_domain_size=min(_int(d, "nvlink_domain_size", gpu.nvlink_domain_size), gph * num_nodes),
         nvlink_bandwidth_bytes_per_s=parse_bandwidth(d.get("nvlink_bandwidth", gpu.nvlink_bandwidth_bytes_per_s),
                                                      "cluster.nvlink_bandwidth"),
         nics_per_host=nics, nic_bandwidth_bytes_per_s=nic_bw,
@@ -178,14 +182,24 @@ def spec_from_mapping(cfg: dict | str) -> ClusterSpec:
     )
 
 
+def domain_that_divides(num_gpus: int, gpus_per_host: int, domain: int) -> int:
+    """The largest NVLink domain of whole hosts, at most ``domain`` GPUs, that divides
+    ``num_gpus`` (how a scheduler fills racks evenly: 128 GPUs on NVL72 racks run as two
+    domains of 64)."""
+    return max((k for k in range(gpus_per_host, min(domain, num_gpus) + 1, gpus_per_host) if num_gpus % k == 0),
+               default=gpus_per_host)
+
+
 def _validate(spec: ClusterSpec) -> None:
     gph, dom, nics = spec.gpus_per_host, spec.nvlink_domain_size, spec.nics_per_host
     if dom % gph and gph % dom:
         raise ConfigError("cluster.nvlink_domain_size", dom,
                           f"must be a multiple or a divisor of gpus_per_host = {gph}")
     if spec.num_gpus % dom:
+        fit = domain_that_divides(spec.num_gpus, gph, dom)
         raise ConfigError("cluster.nvlink_domain_size", dom,
-                          f"must divide the GPU count {spec.num_gpus} (num_nodes x gpus_per_host)")
+                          f"must divide the GPU count {spec.num_gpus} (num_nodes x gpus_per_host); "
+                          f"the largest that does and fits is {fit} (e.g. 16 trays of each NVL72 rack: 64)")
     if nics and gph % nics:
         raise ConfigError("cluster.nics_per_host", nics, f"must divide gpus_per_host = {gph}")
     if nics == 0 and spec.num_gpus > dom:

@@ -388,3 +388,18 @@ def test_runs_on_part_of_one_host_get_a_smaller_host():
     assert load_scenario(sc).cluster.num_gpus == 2
     with pytest.raises(Unsupported, match="whole number"):
         row_to_scenario(row(num_gpus="12", tp="2", pp="1", vpp="", dp="6", cp="", global_batch_size="12"))
+
+
+@pytest.mark.parametrize("n, dp, domain, note", [
+    (64, 8, 64, "one NVLink domain of 64"),              # 16 trays of one rack
+    (128, 16, 64, "2 domains of 64"),                    # 16 trays of each of two racks
+    (144, 18, 72, None),                                 # two whole racks
+    (96, 12, 48, "2 domains of 48"),
+])
+def test_gb200_rows_off_the_72_gpu_rack_get_an_even_nvlink_domain(n, dp, domain, note):
+    r = row(gpu_type="GB200 NVL72", gpus_per_node="4", num_gpus=str(n), tp="4", pp="2", vpp="", dp=str(dp), cp="1",
+            global_batch_size=str(2 * n), precision="MXFP8")
+    scenario, notes = row_to_scenario(r)
+    sc = load_scenario(scenario)
+    assert sc.cluster.spec.nvlink_domain_size == domain and sc.cluster.num_gpus == n
+    assert note is None or any(note in x for x in notes), notes

@@ -142,3 +142,10 @@ def test_bad_input_names_field_value_and_rule(cfg, field):
         build_cluster(cfg)
     assert e.value.field == field
     assert str(e.value).startswith(field)
+
+
+def test_a_job_smaller_than_the_nvlink_domain_is_one_domain_of_its_size():
+    c = build_cluster("gb200-nvl72", num_nodes=16)          # 16 trays of an NVL72 rack
+    assert c.spec.nvlink_domain_size == 64 and c.domain_of(63) == 0
+    with pytest.raises(ConfigError, match="largest that does and fits is 64"):
+        build_cluster("gb200-nvl72", num_nodes=32)          # 128 GPUs: say how to lay it out
