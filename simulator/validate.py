@@ -58,7 +58,11 @@ model                  a model preset by name, punctuation-blind (``GPT3-175B`` 
                        agree with the num_layers cell).  Unknown model: unsupported.  The
                        NeMo 405B proxies split evenly (7 layers at pp 1; 21 = pp 3 x vpp 7 x 1;
                        42 = 3 x 7 x 2), so no ``num_layers_in_first/last_pipeline_stage``
-                       knob is needed; an uneven split is the scenario's ConfigError (invalid).
+                       knob is needed.  A layer count that does not divide over pp x vpp
+                       (DeepSeek-V3's 61 on pp 8) gets :func:`edge_stage_split`: the middle
+                       stages the fewest layers that fit, the first and last stage the rest
+                       (7, 8 x 6, 6; noted); where no split of whole chunks fits, the
+                       scenario's ConfigError (invalid).
 num_layers, hidden_    override the preset where they differ (noted).  ``vocab_size`` is the
 size, ffn_hidden_size, vocabulary of the source's FLOP formula; the *executed* vocabulary is
 num_heads, num_kv_     the row's, except rows whose notes name the GPT2BPETokenizer proxy (the
@@ -625,6 +629,28 @@ def _vtrain_scenario(row: dict) -> tuple[dict, list[str]]:
     return scenario, notes
 
 
+def edge_stage_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, int] | None:
+    """Layers of the first and last pipeline stage when ``num_layers`` does not divide over
+    ``pp x vpp`` virtual stages (None when it does, or when no split fits): the middle
+    stages get the fewest layers that fit, a multiple of ``vpp`` each, and the edge stages,
+    which also hold the embedding and the loss (and MTP), share the rest, the last no more
+    than the first -- 61 layers on pp 8: 7, 8 x 6, 6."""
+    if pp < 2 or num_layers <= 0 or num_layers % (pp * vpp) == 0:
+        return None
+    per = -(-num_layers // pp)
+    per += -per % vpp
+    for mid in range(per, num_layers + 1, vpp):
+        rest = num_layers - mid * (pp - 2)
+        if rest < 2 * vpp:
+            break
+        last = rest // 2 - (rest // 2) % vpp
+        first = rest - last
+        if pp == 2 or (first <= mid and last <= mid):
+            if first % vpp == 0 and last >= vpp:
+                return first, last
+    return None
+
+
 def _published_scenario(row: dict) -> tuple[dict, list[str]]:
     from topologies import load_preset
     from topologies.cluster import domain_that_divides
@@ -738,6 +764,14 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
         par.update(schedule="interleaved_1f1b", vpp=vpp)
     else:
         par.update(schedule="1f1b", vpp=1)
+    layers = int(model.get("num_layers", base.get("num_layers", 0)) or 0)
+    split = edge_stage_split(layers, pp, par["vpp"])
+    if split is not None:
+        first, last = split
+        par.update(num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last)
+        notes.append(f"{layers} layers do not divide over pp {pp} x vpp {par['vpp']} and the row gives no split: "
+                     f"first stage {first}, last {last}, the others {(layers - first - last) // max(1, pp - 2)} "
+                     f"(harness default; Megatron needs the split given)")
 
     # batch
     gbs = _int(row, "global_batch_size")

@@ -12,6 +12,7 @@ import pytest
 from simulator.scenario import load_scenario
 from simulator.validate import (
     NOTE_SEP,
+    edge_stage_split,
     OUTPUT_COLUMNS,
     InvalidRow,
     Unsupported,
@@ -403,3 +404,26 @@ def test_gb200_rows_off_the_72_gpu_rack_get_an_even_nvlink_domain(n, dp, domain,
     sc = load_scenario(scenario)
     assert sc.cluster.spec.nvlink_domain_size == domain and sc.cluster.num_gpus == n
     assert note is None or any(note in x for x in notes), notes
+
+
+@pytest.mark.parametrize("layers, pp, vpp, split", [
+    (61, 8, 1, (7, 6)), (61, 16, 1, (3, 2)), (126, 8, 1, (15, 15)), (61, 2, 1, (31, 30)),
+    (80, 8, 1, None), (80, 1, 1, None),          # divides, or no pipeline: Megatron's even split
+    (61, 8, 2, None),                            # nothing fits whole chunks: left to Megatron's error
+])
+def test_uneven_layer_counts_get_an_edge_stage_split(layers, pp, vpp, split):
+    got = edge_stage_split(layers, pp, vpp)
+    assert got == split
+    if got is not None:
+        first, last = got
+        mid = (layers - first - last) // max(1, pp - 2)
+        assert first + last + mid * (pp - 2) == layers and last <= first and (pp == 2 or first <= mid)
+
+
+def test_deepseek_v3_on_pp_8_runs_with_the_edge_split_noted():
+    r = row(model="DeepSeek-V3", num_gpus="256", gpus_per_node="8", tp="1", pp="8", vpp="", dp="32", cp="1",
+            ep="8", global_batch_size="1024", seq_len="4096", precision="FP8")
+    scenario, notes = row_to_scenario(r)
+    sc = load_scenario(scenario)
+    assert (sc.parallel.num_layers_in_first_pipeline_stage, sc.parallel.num_layers_in_last_pipeline_stage) == (7, 6)
+    assert any("harness default" in x for x in notes)
