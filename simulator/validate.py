@@ -58,8 +58,11 @@ model                  a model preset by name, punctuation-blind (``GPT3-175B`` 
                        agree with the num_layers cell).  Unknown model: unsupported.  The
                        NeMo 405B proxies split evenly (7 layers at pp 1; 21 = pp 3 x vpp 7 x 1;
                        42 = 3 x 7 x 2), so no ``num_layers_in_first/last_pipeline_stage``
-                       knob is needed.  A layer count that does not divide over pp x vpp
-                       (DeepSeek-V3's 61 on pp 8) gets :func:`edge_stage_split`: the middle
+                       knob is needed.  A layer count that does not divide over pp x vpp:
+                       if it does with the embedding and the loss counted as layers (126 + 2
+                       on pp 8 x vpp 4), Megatron's ``account_for_embedding/loss_in_pipeline_
+                       split`` as NeMo's 405B recipe sets them; else (DeepSeek-V3's 61 on
+                       pp 8) :func:`edge_stage_split`: the middle
                        stages the fewest layers that fit, the first and last stage the rest
                        (7, 8 x 6, 6; noted); where no split of whole chunks fits, the
                        scenario's ConfigError (invalid).
@@ -765,8 +768,13 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
     else:
         par.update(schedule="1f1b", vpp=1)
     layers = int(model.get("num_layers", base.get("num_layers", 0)) or 0)
-    split = edge_stage_split(layers, pp, par["vpp"])
-    if split is not None:
+    nvs = pp * par["vpp"]
+    if pp > 1 and layers % nvs and (layers + 2) % nvs == 0:
+        # Megatron's knobs for it, as NeMo's Llama 3.1 405B recipe sets them (126 + 2 = 128)
+        par.update(account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
+        notes.append(f"{layers} layers do not divide over pp {pp} x vpp {par['vpp']} and the row gives no split: "
+                     f"embedding and loss counted as layers ({layers} + 2 = {layers + 2}; harness default)")
+    elif (split := edge_stage_split(layers, pp, par["vpp"])) is not None:
         first, last = split
         par.update(num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last)
         notes.append(f"{layers} layers do not divide over pp {pp} x vpp {par['vpp']} and the row gives no split: "

@@ -427,3 +427,12 @@ def test_deepseek_v3_on_pp_8_runs_with_the_edge_split_noted():
     sc = load_scenario(scenario)
     assert (sc.parallel.num_layers_in_first_pipeline_stage, sc.parallel.num_layers_in_last_pipeline_stage) == (7, 6)
     assert any("harness default" in x for x in notes)
+
+
+def test_llama_405b_on_pp_8_counts_embedding_and_loss_as_layers():
+    r = row(model="Llama 3.1 405B", num_gpus="512", tp="8", pp="8", vpp="4", dp="8", cp="1",
+            global_batch_size="512", precision="BF16")
+    scenario, notes = row_to_scenario(r)
+    sc = load_scenario(scenario)                 # 126 + 2 = 128 = 8 x 4 x 4
+    assert sc.parallel.account_for_embedding_in_pipeline_split and sc.parallel.account_for_loss_in_pipeline_split
+    assert any("embedding and loss counted as layers" in x for x in notes)
