@@ -55,7 +55,9 @@ inter_node_network     ``<n>x ... <b> Gb/s`` overrides the preset's NICs per hos
 model                  a model preset by name, punctuation-blind (``GPT3-175B`` -> gpt3-175b,
                        ``Llama 3.1 70B`` -> llama3.1-70b, ``Mixtral 8x7B`` -> mixtral-8x7b);
                        ``... PROXY (<n> layers)`` -> the preset with ``num_layers = n`` (must
-                       agree with the num_layers cell).  Unknown model: unsupported.  The
+                       agree with the num_layers cell).  Unknown model: built from the row's
+                       dimensions when it gives them (:func:`model_from_dimensions`; the MLP
+                       kind from params_b), else unsupported.  The
                        NeMo 405B proxies split evenly (7 layers at pp 1; 21 = pp 3 x vpp 7 x 1;
                        42 = 3 x 7 x 2), so no ``num_layers_in_first/last_pipeline_stage``
                        knob is needed.  A layer count that does not divide over pp x vpp:
@@ -632,6 +634,46 @@ def _vtrain_scenario(row: dict) -> tuple[dict, list[str]]:
     return scenario, notes
 
 
+def model_from_dimensions(row: dict) -> tuple[dict, str] | None:
+    """A dense model built from a published row's dimensions when its name is no preset:
+    ``(model mapping, note)``, or None when the row lacks them (num_layers, hidden_size,
+    ffn_hidden_size, num_heads, vocab_size, seq_len) or names experts.
+
+    The MLP is the one thing the dimensions leave open (two matrices, GELU-like; three,
+    SwiGLU): with ``params_b`` given, the kind whose parameter count comes within 10 % of
+    it; without, SwiGLU (noted).  Everything else is :class:`~workloads.ModelSpec`'s
+    defaults (RMSNorm, RoPE, no biases, untied embeddings, FlashAttention).
+    """
+    from workloads.model import ModelSpec
+
+    need = {"num_layers": "num_layers", "hidden_size": "hidden_size", "ffn_hidden_size": "ffn_hidden_size",
+            "num_attention_heads": "num_heads", "vocab_size": "vocab_size", "seq_len": "seq_len"}
+    dims = {f: _int(row, col) for f, col in need.items()}
+    if any(v is None for v in dims.values()) or (_int(row, "num_experts") or 1) > 1:
+        return None
+    kv = _int(row, "num_kv_heads")
+    name = _cell(row, "model")
+    base = {"name": _key(name) or "custom", **dims, "num_kv_heads": kv or dims["num_attention_heads"]}
+    stated = _num(row, "params_b")
+    counts = {}
+    for mlp in ("gelu", "swiglu"):
+        try:
+            counts[mlp] = ModelSpec.from_dict({**base, "mlp": mlp}).num_params() / 1e9
+        except ConfigError as e:
+            raise InvalidRow(f"model dimensions: {e}") from None
+    if stated:
+        mlp = min(counts, key=lambda k: abs(counts[k] / stated - 1))
+        if abs(counts[mlp] / stated - 1) > 0.10:
+            raise Unsupported(f"unknown model {name!r}: its dimensions give {counts['gelu']:.1f}B (2-matrix MLP) "
+                              f"or {counts['swiglu']:.1f}B (SwiGLU) parameters, not the stated {stated:g}B")
+        why = f"{counts[mlp]:.1f}B parameters against {stated:g}B stated"
+    else:
+        mlp, why = "swiglu", "no params_b to tell the MLP kind: SwiGLU assumed"
+    return ({**base, "mlp": mlp},
+            f"unknown model {name!r}: built from the row's dimensions, mlp {mlp} ({why}); RMSNorm, RoPE, no "
+            f"biases, untied embeddings (ModelSpec defaults)")
+
+
 def edge_stage_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, int] | None:
     """Layers of the first and last pipeline stage when ``num_layers`` does not divide over
     ``pp x vpp`` virtual stages (None when it does, or when no split fits): the middle
@@ -699,9 +741,18 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
     notes += nnotes
 
     # model
-    mpreset, proxy = map_model(_cell(row, "model"))
-    base = load_preset_mapping(mpreset)
-    model: dict = {"preset": mpreset}
+    try:
+        mpreset, proxy = map_model(_cell(row, "model"))
+    except Unsupported:
+        dims = model_from_dimensions(row)        # an unknown name with its dimensions given
+        if dims is None:
+            raise
+        model, dnote = dims
+        notes.append(dnote)
+        mpreset, proxy, base = None, None, dict(model)
+    else:
+        base = load_preset_mapping(mpreset)
+        model = {"preset": mpreset}
     layers = _int(row, "num_layers")
     if proxy is not None:
         if layers is not None and layers != proxy:

@@ -436,3 +436,26 @@ def test_llama_405b_on_pp_8_counts_embedding_and_loss_as_layers():
     sc = load_scenario(scenario)                 # 126 + 2 = 128 = 8 x 4 x 4
     assert sc.parallel.account_for_embedding_in_pipeline_split and sc.parallel.account_for_loss_in_pipeline_split
     assert any("embedding and loss counted as layers" in x for x in notes)
+
+
+NEMOTRON_DIMS = dict(model="Nemotron-4 340B", num_layers="96", hidden_size="18432", ffn_hidden_size="73728",
+                     num_heads="96", num_kv_heads="8", vocab_size="256000", seq_len="4096", num_gpus="1536",
+                     tp="8", pp="12", vpp="8", dp="16", cp="1", global_batch_size="768")
+
+
+@pytest.mark.parametrize("params_b, mlp", [("340", "gelu"), ("", "swiglu")])
+def test_an_unknown_model_with_its_dimensions_is_built_from_them(params_b, mlp):
+    scenario, notes = row_to_scenario(row(**NEMOTRON_DIMS, params_b=params_b))
+    sc = load_scenario(scenario)
+    m = sc.model
+    assert (m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_kv_heads, m.mlp) == (96, 18432, 73728, 8, mlp)
+    assert any("built from the row's dimensions" in x for x in notes)
+    if params_b:                                  # the 2-matrix MLP gives Nemotron-4's 340B
+        assert m.num_params() / 1e9 == pytest.approx(340, rel=0.01)
+
+
+def test_an_unknown_model_whose_dimensions_disagree_with_its_size_or_are_missing_is_unsupported():
+    with pytest.raises(Unsupported, match="not the stated 70B"):
+        row_to_scenario(row(**NEMOTRON_DIMS, params_b="70"))
+    with pytest.raises(Unsupported, match="unknown model"):
+        row_to_scenario(row(**{**NEMOTRON_DIMS, "ffn_hidden_size": ""}))
