@@ -37,7 +37,7 @@ gpu_type (system if    GPU name and cluster preset, case- and punctuation-blind:
 empty)                 ``A100 ... 40GB`` -> dgx-a100 with gpu A100-SXM4-40GB; other A100 SXM
                        (80GB, or size not stated: noted) -> dgx-a100; ``H100`` SXM variants
                        (H100-SXM-80GB, H100 SXM5, H100 80GB HBM3) -> dgx-h100; ``H200`` ->
-                       dgx-h200; ``B200`` -> dgx-b200; ``B300`` -> dgx-b200 with gpu B300;
+                       dgx-h200; ``H800`` -> hgx-h800; ``B200`` -> dgx-b200; ``B300`` -> dgx-b200 with gpu B300;
                        ``GB200`` (NVL72) -> gb200-nvl72; ``GB300`` (NVL72) -> gb200-nvl72 with gpu
                        GB300.  PCIe / NVL cards, GH200 and other GPUs: unsupported.
 num_gpus,              ``num_nodes = num_gpus / gpus per host`` of the preset; fewer GPUs than
@@ -408,6 +408,10 @@ def map_gpu(text: str) -> tuple[str, str, list[str]]:
         return "dgx-b200", "B300", ["B300 on the DGX B200 host layout"]
     if "b200" in k:
         return "dgx-b200", "B200", []
+    if "h800" in k:
+        if pcie:
+            raise Unsupported(f"GPU {text!r}: H800 PCIe cards are not modelled")
+        return "hgx-h800", "H800-SXM", []
     if "h200" in k:
         if pcie:
             raise Unsupported(f"GPU {text!r}: H200 NVL / PCIe cards are not modelled")

@@ -73,6 +73,12 @@ GPU_SPECS: dict[str, GPUSpec] = {s.name: s for s in (
             {"tf32": 494.5e12, "bf16": 989e12, "fp16": 989e12, "fp8": 1979e12},
             {"bf16": 794.5e12, "fp8": 1402.6e12},
             450e9, 8, True, f"{_HWCSV} ({_STAS}; NVIDIA H100 spec page)"),
+    GPUSpec("H800-SXM", "hopper", 80 * GiB, 3.35e12,
+            {"tf32": 494.5e12, "bf16": 989e12, "fp16": 989e12, "fp8": 1979e12}, {},
+            200e9, 8, True, f"{_HWCSV} (secondary spec pages: H100 silicon, NVLink cut to 400 GB/s "
+            "bidirectional; DeepSeek-V3 report Sec 3.2.2: 'NVLink offers a bandwidth of 160 GB/s')",
+            "no MAMF measured: the Hopper fallback fraction of the peak (H100's); NVLS assumed as on H100 "
+            "(same NVSwitch generation)"),
     GPUSpec("H200-SXM", "hopper", 141 * GiB, 4.8e12,
             {"tf32": 494.5e12, "bf16": 989e12, "fp16": 989e12, "fp8": 1979e12},
             {"bf16": 794.5e12, "fp8": 1453.4e12},
@@ -100,6 +106,7 @@ _GPU_ALIASES = {
     "a100-sxm4-40gb": "A100-SXM4-40GB", "a100-sxm4-80gb": "A100-SXM4-80GB",
     "h100": "H100-SXM", "h100-sxm": "H100-SXM", "h100-sxm5-80gb": "H100-SXM", "h100-sxm-80gb": "H100-SXM",
     "h200": "H200-SXM", "h200-sxm": "H200-SXM", "h200-sxm-141gb": "H200-SXM",
+    "h800": "H800-SXM", "h800-sxm": "H800-SXM", "h800-sxm5-80gb": "H800-SXM",
     "b200": "B200", "b300": "B300", "gb200": "GB200", "gb300": "GB300",
 }
 

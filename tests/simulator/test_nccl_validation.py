@@ -124,3 +124,12 @@ def test_ring_size_factor_interpolates_between_measured_sizes():
     assert a100.ring_factor(3) == pytest.approx((f2 + f4) / 2)
     assert a100.ring_factor(16) == 1.0
     assert CALIBRATIONS["hopper"].ring_factor(2) == 1.0          # none measured: no factor
+
+
+def test_h800_nvlink_ring_matches_deepseek_v3s_160_gb_per_s():
+    """H800 (NVLink cut to 200 GB/s per direction) with Hopper's calibrated NVLink
+    efficiency: an 8-GPU ring reaches the ~160 GB/s the DeepSeek-V3 report quotes for its
+    NVLink (Sec 3.2.2; hardware.csv H800 row)."""
+    cluster = build_cluster({"preset": "hgx-h800", "nvls": False})
+    t = sim_all_reduce(cluster, 8, 2**30)
+    assert 2 * 7 / 8 * 2**30 / t / 1e9 == pytest.approx(160, rel=0.05)

@@ -459,3 +459,9 @@ def test_an_unknown_model_whose_dimensions_disagree_with_its_size_or_are_missing
         row_to_scenario(row(**NEMOTRON_DIMS, params_b="70"))
     with pytest.raises(Unsupported, match="unknown model"):
         row_to_scenario(row(**{**NEMOTRON_DIMS, "ffn_hidden_size": ""}))
+
+
+def test_h800_rows_map_to_the_hgx_h800_preset():
+    assert map_gpu("NVIDIA H800 80GB")[:2] == ("hgx-h800", "H800-SXM")
+    sc = load_scenario(row_to_scenario(row(gpu_type="H800"))[0])
+    assert sc.cluster.spec.gpu.name == "H800-SXM" and sc.cluster.spec.nvlink_bandwidth_bytes_per_s == 200e9
