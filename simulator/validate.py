@@ -684,19 +684,16 @@ def edge_stage_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, int] 
     stages get the fewest layers that fit, a multiple of ``vpp`` each, and the edge stages,
     which also hold the embedding and the loss (and MTP), share the rest, the last no more
     than the first -- 61 layers on pp 8: 7, 8 x 6, 6."""
-    if pp < 2 or num_layers <= 0 or num_layers % (pp * vpp) == 0:
-        return None
+    if pp < 2 or num_layers <= 0 or num_layers % (pp * vpp) == 0 or num_layers % vpp:
+        return None                       # (edge stages of whole chunks need num_layers % vpp == 0)
     per = -(-num_layers // pp)
-    per += -per % vpp
-    for mid in range(per, num_layers + 1, vpp):
+    for mid in [0] if pp == 2 else range(per + -per % vpp, num_layers + 1, vpp):
         rest = num_layers - mid * (pp - 2)
         if rest < 2 * vpp:
             break
         last = rest // 2 - (rest // 2) % vpp
-        first = rest - last
-        if pp == 2 or (first <= mid and last <= mid):
-            if first % vpp == 0 and last >= vpp:
-                return first, last
+        if pp == 2 or rest - last <= mid:
+            return rest - last, last
     return None
 
 

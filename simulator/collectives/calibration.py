@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from topologies import ConfigError
 
 __all__ = ["Calibration", "CALIBRATIONS", "IDEAL", "get_calibration"]
@@ -62,15 +64,10 @@ class Calibration:
 
     def ring_factor(self, n_ranks: int) -> float:
         """:attr:`ring_size_factor` at ``n_ranks``."""
-        pts = sorted(self.ring_size_factor.items())
-        if not pts or n_ranks >= pts[-1][0]:
-            return pts[-1][1] if pts else 1.0
-        if n_ranks <= pts[0][0]:
-            return pts[0][1]
-        for (n0, f0), (n1, f1) in zip(pts, pts[1:]):
-            if n0 <= n_ranks <= n1:
-                return f0 + (f1 - f0) * (n_ranks - n0) / (n1 - n0)
-        raise AssertionError("unreachable")
+        if not self.ring_size_factor:
+            return 1.0
+        sizes, factors = zip(*sorted(self.ring_size_factor.items()))
+        return float(np.interp(n_ranks, sizes, factors))
     source: str = ""
 
 

@@ -206,6 +206,9 @@ SUSTAINED_FRACTION: dict[str, dict[str, float]] = {
     "ampere": {"gemm": 1305.0 / 1410.0, "attention": 1305.0 / 1410.0},
 }
 
+_E_MAX_8 = 1.4236
+"""Expected maximum of 8 standard normals (:func:`expected_max_normal` ``(8)``; a test checks)."""
+
 CHIP_SPREAD: dict[str, tuple[float, int]] = {
     # generation -> (sigma, n_ref).  Chips of one model differ in the clock they hold at the
     # power limit, and each keeps its place: stas00/ml-engineering, "alone vs all-8
@@ -225,10 +228,10 @@ CHIP_SPREAD: dict[str, tuple[float, int]] = {
     # GPUs Are Created Equal" (SC22, arXiv 2208.11035): across >90 % of the GPUs of V100 and
     # MI60 clusters, "8% (max 22%) average performance variation" for one SKU -- about 6
     # sigma of ~1.3 % between the fastest and slowest of thousands.
-    "hopper": ((755.0 - 745.0) / 755.0 / 1.4236, 8),
-    "blackwell": ((1439.0 - 1421.0) / 1439.0 / 1.4236, 8),
-    "ampere": ((755.0 - 745.0) / 755.0 / 1.4236, 1),
+    "hopper": ((755.0 - 745.0) / 755.0 / _E_MAX_8, 8),
+    "blackwell": ((1439.0 - 1421.0) / 1439.0 / _E_MAX_8, 8),
 }
+CHIP_SPREAD["ampere"] = (CHIP_SPREAD["hopper"][0], 1)
 
 
 def expected_max_normal(n: int) -> float:
