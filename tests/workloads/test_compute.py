@@ -353,3 +353,30 @@ def test_sub_models_are_replaceable():
     # 66 x 1 tiles of 128 x 256 fill half the SMs; 66 x 2 tiles of 128 x 128 fill them all
     shape = (128 * 66, 256, 8192)
     assert model.gemm.efficiency_mnk("bf16", *shape) < 0.55 * base.gemm.efficiency_mnk("bf16", *shape)
+
+
+# -- host issue time ----------------------------------------------------------------------------
+def _bench_module():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "experiments" / "microbench" / "compare_gpu_bench.py"
+    spec = importlib.util.spec_from_file_location("compare_gpu_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod, path.with_name("data")
+
+
+def test_the_eager_host_cost_is_the_measured_layer_over_its_modelled_kernels():
+    """HOST_ISSUE_S["eager"] comes from the committed H100-host measurement: per benchmarked
+    shape, the forward without autograd plus the forward and backward, over the kernels the
+    model counts for that layer's forward, recomputed forward and backward (45)."""
+    import json
+
+    from workloads.costs.compute import HOST_ISSUE_S
+    mod, data = _bench_module()
+    per, rows = mod.host_per_kernel(json.loads((data / "h100_host.json").read_text()))
+    assert {k for _, k, _, _ in rows} == {45}
+    assert HOST_ISSUE_S["eager"] == pytest.approx(per, rel=1e-3)
+    # the measured layers were host-bound: the GPU was busy a fraction of the host's time
+    assert all(r["fwd_bwd_busy_s"] < 0.6 * r["fwd_bwd_host_s"] for r, *_ in rows)
+    assert HOST_ISSUE_S["none"] == HOST_ISSUE_S["cuda_graphs"] == 0.0

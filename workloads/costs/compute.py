@@ -17,6 +17,8 @@ The interface is :class:`ComputeModel` -- ``op_time_s(op)`` and the vectorised
       permutation, cross-entropy, optimizer, FP8 casts) as bytes over HBM at an
       achievable fraction of the datasheet bandwidth;
   (d) :class:`LaunchModel` -- a fixed cost per kernel launch, much smaller under CUDA graphs;
+      the host's own issue time per kernel (:data:`HOST_ISSUE_S`) is not part of an op's
+      time: the engine runs a host cursor per rank that the GPU may have to wait for;
 
   and GEMM and attention efficiencies are scaled by :data:`SUSTAINED_FRACTION`, the
   tensor-core rate a GPU holds at its power limit under a full node's training load
@@ -62,7 +64,7 @@ __all__ = ["ComputeModel", "RooflineComputeModel", "MeasuredComputeModel", "Gemm
            "MemoryModel", "LaunchModel", "OpCost", "SM_COUNTS", "GEMM_TILES", "MAMF_BEST_SHAPES",
            "MAMF_FALLBACK_FRACTION", "FLASH_ATTENTION_EFFICIENCY", "SUSTAINED_FRACTION", "CHIP_SPREAD",
            "slowest_chip_factor", "expected_max_normal", "HBM_EFFICIENCY", "LAUNCH_OVERHEAD_S",
-           "COMPUTE_MODELS", "get_compute_model", "num_sms"]
+           "HOST_MODES", "HOST_ISSUE_S", "COMPUTE_MODELS", "get_compute_model", "num_sms"]
 
 
 # -- constants, each with its source -----------------------------------------------------------
@@ -276,6 +278,35 @@ LAUNCH_OVERHEAD_S: dict[bool, float] = {
     # ~0.5 us per kernel node (same blog: graph launch removes most of the per-kernel cost).
     False: 3.0e-6,
     True: 0.5e-6,
+}
+
+HOST_MODES = ("eager", "cuda_graphs", "none")
+"""How the host issues a rank's work (the scenario's ``host``): ``eager`` PyTorch,
+``cuda_graphs`` (layers replayed from captured graphs), or ``none`` (an infinitely fast
+host: the GPU never waits for it)."""
+
+HOST_ISSUE_S: dict[str, float] = {
+    # Host (CPU) seconds to issue one modelled kernel, Python, autograd and the CUDA launch
+    # included.  The GPU cannot start a kernel the host has not issued yet, so when kernels
+    # are short (small layers, small micro-batches) the step is paced by the host.
+    # eager: measured by experiments/microbench/gpu_bench.py (part "host") on one H100 SXM
+    # host (PyTorch 2.11, Python 3.12, 16 vCPUs): Megatron-LM's 2022 GPT layer (LayerNorm,
+    # QKV, unfused baddbmm / softmax / dropout / bmm, projection, bias-dropout-add, GELU
+    # MLP; FP16; no tensor-parallel communication) issued back to back with the GPU
+    # lagging.  Per layer, the forward without autograd (Megatron's checkpointed first
+    # forward) took a median 0.633 ms and the forward with autograd plus the backward
+    # 2.757 ms (five shapes, h 1024-3072, TP shards 1-8; the median of five rounds of 50
+    # calls each); per shape, their sum over the 13 + 13 + 19 kernels the model counts for
+    # that layer's forward, recomputed forward and backward has median 3.381 ms / 45 =
+    # 75.1 us (the profiler saw 18-21 + 66-72 real kernels: ~37 us each).  vTrain's
+    # single-node A100 runs (not used here) level off at ~3.1 ms per layer and micro-batch
+    # under the same recompute, the same order.  The same cost is charged per collective
+    # call and per batch of pipeline sends (an assumption).
+    # cuda_graphs: the host launches one graph per captured region; its kernels issue from
+    # the device (LAUNCH_OVERHEAD_S[True]), so no per-kernel host cost (an assumption).
+    "eager": 3.381e-3 / 45,
+    "cuda_graphs": 0.0,
+    "none": 0.0,
 }
 
 
