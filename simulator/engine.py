@@ -220,7 +220,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     prog = build_program(sc.model, sc.parallel, sc.cluster.gpu, precision=sc.precision,
                          moe_routing=sc.moe_routing, seed=sc.seed, grad_reduce_dtype=sc.grad_reduce_dtype,
                          p2p_overlap=sc.overlap.get("p2p", False),
-                         grad_reduce_overlap=sc.overlap.get("grad_reduce", True))
+                         grad_reduce_overlap=sc.overlap.get("grad_reduce", True), host=sc.host)
     grid = prog.grid
     scale = {int(r): float(f) for r, f in (compute_scale or {}).items()}
     for r, f in scale.items():
@@ -320,6 +320,30 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 dur = therm(dur, step, env.now)
             return dur
 
+        hc = [0.0]                   # host cursor: when the host has issued everything so far
+
+        def host_issue(op):
+            # the host issues ops in program order; the GPU cannot start one before the host
+            # has issued it (a compute op: its first kernel, its share of op.host_s)
+            if op.host_s <= 0.0:
+                return
+            first = hc[0] + op.host_s / max(op.host_ops, 1)
+            hc[0] += op.host_s
+            if first > env.now:
+                t_h = env.now
+                yield env.timeout(first - t_h)
+                waits[cid].append((t_h, env.now, "host"))
+
+        def host_tail(op, dur):
+            # a compute op's last kernel is issued at the cursor and then runs its share
+            if op.host_s <= 0.0:
+                return
+            tail = hc[0] + dur / max(op.host_ops, 1)
+            if tail > env.now:
+                t_h = env.now
+                yield env.timeout(tail - t_h)
+                waits[cid].append((t_h, env.now, "host"))
+
         def sizes_of(op):
             if op.coll == "all_to_all" and op.tag in prog.a2a_sizes:
                 sizes = prog.a2a_sizes[op.tag]            # dispatch: [src, dst] by EP coordinate
@@ -378,12 +402,14 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 pos[h] += 1
                 op = ops[j]
                 current[cid] = (step, op)
+                yield from host_issue(op)
                 if op.kind == "compute":
                     t0 = env.now
                     dur = compute_time(op, step, j)
                     if dur > 0:
                         yield env.timeout(dur)
                     rec.add(rep, node, "compute", op, "", t0, env.now, step, cid)
+                    yield from host_tail(op, dur)
                     continue
                 fin = on_stream(op, step, step * per_kind[op.group] + op.seq, axis_of[j])
                 inflight.append(fin)
@@ -394,6 +420,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                     cur = 1 - h
         for step in range(n_steps):
             i = 0
+            hc[0] = max(hc[0], env.now)      # the previous step ended in a host sync (loss, grad norm)
             while i < n_ops:
                 op = ops[i]
                 i += 1
@@ -432,11 +459,13 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                         if need:
                             yield from _wait(env, need, waits[cid], "dp")
                             outstanding["param"] = [(r, e) for r, e in outstanding["param"] if not e.processed]
+                    yield from host_issue(op)
                     t0 = env.now
                     dur = compute_time(op, step, i - 1)
                     if dur > 0:
                         yield env.timeout(dur)
                     rec.add(rep, node, "compute", op, "", t0, env.now, step, cid)
+                    yield from host_tail(op, dur)
                     if overlapped:
                         yield from _wait(env, list(overlapped), waits[cid], _AXIS.get(overlapped_axis[0], "cp"))
                         overlapped.clear()
@@ -448,9 +477,14 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                     while i < n_ops and ops[i].kind in ("send", "recv"):
                         batch.append(ops[i])
                         i += 1
+                    yield from host_issue(op)           # one batch_isend_irecv call
                     yield from _p2p(env, coll, folding, batch, step, rec, rep, node, cid, waits, free_comm,
                                     nonblocking_sends,
                                     mailbox)
+                    if not nonblocking_sends:
+                        # Megatron synchronises the device after a batch of transfers
+                        # (batch_p2p_sync): the host issues the next work from here
+                        hc[0] = max(hc[0], env.now)
                     continue
                 axis = axis_of[i - 1]
                 if (i - 1) in prefetched:
@@ -462,6 +496,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                     if env.now > t_wait:
                         waits[cid].append((t_wait, env.now, "dp"))
                     continue
+                yield from host_issue(op)
                 if overlapped and op.kind == "collective" and op.group in ("world", "embedding", "dp_cp", "edp"):
                     yield from _wait(env, list(overlapped), waits[cid], _AXIS.get(overlapped_axis[0], "cp"))
                     overlapped.clear()

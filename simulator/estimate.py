@@ -11,7 +11,8 @@ formula of its own:
   its uncontended predicted time (:meth:`~simulator.collectives.CollectiveEngine.predict`,
   NCCL's choice: the least predicted time); a collective the engine overlaps (CP K/V
   with ``cp_comm``, TP with ``tp_comm``, prefetched FSDP gathers) hides behind the next
-  compute op; a receive adds its p2p transfer;
+  compute op; a receive adds its p2p transfer; an action takes at least the host's time
+  to issue its ops (``Op.host_s``, the engine's host cursor);
 * **the pipeline** is the schedule's longest path over those costs
   (:func:`workloads.schedules.schedule_timing`);
 * **data parallelism**: the gradient buckets overlap the last micro-batch's backward, so
@@ -83,7 +84,7 @@ class Estimator:
         par = sc.parallel
         canon = "1f1b" if par.schedule in _ONE_CHUNK else par.schedule
         key = (sc.model, dataclasses.replace(par, global_batch_size=0, schedule=canon), sc.precision,
-               sc.grad_reduce_dtype, tuple(sorted(sc.overlap.items())))
+               sc.grad_reduce_dtype, tuple(sorted(sc.overlap.items())), sc.host)
         hit = self._tables.get(key)
         if hit is not None:
             return hit
@@ -93,7 +94,7 @@ class Estimator:
         prog = build_program(sc.model, small, sc.cluster.gpu, precision=sc.precision, moe_routing="balanced",
                              seed=sc.seed, grad_reduce_dtype=sc.grad_reduce_dtype,
                              p2p_overlap=sc.overlap.get("p2p", False),
-                             grad_reduce_overlap=sc.overlap.get("grad_reduce", True))
+                             grad_reduce_overlap=sc.overlap.get("grad_reduce", True), host=sc.host)
         grid = prog.grid
         gpu_of = grid.gpu_of
         ov = sc.overlap
@@ -122,6 +123,7 @@ class Estimator:
                 return g
 
             action = defaultdict(float)       # (kind F|B|W, chunk) -> seconds of one micro-batch
+            host = defaultdict(float)         # the same, the host's time to issue it
             seen: dict[tuple[str, int], int] = {}
             pending = 0.0
             grad, gather, tail = [], [], 0.0
@@ -141,6 +143,7 @@ class Estimator:
                 if op.microbatch != seen.setdefault((kind, op.chunk), op.microbatch):
                     continue
                 akey = (kind, op.chunk)
+                host[akey] += op.host_s
                 if op.kind == "compute":
                     action[akey] += max(op.duration_s, pending)
                     pending = 0.0
@@ -155,6 +158,8 @@ class Estimator:
                         pending += t
                     else:
                         action[akey] += t
+            for akey, h in host.items():      # the GPU cannot run ahead of the host
+                action[akey] = max(action[akey], h)
             cur = per_stage.get(cls.stage)
             total = sum(action.values())
             if cur is None or total > cur["total"]:

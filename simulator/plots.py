@@ -497,6 +497,8 @@ def _breakdown_color(key: str, i: int) -> str:
         return PHASE_COLORS["R"]
     if "bubble" in k:
         return "#c9c9c9"
+    if k == "host":                     # the GPU waiting for the host to issue work
+        return "#5b6770"
     if "idle" in k or "other" in k:
         return "#e4e4e4"
     if "optimizer" in k or "step" in tokens:

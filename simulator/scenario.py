@@ -2,7 +2,7 @@
 
 A scenario is the user contract of DESIGN.md: a YAML file (or a mapping) with the
 sections ``model``, ``cluster``, ``parallel``, ``precision``, ``overlap``, ``whatif``,
-``num_steps``, ``seed`` and ``moe_routing``.  :func:`load_scenario` resolves presets,
+``num_steps``, ``seed``, ``moe_routing`` and ``host``.  :func:`load_scenario` resolves presets,
 fills ``dp: -1``, and applies every rule that needs two sections at once (world size vs
 GPU count, heads vs tp, experts vs ep, the schedule's micro-batch minimum, the precision
 recipe vs the GPU).  YAML is loaded with ``yaml.safe_load`` (no object-building tags).
@@ -18,6 +18,7 @@ import yaml
 from topologies import Cluster, ConfigError, build_cluster
 from topologies.errors import check_keys
 from workloads import ModelSpec, ParallelConfig, get_recipe, load_model
+from workloads.costs.compute import HOST_MODES
 
 from .whatif import WhatIf
 
@@ -27,7 +28,7 @@ __all__ = ["Scenario", "load_scenario", "read_yaml", "OVERLAP_DEFAULTS"]
 OVERLAP_DEFAULTS = {"grad_reduce": True, "param_gather": True, "tp_comm": False, "p2p": False, "cp_comm": True,
                     "fsdp_prefetch": True, "comm_slowdown": True, "fb_overlap": True}
 _KEYS = {"name", "description", "model", "cluster", "parallel", "precision", "grad_reduce_dtype", "overlap", "whatif",
-         "num_steps", "seed", "moe_routing"}
+         "num_steps", "seed", "moe_routing", "host"}
 
 
 @dataclass
@@ -49,6 +50,10 @@ class Scenario:
     """Gradient-reduction dtype; None: the recipe's (fp32 for Megatron's bf16)."""
     source: dict = field(default_factory=dict)
     """The mapping the scenario was loaded from (echoed in results)."""
+    host: str = "eager"
+    """How the host issues the work: ``eager`` (PyTorch eager: the GPU waits when the host
+    issues kernels slower than they run), ``cuda_graphs`` or ``none`` (an infinitely fast
+    host); see :data:`workloads.costs.compute.HOST_ISSUE_S`."""
 
 
 def read_yaml(path: str | Path, where: str, what: str = "a mapping") -> dict:
@@ -111,6 +116,9 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
     from workloads.moe_routing import parse_routing
     routing = data.get("moe_routing", "balanced")
     parse_routing(routing, "scenario.moe_routing")
+    host = data.get("host", "eager")
+    if host not in HOST_MODES:
+        raise ConfigError("scenario.host", host, f"must be one of {', '.join(HOST_MODES)}")
     return Scenario(model=model, cluster=cluster, parallel=par, precision=precision, overlap=overlap, whatif=whatif,
                     num_steps=num_steps, seed=seed, moe_routing=routing, name=str(data.get("name", name)),
-                    grad_reduce_dtype=grad_dtype, source=data)
+                    grad_reduce_dtype=grad_dtype, source=data, host=host)

@@ -42,6 +42,10 @@ The op list of a class is its program order across streams:
                         grad-norm all-reduce over all ranks, optimizer step.
   ====================  ================================================================
 
+Every op also carries the host time to issue it (``Op.host_s``: per kernel for compute, per
+call for collectives and per batch of pipeline transfers; ``build_program(host=...)``),
+which the engine's host cursor uses.
+
 Which ops overlap which is the engine's business (DESIGN.md, Overlap): the program only
 orders them.  Per-rank views are built on demand (:meth:`Program.rank_ops`).
 """
@@ -57,6 +61,7 @@ from topologies import ConfigError, GPUSpec
 
 from .costs import RooflineComputeModel, embedding_ops, get_recipe, layer_ops, model_flops_per_step, \
     optimizer_ops, output_ops
+from .costs.compute import HOST_ISSUE_S, HOST_MODES
 from .costs.precision import weight_quantize_op, with_quantize_ops
 from .mesh import RankGrid
 from .model import ModelSpec
@@ -94,6 +99,8 @@ class Op(NamedTuple):
     peer: int            #: p2p: the other stage; -1 otherwise
     tag: tuple | None    #: p2p: (src stage, dst stage, chunk, microbatch, phase); a2a: sizes key
     lane: int = 0        #: DualPipe F&B pair: 1 = its forward half, 2 = its backward half; 0 otherwise
+    host_s: float = 0.0  #: host time to issue the op (compute: its kernels; a call or a p2p batch)
+    host_ops: int = 0    #: kernels (compute) or calls the host issues for it
 
 
 @dataclass
@@ -215,10 +222,16 @@ class _Ctx:
     param_cache: dict = field(default_factory=dict)
     p2p_overlap: bool = False
     grad_overlap: bool = True
+    host_kernel_s: float = 0.0
+
+
+_NOSEG = (0.0, 0.0, 0.0, 0)
+"""An absent segment: (FLOPs, seconds, host seconds, kernels)."""
 
 
 def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[str, list]:
-    """One layer's compute ops grouped into the segments between communication points."""
+    """One layer's compute ops grouped into the segments between communication points:
+    ``{"<phase>:<part>": [FLOPs, seconds, host seconds, kernels]}``."""
     # everything that makes one layer's ops differ from another's: MoE or dense, MTP, the
     # routed load, recompute, and whether the recipe runs this layer's GEMMs in low precision
     # (NVFP4 keeps the first 2 and last 8 layers in BF16)
@@ -244,9 +257,11 @@ def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[
             part = "post"
         else:
             part = "mlp"
-        acc = seg.setdefault(f"{phase}:{part}", [0.0, 0.0])
+        acc = seg.setdefault(f"{phase}:{part}", [0.0, 0.0, 0.0, 0])
         acc[0] += op.flops
         acc[1] += float(t)
+        acc[2] += op.num_kernels * ctx.host_kernel_s
+        acc[3] += op.num_kernels
     ctx.seg_cache[key] = seg
     return seg
 
@@ -254,30 +269,32 @@ def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[
 class _Emitter:
     """Builds one class's op list, numbering collectives per group kind."""
 
-    def __init__(self):
+    def __init__(self, host_call_s: float = 0.0):
         self.ops: list[Op] = []
         self.seq: dict[str, int] = {}
         self.lane = 0            # set while emitting one half of a DualPipe F&B pair
+        self.host_call_s = host_call_s
 
-    def compute(self, name, layer, mb, chunk, phase, flops, dur):
+    def compute(self, name, layer, mb, chunk, phase, flops, dur, host=0.0, kernels=0):
         if dur > 0 or flops > 0:
             self.ops.append(Op("compute", "compute", name, layer, mb, chunk, phase, flops, dur, "", "", -1, 0.0, -1, None,
-                               self.lane))
+                               self.lane, float(host), int(kernels)))
 
     def coll(self, stream, coll, group, size, name, layer=-1, mb=-1, chunk=0, phase="F", tag=None):
         n = self.seq.get(group, 0)
         self.seq[group] = n + 1
         self.ops.append(Op(stream, "collective", name, layer, mb, chunk, phase, 0.0, 0.0, coll, group, n, float(size),
-                           -1, tag, self.lane))
+                           -1, tag, self.lane, self.host_call_s, 1))
 
     def p2p(self, kind, name, peer, size, tag, mb, chunk, phase):
-        self.ops.append(Op("pp", kind, name, -1, mb, chunk, phase, 0.0, 0.0, "send_recv", "", -1, float(size), peer, tag))
+        self.ops.append(Op("pp", kind, name, -1, mb, chunk, phase, 0.0, 0.0, "send_recv", "", -1, float(size), peer, tag,
+                           0, self.host_call_s, 1))
 
 
 def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, num_gpus: int | None = None,
                   precision: str = "bf16", compute_model=None, moe_routing="balanced", seed: int = 0,
                   with_memory: bool = False, grad_reduce_dtype: str | None = None,
-                  p2p_overlap: bool = False, grad_reduce_overlap: bool = True) -> Program:
+                  p2p_overlap: bool = False, grad_reduce_overlap: bool = True, host: str = "eager") -> Program:
     """The class-level program of one training step.
 
     Parameters
@@ -296,12 +313,19 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
         ``overlap_grad_reduce``); off, all of them are issued after the stage's last
         action, as Megatron's ``finalize_model_grads`` does once the pipeline schedule has
         returned (the engine then runs them blocking)
+    host : how the host issues the work (:data:`~workloads.costs.compute.HOST_MODES`):
+        every op carries its host issue time (``Op.host_s``, :data:`HOST_ISSUE_S` per
+        kernel, call or p2p batch) for the engine's host cursor; ``cuda_graphs`` also
+        gives the default compute model the graph launch cost per kernel
     """
+    if host not in HOST_MODES:
+        raise ConfigError("host", host, f"must be one of {', '.join(HOST_MODES)}")
     par = parallel.resolve(num_gpus) if num_gpus is not None else parallel
     par.check_model(model)
     par.check_schedule()
     recipe = get_recipe(precision, gpu=gpu, grad_reduce_dtype=grad_reduce_dtype)
-    compute = compute_model or RooflineComputeModel(gpu, precision, num_layers=model.num_layers,
+    compute = compute_model or RooflineComputeModel(gpu, precision, cuda_graphs=host == "cuda_graphs",
+                                                    num_layers=model.num_layers,
                                                     num_gpus=par.world_size if par.dp > 0 else None)
     seq = par.seq_len or model.seq_len
     grid = RankGrid(par)
@@ -320,6 +344,7 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
                parse_routing(moe_routing), seed)
     ctx.p2p_overlap = p2p_overlap
     ctx.grad_overlap = grad_reduce_overlap
+    ctx.host_kernel_s = HOST_ISSUE_S[host]
     a2a_sizes: dict = {}
     # MoE: per EP coordinate the tokens of every (layer, micro-batch); equal signatures share a class
     ep_coords = range(par.ep) if model.moe is not None else [0]
@@ -402,28 +427,23 @@ def _layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
     if par.cp > 1:
         kv = _kv_bytes(ctx) * ctx.mbs * ctx.seq
         em.coll("cp", "all_gather", "cp", kv, "cp_kv", layer, mb, chunk, phase)
-    f, t = seg.get(f"{src}:attn", (0.0, 0.0))
-    em.compute("attn", layer, mb, chunk, phase, f, t)
+    em.compute("attn", layer, mb, chunk, phase, *seg.get(f"{src}:attn", _NOSEG))
     tp_out()
     if is_moe:
-        f, t = seg.get(f"{src}:pre", (0.0, 0.0))
-        em.compute("moe_pre", layer, mb, chunk, phase, f, t)
+        em.compute("moe_pre", layer, mb, chunk, phase, *seg.get(f"{src}:pre", _NOSEG))
         if par.ep > 1:
             em.coll("ep", "all_to_all", "ep", _a2a_total(ctx, layer, mb), "ep_dispatch", layer, mb, chunk, phase,
                     tag=(layer, mb))
         _expert_tp(ctx, em, "all_gather", "etp_ag", layer, mb, chunk, phase)
-        f, t = seg.get(f"{src}:mlp", (0.0, 0.0))
-        em.compute("experts", layer, mb, chunk, phase, f, t)
+        em.compute("experts", layer, mb, chunk, phase, *seg.get(f"{src}:mlp", _NOSEG))
         _expert_tp(ctx, em, "reduce_scatter", "etp_rs", layer, mb, chunk, phase)
         if par.ep > 1:
             em.coll("ep", "all_to_all", "ep", _a2a_total(ctx, layer, mb), "ep_combine", layer, mb, chunk, phase,
                     tag=(layer, mb))
-        f, t = seg.get(f"{src}:post", (0.0, 0.0))
-        em.compute("moe_post", layer, mb, chunk, phase, f, t)
+        em.compute("moe_post", layer, mb, chunk, phase, *seg.get(f"{src}:post", _NOSEG))
     else:
         tp_in()
-        f, t = seg.get(f"{src}:mlp", (0.0, 0.0))
-        em.compute("mlp", layer, mb, chunk, phase, f, t)
+        em.compute("mlp", layer, mb, chunk, phase, *seg.get(f"{src}:mlp", _NOSEG))
         tp_out()
 
 
@@ -434,8 +454,7 @@ def _layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bool):
         _layer_forward(ctx, em, layer, mb, chunk, tpe, "R", recompute)
     else:
         for part in ("attn", "mlp", "pre", "post"):
-            f, t = seg.get(f"R:{part}", (0.0, 0.0))
-            em.compute(f"recompute_{part}", layer, mb, chunk, "R", f, t)
+            em.compute(f"recompute_{part}", layer, mb, chunk, "R", *seg.get(f"R:{part}", _NOSEG))
     tp_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * ctx.recipe.tp_gather_bytes_per_element
     act_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * 2.0
     sp = par.sequence_parallel and par.tp > 1
@@ -446,29 +465,25 @@ def _layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bool):
         if sp:
             em.coll("tp", "all_gather", "tp", act_bytes, "sp_ag_dout", layer, mb, chunk, "B")
             em.coll("tp", "all_gather", "tp", tp_bytes, "sp_ag_input", layer, mb, chunk, "B")
-        f = sum(seg.get(f"B:{p}", (0.0, 0.0))[0] for p in part_names)
-        t = sum(seg.get(f"B:{p}", (0.0, 0.0))[1] for p in part_names)
-        em.compute(name, layer, mb, chunk, "B", f, t)
+        parts = [seg.get(f"B:{p}", _NOSEG) for p in part_names]
+        em.compute(name, layer, mb, chunk, "B", *(sum(v[i] for v in parts) for i in range(4)))
         if sp:
             em.coll("tp", "reduce_scatter", "tp", act_bytes, "sp_rs_dgrad", layer, mb, chunk, "B")
         elif par.tp > 1:
             em.coll("tp", "all_reduce", "tp", act_bytes, "tp_ar_dgrad", layer, mb, chunk, "B")
 
     if is_moe:
-        f, t = seg.get("B:post", (0.0, 0.0))
-        em.compute("moe_post_bwd", layer, mb, chunk, "B", f, t)
+        em.compute("moe_post_bwd", layer, mb, chunk, "B", *seg.get("B:post", _NOSEG))
         if par.ep > 1:
             em.coll("ep", "all_to_all", "ep", _a2a_total(ctx, layer, mb), "ep_combine_bwd", layer, mb, chunk, "B",
                     tag=(layer, mb))
         _expert_tp(ctx, em, "all_gather", "etp_ag_bwd", layer, mb, chunk, "B")
-        f, t = seg.get("B:mlp", (0.0, 0.0))
-        em.compute("experts_bwd", layer, mb, chunk, "B", f, t)
+        em.compute("experts_bwd", layer, mb, chunk, "B", *seg.get("B:mlp", _NOSEG))
         _expert_tp(ctx, em, "reduce_scatter", "etp_rs_bwd", layer, mb, chunk, "B")
         if par.ep > 1:
             em.coll("ep", "all_to_all", "ep", _a2a_total(ctx, layer, mb), "ep_dispatch_bwd", layer, mb, chunk, "B",
                     tag=(layer, mb))
-        f, t = seg.get("B:pre", (0.0, 0.0))
-        em.compute("moe_pre_bwd", layer, mb, chunk, "B", f, t)
+        em.compute("moe_pre_bwd", layer, mb, chunk, "B", *seg.get("B:pre", _NOSEG))
     else:
         block(("mlp",), "mlp_bwd")
     if par.cp > 1:
@@ -483,9 +498,8 @@ def _layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bool):
 
 def _layer_wgrad(ctx, em, layer, mb, chunk, tpe, recompute):
     seg = _segments(ctx, layer, tpe, recompute)
-    f = sum(v[0] for k, v in seg.items() if k.startswith("W:"))
-    t = sum(v[1] for k, v in seg.items() if k.startswith("W:"))
-    em.compute("wgrad", layer, mb, chunk, "W", f, t)
+    parts = [v for k, v in seg.items() if k.startswith("W:")]
+    em.compute("wgrad", layer, mb, chunk, "W", *(sum(v[i] for v in parts) for i in range(4)))
 
 
 def _kv_bytes(ctx) -> float:
@@ -573,7 +587,7 @@ def _edge_params(ctx, k: int) -> int:
 
 def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
     par, model, sched = ctx.par, ctx.model, ctx.sched
-    em = _Emitter()
+    em = _Emitter(ctx.host_kernel_s)
     pp = par.pp
     last_mb = _last_microbatches(sched, stage)
     stage_layers = [ctx.chunk_layers[model_chunk(sched, stage, c)] for c in range(sched.num_chunks)]
@@ -613,7 +627,8 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
     lowp = [i for r in stage_layers for i in r if ctx.recipe.is_low_precision_layer(i, ctx.model.num_layers)]
     wq = weight_quantize_op(ctx.recipe, sum(_local_params(ctx, lowp)))
     if wq is not None:
-        em.compute("weight_quantize", -1, -1, 0, "F", 0.0, float(np.sum(ctx.compute.op_times_s([wq]))))
+        em.compute("weight_quantize", -1, -1, 0, "F", 0.0, float(np.sum(ctx.compute.op_times_s([wq]))),
+                   *_host_of(ctx, [wq]))
     order = p2p_order(sched, stage, overlap_p2p=ctx.p2p_overlap)
     for act in (order if order is not None else [a for a in sched.actions[stage] if a is not None]):
         kind = act.kind
@@ -640,8 +655,8 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
     d, e = _local_params(ctx, [i for r in stage_layers for i in r])
     d += sum(_edge_params(ctx, model_chunk(sched, stage, c)) for c in range(sched.num_chunks))
     shard = d / max(par.dp * par.cp, 1) + e / max(par.expert_dp, 1) if par.distributed_optimizer else d + e
-    times = ctx.compute.op_times_s(optimizer_ops(int(shard)))
-    em.compute("optimizer", -1, -1, 0, "S", 0.0, float(np.sum(times)))
+    opt = optimizer_ops(int(shard))
+    em.compute("optimizer", -1, -1, 0, "S", 0.0, float(np.sum(ctx.compute.op_times_s(opt))), *_host_of(ctx, opt))
     if par.distributed_optimizer and par.zero_stage < 3:
         # buckets in forward order (the first layers' parameters are gathered first); each
         # op's tag is the (first, last) layer whose parameters it carries, so the engine
@@ -808,7 +823,13 @@ def _add_ops(ctx, em, ops, phase, name, mb, chunk):
     if not sel:
         return
     t = float(np.sum(ctx.compute.op_times_s(sel)))
-    em.compute(name, -1, mb, chunk, phase, float(sum(o.flops for o in sel)), t)
+    em.compute(name, -1, mb, chunk, phase, float(sum(o.flops for o in sel)), t, *_host_of(ctx, sel))
+
+
+def _host_of(ctx, ops) -> tuple[float, int]:
+    """(host seconds, kernels) to issue ``ops``."""
+    k = sum(o.num_kernels for o in ops)
+    return k * ctx.host_kernel_s, k
 
 
 def _check_matching(prog: Program) -> None:

@@ -64,7 +64,7 @@ def scenario(tp, pp, dp, *, cp=1, ep=1, nmb=2, schedule="1f1b", preset="dgx-h100
            "global_batch_size": nmb * dp, "seq_len": seq_len, "schedule": schedule, "vpp": vpp,
            "sequence_parallel": sp, "zero_stage": zero_stage, "distributed_optimizer": dist_opt,
            "recompute": recompute}
-    sc = {"model": model, "cluster": cluster, "parallel": par, "num_steps": num_steps,
+    sc = {"model": model, "cluster": cluster, "parallel": par, "num_steps": num_steps, "host": "none",
           "overlap": {"p2p": vpp > 1 if p2p is None else p2p, "tp_comm": tp_comm, "grad_reduce": grad_reduce,
                       "param_gather": param_gather}}
     if ep > 1:

@@ -112,7 +112,7 @@ def _moe_dualpipe(**kw):
             "cluster": {"preset": "dgx-h100", "num_nodes": 2},
             "parallel": {"tp": 1, "pp": 2, "ep": 4, "dp": -1, "global_batch_size": 32, "micro_batch_size": 1,
                          "seq_len": 2048, "schedule": "dualpipe", "mesh_order": "tp-cp-dp-ep-pp"},
-            "num_steps": 1, **kw}
+            "num_steps": 1, "host": "none", **kw}      # GPU-side overlap: an infinitely fast host
 
 
 def test_dualpipe_overlaps_one_halfs_all_to_all_with_the_other_halfs_compute():

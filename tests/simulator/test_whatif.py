@@ -20,7 +20,7 @@ from topologies import ConfigError
 SMALL = {"model": {"preset": "tiny-dense", "num_layers": 4},
          "cluster": {"preset": "dgx-h100", "num_nodes": 4, "hosts_per_leaf": 2},
          "parallel": {"tp": 2, "pp": 2, "dp": 8, "global_batch_size": 16, "seq_len": 512},
-         "num_steps": 2}
+         "num_steps": 2, "host": "none"}
 
 
 def with_whatif(wi: dict, base: dict = SMALL, **kw) -> dict:

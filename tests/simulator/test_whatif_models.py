@@ -2,7 +2,7 @@
 the expected maximum of N draws, re-routing and failures.
 
 Every scenario is tiny (the ``tiny-dense`` model, one to four hosts) so that the file runs in
-seconds; the folded engine is used throughout (``test_whatif.py`` shows it equals the
+seconds, with an infinitely fast host (``host: none``: the closed forms are of GPU time); the folded engine is used throughout (``test_whatif.py`` shows it equals the
 unfolded one under every what-if).
 """
 
@@ -26,7 +26,7 @@ def pipeline(schedule: str, *, pp: int = 4, nmb: int = 8, **kw) -> dict:
     return {"model": {"preset": "tiny-dense", "num_layers": pp}, "cluster": {"preset": "dgx-h100", "num_nodes": 1},
             "parallel": {"tp": 1, "pp": pp, "dp": dp, "global_batch_size": nmb * dp, "seq_len": 512,
                          "schedule": schedule, "distributed_optimizer": False, "zero_stage": 0},
-            "num_steps": 1, **kw}
+            "num_steps": 1, "host": "none", **kw}
 
 
 def stage_gpus(stage: int, pp: int = 4) -> list[int]:
@@ -126,7 +126,7 @@ def test_a_slow_stage_delays_its_upstream_neighbour_through_the_rendezvous():
 def _one_host(tp: int, dp: int) -> dict:
     return {"model": {"preset": "tiny-dense", "num_layers": 4}, "cluster": {"preset": "dgx-h100", "num_nodes": 1},
             "parallel": {"tp": tp, "pp": 1, "dp": dp, "global_batch_size": 4 * dp, "seq_len": 1024},
-            "num_steps": 2}
+            "num_steps": 2, "host": "none"}
 
 
 @pytest.mark.parametrize("tp, dp", [pytest.param(1, 8, id="dp8"), pytest.param(8, 1, id="tp8")])
@@ -162,7 +162,7 @@ def test_a_slow_gpu_delays_the_step_by_about_its_extra_compute(tp, dp):
 def _pure_dp(n: int, wi: dict, seed: int = 0) -> dict:
     return {"model": {"preset": "tiny-dense", "num_layers": 1}, "cluster": {"preset": "dgx-h100", "num_nodes": n // 8},
             "parallel": {"tp": 1, "pp": 1, "dp": n, "global_batch_size": n, "seq_len": 512},
-            "num_steps": 1, "seed": seed, "whatif": wi}
+            "num_steps": 1, "seed": seed, "whatif": wi, "host": "none"}
 
 
 @pytest.mark.parametrize("n, seeds", [(8, 24), (32, 16), (128, 8), (1024, 4)])
@@ -205,7 +205,7 @@ def test_op_jitter_averages_out_and_host_step_jitter_is_shared_by_a_host():
 def _one_gpu(wi: dict, num_steps: int = 1) -> dict:
     return {"model": "tiny-dense", "cluster": ONE_GPU,
             "parallel": {"tp": 1, "pp": 1, "dp": 1, "global_batch_size": 4, "seq_len": 512},
-            "num_steps": num_steps, "whatif": wi}
+            "num_steps": num_steps, "whatif": wi, "host": "none"}
 
 
 def test_thermal_throttling_and_stalls_are_closed_forms():

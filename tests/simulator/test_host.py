@@ -1,0 +1,101 @@
+"""The host cursor: the GPU cannot start work the host has not issued yet (``Scenario.host``).
+
+Eager PyTorch issues a modelled kernel in ``HOST_ISSUE_S["eager"]`` of host time (measured,
+``experiments/microbench/gpu_bench.py``); a tiny model's kernels run far faster, so its step
+is paced by the host, while a large layer hides the host behind its kernels.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.engine import run
+from simulator.estimate import estimate
+from simulator.scenario import load_scenario
+from topologies import ConfigError
+from workloads.costs.compute import HOST_ISSUE_S
+
+ONE_GPU = {"gpu": "H100-SXM", "num_nodes": 1, "gpus_per_host": 1, "nvlink_domain_size": 1, "nics_per_host": 1}
+
+
+def _one_gpu(model="tiny-dense", host="eager", seq_len=512, gbs=4, **kw) -> dict:
+    return {"model": model, "cluster": ONE_GPU, "host": host, "num_steps": 1,
+            "parallel": {"tp": 1, "pp": 1, "dp": 1, "global_batch_size": gbs, "seq_len": seq_len}, **kw}
+
+
+def _cursor_step(ops) -> float:
+    """The host-cursor recurrence written out for one GPU with nothing to wait for but the
+    host: the host issues op after op; a compute op of ``k`` kernels starts once the host has
+    issued its first (its ``host_s / k``) and ends no earlier than its last kernel's issue
+    plus that kernel's share of the run time."""
+    gpu = host = 0.0
+    for op in ops:
+        k = max(op.host_ops, 1)
+        if op.kind == "compute":
+            first = host + op.host_s / k
+            host += op.host_s
+            start = max(gpu, first)
+            gpu = max(start + op.duration_s, host + op.duration_s / k)
+        else:                       # a call on a group of one: issued, then done
+            host += op.host_s
+            gpu = max(gpu, host)
+    return gpu
+
+
+def test_a_host_bound_step_is_the_host_cursor_recurrence():
+    res = run(_one_gpu())
+    ops = res.program.classes[0].ops
+    gpu_time = sum(op.duration_s for op in ops if op.kind == "compute")
+    host_time = sum(op.host_s for op in ops)
+    step = res.metrics["step_time_s"]
+    assert step == pytest.approx(_cursor_step(ops), rel=1e-9)
+    assert host_time > 3 * gpu_time                   # tiny kernels: the host paces the step
+    assert host_time <= step <= host_time + max(op.duration_s for op in ops)
+    bd = res.metrics["breakdown_s"]
+    assert bd["host"] == pytest.approx(step - gpu_time, rel=1e-9)
+    assert sum(bd.values()) == pytest.approx(step, rel=1e-9)
+    assert "host" not in res.metrics["exposed_comm_s"]
+    # every compute op carries its kernels' host time, every call one issue
+    for op in ops:
+        per = op.host_s / max(op.host_ops, 1)
+        assert per == pytest.approx(HOST_ISSUE_S["eager"], rel=1e-12)
+
+
+def test_the_host_modes():
+    none = run(_one_gpu(host="none")).metrics
+    graphs = run(_one_gpu(host="cuda_graphs")).metrics
+    eager = run(_one_gpu(host="eager")).metrics
+    assert none["breakdown_s"].get("host", 0.0) == 0.0 and graphs["breakdown_s"].get("host", 0.0) == 0.0
+    # CUDA graphs also cut the GPU-side launch gap (LAUNCH_OVERHEAD_S)
+    assert graphs["step_time_s"] < none["step_time_s"] < eager["step_time_s"]
+
+
+def test_a_large_layer_hides_the_host():
+    """Llama-3 8B layers at 4k tokens run for milliseconds per op: the host is soon far
+    ahead; only the step's first, short ops (embedding, norm) wait for their issue."""
+    sc = _one_gpu(model={"preset": "llama3-8b", "num_layers": 2}, seq_len=4096, gbs=1)
+    eager, none = run(sc).metrics, run({**sc, "host": "none"}).metrics
+    assert eager["step_time_s"] == pytest.approx(none["step_time_s"], rel=5e-3)
+    assert 0 < eager["breakdown_s"]["host"] < 5e-3 * eager["step_time_s"]
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_the_estimate_follows_a_host_bound_engine(pp):
+    """The estimator floors each schedule action at the host's time to issue it; a
+    pipeline's batched transfers synchronise the host (Megatron's batch_p2p_sync), so the
+    engine is host-bound per micro-batch too."""
+    sc = {"model": {"preset": "tiny-dense", "num_layers": 4}, "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+          "parallel": {"tp": 1, "pp": pp, "dp": 8 // pp, "global_batch_size": 8 * 8 // pp, "seq_len": 512},
+          "num_steps": 2}
+    engine = run(sc).metrics["step_time_s"]
+    est = estimate(sc)["step_time_s"]
+    free = run({**sc, "host": "none"}).metrics["step_time_s"]
+    assert engine > 2 * free
+    assert est == pytest.approx(engine, rel=0.15)
+
+
+def test_the_host_mode_is_validated():
+    with pytest.raises(ConfigError, match="scenario.host"):
+        load_scenario(_one_gpu(host="gpu"))
+    assert load_scenario(_one_gpu(host="cuda_graphs")).host == "cuda_graphs"
+    assert load_scenario({k: v for k, v in _one_gpu().items() if k != "host"}).host == "eager"
