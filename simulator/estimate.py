@@ -36,6 +36,7 @@ from collections import defaultdict
 
 from workloads import build_program, memory_estimates
 from workloads.costs import model_flops_per_step
+from workloads.costs.compute import host_costs
 from workloads.schedules import get_schedule, min_microbatches, schedule_timing
 from workloads.schedules.actions import ActionKind
 
@@ -84,7 +85,7 @@ class Estimator:
         par = sc.parallel
         canon = "1f1b" if par.schedule in _ONE_CHUNK else par.schedule
         key = (sc.model, dataclasses.replace(par, global_batch_size=0, schedule=canon), sc.precision,
-               sc.grad_reduce_dtype, tuple(sorted(sc.overlap.items())), sc.host)
+               sc.grad_reduce_dtype, tuple(sorted(sc.overlap.items())), host_costs(sc.host), sc.host == "cuda_graphs")
         hit = self._tables.get(key)
         if hit is not None:
             return hit

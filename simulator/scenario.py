@@ -18,7 +18,7 @@ import yaml
 from topologies import Cluster, ConfigError, build_cluster
 from topologies.errors import check_keys
 from workloads import ModelSpec, ParallelConfig, get_recipe, load_model
-from workloads.costs.compute import HOST_MODES
+from workloads.costs.compute import host_costs
 
 from .whatif import WhatIf
 
@@ -50,10 +50,11 @@ class Scenario:
     """Gradient-reduction dtype; None: the recipe's (fp32 for Megatron's bf16)."""
     source: dict = field(default_factory=dict)
     """The mapping the scenario was loaded from (echoed in results)."""
-    host: str = "eager"
+    host: "str | dict" = "eager"
     """How the host issues the work: ``eager`` (PyTorch eager: the GPU waits when the host
-    issues kernels slower than they run), ``cuda_graphs`` or ``none`` (an infinitely fast
-    host); see :data:`workloads.costs.compute.HOST_ISSUE_S`."""
+    issues kernels slower than they run), ``cuda_graphs``, ``none`` (an infinitely fast
+    host), or a mapping of a measured host's ``kernel_us``, ``call_us``, ``checkpoint_us``;
+    see :data:`workloads.costs.compute.HOST_COSTS`."""
 
 
 def read_yaml(path: str | Path, where: str, what: str = "a mapping") -> dict:
@@ -117,8 +118,7 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
     routing = data.get("moe_routing", "balanced")
     parse_routing(routing, "scenario.moe_routing")
     host = data.get("host", "eager")
-    if host not in HOST_MODES:
-        raise ConfigError("scenario.host", host, f"must be one of {', '.join(HOST_MODES)}")
+    host_costs(host, "scenario.host")
     return Scenario(model=model, cluster=cluster, parallel=par, precision=precision, overlap=overlap, whatif=whatif,
                     num_steps=num_steps, seed=seed, moe_routing=routing, name=str(data.get("name", name)),
                     grad_reduce_dtype=grad_dtype, source=data, host=host)

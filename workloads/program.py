@@ -61,7 +61,7 @@ from topologies import ConfigError, GPUSpec
 
 from .costs import RooflineComputeModel, embedding_ops, get_recipe, layer_ops, model_flops_per_step, \
     optimizer_ops, output_ops
-from .costs.compute import HOST_ISSUE_S, HOST_MODES
+from .costs.compute import host_costs
 from .costs.precision import weight_quantize_op, with_quantize_ops
 from .mesh import RankGrid
 from .model import ModelSpec
@@ -223,6 +223,8 @@ class _Ctx:
     p2p_overlap: bool = False
     grad_overlap: bool = True
     host_kernel_s: float = 0.0
+    host_call_s: float = 0.0
+    host_checkpoint_s: float = 0.0
 
 
 _NOSEG = (0.0, 0.0, 0.0, 0)
@@ -294,7 +296,7 @@ class _Emitter:
 def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, num_gpus: int | None = None,
                   precision: str = "bf16", compute_model=None, moe_routing="balanced", seed: int = 0,
                   with_memory: bool = False, grad_reduce_dtype: str | None = None,
-                  p2p_overlap: bool = False, grad_reduce_overlap: bool = True, host: str = "eager") -> Program:
+                  p2p_overlap: bool = False, grad_reduce_overlap: bool = True, host="eager") -> Program:
     """The class-level program of one training step.
 
     Parameters
@@ -313,18 +315,19 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
         ``overlap_grad_reduce``); off, all of them are issued after the stage's last
         action, as Megatron's ``finalize_model_grads`` does once the pipeline schedule has
         returned (the engine then runs them blocking)
-    host : how the host issues the work (:data:`~workloads.costs.compute.HOST_MODES`):
-        every op carries its host issue time (``Op.host_s``, :data:`HOST_ISSUE_S` per
-        kernel, call or p2p batch) for the engine's host cursor; ``cuda_graphs`` also
-        gives the default compute model the graph launch cost per kernel
+    host : how the host issues the work (a mode of
+        :data:`~workloads.costs.compute.HOST_MODES` or a mapping of measured costs,
+        :func:`~workloads.costs.compute.host_costs`): every op carries its host issue time
+        (``Op.host_s``: per kernel, per call or p2p batch, plus the checkpoint function on
+        a fully recomputed layer) for the engine's host cursor; ``cuda_graphs`` also gives
+        the default compute model the graph launch cost per kernel
     """
-    if host not in HOST_MODES:
-        raise ConfigError("host", host, f"must be one of {', '.join(HOST_MODES)}")
+    hc = host_costs(host)
     par = parallel.resolve(num_gpus) if num_gpus is not None else parallel
     par.check_model(model)
     par.check_schedule()
     recipe = get_recipe(precision, gpu=gpu, grad_reduce_dtype=grad_reduce_dtype)
-    compute = compute_model or RooflineComputeModel(gpu, precision, cuda_graphs=host == "cuda_graphs",
+    compute = compute_model or RooflineComputeModel(gpu, precision, cuda_graphs=(host == "cuda_graphs"),
                                                     num_layers=model.num_layers,
                                                     num_gpus=par.world_size if par.dp > 0 else None)
     seq = par.seq_len or model.seq_len
@@ -344,7 +347,7 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
                parse_routing(moe_routing), seed)
     ctx.p2p_overlap = p2p_overlap
     ctx.grad_overlap = grad_reduce_overlap
-    ctx.host_kernel_s = HOST_ISSUE_S[host]
+    ctx.host_kernel_s, ctx.host_call_s, ctx.host_checkpoint_s = hc.kernel_s, hc.call_s, hc.checkpoint_s
     a2a_sizes: dict = {}
     # MoE: per EP coordinate the tokens of every (layer, micro-batch); equal signatures share a class
     ep_coords = range(par.ep) if model.moe is not None else [0]
@@ -427,7 +430,10 @@ def _layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
     if par.cp > 1:
         kv = _kv_bytes(ctx) * ctx.mbs * ctx.seq
         em.coll("cp", "all_gather", "cp", kv, "cp_kv", layer, mb, chunk, phase)
-    em.compute("attn", layer, mb, chunk, phase, *seg.get(f"{src}:attn", _NOSEG))
+    f, t, hs, k = seg.get(f"{src}:attn", _NOSEG)
+    if phase == "R":            # the checkpoint function of a fully recomputed layer
+        hs += ctx.host_checkpoint_s
+    em.compute("attn", layer, mb, chunk, phase, f, t, hs, k)
     tp_out()
     if is_moe:
         em.compute("moe_pre", layer, mb, chunk, phase, *seg.get(f"{src}:pre", _NOSEG))
@@ -587,7 +593,7 @@ def _edge_params(ctx, k: int) -> int:
 
 def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
     par, model, sched = ctx.par, ctx.model, ctx.sched
-    em = _Emitter(ctx.host_kernel_s)
+    em = _Emitter(ctx.host_call_s)
     pp = par.pp
     last_mb = _last_microbatches(sched, stage)
     stage_layers = [ctx.chunk_layers[model_chunk(sched, stage, c)] for c in range(sched.num_chunks)]

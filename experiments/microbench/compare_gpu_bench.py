@@ -3,8 +3,8 @@
 CPU only: reads the JSON files ``gpu_bench.py`` wrote (``data/`` holds the ones the constants
 come from) and prints
 
-* ``host``: the host's issue time per modelled kernel, the source of
-  ``workloads.costs.compute.HOST_ISSUE_S["eager"]``;
+* ``host``: the host's issue time per modelled kernel, per checkpointed layer and per
+  collective call, the source of ``workloads.costs.compute.HOST_COSTS["eager"]``;
 * ``layer``: the measured FP16 Megatron layer (forward, backward) against the roofline
   model of the same GPU -- a check, nothing is fitted to it;
 * ``sustained``: burst vs power-limited GEMM rates per dtype.
@@ -54,9 +54,23 @@ def host_per_kernel(data: dict) -> tuple[float, list[tuple]]:
     return statistics.median(x[3] for x in rows), rows
 
 
+def host_costs_measured(data: dict) -> dict[str, float]:
+    """``kernel_s``, ``checkpoint_s`` and ``call_s`` (medians over the shapes) from a file
+    with the ``host`` and ``checkpointed`` parts: the checkpoint function is the
+    checkpointed layer's extra time over the plain forward(s) and backward, a call the
+    extra time of the layer with Megatron's TP autograd functions over the 6 all-reduce
+    calls they make per layer and micro-batch under full recompute."""
+    kernel, rows = host_per_kernel(data)
+    plain = {(r["h"], r["tp"], r["b"], r["s"]): t for r, _, t, _ in rows}
+    ck = [c["host_s"] - plain[(c["h"], c["tp"], c["b"], c["s"])] for c in data["checkpointed"]]
+    calls = [(c["tp_calls_host_s"] - c["host_s"]) / 6 for c in data["checkpointed"]]
+    return {"kernel_s": kernel, "checkpoint_s": statistics.median(ck), "call_s": statistics.median(calls),
+            "bare_call_s": statistics.median(c["all_reduce_call_host_s"] for c in data["checkpointed"])}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--host", default=str(DATA / "h100_host.json"))
+    ap.add_argument("--host", default=str(DATA / "h100_host2.json"))
     ap.add_argument("--bench", default=str(DATA / "h100_bench.json"))
     args = ap.parse_args(argv)
     host = json.loads(Path(args.host).read_text())
@@ -67,6 +81,14 @@ def main(argv=None) -> int:
               f"({r['fwd_kernels']} kernels), forward+backward {r['fwd_bwd_host_s'] * 1e3:.3f} ms "
               f"({r['fwd_bwd_kernels']} kernels); {t * 1e3:.3f} ms / {k} modelled = {x * 1e6:.1f} us")
     print(f"  median: {per * 1e6:.1f} us per modelled kernel")
+    if "checkpointed" in host:
+        for c in host["checkpointed"]:
+            print(f"  h {c['h']:5d} tp {c['tp']} b {c['b']} s {c['s']}: checkpointed {c['host_s'] * 1e3:.3f} ms, with "
+                  f"the TP calls {c['tp_calls_host_s'] * 1e3:.3f} ms; a bare all_reduce call "
+                  f"{c['all_reduce_call_host_s'] * 1e6:.0f} us")
+        hc = host_costs_measured(host)
+        print(f"  medians: {hc['kernel_s'] * 1e6:.1f} us per kernel, {hc['checkpoint_s'] * 1e3:.3f} ms per "
+              f"checkpointed layer, {hc['call_s'] * 1e6:.0f} us per TP call (bare {hc['bare_call_s'] * 1e6:.0f} us)")
 
     bench = json.loads(Path(args.bench).read_text())
     gpu = "H100-SXM" if "H100" in bench["gpu"] else bench["gpu"]

@@ -16,8 +16,14 @@ Three parts:
 ``host``        the same layer at small shapes, timed by the wall clock over many iterations
                 without synchronising, against the GPU's own time: the host's issue time per
                 layer when it, not the GPU, is the bottleneck.
+``checkpointed`` the same under ``torch.utils.checkpoint`` (Megatron's full recompute), without
+                and with Megatron's tensor-parallel all-reduce calls (a one-rank NCCL group),
+                and a bare all-reduce call: the host cost of a collective call.
 
-Usage: ``python3 gpu_bench.py --out results.json [--seconds 20]``
+Usage: ``python3 gpu_bench.py --out results.json [--seconds 20] [--parts host,checkpointed,layer,sustained]``
+(the committed ``data/h100_host2.json`` is ``--parts host,checkpointed``; ``data/h100_bench.json``
+the layer and sustained parts and an earlier form of the host part, from another start of the
+same H100 machine image).
 """
 
 from __future__ import annotations
@@ -108,9 +114,38 @@ def sustained(m: int, n: int, k: int, dtype: str, seconds: float) -> dict:
 
 
 # -- Megatron's 2022 GPT layer (one tensor-parallel rank, no communication) ----------------------
+class _CopyToTP(torch.autograd.Function):
+    """Megatron's copy_to_tensor_model_parallel_region: identity, all-reduce the gradient."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        import torch.distributed as dist
+        dist.all_reduce(g)
+        return g
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """Megatron's reduce_from_tensor_model_parallel_region: all-reduce, identity gradient."""
+
+    @staticmethod
+    def forward(ctx, x):
+        import torch.distributed as dist
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
 class MegatronLayer(torch.nn.Module):
-    def __init__(self, h: int, heads: int, tp: int, dropout: float = 0.1):
+    def __init__(self, h: int, heads: int, tp: int, dropout: float = 0.1, tp_comm: bool = False):
         super().__init__()
+        self.tp_comm = tp_comm
         self.h, self.hp, self.ap, self.d = h, h // tp, heads // tp, h // heads
         self.ln1 = torch.nn.LayerNorm(h)
         self.qkv = torch.nn.Linear(h, 3 * self.hp)
@@ -120,9 +155,15 @@ class MegatronLayer(torch.nn.Module):
         self.fc2 = torch.nn.Linear(4 * h // tp, h)
         self.p = dropout
 
+    def _in(self, x):
+        return _CopyToTP.apply(x) if self.tp_comm else x
+
+    def _out(self, x):
+        return _ReduceFromTP.apply(x) if self.tp_comm else x
+
     def attention(self, x):                       # x: [s, b, h]
         s, b, _ = x.shape
-        qkv = self.qkv(x).view(s, b, self.ap, 3 * self.d)
+        qkv = self.qkv(self._in(x)).view(s, b, self.ap, 3 * self.d)
         q, k, v = qkv.split(self.d, dim=-1)
         q = q.reshape(s, b * self.ap, self.d).transpose(0, 1)          # [B, s, d]
         k = k.reshape(s, b * self.ap, self.d).permute(1, 2, 0)         # [B, d, s]
@@ -131,13 +172,13 @@ class MegatronLayer(torch.nn.Module):
         scores = torch.baddbmm(out, q, k, beta=0.0, alpha=1.0 / math.sqrt(self.d))
         probs = F.dropout(torch.softmax(scores, dim=-1), self.p, True)
         ctx = torch.bmm(probs, v).transpose(0, 1).reshape(s, b, self.hp)
-        return F.linear(ctx, self.proj.weight), self.proj.bias
+        return self._out(F.linear(ctx, self.proj.weight)), self.proj.bias
 
     def forward(self, x):
         a, bias = self.attention(self.ln1(x))
         x = x + F.dropout(a + bias, self.p, True)
-        y = F.gelu(self.fc1(self.ln2(x)), approximate="tanh")
-        y = F.linear(y, self.fc2.weight)
+        y = F.gelu(self.fc1(self._in(self.ln2(x))), approximate="tanh")
+        y = self._out(F.linear(y, self.fc2.weight))
         return x + F.dropout(y + self.fc2.bias, self.p, True)
 
 
@@ -235,6 +276,46 @@ def host(h: int, heads: int, tp: int, b: int, s: int, iters: int = 50, rounds: i
             "fwd_kernels": kf, "fwd_bwd_kernels": kfb, "fwd_busy_s": busy_f, "fwd_bwd_busy_s": busy_fb}
 
 
+def host_checkpointed(h: int, heads: int, tp: int, b: int, s: int, iters: int = 50, rounds: int = 5) -> dict:
+    """Host time of one layer and micro-batch under full recompute as Megatron runs it
+    (``torch.utils.checkpoint``, reentrant: a forward without autograd, then in the backward
+    the recomputed forward and the backward), without and with Megatron's four TP
+    all-reduce calls (two autograd functions per block) on a one-rank NCCL group, and the
+    host time of a bare ``all_reduce`` call."""
+    import torch.distributed as dist
+    from torch.utils.checkpoint import checkpoint
+    out = {"h": h, "heads": heads, "tp": tp, "b": b, "s": s}
+    for comm in (False, True):
+        mod = MegatronLayer(h, heads, tp, tp_comm=comm).cuda().half()
+        x = torch.randn(s, b, h, device="cuda", dtype=torch.half, requires_grad=True)
+        g = torch.randn(s, b, h, device="cuda", dtype=torch.half)
+
+        def step():
+            checkpoint(mod, x, use_reentrant=True).backward(g)
+        runs = []
+        for _ in range(rounds):
+            for _ in range(5):
+                step()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                step()
+            runs.append((time.perf_counter() - t0) / iters)
+            torch.cuda.synchronize()
+        runs.sort()
+        out["tp_calls_host_s" if comm else "host_s"] = runs[rounds // 2]
+    t = torch.randn(1024, device="cuda")
+    for _ in range(20):
+        dist.all_reduce(t)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(500):
+        dist.all_reduce(t)
+    out["all_reduce_call_host_s"] = (time.perf_counter() - t0) / 500
+    torch.cuda.synchronize()
+    return out
+
+
 LAYERS = [  # vTrain's multi-node shapes: (h, heads, tp, b) at s = 2048
     (3072, 32, 1, 8), (3072, 32, 2, 8), (3072, 32, 4, 8), (3072, 32, 8, 8), (3072, 32, 16, 8),
     (3072, 32, 1, 2), (3072, 32, 4, 2), (3072, 32, 8, 2),
@@ -261,7 +342,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--parts", default="sustained,layer,host")
+    ap.add_argument("--parts", default="host,checkpointed,layer,sustained")
     args = ap.parse_args()
     parts = args.parts.split(",")
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -270,6 +351,16 @@ def main() -> None:
     if "host" in parts:
         res["host"] = [host(*c) for c in HOSTS]
         print(json.dumps(res["host"], indent=1), flush=True)
+    if "checkpointed" in parts:
+        import os
+
+        import torch.distributed as dist
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29512")
+        dist.init_process_group("nccl", rank=0, world_size=1)
+        res["checkpointed"] = [host_checkpointed(*c) for c in HOSTS]
+        print(json.dumps(res["checkpointed"], indent=1), flush=True)
+        dist.destroy_process_group()
     if "layer" in parts:
         res["layer"] = []
         for h, heads, tp, b in LAYERS:

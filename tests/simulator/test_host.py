@@ -1,8 +1,9 @@
 """The host cursor: the GPU cannot start work the host has not issued yet (``Scenario.host``).
 
-Eager PyTorch issues a modelled kernel in ``HOST_ISSUE_S["eager"]`` of host time (measured,
-``experiments/microbench/gpu_bench.py``); a tiny model's kernels run far faster, so its step
-is paced by the host, while a large layer hides the host behind its kernels.
+Eager PyTorch issues a modelled kernel in ``HOST_COSTS["eager"].kernel_s`` of host time and a
+collective call in ``call_s`` (measured, ``experiments/microbench/gpu_bench.py``); a tiny
+model's kernels run far faster, so its step is paced by the host, while a large layer hides
+the host behind its kernels.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from simulator.engine import run
 from simulator.estimate import estimate
 from simulator.scenario import load_scenario
 from topologies import ConfigError
-from workloads.costs.compute import HOST_ISSUE_S
+from workloads.costs.compute import HOST_COSTS
 
 ONE_GPU = {"gpu": "H100-SXM", "num_nodes": 1, "gpus_per_host": 1, "nvlink_domain_size": 1, "nics_per_host": 1}
 
@@ -56,9 +57,10 @@ def test_a_host_bound_step_is_the_host_cursor_recurrence():
     assert sum(bd.values()) == pytest.approx(step, rel=1e-9)
     assert "host" not in res.metrics["exposed_comm_s"]
     # every compute op carries its kernels' host time, every call one issue
+    eager = HOST_COSTS["eager"]
     for op in ops:
         per = op.host_s / max(op.host_ops, 1)
-        assert per == pytest.approx(HOST_ISSUE_S["eager"], rel=1e-12)
+        assert per == pytest.approx(eager.kernel_s if op.kind == "compute" else eager.call_s, rel=1e-12)
 
 
 def test_the_host_modes():
@@ -94,8 +96,29 @@ def test_the_estimate_follows_a_host_bound_engine(pp):
     assert est == pytest.approx(engine, rel=0.15)
 
 
+def test_full_recompute_charges_the_checkpoint_function_once_per_layer_and_micro_batch():
+    sc = _one_gpu(model={"preset": "tiny-dense", "num_layers": 3}, gbs=2)
+    sc["parallel"]["recompute"] = "full"
+    ops = run(sc).program.classes[0].ops
+    eager = HOST_COSTS["eager"]
+    extra = [op.host_s - op.host_ops * eager.kernel_s for op in ops if op.kind == "compute"]
+    charged = [op for op, x in zip([o for o in ops if o.kind == "compute"], extra) if x > 1e-12]
+    assert len(charged) == 3 * 2                                  # layers x micro-batches
+    assert all(op.phase == "R" and op.name == "attn" for op in charged)
+    assert sum(extra) == pytest.approx(6 * eager.checkpoint_s, rel=1e-9)
+
+
+def test_a_measured_host_replaces_the_defaults():
+    fast = run(_one_gpu(host={"kernel_us": 10, "call_us": 10})).metrics["step_time_s"]
+    slow = run(_one_gpu(host={"kernel_us": 200})).metrics["step_time_s"]
+    eager = run(_one_gpu()).metrics["step_time_s"]
+    assert fast < eager < slow
+
+
 def test_the_host_mode_is_validated():
     with pytest.raises(ConfigError, match="scenario.host"):
         load_scenario(_one_gpu(host="gpu"))
+    with pytest.raises(ConfigError, match="scenario.host.kernel_us"):
+        load_scenario(_one_gpu(host={"kernel_us": -3}))
     assert load_scenario(_one_gpu(host="cuda_graphs")).host == "cuda_graphs"
     assert load_scenario({k: v for k, v in _one_gpu().items() if k != "host"}).host == "eager"

@@ -17,7 +17,7 @@ The interface is :class:`ComputeModel` -- ``op_time_s(op)`` and the vectorised
       permutation, cross-entropy, optimizer, FP8 casts) as bytes over HBM at an
       achievable fraction of the datasheet bandwidth;
   (d) :class:`LaunchModel` -- a fixed cost per kernel launch, much smaller under CUDA graphs;
-      the host's own issue time per kernel (:data:`HOST_ISSUE_S`) is not part of an op's
+      the host's own issue time per kernel (:data:`HOST_COSTS`) is not part of an op's
       time: the engine runs a host cursor per rank that the GPU may have to wait for;
 
   and GEMM and attention efficiencies are scaled by :data:`SUSTAINED_FRACTION`, the
@@ -48,6 +48,7 @@ from __future__ import annotations
 import csv
 import functools
 import math
+import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,7 +65,7 @@ __all__ = ["ComputeModel", "RooflineComputeModel", "MeasuredComputeModel", "Gemm
            "MemoryModel", "LaunchModel", "OpCost", "SM_COUNTS", "GEMM_TILES", "MAMF_BEST_SHAPES",
            "MAMF_FALLBACK_FRACTION", "FLASH_ATTENTION_EFFICIENCY", "SUSTAINED_FRACTION", "CHIP_SPREAD",
            "slowest_chip_factor", "expected_max_normal", "HBM_EFFICIENCY", "LAUNCH_OVERHEAD_S",
-           "HOST_MODES", "HOST_ISSUE_S", "COMPUTE_MODELS", "get_compute_model", "num_sms"]
+           "HOST_MODES", "HOST_COSTS", "HostCosts", "host_costs", "COMPUTE_MODELS", "get_compute_model", "num_sms"]
 
 
 # -- constants, each with its source -----------------------------------------------------------
@@ -283,31 +284,75 @@ LAUNCH_OVERHEAD_S: dict[bool, float] = {
 HOST_MODES = ("eager", "cuda_graphs", "none")
 """How the host issues a rank's work (the scenario's ``host``): ``eager`` PyTorch,
 ``cuda_graphs`` (layers replayed from captured graphs), or ``none`` (an infinitely fast
-host: the GPU never waits for it)."""
+host: the GPU never waits for it).  A mapping ``{kernel_us, call_us, checkpoint_us}``
+is eager with a measured host's own costs (:func:`host_costs`)."""
 
-HOST_ISSUE_S: dict[str, float] = {
-    # Host (CPU) seconds to issue one modelled kernel, Python, autograd and the CUDA launch
-    # included.  The GPU cannot start a kernel the host has not issued yet, so when kernels
-    # are short (small layers, small micro-batches) the step is paced by the host.
-    # eager: measured by experiments/microbench/gpu_bench.py (part "host") on one H100 SXM
-    # host (PyTorch 2.11, Python 3.12, 16 vCPUs): Megatron-LM's 2022 GPT layer (LayerNorm,
-    # QKV, unfused baddbmm / softmax / dropout / bmm, projection, bias-dropout-add, GELU
-    # MLP; FP16; no tensor-parallel communication) issued back to back with the GPU
-    # lagging.  Per layer, the forward without autograd (Megatron's checkpointed first
-    # forward) took a median 0.633 ms and the forward with autograd plus the backward
-    # 2.757 ms (five shapes, h 1024-3072, TP shards 1-8; the median of five rounds of 50
-    # calls each); per shape, their sum over the 13 + 13 + 19 kernels the model counts for
-    # that layer's forward, recomputed forward and backward has median 3.381 ms / 45 =
-    # 75.1 us (the profiler saw 18-21 + 66-72 real kernels: ~37 us each).  vTrain's
+
+class HostCosts(NamedTuple):
+    """Host (CPU) seconds to issue work: Python, autograd and the CUDA launch included."""
+
+    kernel_s: float
+    """Per modelled kernel (:attr:`~workloads.costs.flops.ComputeOp.num_kernels`)."""
+    call_s: float
+    """Per collective call and per batch of pipeline transfers."""
+    checkpoint_s: float
+    """Per layer and micro-batch under full recompute (the checkpoint function itself:
+    saving and restoring RNG states, the no-grad forward, re-entering autograd)."""
+
+
+HOST_COSTS: dict[str, HostCosts] = {
+    # The GPU cannot start a kernel the host has not issued, so when kernels are short
+    # (small layers, small micro-batches, high TP) the step is paced by the host.
+    # eager: measured by experiments/microbench/gpu_bench.py (parts "host" and
+    # "checkpointed", data/h100_host2.json; compare_gpu_bench.py derives these) on one H100
+    # SXM host (a 16-vCPU VM, PyTorch 2.11, Python 3.12): Megatron-LM's 2022 GPT layer
+    # (LayerNorm, QKV, unfused baddbmm / softmax / dropout / bmm, projection,
+    # bias-dropout-add, GELU MLP; FP16) issued back to back while the GPU lags, five shapes
+    # (h 1024-3072, TP shards 1-8), the median of five rounds of 50 calls each:
+    # * kernel: the forward without autograd plus the forward and backward with it (3.20-
+    #   3.68 ms a layer) over the 13 + 13 + 19 kernels the model counts for the forward,
+    #   the recomputed forward and the backward: median 73.6 us (the profiler saw 18-21 +
+    #   66-72 real kernels, ~35 us each);
+    # * checkpoint: the same layer under torch.utils.checkpoint (reentrant, as Megatron's
+    #   full recompute) took 4.16-4.73 ms, 0.75-1.53 ms more: median 0.891 ms;
+    # * call: with Megatron's four TP autograd functions per layer (all-reduce in the
+    #   forward of the two row-parallel outputs and the backward of the two column-parallel
+    #   inputs) on a one-rank NCCL group, 6 calls more per layer and micro-batch under full
+    #   recompute took a median 227 us each (a bare all_reduce call: 31-53 us).
+    # One host, inherently: a faster CPU or another PyTorch issues faster.  vTrain's
     # single-node A100 runs (not used here) level off at ~3.1 ms per layer and micro-batch
-    # under the same recompute, the same order.  The same cost is charged per collective
-    # call and per batch of pipeline sends (an assumption).
-    # cuda_graphs: the host launches one graph per captured region; its kernels issue from
-    # the device (LAUNCH_OVERHEAD_S[True]), so no per-kernel host cost (an assumption).
-    "eager": 3.381e-3 / 45,
-    "cuda_graphs": 0.0,
-    "none": 0.0,
+    # at TP 1 and ~5 ms at TP 8 under full recompute; these costs give 4.2 and 5.5 ms.
+    # cuda_graphs: the host launches one graph per captured region and its kernels issue
+    # from the device (LAUNCH_OVERHEAD_S[True]): no per-kernel host cost (an assumption).
+    "eager": HostCosts(kernel_s=73.6e-6, call_s=227e-6, checkpoint_s=0.891e-3),
+    "cuda_graphs": HostCosts(0.0, 0.0, 0.0),
+    "none": HostCosts(0.0, 0.0, 0.0),
 }
+
+
+def host_costs(spec, where: str = "host") -> HostCosts:
+    """The :class:`HostCosts` of a scenario's ``host``: a mode of :data:`HOST_MODES`, or a
+    mapping of ``kernel_us``, ``call_us``, ``checkpoint_us`` (microseconds, each >= 0;
+    missing ones take the eager defaults) for a host measured with ``gpu_bench.py``."""
+    if isinstance(spec, HostCosts):
+        return spec
+    if isinstance(spec, str):
+        if spec not in HOST_COSTS:
+            raise ConfigError(where, spec, f"must be one of {', '.join(HOST_MODES)} or a mapping of kernel_us, "
+                                           "call_us, checkpoint_us")
+        return HOST_COSTS[spec]
+    if isinstance(spec, dict):
+        keys = {"kernel_us": "kernel_s", "call_us": "call_s", "checkpoint_us": "checkpoint_s"}
+        bad = sorted(set(spec) - set(keys))
+        if bad:
+            raise ConfigError(f"{where}.{bad[0]}", spec[bad[0]], f"unknown key; known: {', '.join(keys)}")
+        vals = HOST_COSTS["eager"]._asdict()
+        for k, v in spec.items():
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v >= 0:
+                raise ConfigError(f"{where}.{k}", v, "must be a number of microseconds >= 0")
+            vals[keys[k]] = float(v) * 1e-6
+        return HostCosts(**vals)
+    raise ConfigError(where, spec, f"must be one of {', '.join(HOST_MODES)} or a mapping")
 
 
 # -- sub-models ----------------------------------------------------------------------------------
