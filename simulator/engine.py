@@ -41,6 +41,13 @@ Streams and overlap (DESIGN.md, Overlap; each rule a switch of ``scenario.overla
 * a compute op that starts while a non-blocking collective of its rank is in flight runs
   slower by :data:`COMM_SLOWDOWN` (``comm_slowdown``): NCCL's kernels take SMs, memory bandwidth and power.
 
+The host issues a rank's ops in program order (``scenario.host``, ``Op.host_s``): a compute
+op starts no earlier than the issue of its first kernel and ends no earlier than the issue
+of its last plus that kernel's share of the run time; a collective or a batch of transfers
+starts no earlier than its issue.  The host runs ahead of the GPU and waits for it only
+after a batch of pipeline transfers (Megatron's ``batch_p2p_sync``; not with ``overlap.p2p``)
+and at the step end.  The GPU's wait is ``host_issue`` in the breakdown.
+
 ``num_steps`` steps run back to back; the last is reported, so carry-over (parameter
 gathers running into the next step) sits where it runs.  A program that cannot finish
 raises :class:`DeadlockError` naming the classes and ops left waiting.
@@ -332,7 +339,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
             if first > env.now:
                 t_h = env.now
                 yield env.timeout(first - t_h)
-                waits[cid].append((t_h, env.now, "host"))
+                waits[cid].append((t_h, env.now, "host_issue"))
 
         def host_tail(op, dur):
             # a compute op's last kernel is issued at the cursor and then runs its share
@@ -342,7 +349,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
             if tail > env.now:
                 t_h = env.now
                 yield env.timeout(tail - t_h)
-                waits[cid].append((t_h, env.now, "host"))
+                waits[cid].append((t_h, env.now, "host_issue"))
 
         def sizes_of(op):
             if op.coll == "all_to_all" and op.tag in prog.a2a_sizes:
@@ -442,6 +449,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                         while j < n_ops and ops[j].kind != "compute":
                             nxt = ops[j]
                             if nxt.name.startswith("fsdp_gather") and j not in prefetched:
+                                hc[0] += nxt.host_s        # the host issues it now, ahead of its turn
                                 seq_j = step * per_kind[nxt.group] + nxt.seq
                                 prefetched[j] = (env.now, _issue(env, coll, groups_of[nxt.group], seq_j, nxt,
                                                                 free_comm))
@@ -477,7 +485,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                     while i < n_ops and ops[i].kind in ("send", "recv"):
                         batch.append(ops[i])
                         i += 1
-                    yield from host_issue(op)           # one batch_isend_irecv call
+                    yield from host_issue(op)           # one batch_isend_irecv call (its first op)
                     yield from _p2p(env, coll, folding, batch, step, rec, rep, node, cid, waits, free_comm,
                                     nonblocking_sends,
                                     mailbox)

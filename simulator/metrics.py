@@ -16,7 +16,7 @@ that crosses the step boundary is where it runs.  Definitions (each used once):
                       the step window is ``compute`` (F/B/W/step ops), ``recompute``, or idle;
                       idle is attributed to the axis of the blocking wait that covers it
                       (``exposed_<axis>``; the wait that ends last when several do), to
-                      ``host`` where the GPU waited for the host to issue work
+                      ``host_issue`` where the GPU waited for the host to issue work
                       (``Scenario.host``), or to ``bubble`` when nothing was outstanding.
                       Sums to the step time.
 ``exposed_comm_s``    the breakdown's ``exposed_<axis>`` terms by axis.
@@ -80,7 +80,7 @@ def breakdown(timeline, waits: list, t0: float, t1: float, class_id: int) -> dic
             heapq.heappop(heap)
         # ties on the end go to the largest axis name (the heap orders by both)
         ax = heap[0][2] if heap else "bubble"
-        key = ax if ax in ("bubble", "host") else f"exposed_{ax}"
+        key = ax if ax in ("bubble", "host_issue") else f"exposed_{ax}"
         out[key] = out.get(key, 0.0) + (q - p)
     out.setdefault("bubble", 0.0)
     return out

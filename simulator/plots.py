@@ -497,7 +497,7 @@ def _breakdown_color(key: str, i: int) -> str:
         return PHASE_COLORS["R"]
     if "bubble" in k:
         return "#c9c9c9"
-    if k == "host":                     # the GPU waiting for the host to issue work
+    if k == "host_issue":               # the GPU waiting for the host to issue work
         return "#5b6770"
     if "idle" in k or "other" in k:
         return "#e4e4e4"

@@ -56,7 +56,7 @@ from .scenario import load_scenario
 __all__ = ["SearchSpec", "candidates", "screen", "search", "plot_search", "KNOBS", "pareto_mask"]
 
 KNOBS = ("tp", "cp", "pp", "dp", "ep", "micro_batch_size", "schedule", "vpp", "recompute", "zero_stage")
-_SCENARIO_KEYS = ("precision", "overlap", "moe_routing", "num_steps", "grad_reduce_dtype", "seed")
+_SCENARIO_KEYS = ("precision", "overlap", "moe_routing", "num_steps", "grad_reduce_dtype", "seed", "host")
 _SPEC_KEYS = {"model", "cluster", "global_batch_size", "seq_len", "fixed", "bounds", "simulate", "name",
               "description", *_SCENARIO_KEYS}
 

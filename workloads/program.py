@@ -684,7 +684,18 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
                         em.coll("dp", "all_gather", group, acc * ctx.recipe.param_gather_bytes_per_param,
                                 f"param_gather_{kind}", phase="S", tag=(first, layer))
                     acc, first = 0.0, None
-    return em.ops
+    return _one_issue_per_p2p_batch(em.ops)
+
+
+def _one_issue_per_p2p_batch(ops: list[Op]) -> list[Op]:
+    """Consecutive send/recv ops are one batch (one ``batch_isend_irecv`` call, as the
+    engine runs them): only the first carries the host's issue time."""
+    out = []
+    for i, op in enumerate(ops):
+        if op.kind in ("send", "recv") and i > 0 and ops[i - 1].kind in ("send", "recv") and op.host_s:
+            op = op._replace(host_s=0.0, host_ops=0)
+        out.append(op)
+    return out
 
 
 def _act_bytes(ctx) -> float:

@@ -53,9 +53,9 @@ def test_a_host_bound_step_is_the_host_cursor_recurrence():
     assert host_time > 3 * gpu_time                   # tiny kernels: the host paces the step
     assert host_time <= step <= host_time + max(op.duration_s for op in ops)
     bd = res.metrics["breakdown_s"]
-    assert bd["host"] == pytest.approx(step - gpu_time, rel=1e-9)
+    assert bd["host_issue"] == pytest.approx(step - gpu_time, rel=1e-9)
     assert sum(bd.values()) == pytest.approx(step, rel=1e-9)
-    assert "host" not in res.metrics["exposed_comm_s"]
+    assert "host_issue" not in res.metrics["exposed_comm_s"] and "exposed_host_issue" not in bd
     # every compute op carries its kernels' host time, every call one issue
     eager = HOST_COSTS["eager"]
     for op in ops:
@@ -67,7 +67,7 @@ def test_the_host_modes():
     none = run(_one_gpu(host="none")).metrics
     graphs = run(_one_gpu(host="cuda_graphs")).metrics
     eager = run(_one_gpu(host="eager")).metrics
-    assert none["breakdown_s"].get("host", 0.0) == 0.0 and graphs["breakdown_s"].get("host", 0.0) == 0.0
+    assert none["breakdown_s"].get("host_issue", 0.0) == 0.0 and graphs["breakdown_s"].get("host_issue", 0.0) == 0.0
     # CUDA graphs also cut the GPU-side launch gap (LAUNCH_OVERHEAD_S)
     assert graphs["step_time_s"] < none["step_time_s"] < eager["step_time_s"]
 
@@ -78,7 +78,7 @@ def test_a_large_layer_hides_the_host():
     sc = _one_gpu(model={"preset": "llama3-8b", "num_layers": 2}, seq_len=4096, gbs=1)
     eager, none = run(sc).metrics, run({**sc, "host": "none"}).metrics
     assert eager["step_time_s"] == pytest.approx(none["step_time_s"], rel=5e-3)
-    assert 0 < eager["breakdown_s"]["host"] < 5e-3 * eager["step_time_s"]
+    assert 0 < eager["breakdown_s"]["host_issue"] < 5e-3 * eager["step_time_s"]
 
 
 @pytest.mark.parametrize("pp", [1, 2])
@@ -122,3 +122,53 @@ def test_the_host_mode_is_validated():
         load_scenario(_one_gpu(host={"kernel_us": -3}))
     assert load_scenario(_one_gpu(host="cuda_graphs")).host == "cuda_graphs"
     assert load_scenario({k: v for k, v in _one_gpu().items() if k != "host"}).host == "eager"
+
+
+def test_a_batch_of_pipeline_transfers_resynchronises_the_host():
+    """GPU-bound pipeline stages: the host runs ahead of every compute op, except after a
+    batch of transfers (Megatron's batch_p2p_sync), where the next op waits for the issue of
+    its first kernel.  Each stage syncs twice per micro-batch, so the step grows by at least
+    one kernel's issue per micro-batch over an infinitely fast host (and the DualPipe
+    halves, which the same cursor drives, fold exactly)."""
+    m = 8
+    sc = {"model": {"preset": "llama3-8b", "num_layers": 2}, "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+          "parallel": {"tp": 1, "pp": 2, "dp": 4, "global_batch_size": 4 * m, "seq_len": 4096},
+          "num_steps": 1}
+    eager, none = run(sc), run({**sc, "host": "none"})
+    delta = eager.metrics["step_time_s"] - none.metrics["step_time_s"]
+    kernel = HOST_COSTS["eager"].kernel_s
+    assert m * kernel <= delta < 0.01 * none.metrics["step_time_s"]
+    waits = [w for c in eager.waits.values() for w in c if w[2] == "host_issue"]
+    assert len(waits) >= 2 * m
+
+
+def test_dualpipe_halves_wait_for_the_host_and_fold_exactly():
+    from tests.simulator.test_fold import assert_same_run
+    sc = {"model": {"preset": "tiny-moe", "num_layers": 8}, "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+          "parallel": {"tp": 1, "pp": 2, "ep": 4, "dp": -1, "global_batch_size": 32, "micro_batch_size": 1,
+                       "seq_len": 2048, "schedule": "dualpipe", "mesh_order": "tp-cp-dp-ep-pp"},
+          "num_steps": 1}
+    folded = run(sc)
+    assert folded.metrics["breakdown_s"]["host_issue"] > 0
+    assert_same_run(folded, run(sc, fold=False))
+
+
+def test_the_step_end_resynchronises_the_host():
+    """The host runs far ahead of a GPU-bound step, but the step ends in a sync (loss, grad
+    norm): the next step's first op waits for the issue of its first kernel."""
+    sc = _one_gpu(model={"preset": "llama3-8b", "num_layers": 2}, seq_len=4096, gbs=1, num_steps=2)
+    res = run(sc)
+    t0, _ = res.step_bounds[-1]
+    tl = res.timeline
+    first = tl[(tl["step"] == 1) & (tl["stream"] == "compute")].sort_values("start_s").iloc[0]
+    op = next(o for o in res.program.classes[0].ops if o.kind == "compute")
+    assert first["name"] == op.name
+    assert first["start_s"] - t0 == pytest.approx(op.host_s / op.host_ops, rel=1e-9)
+
+
+def test_a_search_passes_the_host_to_its_candidates():
+    from simulator.search import SearchSpec
+    spec = SearchSpec.from_dict({"model": "tiny-dense", "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+                                 "global_batch_size": 8, "seq_len": 512, "host": "cuda_graphs"})
+    sc = load_scenario(spec.scenario_for({"tp": 1, "pp": 1, "dp": 8}))
+    assert sc.host == "cuda_graphs"

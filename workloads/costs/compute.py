@@ -318,10 +318,12 @@ HOST_COSTS: dict[str, HostCosts] = {
     # * call: with Megatron's four TP autograd functions per layer (all-reduce in the
     #   forward of the two row-parallel outputs and the backward of the two column-parallel
     #   inputs) on a one-rank NCCL group, 6 calls more per layer and micro-batch under full
-    #   recompute took a median 227 us each (a bare all_reduce call: 31-53 us).
+    #   recompute took a median 227 us each (32-288 us across the shapes; a bare all_reduce
+    #   call: 31-53 us).  SP, DP, EP and CP calls and pipeline batches reuse it (an
+    #   assumption: only the TP all-reduce path was measured).
     # One host, inherently: a faster CPU or another PyTorch issues faster.  vTrain's
     # single-node A100 runs (not used here) level off at ~3.1 ms per layer and micro-batch
-    # at TP 1 and ~5 ms at TP 8 under full recompute; these costs give 4.2 and 5.5 ms.
+    # at TP 1 and ~5 ms at TP 8 under full recompute; these costs give 4.2 and 5.6 ms.
     # cuda_graphs: the host launches one graph per captured region and its kernels issue
     # from the device (LAUNCH_OVERHEAD_S[True]): no per-kernel host cost (an assumption).
     "eager": HostCosts(kernel_s=73.6e-6, call_s=227e-6, checkpoint_s=0.891e-3),
@@ -348,7 +350,7 @@ def host_costs(spec, where: str = "host") -> HostCosts:
             raise ConfigError(f"{where}.{bad[0]}", spec[bad[0]], f"unknown key; known: {', '.join(keys)}")
         vals = HOST_COSTS["eager"]._asdict()
         for k, v in spec.items():
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v >= 0:
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < math.inf:
                 raise ConfigError(f"{where}.{k}", v, "must be a number of microseconds >= 0")
             vals[keys[k]] = float(v) * 1e-6
         return HostCosts(**vals)
