@@ -329,27 +329,31 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
 
         hc = [0.0]                   # host cursor: when the host has issued everything so far
 
+        def host_wait(until):
+            if until > env.now:
+                t_h = env.now
+                yield env.timeout(until - t_h)
+                waits[cid].append((t_h, env.now, "host_issue"))
+
         def host_issue(op):
             # the host issues ops in program order; the GPU cannot start one before the host
             # has issued it (a compute op: its first kernel, its share of op.host_s)
-            if op.host_s <= 0.0:
-                return
-            first = hc[0] + op.host_s / max(op.host_ops, 1)
-            hc[0] += op.host_s
-            if first > env.now:
-                t_h = env.now
-                yield env.timeout(first - t_h)
-                waits[cid].append((t_h, env.now, "host_issue"))
+            if op.host_s > 0.0:
+                first = hc[0] + op.host_s / max(op.host_ops, 1)
+                hc[0] += op.host_s
+                yield from host_wait(first)
 
-        def host_tail(op, dur):
-            # a compute op's last kernel is issued at the cursor and then runs its share
-            if op.host_s <= 0.0:
-                return
-            tail = hc[0] + dur / max(op.host_ops, 1)
-            if tail > env.now:
-                t_h = env.now
-                yield env.timeout(tail - t_h)
-                waits[cid].append((t_h, env.now, "host_issue"))
+        def compute(op, step, idx):
+            # one compute op: issued, run, and not done before its last kernel (issued at
+            # the cursor) has run its share
+            yield from host_issue(op)
+            t0 = env.now
+            dur = compute_time(op, step, idx)
+            if dur > 0:
+                yield env.timeout(dur)
+            rec.add(rep, node, "compute", op, "", t0, env.now, step, cid)
+            if op.host_s > 0.0:
+                yield from host_wait(hc[0] + dur / max(op.host_ops, 1))
 
         def sizes_of(op):
             if op.coll == "all_to_all" and op.tag in prog.a2a_sizes:
@@ -409,15 +413,10 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 pos[h] += 1
                 op = ops[j]
                 current[cid] = (step, op)
-                yield from host_issue(op)
                 if op.kind == "compute":
-                    t0 = env.now
-                    dur = compute_time(op, step, j)
-                    if dur > 0:
-                        yield env.timeout(dur)
-                    rec.add(rep, node, "compute", op, "", t0, env.now, step, cid)
-                    yield from host_tail(op, dur)
+                    yield from compute(op, step, j)
                     continue
+                yield from host_issue(op)
                 fin = on_stream(op, step, step * per_kind[op.group] + op.seq, axis_of[j])
                 inflight.append(fin)
                 if nonblocking_of[j]:
@@ -467,13 +466,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                         if need:
                             yield from _wait(env, need, waits[cid], "dp")
                             outstanding["param"] = [(r, e) for r, e in outstanding["param"] if not e.processed]
-                    yield from host_issue(op)
-                    t0 = env.now
-                    dur = compute_time(op, step, i - 1)
-                    if dur > 0:
-                        yield env.timeout(dur)
-                    rec.add(rep, node, "compute", op, "", t0, env.now, step, cid)
-                    yield from host_tail(op, dur)
+                    yield from compute(op, step, i - 1)
                     if overlapped:
                         yield from _wait(env, list(overlapped), waits[cid], _AXIS.get(overlapped_axis[0], "cp"))
                         overlapped.clear()

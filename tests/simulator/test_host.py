@@ -13,10 +13,9 @@ import pytest
 from simulator.engine import run
 from simulator.estimate import estimate
 from simulator.scenario import load_scenario
+from tests.simulator.test_whatif_models import ONE_GPU
 from topologies import ConfigError
 from workloads.costs.compute import HOST_COSTS
-
-ONE_GPU = {"gpu": "H100-SXM", "num_nodes": 1, "gpus_per_host": 1, "nvlink_domain_size": 1, "nics_per_host": 1}
 
 
 def _one_gpu(model="tiny-dense", host="eager", seq_len=512, gbs=4, **kw) -> dict:
