@@ -61,7 +61,7 @@ from topologies import ConfigError, GPUSpec
 
 from .costs import RooflineComputeModel, embedding_ops, get_recipe, layer_ops, model_flops_per_step, \
     optimizer_ops, output_ops
-from .costs.compute import host_costs
+from .costs.compute import HostCosts, host_costs
 from .costs.precision import weight_quantize_op, with_quantize_ops
 from .mesh import RankGrid
 from .model import ModelSpec
@@ -222,9 +222,7 @@ class _Ctx:
     param_cache: dict = field(default_factory=dict)
     p2p_overlap: bool = False
     grad_overlap: bool = True
-    host_kernel_s: float = 0.0
-    host_call_s: float = 0.0
-    host_checkpoint_s: float = 0.0
+    host: HostCosts = HostCosts(0.0, 0.0, 0.0)
 
 
 _NOSEG = (0.0, 0.0, 0.0, 0)
@@ -262,7 +260,7 @@ def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[
         acc = seg.setdefault(f"{phase}:{part}", [0.0, 0.0, 0.0, 0])
         acc[0] += op.flops
         acc[1] += float(t)
-        acc[2] += op.num_kernels * ctx.host_kernel_s
+        acc[2] += op.num_kernels * ctx.host.kernel_s
         acc[3] += op.num_kernels
     ctx.seg_cache[key] = seg
     return seg
@@ -347,7 +345,7 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
                parse_routing(moe_routing), seed)
     ctx.p2p_overlap = p2p_overlap
     ctx.grad_overlap = grad_reduce_overlap
-    ctx.host_kernel_s, ctx.host_call_s, ctx.host_checkpoint_s = hc.kernel_s, hc.call_s, hc.checkpoint_s
+    ctx.host = hc
     a2a_sizes: dict = {}
     # MoE: per EP coordinate the tokens of every (layer, micro-batch); equal signatures share a class
     ep_coords = range(par.ep) if model.moe is not None else [0]
@@ -432,7 +430,7 @@ def _layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
         em.coll("cp", "all_gather", "cp", kv, "cp_kv", layer, mb, chunk, phase)
     f, t, hs, k = seg.get(f"{src}:attn", _NOSEG)
     if phase == "R":            # the checkpoint function of a fully recomputed layer
-        hs += ctx.host_checkpoint_s
+        hs += ctx.host.checkpoint_s
     em.compute("attn", layer, mb, chunk, phase, f, t, hs, k)
     tp_out()
     if is_moe:
@@ -593,7 +591,7 @@ def _edge_params(ctx, k: int) -> int:
 
 def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
     par, model, sched = ctx.par, ctx.model, ctx.sched
-    em = _Emitter(ctx.host_call_s)
+    em = _Emitter(ctx.host.call_s)
     pp = par.pp
     last_mb = _last_microbatches(sched, stage)
     stage_layers = [ctx.chunk_layers[model_chunk(sched, stage, c)] for c in range(sched.num_chunks)]
@@ -846,7 +844,7 @@ def _add_ops(ctx, em, ops, phase, name, mb, chunk):
 def _host_of(ctx, ops) -> tuple[float, int]:
     """(host seconds, kernels) to issue ``ops``."""
     k = sum(o.num_kernels for o in ops)
-    return k * ctx.host_kernel_s, k
+    return k * ctx.host.kernel_s, k
 
 
 def _check_matching(prog: Program) -> None:

@@ -227,6 +227,20 @@ def layer(h: int, heads: int, tp: int, b: int, s: int, iters: int = 10) -> dict:
     return {"h": h, "heads": heads, "tp": tp, "b": b, "s": s, "fwd_s": t_f, "fwd_bwd_s": t_fb, "ops_s": op_s}
 
 
+def _issue_s(fn, iters: int) -> float:
+    """Host seconds per call of ``fn`` issued back to back (5 warm-up calls, then ``iters``
+    timed by the wall clock without synchronising: the GPU may lag)."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    t = (time.perf_counter() - t0) / iters
+    torch.cuda.synchronize()
+    return t
+
+
 def host(h: int, heads: int, tp: int, b: int, s: int, iters: int = 50, rounds: int = 5) -> dict:
     """Host issue time per layer when the host is the bottleneck: the wall clock over
     ``iters`` calls without synchronising (the GPU lags), median of ``rounds``; for the
@@ -244,17 +258,6 @@ def host(h: int, heads: int, tp: int, b: int, s: int, iters: int = 50, rounds: i
     def fwd_bwd():
         mod(x).backward(g)
 
-    def issue(fn):
-        for _ in range(5):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        t = (time.perf_counter() - t0) / iters
-        torch.cuda.synchronize()
-        return t
-
     def kernels(fn):
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -265,8 +268,8 @@ def host(h: int, heads: int, tp: int, b: int, s: int, iters: int = 50, rounds: i
 
     f_runs, fb_runs = [], []
     for _ in range(rounds):
-        f_runs.append(issue(fwd))
-        fb_runs.append(issue(fwd_bwd))
+        f_runs.append(_issue_s(fwd, iters))
+        fb_runs.append(_issue_s(fwd_bwd, iters))
     f_runs.sort()
     fb_runs.sort()
     kf, busy_f = kernels(fwd)
@@ -292,17 +295,7 @@ def host_checkpointed(h: int, heads: int, tp: int, b: int, s: int, iters: int = 
 
         def step():
             checkpoint(mod, x, use_reentrant=True).backward(g)
-        runs = []
-        for _ in range(rounds):
-            for _ in range(5):
-                step()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                step()
-            runs.append((time.perf_counter() - t0) / iters)
-            torch.cuda.synchronize()
-        runs.sort()
+        runs = sorted(_issue_s(step, iters) for _ in range(rounds))
         out["tp_calls_host_s" if comm else "host_s"] = runs[rounds // 2]
     t = torch.randn(1024, device="cuda")
     for _ in range(20):
