@@ -178,6 +178,7 @@ __all__ = [
     "FORMATS",
     "FRAMEWORKS",
     "NOTE_SEP",
+    "BREAKDOWN_COLUMNS",
     "OUTPUT_COLUMNS",
     "PUBLISHED_COLUMNS",
     "VTRAIN_COLUMNS",
@@ -217,10 +218,16 @@ PUBLISHED_COLUMNS = (
 _MEASUREMENT_COLUMNS = ("step_time_s", "tokens_per_s_total", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu_pct")
 
 #: Columns of the output table (``validate(..., out_csv=...)``).
+BREAKDOWN_COLUMNS = ("compute_s", "recompute_s", "bubble_s", "host_issue_s", "exposed_tp_s", "exposed_cp_s",
+                     "exposed_ep_s", "exposed_pp_s", "exposed_dp_s")
+"""The predicted step split into where the slowest rank's compute stream spent it (the
+simulator's ``breakdown_s``; they sum to ``predicted_step_s``): what
+``experiments/validation_residuals.py`` attributes the errors to."""
+
 OUTPUT_COLUMNS = ("id", "source", "format", "model", "gpu", "num_gpus", "precision", "parallel", "measured_step_s",
                   "predicted_step_s", "error_pct", "measured_tflops_per_gpu", "predicted_tflops_per_gpu",
-                  "measured_mfu_pct", "predicted_mfu_pct", "flop_convention", "status", "derivation", "notes",
-                  "wall_s")
+                  "measured_mfu_pct", "predicted_mfu_pct", *BREAKDOWN_COLUMNS, "flop_convention", "status",
+                  "derivation", "notes", "wall_s")
 
 _NOT_MODELLED = "not modelled: "
 #: Separator of the notes of one output row.
@@ -1108,6 +1115,7 @@ def _evaluate(row: dict, run_fn, max_gpus) -> dict:
             out["predicted_step_s"] = pred
             out["error_pct"] = (pred - measured) / measured * 100
             _predicted_rates(out, scenario, row, conv, pred, measured, n, notes)
+            _predicted_breakdown(out, metrics)
             peak_mem = metrics.get("peak_memory_bytes") if hasattr(metrics, "get") else None
             hbm = _hbm(scenario)
             if peak_mem and hbm and peak_mem > hbm:
@@ -1137,6 +1145,14 @@ def _predicted_rates(out, scenario, row, conv, pred, measured, n, notes) -> None
         out["predicted_mfu_pct"] = flops / (pred * n * peak) * 100
         at_measured = flops / (measured * n * peak) * 100
         notes.append(f"check: {conv} MFU at the measured step {at_measured:.2f}% (published {out['measured_mfu_pct']}%)")
+
+
+def _predicted_breakdown(out: dict, metrics) -> None:
+    bd = metrics.get("breakdown_s") if hasattr(metrics, "get") else None
+    if not bd:
+        return
+    for col in BREAKDOWN_COLUMNS:               # a test checks that they sum to the step
+        out[col] = float(bd.get(col[:-2], 0.0))
 
 
 def write_csv(results: list[dict], path) -> None:

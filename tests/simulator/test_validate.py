@@ -13,6 +13,7 @@ from simulator.scenario import load_scenario
 from simulator.validate import (
     NOTE_SEP,
     edge_stage_split,
+    BREAKDOWN_COLUMNS,
     OUTPUT_COLUMNS,
     InvalidRow,
     Unsupported,
@@ -366,6 +367,10 @@ def test_main_simulates_a_tiny_published_row(tmp_path, capsys):
     with open(out) as f:
         (r,) = list(csv.DictReader(f))
     assert r["status"] == "ok" and float(r["predicted_step_s"]) > 0 and r["predicted_mfu_pct"]
+    # the predicted breakdown is written and accounts for the whole step
+    parts = [float(r[c]) for c in BREAKDOWN_COLUMNS]
+    assert min(parts) >= 0 and float(r["compute_s"]) > 0
+    assert sum(parts) == pytest.approx(float(r["predicted_step_s"]), rel=1e-4)
 
 
 def test_a_tiny_vtrain_row_simulates(tmp_path):
@@ -375,6 +380,8 @@ def test_a_tiny_vtrain_row_simulates(tmp_path):
                  "16,32,2,512,8,4,512,2,4,2,20.0\n")
     (r,) = validate(p)
     assert r["status"] == "ok" and r["measured_step_s"] == pytest.approx(0.02) and r["predicted_step_s"] > 0
+    assert sum(r[c] for c in BREAKDOWN_COLUMNS) == pytest.approx(r["predicted_step_s"], rel=1e-9)
+    assert r["bubble_s"] > 0 and r["exposed_dp_s"] > 0       # pp 2, dp 4
 
 
 def test_runs_on_part_of_one_host_get_a_smaller_host():
