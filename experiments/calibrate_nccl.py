@@ -5,7 +5,8 @@ Prints
      Azure ND A100 v4 data, latency terms from its 1-4 host rows (``--fit-latency``);
   2. the full all-reduce error table (GPU count x size) on 1-16 hosts, with the
      algorithm/protocol the model picked; the 8-16 host rows were not used to fit;
-  3. the H200 NVLS vs ring bus-bandwidth ratio and the NVLS partial-GPU-count rows.
+  3. vTrain's measured in-node A100 all-reduce tables (2-8 GPUs, 1 MiB-1 GiB; held out);
+  4. the H200 NVLS vs ring bus-bandwidth ratio and the NVLS partial-GPU-count rows.
 
 Run: python experiments/calibrate_nccl.py [--csv OUT.csv]
 """
@@ -25,6 +26,7 @@ from topologies import build_cluster
 REFERENCE = Path(__file__).resolve().parent / "reference"
 AZURE = REFERENCE / "nccl-tests-azure-a100" / "all_reduce.csv"
 MICRO = REFERENCE / "nccl_microbenchmarks.csv"
+VTRAIN_AR = REFERENCE / "vtrain" / "all_reduce_a100.csv"
 
 
 def load_azure(path: Path = AZURE) -> list[dict]:
@@ -91,6 +93,20 @@ def fit_a100_latency(rows, intra=(0.25, 0.5, 0.75, 1.0), inter=(0.5, 1.0, 1.5, 2
     return sorted(out, key=lambda x: x[3])
 
 
+def vtrain_table(path: Path = VTRAIN_AR) -> list[dict]:
+    """vTrain's in-node A100 all-reduce tables against the model (held out; mean of the two
+    timed columns)."""
+    cluster = build_cluster("a100-4nic")
+    out = []
+    with path.open() as f:
+        for r in csv.DictReader(f):
+            n, size = int(r["num_gpus"]), int(r["size_bytes"])
+            measured = (float(r["time_us"]) + float(r["time_us_2"])) / 2 * 1e-6
+            t, _, _ = simulate_all_reduce(cluster, range(n), size)
+            out.append({"num_gpus": n, "size_bytes": size, "err_pct": 100 * (t / measured - 1)})
+    return out
+
+
 def h200_nvls_ratio():
     c = build_cluster("dgx-h200")
     S = 16 * 2**30
@@ -131,6 +147,18 @@ def main() -> None:
     for r in fast:
         print(f"  note: {r['num_gpus']} GPUs {r['size_bytes'] >> 20} MiB measured {r['busbw_GBps']} GB/s bus "
               f"bandwidth, above the 2-host peak {peak} GB/s the constants were fitted on ({r['err_pct']:+.1f}%)")
+    vt = vtrain_table()
+    print(f"\nheld out, vTrain's measured A100 tables (one host, 2-8 GPUs), error % (simulated / measured - 1):")
+    sizes = sorted({r["size_bytes"] for r in vt})
+    gpus = sorted({r["num_gpus"] for r in vt})
+    print(f"{'size':>8} " + " ".join(f"{n:>6}" for n in gpus))
+    for size in sizes:
+        errs = {r["num_gpus"]: r["err_pct"] for r in vt if r["size_bytes"] == size}
+        print(f"{size / 2**20:>6.0f}Mi " + " ".join(f"{errs[n]:>+6.1f}" for n in gpus))
+    big = [abs(r["err_pct"]) for r in vt if r["size_bytes"] >= 16 * 2**20]
+    small = [abs(r["err_pct"]) for r in vt if r["size_bytes"] < 16 * 2**20]
+    print(f">= 16 MiB max |error| {max(big):.1f}% (median {np.median(big):.1f}%), "
+          f"1-8 MiB max {max(small):.1f}% (median {np.median(small):.1f}%)")
     ratio = h200_nvls_ratio()
     print(f"\nH200 8-GPU all-reduce 16 GiB, NVLS / ring bus bandwidth: simulated {ratio:.3f}, "
           f"measured {480.0 / 367.2:.3f} (shared/reference/nccl_microbenchmarks.csv)")

@@ -2,7 +2,8 @@
 
 A100: constants were fitted on the 1-4 host rows (2-32 GPUs) of the Azure ND A100 v4
 nccl-tests logs; the 8-16 host rows (64 and 128 GPUs) are held out.  Bounds fixed by the
-foundation issue: within 15 % for messages >= 64 MiB and 30 % for 1-64 MiB.
+foundation issue: within 15 % for messages >= 64 MiB and 30 % for 1-64 MiB.  vTrain's
+measured in-node tables (2-8 A100, another cluster) are held out too.
 """
 
 import csv
@@ -61,6 +62,23 @@ def test_a100_rings_on_part_of_a_node_and_small_calls():
     bus = {n: 2 * (n - 1) / n * 2**30 / sim_all_reduce(cluster, n, 2**30) for n in (2, 4, 8)}
     assert bus[2] / bus[8] == pytest.approx(206.37 / 230.86, rel=0.02)
     assert bus[4] / bus[8] == pytest.approx(224.52 / 230.86, rel=0.02)
+
+
+def test_a100_in_node_all_reduce_against_vtrains_measured_tables():
+    """Held out: vTrain's all-reduce tables, measured on 2-8 A100 of one host (another
+    cluster and NCCL than the Azure rows the constants came from).  From 16 MiB every size
+    and GPU count is within 13 % (median 3.8 %); below, the fitted 50 us per call (Azure's
+    virtual machines) makes the model up to 40 % slow on 2-4 GPUs at 1-4 MiB."""
+    cluster = build_cluster("a100-4nic")
+    big, small = [], []
+    for r in load(REF / "vtrain" / "all_reduce_a100.csv"):
+        n, size = int(r["num_gpus"]), int(r["size_bytes"])
+        measured = (float(r["time_us"]) + float(r["time_us_2"])) / 2 * 1e-6
+        err = sim_all_reduce(cluster, n, size) / measured - 1
+        (big if size >= 16 * 2**20 else small).append(err)
+    assert len(big) == 49 and len(small) == 28
+    assert max(map(abs, big)) <= 0.13 and sorted(map(abs, big))[len(big) // 2] <= 0.05
+    assert -0.16 <= min(small) and max(small) <= 0.41
 
 
 def test_h200_nvls_to_ring_bus_bandwidth_ratio_within_10_percent():
