@@ -148,7 +148,7 @@ def main() -> None:
         print(f"  note: {r['num_gpus']} GPUs {r['size_bytes'] >> 20} MiB measured {r['busbw_GBps']} GB/s bus "
               f"bandwidth, above the 2-host peak {peak} GB/s the constants were fitted on ({r['err_pct']:+.1f}%)")
     vt = vtrain_table()
-    print(f"\nheld out, vTrain's measured A100 tables (one host, 2-8 GPUs), error % (simulated / measured - 1):")
+    print("\nheld out, vTrain's measured A100 tables (one host, 2-8 GPUs), error % (simulated / measured - 1):")
     sizes = sorted({r["size_bytes"] for r in vt})
     gpus = sorted({r["num_gpus"] for r in vt})
     print(f"{'size':>8} " + " ".join(f"{n:>6}" for n in gpus))
