@@ -53,6 +53,8 @@ factor on a part that small only soaks up noise and the other parts' errors)."""
 
 def load(path) -> pd.DataFrame:
     """The ``ok`` rows of a predictions file, with the parallel degrees as integer columns."""
+    if not Path(path).is_file():
+        raise SystemExit(f"{path}: no such file (write one with experiments/validate_all.py)")
     df = pd.read_csv(path)
     missing = [c for c in BREAKDOWN_COLUMNS if c not in df.columns]
     if missing:
@@ -111,6 +113,8 @@ def main(argv=None) -> int:
                     help="leave rows with |error| above PCT out of the attribution (outliers)")
     args = ap.parse_args(argv)
     df = load(args.predictions)
+    if df.empty:
+        raise SystemExit(f"{args.predictions}: no rows with status ok")
     by = [c.strip() for c in args.by.split(",") if c.strip()]
     unknown = [c for c in by if c not in df.columns]
     if unknown:
