@@ -2,8 +2,8 @@
 
 ``validate(RUNS.csv)`` reads a table of measured runs, turns every row into a scenario
 (the contract's sections), simulates it and reports, per row, the measured and predicted
-step time, the signed error, TFLOP/s per GPU and MFU where the source gives them, a status
-and how each number was obtained.  No row is dropped: a row that cannot be simulated gets
+step time, the signed error, TFLOP/s per GPU and MFU where the source gives them, where the
+predicted step went (:data:`BREAKDOWN_COLUMNS`), a status and how each number was obtained.  No row is dropped: a row that cannot be simulated gets
 ``unsupported: <reason>`` (a feature clustersim lacks, or ``over --max-gpus``),
 ``invalid: <reason>`` (the row contradicts itself or a clustersim rule) or
 ``error: <message>`` (the simulator raised).  :func:`summary` gives coverage and error
@@ -217,13 +217,13 @@ PUBLISHED_COLUMNS = (
     "derived_fields", "reliability", "notes")
 _MEASUREMENT_COLUMNS = ("step_time_s", "tokens_per_s_total", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu_pct")
 
-#: Columns of the output table (``validate(..., out_csv=...)``).
 BREAKDOWN_COLUMNS = ("compute_s", "recompute_s", "bubble_s", "host_issue_s", "exposed_tp_s", "exposed_cp_s",
                      "exposed_ep_s", "exposed_pp_s", "exposed_dp_s")
 """The predicted step split into where the slowest rank's compute stream spent it (the
 simulator's ``breakdown_s``; they sum to ``predicted_step_s``): what
 ``experiments/validation_residuals.py`` attributes the errors to."""
 
+#: Columns of the output table (``validate(..., out_csv=...)``).
 OUTPUT_COLUMNS = ("id", "source", "format", "model", "gpu", "num_gpus", "precision", "parallel", "measured_step_s",
                   "predicted_step_s", "error_pct", "measured_tflops_per_gpu", "predicted_tflops_per_gpu",
                   "measured_mfu_pct", "predicted_mfu_pct", *BREAKDOWN_COLUMNS, "flop_convention", "status",
