@@ -106,7 +106,10 @@ class FlowNetwork:
         self._load = np.empty(0)
         self._link_bytes = np.zeros(self.num_links)
         self._link_busy_s = np.zeros(self.num_links)
-        self._done_templates: set = set()       # templates with finished isolated runs not yet accounted
+        # templates with finished isolated runs not yet accounted, in the order they finished (a
+        # dict, not a set: a set iterates by object address, which made the bytes' summation
+        # order, and so link utilisation's last digit, differ from run to run)
+        self._done_templates: dict = {}
         # the isolated group that last reserved each link (stale once it finished: check _iso)
         self._iso_owner = np.full(self.num_links, -1, dtype=np.int64)
         self._occ = np.zeros(self.num_links, dtype=np.int64)     # live flows + reservations per link
@@ -264,7 +267,7 @@ class FlowNetwork:
         # exact bytes (every flow carried its whole size), added to the links when read
         t.done_runs += 1
         t.done_busy_s += self.env.now - t0
-        self._done_templates.add(t)
+        self._done_templates[t] = None
         self._occ[t.uniq] -= 1
         ev.succeed(self.env.now)
 
