@@ -12,7 +12,7 @@ random    -- routes between uniformly random GPU pairs, plus (second set) 10 % c
              rings of 8-64 random GPUs: a stress test with many distinct bottleneck levels.
 
 Prints the median wall time of repeated solves of the numpy solver, with the allocator
-tuning of :mod:`simulator.allocator` (as the simulator runs).
+tuning of :mod:`simulator.network.allocator` (as the simulator runs).
 Run: python benchmarks/bench_maxmin.py [--keep-malloc]
 """
 
@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-from simulator.allocator import tune_allocator
-from simulator.maxmin import max_min_rates
+from simulator.network.allocator import tune_allocator
+from simulator.network.maxmin import max_min_rates
 from topologies import build_cluster
 
 

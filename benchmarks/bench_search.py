@@ -15,8 +15,8 @@ import argparse
 import tempfile
 import time
 
-from simulator.search import SearchSpec, candidates, screen, search
-from simulator.sweep import DaskExecutor, LocalExecutor, Store
+from simulator.explore.search import SearchSpec, candidates, screen, search
+from simulator.explore.sweep import DaskExecutor, LocalExecutor, Store
 
 
 def spec(nodes: int, simulate: int = 8) -> SearchSpec:

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from simulator.estimate import Estimator
+from simulator.explore.estimate import Estimator
 from simulator.scenario import load_scenario
-from simulator.search import SearchSpec, search
-from simulator.sweep import LocalExecutor, Store, config_hash, run_points
+from simulator.explore.search import SearchSpec, search
+from simulator.explore.sweep import LocalExecutor, Store, config_hash, run_points
 from workloads import memory_estimates
 
 OUT = Path("results/configuration_search")

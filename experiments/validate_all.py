@@ -1,6 +1,6 @@
 """Step-time accuracy on both shared reference sets: predictions, the per-source table, a scatter plot.
 
-Runs ``simulator.validate.validate`` on
+Runs ``simulator.validation.validate`` on
 
 * ``h100``:   ``experiments/reference/published_runs_h100.csv`` (NVIDIA DGX Cloud benchmark
   runs, 32-2,304 H100, BF16 and FP8; 34 rows);
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:                    # run as a script from any directory
     sys.path.insert(0, str(ROOT))
 
-from simulator.validate import summary, validate  # noqa: E402
+from simulator.validation import summary, validate  # noqa: E402
 
 REFERENCE = ROOT / "experiments" / "reference"
 SETS = {
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     print()
     print(summary(results))
     if not args.no_plot:
-        from simulator.plots import validation_scatter
+        from simulator.report.plots import validation_scatter
         png = out_dir / "scatter.png"
         validation_scatter(results, png)
         print(f"\npredictions: {', '.join(str(out_dir / f'predictions_{n}.csv') for n in names)}\nscatter: {png}")

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:                    # run as a script from any directory
     sys.path.insert(0, str(ROOT))
 
-from simulator.validate import BREAKDOWN_COLUMNS  # noqa: E402
+from simulator.validation import BREAKDOWN_COLUMNS  # noqa: E402
 
 _DEGREE = re.compile(r"\b(tp|pp|dp|cp|ep|vpp|mbs|gbs)(\d+)\b")
 PARTS = {"compute": ("compute_s", "recompute_s", "bubble_s"), "host": ("host_issue_s",),

@@ -17,8 +17,7 @@ import yaml
 from topologies import CLUSTER_PRESETS, ConfigError, build_cluster
 from topologies.units import fmt_bytes, parse_size
 
-from .engine import SimulationError
-from .whatif import JobStopped
+from .engine import JobStopped, SimulationError
 
 __all__ = ["main", "collective_table"]
 
@@ -143,11 +142,11 @@ def _run(args) -> int:
     gantt_path = args.gantt or (str(out / "gantt.png") if out else None)
     trace_path = args.trace or (str(out / "trace.json") if out else None)
     if gantt_path:
-        from .plots import gantt
+        from .report.plots import gantt
         gantt(last, gantt_path, title=f"{res.scenario.name}: step {len(res.step_bounds)}, "
                                       f"{res.metrics['step_time_s']:.3f} s, MFU {res.metrics['mfu']:.1%}")
     if trace_path:
-        from .trace import to_chrome_trace
+        from .report.trace import to_chrome_trace
         to_chrome_trace(tl, trace_path, metadata={"scenario": res.scenario.name})
     if args.json:
         print(json.dumps(res.metrics, default=float))
@@ -213,7 +212,7 @@ def _executor_args(p) -> None:
 def _sweep(args) -> int:
     import pandas as pd
 
-    from .sweep import Store, config_hash, load_sweep, make_executor, run_points
+    from .explore.sweep import Store, config_hash, load_sweep, make_executor, run_points
     configs = load_sweep(args.sweep)
     db = Path(args.db) if args.db else Path("results") / "sweeps" / (Path(args.sweep).stem + ".sqlite")
     store = Store(db)
@@ -251,8 +250,8 @@ def _search(args) -> int:
     import math
 
     from .scenario import read_yaml
-    from .search import KNOBS, SearchSpec, plot_search, search
-    from .sweep import Store, make_executor
+    from .explore.search import KNOBS, SearchSpec, plot_search, search
+    from .explore.sweep import Store, make_executor
     path = Path(args.search)
     raw = read_yaml(path, "search")
     if args.simulate is not None:
@@ -367,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "run":
             return _run(args)
         if args.cmd == "validate":
-            from .validate import main as validate_main
+            from .validation import main as validate_main
             argv2 = [args.runs] + (["--out", args.out] if args.out else []) + \
                 (["--max-gpus", str(args.max_gpus)] if args.max_gpus is not None else []) + \
                 (["--plot", args.plot] if args.plot else [])

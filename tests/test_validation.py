@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.validate import _stats
+from simulator.validation.core import _stats
 
 pytestmark = pytest.mark.validation
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.validate import OUTPUT_COLUMNS
+from simulator.validation import OUTPUT_COLUMNS
 
 SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "validation_residuals.py"
 

@@ -29,8 +29,7 @@ import simpy
 from topologies import Cluster, ConfigError
 from topologies.specs import TIERS
 
-from ..maxmin import max_min_rates
-from ..network import FlowNetwork
+from ..network import FlowNetwork, max_min_rates
 from . import nccl
 from .calibration import CALIBRATIONS, Calibration, get_calibration
 from .plans import (Plan, alltoall_plan, collnet_plan, node_blocks, nvls_plan, nvls_tree_plan, p2p_plan, ring_plan,
@@ -128,7 +127,7 @@ class CollectiveEngine:
         self._prepared: dict[tuple, tuple] = {}
 
     def set_folding(self, folding) -> None:
-        """Run on the quotient network of a :class:`~simulator.fold.Folding`: a registered
+        """Run on the quotient network of a :class:`~simulator.engine.fold.Folding`: a registered
         group then stands for ``multiplicity`` groups of its cell, a transfer for its cell's,
         and flows cross quotient links (a fresh network on the quotient capacities)."""
         self.folding = folding
@@ -481,7 +480,7 @@ class CollectiveEngine:
 
     def _merge(self, flows: list) -> list:
         """With folding, flows of one flow cell have the same quotient route (equitability;
-        :meth:`~simulator.fold.Folding.quotient_routes` rounds away the summation order):
+        :meth:`~simulator.engine.fold.Folding.quotient_routes` rounds away the summation order):
         one weighted flow stands for them."""
         if self.folding is None:
             return flows

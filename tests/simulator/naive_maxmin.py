@@ -1,6 +1,6 @@
 """A deliberately naive max-min solver: one water level per iteration, pure Python.
 
-Test oracle for simulator.maxmin; shares no code with it.
+Test oracle for simulator.network.maxmin; shares no code with it.
 """
 
 

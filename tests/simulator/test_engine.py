@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from simulator.engine import run
-from simulator.metrics import breakdown
+from simulator.engine.metrics import breakdown
 from workloads.schedules import ActionKind, schedule_timing
 
 #: The closed forms here are of GPU time: the host is infinitely fast (``host: none``); the

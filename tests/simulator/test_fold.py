@@ -1,7 +1,7 @@
 """Symmetry folding is exact: a folded run gives the unfolded run's answer, op for op.
 
 :func:`simulator.engine.run` simulates each rank cell of the equitable partition computed by
-:mod:`simulator.fold` once, on a quotient network; ``fold=False`` runs one actor per rank on
+:mod:`simulator.engine.fold` once, on a quotient network; ``fold=False`` runs one actor per rank on
 the physical links (the reference).  These tests compare the two on many small layouts:
 
 * the step time (relative 1e-9);

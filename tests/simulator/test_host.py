@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from simulator.engine import run
-from simulator.estimate import estimate
+from simulator.explore.estimate import estimate
 from simulator.scenario import load_scenario
 from tests.simulator.test_whatif_models import ONE_GPU
 from topologies import ConfigError
@@ -166,7 +166,7 @@ def test_the_step_end_resynchronises_the_host():
 
 
 def test_a_search_passes_the_host_to_its_candidates():
-    from simulator.search import SearchSpec
+    from simulator.explore.search import SearchSpec
     spec = SearchSpec.from_dict({"model": "tiny-dense", "cluster": {"preset": "dgx-h100", "num_nodes": 1},
                                  "global_batch_size": 8, "seq_len": 512, "host": "cuda_graphs"})
     sc = load_scenario(spec.scenario_for({"tp": 1, "pp": 1, "dp": 8}))

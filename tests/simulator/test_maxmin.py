@@ -3,7 +3,7 @@
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from simulator.maxmin import max_min_rates
+from simulator.network.maxmin import max_min_rates
 from tests.simulator.naive_maxmin import naive_max_min
 
 
@@ -71,7 +71,7 @@ def test_agrees_with_naive_oracle(inst, data):
 
 
 def test_allocator_tuning_is_idempotent_and_changes_no_result():
-    from simulator.allocator import tune_allocator
+    from simulator.network.allocator import tune_allocator
     routes = [[(0, 1), (1, 1)], [(1, 1)], [(0, 2.0)]]
     before = solve(routes, [4.0, 6.0])
     first = tune_allocator()

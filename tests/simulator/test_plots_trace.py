@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator import plots, trace
-from simulator.trace import TIMELINE_COLUMNS
+from simulator.report import plots, trace
+from simulator.report.trace import TIMELINE_COLUMNS
 
 MS = 1e-3
 
@@ -283,7 +283,7 @@ def test_breakdown_bar(tmp_path):
 def test_plots_module_does_not_import_matplotlib_at_import_time():
     import subprocess
     import sys
-    code = "import sys, simulator.plots, simulator.trace; print('matplotlib' in sys.modules)"
+    code = "import sys, simulator.report.plots, simulator.report.trace; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

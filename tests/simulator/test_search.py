@@ -8,9 +8,9 @@ import pytest
 
 from simulator.cli import main
 from simulator.engine import run
-from simulator.estimate import estimate
-from simulator.search import SearchSpec, candidates, pareto_mask, screen, search
-from simulator.sweep import LocalExecutor, Store
+from simulator.explore.estimate import estimate
+from simulator.explore.search import SearchSpec, candidates, pareto_mask, screen, search
+from simulator.explore.sweep import LocalExecutor, Store
 from topologies import ConfigError
 
 TINY8 = {"model": "tiny-dense", "cluster": {"preset": "dgx-h100", "num_nodes": 1}, "global_batch_size": 16,
@@ -82,7 +82,7 @@ def test_estimate_tracks_the_engine_on_the_case_study(shape, xrack, tol):
 
 
 def test_an_estimator_refuses_another_cluster():
-    from simulator.estimate import Estimator
+    from simulator.explore.estimate import Estimator
     from simulator.scenario import load_scenario
     a = load_scenario({**_case(8, 1, 8), "num_steps": 1})
     b = load_scenario({**_case(8, 1, 8, "200 GB/s"), "num_steps": 1})

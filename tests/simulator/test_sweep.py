@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from simulator.cli import main
-from simulator.sweep import (LocalExecutor, Store, config_hash, expand, load_sweep, run_points, simulate_point)
+from simulator.explore.sweep import (LocalExecutor, Store, config_hash, expand, load_sweep, run_points, simulate_point)
 from topologies import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,7 +102,7 @@ def _rows(db):
 
 @pytest.mark.slow
 def test_a_sweep_on_dask_gives_the_local_results(tmp_path):
-    from simulator.sweep import DaskExecutor
+    from simulator.explore.sweep import DaskExecutor
     pts = expand({"base": BASE, "grid": {"parallel.schedule": ["1f1b", "gpipe", "zb_h1"],
                                          "parallel.global_batch_size": [8, 16]}})
     local, dask = Store(tmp_path / "local.sqlite"), Store(tmp_path / "dask.sqlite")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from simulator.scenario import load_scenario
-from simulator.validate import (
+from simulator.validation import (
     NOTE_SEP,
     edge_stage_split,
     BREAKDOWN_COLUMNS,

@@ -12,7 +12,8 @@ import yaml
 from simulator.cli import main
 from simulator.engine import run
 from simulator.scenario import load_scenario
-from simulator.whatif import JobStopped, WhatIf, expected_max_lognormal
+from simulator.engine import JobStopped, expected_max_lognormal
+from simulator.scenario import WhatIf
 from tests.simulator.test_fold import assert_same_run
 from topologies import ConfigError
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from simulator.engine import run
-from simulator.whatif import JobStopped, expected_max_lognormal
+from simulator.engine import JobStopped, expected_max_lognormal
 from tests.simulator.test_engine import _action_costs, _batched_longest_path
 from topologies import ConfigError
 from workloads.schedules import ActionKind, schedule_timing
@@ -171,7 +171,7 @@ def test_gpu_step_jitter_tracks_the_expected_maximum_of_n_draws(n, seeds):
     time: the step is exactly base x the largest of the N factors drawn (the grad-norm
     all-reduce waits for the slowest), and the mean over seeds of step / base is the
     expected maximum of N draws within 5 %."""
-    from simulator.whatif import Perturbation
+    from simulator.engine.perturb import Perturbation
     sigma = 0.1
     wi = {"jitter": {"scope": "gpu_step", "dist": f"lognormal(0, {sigma})"}}
     base = run(_pure_dp(n, {}), free_comm=True).metrics["step_time_s"]

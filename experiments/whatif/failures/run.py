@@ -36,7 +36,7 @@ def main(argv=None) -> list[dict]:
     from matplotlib.figure import Figure
 
     from simulator.engine import run
-    from simulator.whatif import JobStopped
+    from simulator.engine import JobStopped
     args = parse_args("failures", argv, __doc__)
     cfg, out = load_config(args), out_dir(args)
     base = cfg["base"]

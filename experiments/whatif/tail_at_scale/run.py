@@ -5,7 +5,7 @@ either once per GPU per step (``gpu_step``: persistent per-step slowness) or onc
 compute op (``op``: independent noise).  The gradient reduction and the grad-norm
 all-reduce wait for the slowest GPU, so with ``gpu_step`` the step grows like the expected
 maximum of N draws (plotted beside it, E[max] from
-:func:`simulator.whatif.expected_max_lognormal`), while per-op noise averages out over a
+:func:`simulator.engine.expected_max_lognormal`), while per-op noise averages out over a
 step's many ops.  Writes ``results.csv``, ``tail_at_scale.png`` and the Gantt pair (no
 jitter vs gpu_step jitter at ``gantt_gpus``).
 
@@ -34,7 +34,7 @@ def scenario(cfg: dict, n: int, scope: str | None, seed: int) -> dict:
 
 def main(argv=None) -> list[dict]:
     from simulator.engine import run
-    from simulator.whatif import expected_max_lognormal
+    from simulator.engine import expected_max_lognormal
     args = parse_args("tail_at_scale", argv, __doc__)
     cfg, out = load_config(args), out_dir(args)
     sigma = cfg["sigma"]

@@ -41,7 +41,7 @@ class Scenario:
     precision: str = "bf16"
     overlap: dict = field(default_factory=lambda: dict(OVERLAP_DEFAULTS))
     whatif: WhatIf = field(default_factory=WhatIf)
-    """What-ifs (:mod:`simulator.whatif`); empty: none."""
+    """What-ifs (:mod:`simulator.scenario.whatif`); empty: none."""
     num_steps: int = 2
     seed: int = 0
     moe_routing: str = "balanced"

@@ -1086,7 +1086,7 @@ def _evaluate(row: dict, run_fn, max_gpus) -> dict:
             notes.append(e.reason)
 
     if status is None:
-        from .scenario import load_scenario
+        from ..scenario import load_scenario
         try:
             load_scenario(scenario)
         except ConfigError as e:
@@ -1205,7 +1205,7 @@ def validate(path, out_csv=None, *, run_fn=None, max_gpus: int | None = None, pr
     if limit is not None:
         rows = rows[:max(0, int(limit))]
     if run_fn is None:
-        from .engine import run as run_fn
+        from ..engine import run as run_fn
     results = []
     for i, row in enumerate(rows):
         out = _evaluate(row, run_fn, max_gpus)
@@ -1306,7 +1306,7 @@ def main(argv=None) -> int:
     print()
     print(summary(results))
     if args.plot:
-        from .plots import validation_scatter
+        from ..report.plots import validation_scatter
         validation_scatter(results, args.plot)
         print(f"scatter plot: {args.plot}")
     return 0

@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .collectives.engine import TINY_CALL_BYTES
-from .collectives.plans import p2p_plan
+from ..collectives.engine import TINY_CALL_BYTES
+from ..collectives.plans import p2p_plan
 
 __all__ = ["Folding", "GroupCell", "P2PCell", "FoldError", "fold"]
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from topologies import ConfigError
 
-from .scenario import read_yaml
+from ..scenario import read_yaml
 
 __all__ = ["expand", "load_sweep", "config_hash", "Store", "Executor", "LocalExecutor", "DaskExecutor",
            "make_executor", "simulate_point", "run_points", "METRIC_KEYS"]
@@ -131,7 +131,7 @@ def code_fingerprint() -> str:
     (the package version does not change with every commit)."""
     global _FINGERPRINT
     if _FINGERPRINT is None:
-        root = Path(__file__).resolve().parent.parent
+        root = Path(__file__).resolve().parents[2]
         h = hashlib.sha256()
         for pkg in ("simulator", "workloads", "topologies"):
             for f in sorted((root / pkg).rglob("*")):
@@ -294,7 +294,7 @@ def simulate_point(config: dict) -> dict:
     wall_s}``; bad input is ``invalid``, a crash ``error``, never an exception."""
     t0 = time.perf_counter()
     try:
-        from .engine import SimulationError, run
+        from ..engine import SimulationError, run
         res = run(config)
         m = res.metrics
         metrics = {k: m[k] for k in METRIC_KEYS if k in m}

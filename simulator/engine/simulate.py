@@ -70,11 +70,11 @@ from topologies import ConfigError
 from workloads import build_program, memory_estimates
 from workloads.program import Program
 
-from .collectives import CollectiveEngine
+from ..collectives import CollectiveEngine
+from ..network import FlowNetwork, NetworkSnapshot
+from ..scenario import Scenario, WhatIf, load_scenario
 from .fold import Folding, fold as fold_program
-from .network import FlowNetwork, NetworkSnapshot
-from .scenario import Scenario, load_scenario
-from .whatif import JobStopped, Perturbation, WhatIf
+from .perturb import JobStopped, Perturbation
 
 __all__ = ["run", "Result", "DeadlockError", "SimulationError", "JobStopped", "TIMELINE_COLUMNS", "COMM_SLOWDOWN"]
 
@@ -194,14 +194,14 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
     """Simulate ``scenario`` (a :class:`Scenario`, a mapping or a YAML path).
 
     ``fold`` (default) simulates each cell of interchangeable ranks once on the quotient
-    network (:mod:`simulator.fold`: exact); ``fold=False`` runs every rank as its own actor
+    network (:mod:`simulator.engine.fold`: exact); ``fold=False`` runs every rank as its own actor
     and every flow on the physical links (the reference; slow at scale).  A
-    :class:`~simulator.fold.Folding` is used as given, unchecked (tests use that to show a
+    :class:`~simulator.engine.fold.Folding` is used as given, unchecked (tests use that to show a
     wrong partition gives a wrong answer).  ``compute_scale`` maps ranks to a factor on
     their compute durations (a straggler: 1.2); folding splits only the cells it touches.
-    ``whatif`` (a mapping in the ``whatif:`` YAML form, or a :class:`~simulator.whatif.WhatIf`)
-    replaces the scenario's what-ifs (:mod:`simulator.whatif`); a failed NIC without
-    failover raises :class:`~simulator.whatif.JobStopped`.
+    ``whatif`` (a mapping in the ``whatif:`` YAML form, or a :class:`~simulator.scenario.whatif.WhatIf`)
+    replaces the scenario's what-ifs (:mod:`simulator.scenario.whatif`); a failed NIC without
+    failover raises :class:`~simulator.scenario.whatif.JobStopped`.
     """
     with _gc_tuned():
         return _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, whatif)
@@ -316,7 +316,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
 
         def compute_time(op, step=0, idx=0):
             # the op's time on this rank, slower while a collective of the rank is in flight;
-            # what-ifs: jitter (factor, stall) and thermal throttling (simulator.whatif)
+            # what-ifs: jitter (factor, stall) and thermal throttling (simulator.scenario.whatif)
             dur = op.duration_s * factor
             if jit is not None:
                 dur = jit(dur, step, idx)
@@ -586,7 +586,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
 
 
 def _watch_failed_nics(net: FlowNetwork, folding: Folding, watch: list) -> None:
-    """Stop the job (JobStopped) when a transfer needs a failed NIC (see simulator.whatif):
+    """Stop the job (JobStopped) when a transfer needs a failed NIC (see simulator.scenario.whatif):
     the network reports transfers over the NICs' links (quotient links when folded: failed
     NIC links are coloured apart, so they form cells of their own)."""
     n = net.num_links

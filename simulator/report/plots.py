@@ -615,7 +615,7 @@ _SOURCE_COLORS = ("#3a6fb0", "#d1495b", "#3f9a4a", "#edae49", "#8e6bbf", "#00798
 
 def validation_scatter(results: Sequence[Mapping], path: str | Path | None = None, *, title: str | None = None,
                        band: float = 0.10, dpi: int = 110):
-    """Predicted against measured step time of :func:`simulator.validate.validate` rows.
+    """Predicted against measured step time of :func:`simulator.validation.validate` rows.
 
     Log-log axes, the ``y = x`` line with a ``+-band`` (default 10 %) band, one colour per
     ``source``; the legend gives each source's simulated rows and median absolute error.

@@ -1,7 +1,7 @@
 """A fast closed-form step-time estimate, built from the simulator's own models.
 
 ``estimate(scenario)`` answers in milliseconds what :func:`simulator.engine.run` answers
-in seconds, for screening thousands of layouts (:mod:`simulator.search`).  It has no
+in seconds, for screening thousands of layouts (:mod:`simulator.explore.search`).  It has no
 formula of its own:
 
 * **per-action costs** come from the program builder (:func:`workloads.build_program`,
@@ -40,8 +40,8 @@ from workloads.costs.compute import host_costs
 from workloads.schedules import get_schedule, min_microbatches, schedule_timing
 from workloads.schedules.actions import ActionKind
 
-from .collectives import CollectiveEngine
-from .scenario import Scenario, load_scenario
+from ..collectives import CollectiveEngine
+from ..scenario import Scenario, load_scenario
 
 __all__ = ["estimate", "Estimator"]
 

@@ -32,8 +32,8 @@ Knobs and the values tried (each restrictable with ``fixed`` / ``bounds``; any o
 only the first ZeRO stage allowed (the stages do not differ there).  A candidate is ``invalid`` when the
 configuration rules reject it (the reason recorded), ``oom`` when a stage exceeds HBM
 under the memory model (the biggest terms recorded), else ``ok`` with its estimate
-(:mod:`simulator.estimate`).  The ``simulate`` best are run with the engine through the
-sweep machinery (:mod:`simulator.sweep`: local processes or Dask, SQLite, resumable).
+(:mod:`simulator.explore.estimate`).  The ``simulate`` best are run with the engine through the
+sweep machinery (:mod:`simulator.explore.sweep`: local processes or Dask, SQLite, resumable).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from workloads.parallel import RECOMPUTE_KINDS
 from workloads.schedules import SCHEDULE_NAMES
 
 from .estimate import Estimator
-from .scenario import load_scenario
+from ..scenario import load_scenario
 
 __all__ = ["SearchSpec", "candidates", "screen", "search", "plot_search", "KNOBS", "pareto_mask"]
 

@@ -5,7 +5,7 @@ What is modelled
 Every live flow has a route (link ids with per-link coefficients, see
 :class:`topologies.routing.Route`), remaining bytes, a weight (the number of identical
 member flows it stands for) and an optional rate cap.  Live flows share link
-capacities max-min fairly (:mod:`simulator.maxmin`); a flow's rate is constant between
+capacities max-min fairly (:mod:`simulator.network.maxmin`); a flow's rate is constant between
 two re-solves, so its remaining bytes fall linearly and its finishing instant is exact.
 
 A *coupled* flow -- one ring, tree or chain channel of a collective -- has the union of
@@ -77,7 +77,7 @@ class FlowNetwork:
 
     def __init__(self, env: simpy.Environment, capacity: np.ndarray, initial_flows: int = 1024,
                  isolate: bool = True):
-        tune_allocator()            # solves allocate many large temporaries: see simulator.allocator
+        tune_allocator()            # solves allocate many large temporaries: see simulator.network.allocator
         self.env = env
         self.capacity = np.asarray(capacity, dtype=float)
         self.num_links = self.capacity.size
@@ -130,7 +130,7 @@ class FlowNetwork:
 
     def watch_links(self, mask: np.ndarray, at_s: float, on_use) -> None:
         """Call ``on_use(time_s, links)`` when a transfer crosses a link of ``mask`` at or
-        after ``at_s`` (a failed NIC, :mod:`simulator.whatif`): at its start, or at ``at_s``
+        after ``at_s`` (a failed NIC, :mod:`simulator.scenario.whatif`): at its start, or at ``at_s``
         for transfers live then.  ``on_use`` may raise to stop the run."""
         self._watch = (np.asarray(mask, dtype=bool), float(at_s), on_use)
         if at_s > self.env.now:
