@@ -13,7 +13,8 @@ from .memory import (DEFAULT_RESERVE_BYTES, MemoryEstimate, MemoryOptions, bytes
 from .mesh import GROUP_AXES, RankGrid
 from .model import MODEL_PRESETS, MLASpec, ModelSpec, MoESpec, load_model
 from .parallel import ParallelConfig, split_layers
-from .program import Op, Program, RankClass, build_program
+from .ops import Coll, Group, Op, OpKind, OpName, Phase, Stream
+from .program import Program, RankClass, build_program
 from .schedules import (SCHEDULES, Action, ActionCosts, ActionKind, Schedule, ScheduleError, ScheduleTiming,
                         format_table, get_schedule, min_microbatches, parse_action, peak_in_flight,
                         schedule_timing, validate_schedule_config)
@@ -28,4 +29,5 @@ __all__ = ["ModelSpec", "MoESpec", "MLASpec", "MODEL_PRESETS", "load_model", "mo
            "model_flops_per_token", "FLOP_CONVENTIONS", "ComputeModel", "RooflineComputeModel",
            "MeasuredComputeModel", "PrecisionRecipe", "PRECISION_RECIPES", "get_recipe",
            "MemoryEstimate", "MemoryOptions", "memory_estimate", "memory_estimates", "layer_activation_bytes",
-           "check_fits", "bytes_per_param", "DEFAULT_RESERVE_BYTES", "Op", "Program", "RankClass", "build_program"]
+           "check_fits", "bytes_per_param", "DEFAULT_RESERVE_BYTES", "Op", "OpKind", "OpName", "Stream", "Coll", "Group", "Phase", "Program",
+           "RankClass", "build_program"]

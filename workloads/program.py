@@ -53,8 +53,6 @@ orders them.  Per-rank views are built on demand (:meth:`Program.rank_ops`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
-
 import numpy as np
 
 from topologies import ConfigError, GPUSpec
@@ -66,6 +64,7 @@ from .costs.precision import weight_quantize_op, with_quantize_ops
 from .mesh import RankGrid
 from .model import ModelSpec
 from .moe_routing import dispatch_matrix, expert_load, parse_routing
+from .ops import Coll, Group, Op, OpKind, OpName, Phase, Stream, is_p2p
 from .parallel import ParallelConfig, split_layers
 from .schedules import ActionKind, get_schedule, model_chunk, route
 from .schedules.actions import COMM_KINDS
@@ -78,29 +77,11 @@ _ATTN_OPS = {"attn_norm", "qkv_proj", "q_down_proj", "kv_down_proj", "q_norm", "
 _PRE_EXPERT = {"mlp_norm", "router", "router_topk", "moe_permute"}
 _POST_EXPERT = {"moe_unpermute", "mlp_residual"}
 _DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
-
-
-class Op(NamedTuple):
-    """One entry of a class's program (SI units)."""
-
-    stream: str          #: compute | tp | cp | ep | pp | dp
-    kind: str            #: compute | collective | send | recv
-    name: str
-    layer: int           #: -1 where not a layer op
-    microbatch: int      #: -1 where not per micro-batch
-    chunk: int
-    phase: str           #: F | B | W | R (recompute) | S (step)
-    flops: float
-    duration_s: float
-    coll: str            #: all_reduce | all_gather | reduce_scatter | all_to_all | send_recv | ''
-    group: str           #: group kind ('tp', 'dp_cp', 'ep', 'edp', 'embedding', 'world', ...) or ''
-    seq: int             #: per-group-kind sequence number (collectives), -1 otherwise
-    size_bytes: float
-    peer: int            #: p2p: the other stage; -1 otherwise
-    tag: tuple | None    #: p2p: (src stage, dst stage, chunk, microbatch, phase); a2a: sizes key
-    lane: int = 0        #: DualPipe F&B pair: 1 = its forward half, 2 = its backward half; 0 otherwise
-    host_s: float = 0.0  #: host time to issue the op (compute: its kernels; a call or a p2p batch)
-    host_ops: int = 0    #: kernels (compute) or calls the host issues for it
+_RECOMPUTE_PARTS = (("attn", OpName.RECOMPUTE_ATTN), ("mlp", OpName.RECOMPUTE_MLP), ("pre", OpName.RECOMPUTE_PRE),
+                    ("post", OpName.RECOMPUTE_POST))
+"""Selective recompute: the segment of each part recomputed ahead of the backward, and its op."""
+_GRAD_BUCKET = {"dense": OpName.GRAD_DENSE, "expert": OpName.GRAD_EXPERT}
+_PARAM_GATHER = {"dense": OpName.PARAM_GATHER_DENSE, "expert": OpName.PARAM_GATHER_EXPERT}
 
 
 @dataclass
@@ -151,12 +132,12 @@ class Program:
         peers: dict[int, int] = {}
         out = []
         for op in self.rank_ops(rank):
-            if op.kind == "collective":
+            if op.kind == OpKind.COLLECTIVE:
                 g = gid.get(op.group)
                 if g is None:
                     g = gid[op.group] = index[(op.group, self.group_members(op.group, rank))]
                 op = op._replace(peer=g)
-            elif op.kind in ("send", "recv"):
+            elif is_p2p(op):
                 p = peers.get(op.peer)
                 if p is None:
                     p = peers[op.peer] = self.grid.pp_neighbour(rank, op.peer - stage)
@@ -180,9 +161,9 @@ class Program:
 
     def group_members(self, kind: str, rank: int) -> tuple[int, ...]:
         """The members (ranks) of ``rank``'s group of kind ``kind``."""
-        if kind == "world":
+        if kind == Group.WORLD:
             return tuple(range(self.grid.world_size))
-        if kind == "embedding":
+        if kind == Group.EMBEDDING:
             return self.grid.embedding_group(rank)
         return self.grid.group(kind, rank)
 
@@ -192,9 +173,9 @@ class Program:
             kinds = sorted({op.group for c in self.classes for op in c.ops if op.group})
             out, seen = {}, set()
             for kind in kinds:
-                if kind == "world":
+                if kind == Group.WORLD:
                     grps = [tuple(range(self.grid.world_size))]
-                elif kind == "embedding":
+                elif kind == Group.EMBEDDING:
                     grps = sorted({self.grid.embedding_group(r) for r in range(self.grid.world_size)})
                 else:
                     grps = self.grid.groups(kind)
@@ -277,17 +258,19 @@ class _Emitter:
 
     def compute(self, name, layer, mb, chunk, phase, flops, dur, host=0.0, kernels=0):
         if dur > 0 or flops > 0:
-            self.ops.append(Op("compute", "compute", name, layer, mb, chunk, phase, flops, dur, "", "", -1, 0.0, -1, None,
+            self.ops.append(Op(Stream.COMPUTE, OpKind.COMPUTE, name, layer, mb, chunk, phase, flops, dur, Coll.NONE,
+                               Group.NONE, -1, 0.0, -1, None,
                                self.lane, float(host), int(kernels)))
 
-    def coll(self, stream, coll, group, size, name, layer=-1, mb=-1, chunk=0, phase="F", tag=None):
+    def coll(self, stream, coll, group, size, name, layer=-1, mb=-1, chunk=0, phase=Phase.F, tag=None):
         n = self.seq.get(group, 0)
         self.seq[group] = n + 1
-        self.ops.append(Op(stream, "collective", name, layer, mb, chunk, phase, 0.0, 0.0, coll, group, n, float(size),
+        self.ops.append(Op(stream, OpKind.COLLECTIVE, name, layer, mb, chunk, phase, 0.0, 0.0, coll, group, n, float(size),
                            -1, tag, self.lane, self.host_call_s, 1))
 
     def p2p(self, kind, name, peer, size, tag, mb, chunk, phase):
-        self.ops.append(Op("pp", kind, name, -1, mb, chunk, phase, 0.0, 0.0, "send_recv", "", -1, float(size), peer, tag,
+        self.ops.append(Op(Stream.PP, kind, name, -1, mb, chunk, phase, 0.0, 0.0, Coll.SEND_RECV, Group.NONE, -1,
+                           float(size), peer, tag,
                            0, self.host_call_s, 1))
 
 
@@ -416,38 +399,38 @@ def _layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
 
     def tp_in():
         if sp:
-            em.coll("tp", "all_gather", "tp", tp_bytes, "sp_ag", layer, mb, chunk, phase)
+            em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, tp_bytes, OpName.SP_AG, layer, mb, chunk, phase)
 
     def tp_out():
         if sp:
-            em.coll("tp", "reduce_scatter", "tp", act_bytes, "sp_rs", layer, mb, chunk, phase)
+            em.coll(Stream.TP, Coll.REDUCE_SCATTER, Group.TP, act_bytes, OpName.SP_RS, layer, mb, chunk, phase)
         elif par.tp > 1:
-            em.coll("tp", "all_reduce", "tp", act_bytes, "tp_ar", layer, mb, chunk, phase)
+            em.coll(Stream.TP, Coll.ALL_REDUCE, Group.TP, act_bytes, OpName.TP_AR, layer, mb, chunk, phase)
 
     tp_in()
     if par.cp > 1:
         kv = _kv_bytes(ctx) * ctx.mbs * ctx.seq
-        em.coll("cp", "all_gather", "cp", kv, "cp_kv", layer, mb, chunk, phase)
+        em.coll(Stream.CP, Coll.ALL_GATHER, Group.CP, kv, OpName.CP_KV, layer, mb, chunk, phase)
     f, t, hs, k = seg.get(f"{src}:attn", _NOSEG)
-    if phase == "R":            # the checkpoint function of a fully recomputed layer
+    if phase == Phase.R:        # the checkpoint function of a fully recomputed layer
         hs += ctx.host.checkpoint_s
-    em.compute("attn", layer, mb, chunk, phase, f, t, hs, k)
+    em.compute(OpName.ATTN, layer, mb, chunk, phase, f, t, hs, k)
     tp_out()
     if is_moe:
-        em.compute("moe_pre", layer, mb, chunk, phase, *seg.get(f"{src}:pre", _NOSEG))
+        em.compute(OpName.MOE_PRE, layer, mb, chunk, phase, *seg.get(f"{src}:pre", _NOSEG))
         if par.ep > 1:
-            em.coll("ep", "all_to_all", "ep", _a2a_total(ctx, layer, mb), "ep_dispatch", layer, mb, chunk, phase,
+            em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), OpName.EP_DISPATCH, layer, mb, chunk, phase,
                     tag=(layer, mb))
-        _expert_tp(ctx, em, "all_gather", "etp_ag", layer, mb, chunk, phase)
-        em.compute("experts", layer, mb, chunk, phase, *seg.get(f"{src}:mlp", _NOSEG))
-        _expert_tp(ctx, em, "reduce_scatter", "etp_rs", layer, mb, chunk, phase)
+        _expert_tp(ctx, em, Coll.ALL_GATHER, OpName.ETP_AG, layer, mb, chunk, phase)
+        em.compute(OpName.EXPERTS, layer, mb, chunk, phase, *seg.get(f"{src}:mlp", _NOSEG))
+        _expert_tp(ctx, em, Coll.REDUCE_SCATTER, OpName.ETP_RS, layer, mb, chunk, phase)
         if par.ep > 1:
-            em.coll("ep", "all_to_all", "ep", _a2a_total(ctx, layer, mb), "ep_combine", layer, mb, chunk, phase,
+            em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), OpName.EP_COMBINE, layer, mb, chunk, phase,
                     tag=(layer, mb))
-        em.compute("moe_post", layer, mb, chunk, phase, *seg.get(f"{src}:post", _NOSEG))
+        em.compute(OpName.MOE_POST, layer, mb, chunk, phase, *seg.get(f"{src}:post", _NOSEG))
     else:
         tp_in()
-        em.compute("mlp", layer, mb, chunk, phase, *seg.get(f"{src}:mlp", _NOSEG))
+        em.compute(OpName.MLP, layer, mb, chunk, phase, *seg.get(f"{src}:mlp", _NOSEG))
         tp_out()
 
 
@@ -455,10 +438,10 @@ def _layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bool):
     par, model = ctx.par, ctx.model
     seg = _segments(ctx, layer, tpe, recompute)
     if recompute == "full":
-        _layer_forward(ctx, em, layer, mb, chunk, tpe, "R", recompute)
+        _layer_forward(ctx, em, layer, mb, chunk, tpe, Phase.R, recompute)
     else:
-        for part in ("attn", "mlp", "pre", "post"):
-            em.compute(f"recompute_{part}", layer, mb, chunk, "R", *seg.get(f"R:{part}", _NOSEG))
+        for part, name in _RECOMPUTE_PARTS:
+            em.compute(name, layer, mb, chunk, Phase.R, *seg.get(f"R:{part}", _NOSEG))
     tp_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * ctx.recipe.tp_gather_bytes_per_element
     act_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * 2.0
     sp = par.sequence_parallel and par.tp > 1
@@ -467,35 +450,35 @@ def _layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bool):
     def block(part_names, name):
         # row-parallel output grad gathered, column-parallel input re-gathered, dgrad reduce-scattered
         if sp:
-            em.coll("tp", "all_gather", "tp", act_bytes, "sp_ag_dout", layer, mb, chunk, "B")
-            em.coll("tp", "all_gather", "tp", tp_bytes, "sp_ag_input", layer, mb, chunk, "B")
+            em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, act_bytes, OpName.SP_AG_DOUT, layer, mb, chunk, Phase.B)
+            em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, tp_bytes, OpName.SP_AG_INPUT, layer, mb, chunk, Phase.B)
         parts = [seg.get(f"B:{p}", _NOSEG) for p in part_names]
-        em.compute(name, layer, mb, chunk, "B", *(sum(v[i] for v in parts) for i in range(4)))
+        em.compute(name, layer, mb, chunk, Phase.B, *(sum(v[i] for v in parts) for i in range(4)))
         if sp:
-            em.coll("tp", "reduce_scatter", "tp", act_bytes, "sp_rs_dgrad", layer, mb, chunk, "B")
+            em.coll(Stream.TP, Coll.REDUCE_SCATTER, Group.TP, act_bytes, OpName.SP_RS_DGRAD, layer, mb, chunk, Phase.B)
         elif par.tp > 1:
-            em.coll("tp", "all_reduce", "tp", act_bytes, "tp_ar_dgrad", layer, mb, chunk, "B")
+            em.coll(Stream.TP, Coll.ALL_REDUCE, Group.TP, act_bytes, OpName.TP_AR_DGRAD, layer, mb, chunk, Phase.B)
 
     if is_moe:
-        em.compute("moe_post_bwd", layer, mb, chunk, "B", *seg.get("B:post", _NOSEG))
+        em.compute(OpName.MOE_POST_BWD, layer, mb, chunk, Phase.B, *seg.get("B:post", _NOSEG))
         if par.ep > 1:
-            em.coll("ep", "all_to_all", "ep", _a2a_total(ctx, layer, mb), "ep_combine_bwd", layer, mb, chunk, "B",
+            em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), OpName.EP_COMBINE_BWD, layer, mb, chunk, Phase.B,
                     tag=(layer, mb))
-        _expert_tp(ctx, em, "all_gather", "etp_ag_bwd", layer, mb, chunk, "B")
-        em.compute("experts_bwd", layer, mb, chunk, "B", *seg.get("B:mlp", _NOSEG))
-        _expert_tp(ctx, em, "reduce_scatter", "etp_rs_bwd", layer, mb, chunk, "B")
+        _expert_tp(ctx, em, Coll.ALL_GATHER, OpName.ETP_AG_BWD, layer, mb, chunk, Phase.B)
+        em.compute(OpName.EXPERTS_BWD, layer, mb, chunk, Phase.B, *seg.get("B:mlp", _NOSEG))
+        _expert_tp(ctx, em, Coll.REDUCE_SCATTER, OpName.ETP_RS_BWD, layer, mb, chunk, Phase.B)
         if par.ep > 1:
-            em.coll("ep", "all_to_all", "ep", _a2a_total(ctx, layer, mb), "ep_dispatch_bwd", layer, mb, chunk, "B",
+            em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), OpName.EP_DISPATCH_BWD, layer, mb, chunk, Phase.B,
                     tag=(layer, mb))
-        em.compute("moe_pre_bwd", layer, mb, chunk, "B", *seg.get("B:pre", _NOSEG))
+        em.compute(OpName.MOE_PRE_BWD, layer, mb, chunk, Phase.B, *seg.get("B:pre", _NOSEG))
     else:
-        block(("mlp",), "mlp_bwd")
+        block((OpName.MLP,), OpName.MLP_BWD)
     if par.cp > 1:
         kv = _kv_bytes(ctx) * ctx.mbs * ctx.seq
-        em.coll("cp", "all_gather", "cp", kv, "cp_kv_bwd", layer, mb, chunk, "B")
-    block(("attn",), "attn_bwd")
+        em.coll(Stream.CP, Coll.ALL_GATHER, Group.CP, kv, OpName.CP_KV_BWD, layer, mb, chunk, Phase.B)
+    block((OpName.ATTN,), OpName.ATTN_BWD)
     if par.cp > 1:
-        em.coll("cp", "reduce_scatter", "cp", kv, "cp_dkv", layer, mb, chunk, "B")
+        em.coll(Stream.CP, Coll.REDUCE_SCATTER, Group.CP, kv, OpName.CP_DKV, layer, mb, chunk, Phase.B)
     if with_w:
         _layer_wgrad(ctx, em, layer, mb, chunk, tpe, recompute)
 
@@ -503,7 +486,7 @@ def _layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bool):
 def _layer_wgrad(ctx, em, layer, mb, chunk, tpe, recompute):
     seg = _segments(ctx, layer, tpe, recompute)
     parts = [v for k, v in seg.items() if k.startswith("W:")]
-    em.compute("wgrad", layer, mb, chunk, "W", *(sum(v[i] for v in parts) for i in range(4)))
+    em.compute(OpName.WGRAD, layer, mb, chunk, Phase.W, *(sum(v[i] for v in parts) for i in range(4)))
 
 
 def _kv_bytes(ctx) -> float:
@@ -524,7 +507,7 @@ def _expert_tp(ctx, em, coll, name, layer, mb, chunk, phase):
     etp ranks' tokens x top-k x hidden, BF16)."""
     par = ctx.par
     if par.expert_tp > 1:
-        em.coll("tp", coll, "etp", par.expert_tp * _a2a_total(ctx, layer, mb), name, layer, mb, chunk, phase)
+        em.coll(Stream.TP, coll, Group.ETP, par.expert_tp * _a2a_total(ctx, layer, mb), name, layer, mb, chunk, phase)
 
 
 def _a2a_total(ctx, layer, mb) -> float:
@@ -600,7 +583,7 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
     # gradient buckets: parameters accumulate in backward order during the last micro-batch
     bucket_params = max(40_000_000, 1_000_000 * par.dp * par.cp)
     grad_bytes = _DTYPE_BYTES.get(ctx.recipe.grad_reduce_dtype, 4.0)
-    dp_coll = "reduce_scatter" if (par.distributed_optimizer or par.zero_stage >= 1) else "all_reduce"
+    dp_coll = Coll.REDUCE_SCATTER if (par.distributed_optimizer or par.zero_stage >= 1) else Coll.ALL_REDUCE
     pending = {"dense": 0, "expert": 0}
     # without overlap the reduction is issued once the stage's schedule is done (Megatron's
     # finalize_model_grads after forward_backward_func), not as the buckets fill
@@ -610,11 +593,11 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
         n = pending[kind]
         if n <= 0:
             return
-        group = "dp_cp" if kind == "dense" else "edp"
+        group = Group.DP_CP if kind == "dense" else Group.EDP
         if (par.dp * par.cp if kind == "dense" else par.expert_dp) > 1:
-            args = ("dp", dp_coll, group, n * grad_bytes, f"grad_{kind}")
+            args = (Stream.DP, dp_coll, group, n * grad_bytes, _GRAD_BUCKET[kind])
             if ctx.grad_overlap:
-                em.coll(*args, chunk=chunk, phase="W")
+                em.coll(*args, chunk=chunk, phase=Phase.W)
             else:
                 deferred.append((args, chunk))
         pending[kind] = 0
@@ -631,7 +614,7 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
     lowp = [i for r in stage_layers for i in r if ctx.recipe.is_low_precision_layer(i, ctx.model.num_layers)]
     wq = weight_quantize_op(ctx.recipe, sum(_local_params(ctx, lowp)))
     if wq is not None:
-        em.compute("weight_quantize", -1, -1, 0, "F", 0.0, float(np.sum(ctx.compute.op_times_s([wq]))),
+        em.compute(OpName.WEIGHT_QUANTIZE, -1, -1, 0, Phase.F, 0.0, float(np.sum(ctx.compute.op_times_s([wq]))),
                    *_host_of(ctx, [wq]))
     order = p2p_order(sched, stage, overlap_p2p=ctx.p2p_overlap)
     for act in (order if order is not None else [a for a in sched.actions[stage] if a is not None]):
@@ -649,24 +632,24 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
         em.lane = 0
     # step end
     for args, chunk in deferred:
-        em.coll(*args, chunk=chunk, phase="W")
+        em.coll(*args, chunk=chunk, phase=Phase.W)
     first_stage = stage == 0 or (sched.layout == "bidirectional")
     last_stage = stage == pp - 1 or (sched.layout == "bidirectional")
     if model.tied_embeddings and pp > 1 and (first_stage or last_stage):
         emb = model.vocab_size * model.hidden_size / par.tp * grad_bytes
-        em.coll("dp", "all_reduce", "embedding", emb, "tied_embedding_grad", phase="S")
-    em.coll("dp", "all_reduce", "world", 8.0, "grad_norm", phase="S")
+        em.coll(Stream.DP, Coll.ALL_REDUCE, Group.EMBEDDING, emb, OpName.TIED_EMBEDDING_GRAD, phase=Phase.S)
+    em.coll(Stream.DP, Coll.ALL_REDUCE, Group.WORLD, 8.0, OpName.GRAD_NORM, phase=Phase.S)
     d, e = _local_params(ctx, [i for r in stage_layers for i in r])
     d += sum(_edge_params(ctx, model_chunk(sched, stage, c)) for c in range(sched.num_chunks))
     shard = d / max(par.dp * par.cp, 1) + e / max(par.expert_dp, 1) if par.distributed_optimizer else d + e
     opt = optimizer_ops(int(shard))
-    em.compute("optimizer", -1, -1, 0, "S", 0.0, float(np.sum(ctx.compute.op_times_s(opt))), *_host_of(ctx, opt))
+    em.compute(OpName.OPTIMIZER, -1, -1, 0, Phase.S, 0.0, float(np.sum(ctx.compute.op_times_s(opt))), *_host_of(ctx, opt))
     if par.distributed_optimizer and par.zero_stage < 3:
         # buckets in forward order (the first layers' parameters are gathered first); each
         # op's tag is the (first, last) layer whose parameters it carries, so the engine
         # can hold a layer's forward until its bucket has arrived
         order = [i for r in stage_layers for i in r]
-        for kind, group, deg in (("dense", "dp_cp", par.dp * par.cp), ("expert", "edp", par.expert_dp)):
+        for kind, group, deg in (("dense", Group.DP_CP, par.dp * par.cp), ("expert", Group.EDP, par.expert_dp)):
             if deg <= 1:
                 continue
             # the embedding / output layer go with the first bucket (the embedding is needed first)
@@ -679,8 +662,8 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
                 first = layer if first is None else first
                 if acc >= bucket_params or pos == len(order) - 1:
                     if acc > 0:
-                        em.coll("dp", "all_gather", group, acc * ctx.recipe.param_gather_bytes_per_param,
-                                f"param_gather_{kind}", phase="S", tag=(first, layer))
+                        em.coll(Stream.DP, Coll.ALL_GATHER, group, acc * ctx.recipe.param_gather_bytes_per_param,
+                                _PARAM_GATHER[kind], phase=Phase.S, tag=(first, layer))
                     acc, first = 0.0, None
     return _one_issue_per_p2p_batch(em.ops)
 
@@ -690,7 +673,7 @@ def _one_issue_per_p2p_batch(ops: list[Op]) -> list[Op]:
     engine runs them): only the first carries the host's issue time."""
     out = []
     for i, op in enumerate(ops):
-        if op.kind in ("send", "recv") and i > 0 and ops[i - 1].kind in ("send", "recv") and op.host_s:
+        if is_p2p(op) and i > 0 and is_p2p(ops[i - 1]) and op.host_s:
             op = op._replace(host_s=0.0, host_ops=0)
         out.append(op)
     return out
@@ -712,7 +695,7 @@ def _gather_received(ctx, em, mb, chunk, phase):
     """Megatron-LM's ``gather_split_1d_tensor``: the TP group rebuilds the received
     activation (or gradient) from its slices before computing on it."""
     if _p2p_split(ctx.par) and not ctx.par.sequence_parallel:
-        em.coll("tp", "all_gather", "tp", _act_bytes(ctx), "p2p_gather", -1, mb, chunk, phase)
+        em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, _act_bytes(ctx), OpName.P2P_GATHER, -1, mb, chunk, phase)
 
 
 def _emit_transfer(ctx, em, t, act_p2p):
@@ -730,13 +713,13 @@ def _p2p(em, kind, stage, chunk, mb, k, peer, act_p2p):
     tag (source stage, destination stage, receiver's model chunk, micro-batch, F|B) is
     what both sides match on."""
     if kind == ActionKind.RECV_F:
-        em.p2p("recv", "recv_act", peer, act_p2p, (peer, stage, k, mb, "F"), mb, chunk, "F")
+        em.p2p(OpKind.RECV, OpName.RECV_ACT, peer, act_p2p, (peer, stage, k, mb, Phase.F), mb, chunk, Phase.F)
     elif kind == ActionKind.SEND_F:
-        em.p2p("send", "send_act", peer, act_p2p, (stage, peer, k + 1, mb, "F"), mb, chunk, "F")
+        em.p2p(OpKind.SEND, OpName.SEND_ACT, peer, act_p2p, (stage, peer, k + 1, mb, Phase.F), mb, chunk, Phase.F)
     elif kind == ActionKind.RECV_B:
-        em.p2p("recv", "recv_grad", peer, act_p2p, (peer, stage, k, mb, "B"), mb, chunk, "B")
+        em.p2p(OpKind.RECV, OpName.RECV_GRAD, peer, act_p2p, (peer, stage, k, mb, Phase.B), mb, chunk, Phase.B)
     else:
-        em.p2p("send", "send_grad", peer, act_p2p, (stage, peer, k - 1, mb, "B"), mb, chunk, "B")
+        em.p2p(OpKind.SEND, OpName.SEND_GRAD, peer, act_p2p, (stage, peer, k - 1, mb, Phase.B), mb, chunk, Phase.B)
 
 
 def _emit_action(ctx, em, stage, a, tokens, stage_layers, n_stage_layers, act_p2p, grads_ready, flush, last_mb,
@@ -758,17 +741,17 @@ def _emit_action(ctx, em, stage, a, tokens, stage_layers, n_stage_layers, act_p2
         if p2p and prev_pos is not None:
             _p2p(em, ActionKind.RECV_F, stage, chunk, mb, k, prev_pos[0], act_p2p)
         if prev_pos is not None:
-            _gather_received(ctx, em, mb, chunk, "F")
+            _gather_received(ctx, em, mb, chunk, Phase.F)
         if k == 0:
-            _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), "F", "embedding", mb, chunk)
+            _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), Phase.F, OpName.EMBEDDING, mb, chunk)
         for j, layer in enumerate(layers):
             if zero3:
                 d, e = _local_params(ctx, [layer])
-                em.coll("dp", "all_gather", "dp_cp", d * 2.0, "fsdp_gather", layer, mb, chunk, "F")
-            _layer_forward(ctx, em, layer, mb, chunk, tokens.get((layer, mb)), "F",
+                em.coll(Stream.DP, Coll.ALL_GATHER, Group.DP_CP, d * 2.0, OpName.FSDP_GATHER, layer, mb, chunk, Phase.F)
+            _layer_forward(ctx, em, layer, mb, chunk, tokens.get((layer, mb)), Phase.F,
                            _recompute_kind(par, first_idx + j, n_stage_layers))
         if next_pos is None:
-            _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), "F", "output_loss", mb, chunk)
+            _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), Phase.F, OpName.OUTPUT_LOSS, mb, chunk)
         elif p2p:
             _p2p(em, ActionKind.SEND_F, stage, chunk, mb, k, next_pos[0], act_p2p)
         return
@@ -777,23 +760,23 @@ def _emit_action(ctx, em, stage, a, tokens, stage_layers, n_stage_layers, act_p2
         if next_pos is not None:
             if p2p:
                 _p2p(em, ActionKind.RECV_B, stage, chunk, mb, k, next_pos[0], act_p2p)
-            _gather_received(ctx, em, mb, chunk, "B")
+            _gather_received(ctx, em, mb, chunk, Phase.B)
         else:
-            _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), "B", "output_loss_bwd", mb, chunk)
+            _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), Phase.B, OpName.OUTPUT_LOSS_BWD, mb, chunk)
             if with_w:
-                _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), "W", "output_wgrad", mb, chunk)
+                _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), Phase.W, OpName.OUTPUT_WGRAD, mb, chunk)
                 if is_last_mb:
                     grads_ready([], chunk, _output_params(ctx))
         for j, layer in reversed(list(enumerate(layers))):
             if zero3:
                 d, e = _local_params(ctx, [layer])
-                em.coll("dp", "all_gather", "dp_cp", d * 2.0, "fsdp_gather_bwd", layer, mb, chunk, "B")
+                em.coll(Stream.DP, Coll.ALL_GATHER, Group.DP_CP, d * 2.0, OpName.FSDP_GATHER_BWD, layer, mb, chunk, Phase.B)
             _layer_backward(ctx, em, layer, mb, chunk, tokens.get((layer, mb)),
                             _recompute_kind(par, first_idx + j, n_stage_layers), with_w)
             if with_w and is_last_mb:
                 grads_ready([layer], chunk)
         if k == 0 and with_w:
-            _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), "W", "embedding_wgrad", mb, chunk)
+            _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), Phase.W, OpName.EMBEDDING_WGRAD, mb, chunk)
             if is_last_mb:
                 grads_ready([], chunk, _embedding_params(ctx))
         if p2p and prev_pos is not None:
@@ -804,7 +787,7 @@ def _emit_action(ctx, em, stage, a, tokens, stage_layers, n_stage_layers, act_p2
         return
     if kind == ActionKind.W:
         if next_pos is None:
-            _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), "W", "output_wgrad", mb, chunk)
+            _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), Phase.W, OpName.OUTPUT_WGRAD, mb, chunk)
             if is_last_mb:
                 grads_ready([], chunk, _output_params(ctx))
         for j, layer in reversed(list(enumerate(layers))):
@@ -813,7 +796,7 @@ def _emit_action(ctx, em, stage, a, tokens, stage_layers, n_stage_layers, act_p2
             if is_last_mb:
                 grads_ready([layer], chunk)
         if k == 0:
-            _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), "W", "embedding_wgrad", mb, chunk)
+            _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), Phase.W, OpName.EMBEDDING_WGRAD, mb, chunk)
             if is_last_mb:
                 grads_ready([], chunk, _embedding_params(ctx))
         if is_last_mb:
@@ -852,15 +835,15 @@ def _check_matching(prog: Program) -> None:
     per_class: dict[tuple[int, str], list] = {}
     for c in prog.classes:
         for op in c.ops:
-            if op.kind == "collective":
+            if op.kind == OpKind.COLLECTIVE:
                 per_class.setdefault((c.class_id, op.group), []).append((op.coll, op.size_bytes))
     kinds = {g for (_, g) in per_class}
     grid = prog.grid
     cor = prog.class_of_rank
     for kind in kinds:
-        if kind == "world":
+        if kind == Group.WORLD:
             grps = [np.arange(grid.world_size)]
-        elif kind == "embedding":
+        elif kind == Group.EMBEDDING:
             grps = [np.array(g) for g in sorted({grid.embedding_group(r) for r in range(grid.world_size)})]
         else:
             grps = [np.array(g) for g in grid.groups(kind)]

@@ -4,7 +4,7 @@ Every metric refers to the **last simulated step** (``Result.step_bounds[-1]``),
 that crosses the step boundary is where it runs.  Definitions (each used once):
 
 ``step_time_s``       end of the last step minus end of the step before (0 for one step):
-                      the latest finishing rank class sets both ends.
+                      the latest finishing cell sets both ends.
 ``tflops_per_gpu``    model FLOPs per step (the model's convention, default
                       ``megatron_core_2025``) / step time / GPUs / 1e12.
 ``mfu``               model FLOPs / (step time x GPUs x dense peak of the recipe's GEMM dtype).
@@ -12,7 +12,7 @@ that crosses the step boundary is where it runs.  Definitions (each used once):
 ``hfu``               executed FLOPs (every compute op of the step, recompute included, over
                       all ranks) / (step time x GPUs x the same peak as ``mfu``).
 ``tokens_per_s``      global batch x sequence length / step time.
-``breakdown_s``       on the class that finishes last: each instant of its compute stream in
+``breakdown_s``       on the cell that finishes last: each instant of its compute stream in
                       the step window is ``compute`` (F/B/W/step ops), ``recompute``, or idle;
                       idle is attributed to the axis of the blocking wait that covers it
                       (``exposed_<axis>``; the wait that ends last when several do), to
@@ -33,13 +33,14 @@ import numpy as np
 
 from topologies.specs import TIERS
 from workloads import get_recipe
+from workloads.ops import Phase, Stream
 
 __all__ = ["summarize", "breakdown"]
 
 
-def breakdown(timeline, waits: list, t0: float, t1: float, class_id: int) -> dict[str, float]:
-    """Step-time breakdown of one class's compute stream over ``[t0, t1]`` (sums to t1 - t0)."""
-    tl = timeline[(timeline["class_id"] == class_id) & (timeline["stream"] == "compute")
+def breakdown(timeline, waits: list, t0: float, t1: float, cell: int) -> dict[str, float]:
+    """Step-time breakdown of one cell's compute stream over ``[t0, t1]`` (sums to t1 - t0)."""
+    tl = timeline[(timeline["cell"] == cell) & (timeline["stream"] == Stream.COMPUTE)
                   & (timeline["end_s"] > t0) & (timeline["start_s"] < t1)]
     out: dict[str, float] = {"compute": 0.0, "recompute": 0.0}
     busy = []
@@ -47,7 +48,7 @@ def breakdown(timeline, waits: list, t0: float, t1: float, class_id: int) -> dic
         s, e = max(s, t0), min(e, t1)
         if e <= s:
             continue
-        out["recompute" if ph == "R" else "compute"] += e - s
+        out["recompute" if ph == Phase.R else "compute"] += e - s
         busy.append((s, e))
     busy.sort()
     # idle intervals of the compute stream
@@ -97,13 +98,13 @@ def summarize(res, snap_a=None, snap_b=None) -> dict:
     peak = gpu.peak_flops.get(recipe.peak_dtype, gpu.peak_flops["bf16"])
     last_step = tl[tl["step"] == tl["step"].max()]
     sizes = np.array([len(m) for m in res.folding.cells])
-    executed = float((last_step["flops"].to_numpy() * sizes[last_step["class_id"].to_numpy()]).sum())
+    executed = float((last_step["flops"].to_numpy() * sizes[last_step["cell"].to_numpy()]).sum())
     seq = sc.parallel.seq_len or sc.model.seq_len
     tokens = sc.parallel.batch_size * seq
-    # the class that finishes the last step last
-    ends = last_step.groupby("class_id")["end_s"].max()
-    last_cls = int(ends.idxmax())
-    bd = breakdown(tl, res.waits[last_cls], t0, t1, last_cls)
+    # the cell that finishes the last step last
+    ends = last_step.groupby("cell")["end_s"].max()
+    last_cell = int(ends.idxmax())
+    bd = breakdown(tl, res.waits[last_cell], t0, t1, last_cell)
     exposed = {k[len("exposed_"):]: v for k, v in bd.items() if k.startswith("exposed_")}
     util = {}
     if snap_a is not None and snap_b is not None and step > 0:
@@ -127,5 +128,5 @@ def summarize(res, snap_a=None, snap_b=None) -> dict:
         "peak_memory_bytes": max(e.total_bytes for e in res.memory) if res.memory else 0.0,
         "num_gpus": n,
         "model_flops_per_step": mf,
-        "last_class": last_cls,
+        "last_cell": last_cell,
     }

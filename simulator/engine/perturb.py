@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from topologies import ConfigError
+from workloads.ops import OpKind
 
 from ..scenario.whatif import SEED_TAG, WhatIf, link_ids, nic_links, nic_name
 
@@ -197,7 +198,7 @@ class Perturbation:
         gpu = self.gpu_of(rank)
         factor = self.factor.get(rank, 1.0)
         mults, adds = [], []            # (steps x ops) matrices, and (per step) vectors
-        first = next((i for i, o in enumerate(ops) if o.kind == "compute" and o.duration_s > 0), -1)
+        first = next((i for i, o in enumerate(ops) if o.kind == OpKind.COMPUTE and o.duration_s > 0), -1)
         n_ops = len(ops)
         for j, e in self._jitter_of(gpu):
             if e.scope == "op":

@@ -1,17 +1,22 @@
 """`run(scenario)`: execute a training step's program on simpy over the flow network.
 
+Rank classes and cells
+----------------------
+A *rank class* (:class:`workloads.program.RankClass`) is a set of ranks with the same op
+list.  A *cell* (:class:`~simulator.engine.fold.Folding`) is a set of ranks that also
+behave the same on the network: folding splits classes into cells wherever placement, a
+what-if or routing makes members differ (``fold=False``: one cell per rank).
+
 Actors
 ------
-One simpy process per rank class of the program (:mod:`workloads.program`): a class is a
-set of ranks with identical op lists, so one actor executes the list once for all of
-them.  Its collectives are issued for every group its members belong to, each group's
-call counting the class's members in it (the arrival latch of
-:class:`~simulator.collectives.CollectiveEngine` needs the whole group), so traffic of
-all groups, axes and classes shares the network and contends on its links.  Pipeline
-send/recv is issued per member rank with the peer rank's GPU.
+One simpy process per cell runs its class's op list once for all of its ranks.  Its
+collectives are issued for every group cell its members belong to, each call counting the
+cell's members in it (the arrival latch of :class:`~simulator.collectives.CollectiveEngine`
+needs the whole group), so the traffic of all groups, axes and cells shares the network and
+contends on its links.  Pipeline send/recv is issued per transfer cell.
 
-Streams and overlap (DESIGN.md, Overlap; each rule a switch of ``scenario.overlap``)
-------------------------------------------------------------------------------------
+Streams and overlap (docs/design.md, "Overlap"; each rule a switch of ``scenario.overlap``)
+------------------------------------------------------------------------------------------
 * compute ops run back to back on the compute stream;
 * TP / SP, CP and EP collectives block compute until they complete (Megatron default);
   with ``tp_comm`` (Transformer Engine's userbuffer overlap) a TP collective instead runs
@@ -50,7 +55,7 @@ and at the step end.  The GPU's wait is ``host_issue`` in the breakdown.
 
 ``num_steps`` steps run back to back; the last is reported, so carry-over (parameter
 gathers running into the next step) sits where it runs.  A program that cannot finish
-raises :class:`DeadlockError` naming the classes and ops left waiting.
+raises :class:`DeadlockError` naming the cells and ops left waiting.
 
 With ``free_comm=True`` every collective and transfer takes no time and sends never
 block: the step is then the schedule's longest path (a test compares the two exactly).
@@ -68,6 +73,8 @@ import simpy
 
 from topologies import ConfigError
 from workloads import build_program, memory_estimates
+from workloads.ops import Coll, Group, OpKind, Phase, Stream, is_ep_combine, is_fsdp_gather, is_grad_bucket, \
+    is_grad_norm, is_p2p, is_param_gather, is_step_sync
 from workloads.program import Program
 
 from ..collectives import CollectiveEngine
@@ -103,20 +110,20 @@ class DeadlockError(SimulationError):
 class Result:
     """What a run returns: the timeline, the metrics, the program and the scenario."""
 
-    timeline: object                       # pandas DataFrame (TIMELINE_COLUMNS + step, class_id)
+    timeline: object                       # pandas DataFrame (TIMELINE_COLUMNS + step, cell)
     metrics: dict
     program: Program
     scenario: Scenario
     step_bounds: list                      # [(start_s, end_s)] per step
-    waits: dict                            # class id -> [(start, end, axis)] blocking waits
+    waits: dict                            # cell -> [(start, end, axis)] blocking waits
     network: object = None
     wall_time_s: float = 0.0
     memory: list = field(default_factory=list)
     folding: Folding | None = None
-    """The rank cells the run simulated once each (``class_id`` in the timeline is a cell)."""
+    """The rank cells the run simulated once each (the timeline's ``cell`` column)."""
 
     def rank_timeline(self, ranks=None):
-        """The timeline with one row per op *per rank*: each class's rows repeated for its
+        """The timeline with one row per op *per rank*: each cell's rows repeated for its
         members (``ranks``: only these), with their own ``rank`` and ``node``."""
         import pandas as pd
         tl = self.timeline
@@ -124,7 +131,7 @@ class Result:
         wanted = None if ranks is None else set(int(r) for r in ranks)
         parts = []
         for cid, members in enumerate(self.folding.cells):
-            rows = tl[tl["class_id"] == cid]
+            rows = tl[tl["cell"] == cid]
             for r in members:
                 if wanted is not None and r not in wanted:
                     continue
@@ -181,12 +188,13 @@ class _Recorder:
                 "phase": [o.phase for o in ops], "axis": [r[4] for r in rows], "start_s": [r[5] for r in rows],
                 "end_s": [r[6] for r in rows], "flops": [o.flops for o in ops],
                 "size_bytes": [o.size_bytes for o in ops], "step": [r[7] for r in rows],
-                "class_id": [r[8] for r in rows]}
+                "cell": [r[8] for r in rows]}
         return pd.DataFrame(cols)
 
 
-_AXIS = {"tp": "tp", "sp": "tp", "etp": "tp", "cp": "cp", "ep": "ep", "dp": "dp", "dp_cp": "dp", "edp": "dp",
-         "embedding": "pp", "world": "dp", "tp_cp": "tp"}
+_AXIS = {Group.TP: "tp", Group.SP: "tp", Group.ETP: "tp", Group.CP: "cp", Group.EP: "ep", Group.DP: "dp",
+         Group.DP_CP: "dp", Group.EDP: "dp", Group.EMBEDDING: "pp", Group.WORLD: "dp", Group.TP_CP: "tp"}
+"""The timeline axis (and breakdown term ``exposed_<axis>``) of a collective, by its group."""
 
 
 def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: float = 1e7,
@@ -296,11 +304,11 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         # per group kind: the group cells of the members' groups, with the members in each
         groups_of: dict[str, list] = {}
         for op in cls.ops:
-            if op.kind == "collective" and op.group not in groups_of:
+            if op.kind == OpKind.COLLECTIVE and op.group not in groups_of:
                 groups_of[op.group] = folding.groups_of[(cid, op.group)]
         per_kind = {}
         for op in cls.ops:
-            if op.kind == "collective":
+            if op.kind == OpKind.COLLECTIVE:
                 per_kind[op.group] = per_kind.get(op.group, 0) + 1
         stream_tail: dict[str, simpy.Event] = {}
         outstanding: dict[str, list] = {"grad": [], "param": []}
@@ -310,9 +318,9 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         prefetched: dict = {}        # op index -> (issue time, event) of prefetched FSDP gathers
         ops = cls.ops
         n_ops = len(ops)
-        first_layer = min((o.layer for o in ops if o.kind == "compute" and o.layer >= 0), default=0)
+        first_layer = min((o.layer for o in ops if o.kind == OpKind.COMPUTE and o.layer >= 0), default=0)
         axis_of, nonblocking_of = _op_meta(cls, sc.overlap)
-        has_fsdp = fsdp_prefetch and any(o.name.startswith("fsdp_gather") for o in ops)
+        has_fsdp = fsdp_prefetch and any(is_fsdp_gather(o) for o in ops)
 
         def compute_time(op, step=0, idx=0):
             # the op's time on this rank, slower while a collective of the rank is in flight;
@@ -351,14 +359,14 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
             dur = compute_time(op, step, idx)
             if dur > 0:
                 yield env.timeout(dur)
-            rec.add(rep, node, "compute", op, "", t0, env.now, step, cid)
+            rec.add(rep, node, Stream.COMPUTE, op, "", t0, env.now, step, cid)
             if op.host_s > 0.0:
                 yield from host_wait(hc[0] + dur / max(op.host_ops, 1))
 
         def sizes_of(op):
-            if op.coll == "all_to_all" and op.tag in prog.a2a_sizes:
+            if op.coll == Coll.ALL_TO_ALL and op.tag in prog.a2a_sizes:
                 sizes = prog.a2a_sizes[op.tag]            # dispatch: [src, dst] by EP coordinate
-                return sizes.T if "combine" in op.name else sizes
+                return sizes.T if is_ep_combine(op) else sizes
             return None
 
         def on_stream(op, step, seq, axis):
@@ -413,7 +421,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 pos[h] += 1
                 op = ops[j]
                 current[cid] = (step, op)
-                if op.kind == "compute":
+                if op.kind == OpKind.COMPUTE:
                     yield from compute(op, step, j)
                     continue
                 yield from host_issue(op)
@@ -441,13 +449,13 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                     yield from fb_pair(step, i - 1, hi)
                     i = hi
                     continue
-                if op.kind == "compute":
+                if op.kind == OpKind.COMPUTE:
                     if has_fsdp:
                         # issue the next layer's ZeRO-3 parameter gather before this compute op
                         j = i
-                        while j < n_ops and ops[j].kind != "compute":
+                        while j < n_ops and ops[j].kind != OpKind.COMPUTE:
                             nxt = ops[j]
-                            if nxt.name.startswith("fsdp_gather") and j not in prefetched:
+                            if is_fsdp_gather(nxt) and j not in prefetched:
                                 hc[0] += nxt.host_s        # the host issues it now, ahead of its turn
                                 seq_j = step * per_kind[nxt.group] + nxt.seq
                                 prefetched[j] = (env.now, _issue(env, coll, groups_of[nxt.group], seq_j, nxt,
@@ -457,7 +465,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                     if outstanding["param"]:
                         # a forward waits for the bucket holding its layer's parameters (the
                         # embedding and output layer: the first bucket); anything else waits for all
-                        if op.phase == "F":
+                        if op.phase == Phase.F:
                             layer = op.layer if op.layer >= 0 else first_layer
                             need = [e for (a, b), e in outstanding["param"] if a <= layer <= b or
                                     (op.layer < 0 and a == first_layer)]
@@ -471,11 +479,11 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                         yield from _wait(env, list(overlapped), waits[cid], _AXIS.get(overlapped_axis[0], "cp"))
                         overlapped.clear()
                     continue
-                if op.kind in ("send", "recv"):
+                if is_p2p(op):
                     # consecutive send/recv ops form one batch, as Megatron's
                     # send_forward_recv_backward: all are posted, then all are awaited
                     batch = [op]
-                    while i < n_ops and ops[i].kind in ("send", "recv"):
+                    while i < n_ops and is_p2p(ops[i]):
                         batch.append(ops[i])
                         i += 1
                     yield from host_issue(op)           # one batch_isend_irecv call (its first op)
@@ -498,10 +506,10 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                         waits[cid].append((t_wait, env.now, "dp"))
                     continue
                 yield from host_issue(op)
-                if overlapped and op.kind == "collective" and op.group in ("world", "embedding", "dp_cp", "edp"):
+                if overlapped and is_step_sync(op):
                     yield from _wait(env, list(overlapped), waits[cid], _AXIS.get(overlapped_axis[0], "cp"))
                     overlapped.clear()
-                if op.name == "grad_norm":
+                if is_grad_norm(op):
                     pend = outstanding["grad"]
                     if pend:
                         yield from _wait(env, pend, waits[cid], "dp")
@@ -511,7 +519,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 sizes = sizes_of(op)
                 groups = groups_of[op.group]
                 t_issue = env.now
-                if (cp_overlap and op.group == "cp" and op.coll == "all_gather") or (tp_overlap and op.group == "tp"):
+                if (cp_overlap and op.group == Group.CP and op.coll == Coll.ALL_GATHER) or (tp_overlap and op.group == Group.TP):
                     ev = _issue(env, coll, groups, seq, op, free_comm, sizes)
                     fin = env.event()
                     ev.callbacks.append(lambda _x, op=op, t_issue=t_issue, step=step, fin=fin, axis=axis: (
@@ -522,7 +530,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                     continue
                 if nonblocking:
                     fin = on_stream(op, step, seq, axis)
-                    if op.name.startswith("grad_"):
+                    if is_grad_bucket(op):
                         outstanding["grad"].append(fin)
                     else:
                         outstanding["param"].append((op.tag or (-1, 1 << 30), fin))
@@ -559,7 +567,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         step_event()
     runaway = env.peek() != float("inf")
     if not all(done_flags):
-        stuck = [f"class {c} (ranks {m[0]}..{m[-1]}): at {_where(current.get(c))}"
+        stuck = [f"cell {c} (ranks {m[0]}..{m[-1]}): at {_where(current.get(c))}"
                  for c, m in enumerate(folding.cells) if not done_flags[c]]
         if runaway:
             raise SimulationError(f"simulated time passed {max_sim_time_s:g} s; stuck: " + "; ".join(stuck[:4]))
@@ -652,8 +660,8 @@ def _op_meta(cls, overlap: dict) -> tuple[list, list]:
     axes, nonblocking = [], []
     for op in cls.ops:
         axes.append(_AXIS.get(op.group, op.stream))
-        nonblocking.append((op.name.startswith("grad_") and op.name != "grad_norm" and overlap.get("grad_reduce", True))
-                           or (op.name.startswith("param_gather") and overlap.get("param_gather", True)))
+        nonblocking.append((is_grad_bucket(op) and overlap.get("grad_reduce", True))
+                           or (is_param_gather(op) and overlap.get("param_gather", True)))
     return axes, nonblocking
 
 
@@ -698,14 +706,14 @@ def _p2p(env, coll, folding, batch, step, rec, rep, node, cid, waits, free_comm,
                 ev = mailbox.get(key)
                 if ev is None:
                     ev = mailbox[key] = env.event()
-                if op.kind == "send":
+                if op.kind == OpKind.SEND:
                     if not ev.triggered:
                         ev.succeed()
                 else:
                     evs.append(ev)
                 continue
             ev = coll.send_recv(key, cell.src_gpu, cell.dst_gpu, op.size_bytes, op.kind, multiplicity=cell.size)
-            if not (op.kind == "send" and nonblocking_send):
+            if not (op.kind == OpKind.SEND and nonblocking_send):
                 evs.append(ev)
         waited.append((op, evs))
     pending = [e for _, evs in waited for e in evs if not e.processed]
@@ -715,7 +723,7 @@ def _p2p(env, coll, folding, batch, step, rec, rep, node, cid, waits, free_comm,
             e.callbacks.append(latch.hit)
         yield latch.event
     for op, _ in waited:
-        rec.add(rep, node, "pp", op, "pp", t0, env.now, step, cid)
+        rec.add(rep, node, Stream.PP, op, "pp", t0, env.now, step, cid)
     if env.now > t0:
         # waiting for the peer to post its side is a pipeline dependency (bubble); only the
         # transfer after both sides posted is pipeline communication

@@ -125,7 +125,7 @@ def test_megatron_gradient_reduction_and_p2p_semantics():
     par = {"tp": 1, "pp": 4, "dp": 2, "global_batch_size": 16, "seq_len": 512}
     res = run(scenario(par, num_steps=1))
     tl = res.timeline
-    s0 = tl[(tl["class_id"] == 0)]
+    s0 = tl[(tl["cell"] == 0)]
     bwd_starts = s0[(s0["stream"] == "compute") & (s0["phase"] == "B")].groupby("microbatch")["start_s"].min()
     first_rs = s0[s0["name"] == "grad_dense"]["start_s"].min()
     assert len(bwd_starts) == 8 and first_rs >= bwd_starts.max()
@@ -136,7 +136,7 @@ def test_megatron_gradient_reduction_and_p2p_semantics():
     sends = tl[tl["name"] == "send_act"]
     recvs = tl[tl["name"] == "recv_act"]
     for _, s in sends.iterrows():
-        r = recvs[(recvs["microbatch"] == s["microbatch"]) & (recvs["class_id"] == s["class_id"] + 1)]
+        r = recvs[(recvs["microbatch"] == s["microbatch"]) & (recvs["cell"] == s["cell"] + 1)]
         assert s["end_s"] >= r["start_s"].min() - 1e-15
 
 
@@ -158,8 +158,8 @@ def test_gradient_reduction_without_overlap_runs_after_each_stage_schedule():
     res = run(scenario(par, cluster={**host, "num_nodes": 8}, **kw))
     tl = res.timeline
     dp_time = {}
-    for cid in sorted(tl["class_id"].unique()):
-        t = tl[tl["class_id"] == cid]
+    for cid in sorted(tl["cell"].unique()):
+        t = tl[tl["cell"] == cid]
         grads = t[t["name"] == "grad_dense"]
         last_compute = t[(t["stream"] == "compute") & (t["phase"].isin(["B", "R", "W"]))]["end_s"].max()
         sends = t[t["kind"] == "send"]["end_s"]
@@ -167,8 +167,8 @@ def test_gradient_reduction_without_overlap_runs_after_each_stage_schedule():
         assert sends.empty or grads["start_s"].min() >= sends.max() - 1e-12
         dp_time[cid] = float((grads["end_s"] - grads["start_s"]).sum())
     # the last stage's reduction overlaps the earlier stages' cool-down
-    last = tl[tl["class_id"] == max(dp_time)]
-    first = tl[tl["class_id"] == 0]
+    last = tl[tl["cell"] == max(dp_time)]
+    first = tl[tl["cell"] == 0]
     assert last[last["name"] == "grad_dense"]["start_s"].min() < \
         first[(first["stream"] == "compute") & (first["phase"] == "B")]["end_s"].max()
     # one exposed reduction: the step exceeds the same pipeline without DP traffic by about
@@ -186,7 +186,7 @@ def test_invariants_and_determinism():
     b = run(scenario(par))
     assert a.timeline.equals(b.timeline)
     tl = a.timeline
-    for (cid, stream), g in tl[tl["stream"] != "pp"].groupby(["class_id", "stream"]):
+    for (cid, stream), g in tl[tl["stream"] != "pp"].groupby(["cell", "stream"]):
         g = g.sort_values("start_s")
         assert np.all(g["start_s"].to_numpy()[1:] >= g["end_s"].to_numpy()[:-1] - 1e-15), (cid, stream)
     # members of a group finish together: every class ends its grad-norm all-reduce at once
@@ -282,12 +282,12 @@ def test_fsdp_gathers_are_prefetched_one_layer_ahead():
     assert g["start_s"] <= l0["start_s"] + 1e-15            # ... issued before layer 0's MLP runs
 
 
-def test_rank_timeline_expands_classes_to_every_rank():
+def test_rank_timeline_expands_cells_to_every_rank():
     res = run(scenario({"tp": 2, "pp": 2, "dp": 2, "global_batch_size": 8, "seq_len": 512}, num_steps=1))
     full = res.rank_timeline()
     assert sorted(full["rank"].unique()) == list(range(8))
-    assert len(full) == sum(len(res.timeline[res.timeline["class_id"] == c.class_id]) * c.size
-                            for c in res.program.classes)
+    assert len(full) == sum(len(res.timeline[res.timeline["cell"] == cell]) * len(members)
+                            for cell, members in enumerate(res.folding.cells))
     assert set(res.rank_timeline(ranks=[5])["rank"]) == {5}
 
 

@@ -91,12 +91,12 @@ def test_per_action_batches_would_deadlock(monkeypatch):
 def test_interleaved_send_blocks_until_the_receive_is_posted():
     res = run(_scenario("interleaved_1f1b", 4, 2, 8))
     tl = res.timeline
-    send = tl[tl["name"] == "send_act"].set_index(["class_id", "microbatch", "chunk"])
+    send = tl[tl["name"] == "send_act"].set_index(["cell", "microbatch", "chunk"])
     recv = tl[tl["name"] == "recv_act"]
     checked = 0
     for _, r in recv.iterrows():
-        src_stage = (r["class_id"] - 1) % 4               # one class per stage here
-        src_chunk = r["chunk"] if r["class_id"] > 0 else r["chunk"] - 1
+        src_stage = (r["cell"] - 1) % 4               # one class per stage here
+        src_chunk = r["chunk"] if r["cell"] > 0 else r["chunk"] - 1
         s = send.loc[(src_stage, r["microbatch"], src_chunk)]
         assert s["end_s"] >= r["start_s"] - 1e-15           # rendezvous: done only once posted
         checked += 1
@@ -126,7 +126,7 @@ def test_dualpipe_overlaps_one_halfs_all_to_all_with_the_other_halfs_compute():
     comp = tl[(tl["stream"] == "compute") & (tl["end_s"] > tl["start_s"])]
     hidden = 0
     for _, a in a2a.iterrows():
-        same = comp[(comp["class_id"] == a["class_id"]) & (comp["start_s"] < a["end_s"])
+        same = comp[(comp["cell"] == a["cell"]) & (comp["start_s"] < a["end_s"])
                     & (comp["end_s"] > a["start_s"]) & (comp["phase"] != a["phase"])]
         hidden += len(same) > 0
     assert hidden > 0

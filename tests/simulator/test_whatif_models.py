@@ -66,7 +66,7 @@ def test_gpipe_with_per_stage_times_is_the_closed_form():
     t = [fi + bi for fi, bi in zip(f, b)]
     assert ends[0] == pytest.approx(sum(t) + (m - 1) * max(t), rel=1e-12)
     tl = res.timeline
-    s0 = tl[(tl["class_id"] == res.folding.rank_cell[0]) & (tl["stream"] == "compute") & (tl["microbatch"] >= 0)]
+    s0 = tl[(tl["cell"] == res.folding.rank_cell[0]) & (tl["stream"] == "compute") & (tl["microbatch"] >= 0)]
     assert s0["end_s"].max() == pytest.approx(ends[0], rel=1e-9)
 
 
@@ -104,7 +104,7 @@ def test_a_slow_stage_delays_its_upstream_neighbour_through_the_rendezvous():
     earlier than its receive was posted."""
     def f2_start(res, stage=0):
         tl = res.timeline
-        rows = tl[(tl["class_id"] == res.folding.rank_cell[stage_gpus(stage)[0]]) & (tl["stream"] == "compute")
+        rows = tl[(tl["cell"] == res.folding.rank_cell[stage_gpus(stage)[0]]) & (tl["stream"] == "compute")
                   & (tl["phase"] == "F") & (tl["microbatch"] == 2)]
         return rows["start_s"].min()
 
@@ -139,7 +139,7 @@ def test_a_slow_gpu_delays_the_step_by_about_its_extra_compute(tp, dp):
     sc = _one_host(tp, dp)
     base, slow = run(sc), run({**sc, "whatif": {"slow_gpus": {3: 1.5}}})
     compute = base.timeline[(base.timeline["step"] == 1) & (base.timeline["stream"] == "compute")]
-    per_rank = compute.groupby("class_id").apply(lambda g: (g["end_s"] - g["start_s"]).sum(), include_groups=False)
+    per_rank = compute.groupby("cell").apply(lambda g: (g["end_s"] - g["start_s"]).sum(), include_groups=False)
     extra = 0.5 * float(per_rank.max())
     delta = slow.metrics["step_time_s"] - base.metrics["step_time_s"]
     assert 0.85 * extra <= delta <= 1.15 * extra, (delta, extra)

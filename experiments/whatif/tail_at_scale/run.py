@@ -44,7 +44,7 @@ def main(argv=None) -> list[dict]:
         t0 = base.metrics["step_time_s"]
         # the compute part of the step: the slowest rank's busy compute time
         tl = base.timeline[(base.timeline["step"] == 1) & (base.timeline["stream"] == "compute")]
-        c0 = float((tl["end_s"] - tl["start_s"]).groupby(tl["class_id"]).sum().max())
+        c0 = float((tl["end_s"] - tl["start_s"]).groupby(tl["cell"]).sum().max())
         keep[(n, None)] = base
         emax = expected_max_lognormal(n, 0.0, sigma)
         for scope in ("gpu_step", "op"):

@@ -1,0 +1,250 @@
+"""The op taxonomy: what one entry of a rank's step program is, in one vocabulary.
+
+A program (:mod:`workloads.program`) is a list of :class:`Op` rows.  Every field that code
+dispatches on is a member of one of the enumerations below, never a string that a reader
+has to search for:
+
+===========  ==================================================================================
+``kind``     :class:`OpKind`: compute, collective, send or recv
+``stream``   :class:`Stream`: the GPU stream that runs it (compute, or the communication axis)
+``coll``     :class:`Coll`: the collective (all-reduce, all-gather, reduce-scatter, all-to-all,
+             send/recv)
+``group``    :class:`Group`: the process group it runs on -- a mesh-axis expression of
+             :data:`workloads.mesh.GROUP_AXES`, or ``embedding`` / ``world``
+``phase``    :class:`Phase`: forward, backward (input gradients), weight gradients, recompute,
+             step end
+``name``     :class:`OpName`: which op of the step it is (the attention block's forward, a
+             dense gradient bucket, an all-to-all dispatch, ...)
+===========  ==================================================================================
+
+The members are :class:`enum.StrEnum`: they compare and hash as their values, so a timeline,
+a CSV or a JSON file holds the plain strings (``"compute"``, ``"grad_dense"``) and code may
+compare a column with either.
+
+What an op *is for* is asked through the predicates at the bottom (:func:`is_grad_bucket`,
+:func:`is_param_gather`, :func:`is_fsdp_gather`, ...), which the engine, the analytic
+estimator and folding share; a new op joins a role by joining the set behind its
+predicate, in this module only.
+
+>>> from workloads.ops import OpName, Stream, is_grad_bucket
+>>> OpName.GRAD_DENSE == "grad_dense", Stream.DP
+(True, <Stream.DP: 'dp'>)
+>>> is_grad_bucket(OpName.GRAD_DENSE), is_grad_bucket(OpName.GRAD_NORM)
+(True, False)
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import NamedTuple
+
+__all__ = ["Op", "OpKind", "Stream", "Coll", "Group", "Phase", "OpName", "is_p2p", "is_collective",
+           "is_grad_bucket", "is_param_gather", "is_fsdp_gather", "is_grad_norm", "is_ep_combine", "is_step_sync",
+           "GRAD_BUCKETS", "PARAM_GATHERS", "FSDP_GATHERS", "EP_COMBINES", "STEP_SYNC_GROUPS"]
+
+
+class OpKind(StrEnum):
+    """What the op does with the GPU: computes, joins a collective, or sends / receives."""
+
+    COMPUTE = "compute"
+    COLLECTIVE = "collective"
+    SEND = "send"
+    RECV = "recv"
+
+
+class Stream(StrEnum):
+    """The stream an op runs on: compute, or the communication of one parallel axis."""
+
+    COMPUTE = "compute"
+    TP = "tp"           #: tensor (and sequence, and expert-tensor) parallel collectives
+    CP = "cp"           #: context-parallel K/V exchange
+    EP = "ep"           #: expert-parallel all-to-all
+    PP = "pp"           #: pipeline send / recv
+    DP = "dp"           #: gradient reduction, parameter gathers, step-end reductions
+
+
+class Coll(StrEnum):
+    """The collective an op runs (nccl-tests' names); ``NONE`` for compute."""
+
+    NONE = ""
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+    SEND_RECV = "send_recv"
+
+
+class Group(StrEnum):
+    """The process group of a collective: a row of :data:`workloads.mesh.GROUP_AXES`
+    (``dp_cp``: the dense data-parallel ranks of all CP ranks; ``etp`` / ``edp``: expert
+    tensor / data parallel), the tied-embedding group, or every rank."""
+
+    NONE = ""
+    TP = "tp"
+    SP = "sp"
+    CP = "cp"
+    PP = "pp"
+    DP = "dp"
+    DP_CP = "dp_cp"
+    TP_CP = "tp_cp"
+    ETP = "etp"
+    EP = "ep"
+    EDP = "edp"
+    EMBEDDING = "embedding"
+    WORLD = "world"
+
+
+class Phase(StrEnum):
+    """When in the step an op runs."""
+
+    F = "F"             #: forward
+    B = "B"             #: backward: input gradients (and weight gradients unless split into W)
+    W = "W"             #: weight gradients (zero-bubble schedules split them out)
+    R = "R"             #: recomputed forward ahead of the backward
+    S = "S"             #: step end: optimizer, gradient norm, parameter gathers
+
+
+class OpName(StrEnum):
+    """Every op a step program contains (:mod:`workloads.program`)."""
+
+    # -- compute: a layer's ops fused into the segments between communication points ---------
+    ATTN = "attn"                           #: attention block forward (norm, QKV, core attention, out proj)
+    MLP = "mlp"                             #: dense MLP block forward
+    MOE_PRE = "moe_pre"                     #: MoE: norm, router, permute before the dispatch
+    EXPERTS = "experts"                     #: MoE: the local experts' GEMMs
+    MOE_POST = "moe_post"                   #: MoE: unpermute and residual after the combine
+    ATTN_BWD = "attn_bwd"
+    MLP_BWD = "mlp_bwd"
+    MOE_PRE_BWD = "moe_pre_bwd"
+    EXPERTS_BWD = "experts_bwd"
+    MOE_POST_BWD = "moe_post_bwd"
+    WGRAD = "wgrad"                         #: a layer's weight gradients (zero-bubble W)
+    RECOMPUTE_ATTN = "recompute_attn"       #: selective recompute of the attention block's parts
+    RECOMPUTE_MLP = "recompute_mlp"
+    RECOMPUTE_PRE = "recompute_pre"
+    RECOMPUTE_POST = "recompute_post"
+    EMBEDDING = "embedding"
+    EMBEDDING_WGRAD = "embedding_wgrad"
+    OUTPUT_LOSS = "output_loss"             #: output layer, cross-entropy loss (last stage)
+    OUTPUT_LOSS_BWD = "output_loss_bwd"
+    OUTPUT_WGRAD = "output_wgrad"
+    WEIGHT_QUANTIZE = "weight_quantize"     #: low-precision recipes: quantise the weights once a step
+    OPTIMIZER = "optimizer"
+    # -- tensor / sequence / expert-tensor parallel -----------------------------------------
+    SP_AG = "sp_ag"                         #: SP: all-gather the block's input
+    SP_RS = "sp_rs"                         #: SP: reduce-scatter the block's output
+    TP_AR = "tp_ar"                         #: no SP: all-reduce the block's output
+    SP_AG_DOUT = "sp_ag_dout"               #: backward: gather the output gradient
+    SP_AG_INPUT = "sp_ag_input"             #: backward: re-gather the input for the wgrad
+    SP_RS_DGRAD = "sp_rs_dgrad"
+    TP_AR_DGRAD = "tp_ar_dgrad"
+    ETP_AG = "etp_ag"                       #: expert TP: gather the received tokens
+    ETP_RS = "etp_rs"
+    ETP_AG_BWD = "etp_ag_bwd"
+    ETP_RS_BWD = "etp_rs_bwd"
+    P2P_GATHER = "p2p_gather"               #: Megatron-LM's scatter/gather of pipeline tensors
+    # -- context parallel --------------------------------------------------------------------
+    CP_KV = "cp_kv"                         #: K/V all-gather over the CP ring
+    CP_KV_BWD = "cp_kv_bwd"
+    CP_DKV = "cp_dkv"                       #: dK/dV reduce-scatter
+    # -- expert parallel ---------------------------------------------------------------------
+    EP_DISPATCH = "ep_dispatch"
+    EP_COMBINE = "ep_combine"
+    EP_COMBINE_BWD = "ep_combine_bwd"
+    EP_DISPATCH_BWD = "ep_dispatch_bwd"
+    # -- pipeline ----------------------------------------------------------------------------
+    RECV_ACT = "recv_act"
+    SEND_ACT = "send_act"
+    RECV_GRAD = "recv_grad"
+    SEND_GRAD = "send_grad"
+    # -- data parallel and step end ----------------------------------------------------------
+    GRAD_DENSE = "grad_dense"               #: a dense gradient bucket's reduction
+    GRAD_EXPERT = "grad_expert"             #: an expert gradient bucket's reduction
+    PARAM_GATHER_DENSE = "param_gather_dense"     #: distributed optimizer: a bucket's parameters
+    PARAM_GATHER_EXPERT = "param_gather_expert"
+    FSDP_GATHER = "fsdp_gather"             #: ZeRO-3: a layer's parameters before its forward
+    FSDP_GATHER_BWD = "fsdp_gather_bwd"     #: ... and before its backward
+    TIED_EMBEDDING_GRAD = "tied_embedding_grad"
+    GRAD_NORM = "grad_norm"
+
+
+class Op(NamedTuple):
+    """One entry of a rank class's program (SI units)."""
+
+    stream: Stream
+    kind: OpKind
+    name: OpName
+    layer: int           #: -1 where not a layer op
+    microbatch: int      #: -1 where not per micro-batch
+    chunk: int
+    phase: Phase
+    flops: float
+    duration_s: float
+    coll: Coll
+    group: Group
+    seq: int             #: per-group sequence number (collectives), -1 otherwise
+    size_bytes: float
+    peer: int            #: p2p: the other stage; -1 otherwise
+    tag: tuple | None    #: p2p: (src stage, dst stage, chunk, microbatch, phase); all-to-all: (layer, mb)
+    lane: int = 0        #: DualPipe F&B pair: 1 = its forward half, 2 = its backward half; 0 otherwise
+    host_s: float = 0.0  #: host time to issue the op (compute: its kernels; a call or a p2p batch)
+    host_ops: int = 0    #: kernels (compute) or calls the host issues for it
+
+
+# -- roles --------------------------------------------------------------------------------------
+GRAD_BUCKETS = frozenset({OpName.GRAD_DENSE, OpName.GRAD_EXPERT})
+PARAM_GATHERS = frozenset({OpName.PARAM_GATHER_DENSE, OpName.PARAM_GATHER_EXPERT})
+FSDP_GATHERS = frozenset({OpName.FSDP_GATHER, OpName.FSDP_GATHER_BWD})
+EP_COMBINES = frozenset({OpName.EP_COMBINE, OpName.EP_COMBINE_BWD})
+STEP_SYNC_GROUPS = frozenset({Group.WORLD, Group.EMBEDDING, Group.DP_CP, Group.EDP})
+"""Groups whose collectives end an overlapped exchange: the data-parallel and step-end
+reductions wait for a CP / TP collective still overlapping the last compute op."""
+
+
+def is_p2p(op: Op) -> bool:
+    """A pipeline send or receive."""
+    return op.kind == OpKind.SEND or op.kind == OpKind.RECV
+
+
+def is_collective(op: Op) -> bool:
+    return op.kind == OpKind.COLLECTIVE
+
+
+def is_grad_bucket(op: "Op | OpName") -> bool:
+    """A gradient bucket's reduction (reduce-scatter or all-reduce over data parallel)."""
+    return _name(op) in GRAD_BUCKETS
+
+
+def is_param_gather(op: "Op | OpName") -> bool:
+    """A distributed-optimizer parameter all-gather after the optimizer step."""
+    return _name(op) in PARAM_GATHERS
+
+
+def is_fsdp_gather(op: "Op | OpName") -> bool:
+    """A ZeRO-3 / FSDP per-layer parameter gather (forward or backward)."""
+    return _name(op) in FSDP_GATHERS
+
+
+def is_grad_norm(op: "Op | OpName") -> bool:
+    """The gradient-norm all-reduce that waits for every gradient bucket."""
+    return _name(op) == OpName.GRAD_NORM
+
+
+def is_ep_combine(op: "Op | OpName") -> bool:
+    """An expert-parallel combine all-to-all, forward or backward: its per-peer sizes are the
+    transpose of the dispatch matrix (:attr:`workloads.program.Program.a2a_sizes`).
+
+    The backward of the combine carries gradients the way the forward dispatch carried
+    tokens, and the backward of the dispatch the way the combine did, so by direction the
+    backward pair is the other way round; the engine has always transposed both combines,
+    and this predicate keeps that behaviour (a change of results, left to the MoE work)."""
+    return _name(op) in EP_COMBINES
+
+
+def is_step_sync(op: Op) -> bool:
+    """A collective over a data-parallel or step-end group (:data:`STEP_SYNC_GROUPS`)."""
+    return op.kind == OpKind.COLLECTIVE and op.group in STEP_SYNC_GROUPS
+
+
+def _name(op) -> str:
+    return op.name if isinstance(op, Op) else op
