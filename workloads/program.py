@@ -53,6 +53,7 @@ orders them.  Per-rank views are built on demand (:meth:`Program.rank_ops`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 import numpy as np
 
 from topologies import ConfigError, GPUSpec
@@ -314,7 +315,25 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     seq = par.seq_len or model.seq_len
     grid = RankGrid(par)
     sched = get_schedule(par.schedule)(par.pp, par.num_microbatches, par.vpp)
-    # layers per model chunk, in pipeline order
+    ctx = _Ctx(model, par, compute, recipe, par.micro_batch_size, seq, _chunk_layers(model, par, sched), sched,
+               parse_routing(moe_routing), seed)
+    ctx.p2p_overlap = p2p_overlap
+    ctx.grad_overlap = grad_reduce_overlap
+    ctx.host = hc
+    a2a_sizes: dict = {}
+    classes, class_of_rank = _rank_classes(ctx, grid, a2a_sizes)
+    prog = Program(model, par, sched, grid, classes, class_of_rank,
+                   model_flops_per_step(model, par.batch_size, seq), a2a_sizes)
+    _check_matching(prog)
+    if with_memory:
+        from .memory import memory_estimate     # noqa: PLC0415 (optional, heavier)
+        prog.memory = [memory_estimate(model, par, stage=s) for s in range(par.pp)]
+    return prog
+
+
+def _chunk_layers(model: ModelSpec, par: ParallelConfig, sched) -> list[range]:
+    """The layers of each model chunk, in pipeline order (DualPipe: one chunk per stage of
+    the bidirectional layout)."""
     counts = split_layers(model.num_layers, par, mtp_layers=model.mtp_layers)
     if sched.layout == "bidirectional":
         per_k = [counts[k][0] for k in range(par.pp)]
@@ -324,13 +343,14 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     for n in per_k:
         chunk_layers.append(range(start, start + n))
         start += n
-    ctx = _Ctx(model, par, compute, recipe, par.micro_batch_size, seq, chunk_layers, sched,
-               parse_routing(moe_routing), seed)
-    ctx.p2p_overlap = p2p_overlap
-    ctx.grad_overlap = grad_reduce_overlap
-    ctx.host = hc
-    a2a_sizes: dict = {}
-    # MoE: per EP coordinate the tokens of every (layer, micro-batch); equal signatures share a class
+    return chunk_layers
+
+
+def _rank_classes(ctx: _Ctx, grid: RankGrid, a2a_sizes: dict) -> tuple[list[RankClass], np.ndarray]:
+    """Group ranks into classes with identical programs: same pipeline stage and, for MoE,
+    the same tokens per local expert in every (layer, micro-batch) -- EP coordinates whose
+    routed loads are equal share a class.  Fills ``a2a_sizes`` with the dispatch matrices."""
+    model, par = ctx.model, ctx.par
     ep_coords = range(par.ep) if model.moe is not None else [0]
     loads: dict = {}           # (layer, mb) -> tokens per expert: sampled once, sliced per EP coordinate
     sig_of_ep = {e: _moe_signature(ctx, e, a2a_sizes, loads) for e in ep_coords}
@@ -353,13 +373,7 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
         members.setdefault(c, []).append(r)
     for c in classes:
         c.members = tuple(members[c.class_id])
-    prog = Program(model, par, sched, grid, classes, class_of_rank,
-                   model_flops_per_step(model, par.batch_size, seq), a2a_sizes)
-    _check_matching(prog)
-    if with_memory:
-        from .memory import memory_estimate     # noqa: PLC0415 (optional, heavier)
-        prog.memory = [memory_estimate(model, par, stage=s) for s in range(par.pp)]
-    return prog
+    return classes, class_of_rank
 
 
 def _moe_signature(ctx: _Ctx, e: int, a2a_sizes: dict, loads: dict):
@@ -572,44 +586,77 @@ def _edge_params(ctx, k: int) -> int:
         (_output_params(ctx) if k == len(ctx.chunk_layers) - 1 else 0)
 
 
-def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
-    par, model, sched = ctx.par, ctx.model, ctx.sched
-    em = _Emitter(ctx.host.call_s)
-    pp = par.pp
-    last_mb = _last_microbatches(sched, stage)
-    stage_layers = [ctx.chunk_layers[model_chunk(sched, stage, c)] for c in range(sched.num_chunks)]
-    n_stage_layers = sum(len(r) for r in stage_layers)
-    act_p2p = _act_bytes(ctx) / (par.tp if _p2p_split(par) else 1)
-    # gradient buckets: parameters accumulate in backward order during the last micro-batch
-    bucket_params = max(40_000_000, 1_000_000 * par.dp * par.cp)
-    grad_bytes = _DTYPE_BYTES.get(ctx.recipe.grad_reduce_dtype, 4.0)
-    dp_coll = Coll.REDUCE_SCATTER if (par.distributed_optimizer or par.zero_stage >= 1) else Coll.ALL_REDUCE
-    pending = {"dense": 0, "expert": 0}
-    # without overlap the reduction is issued once the stage's schedule is done (Megatron's
-    # finalize_model_grads after forward_backward_func), not as the buckets fill
-    deferred: list[tuple] = []
+class _GradBuckets:
+    """Gradient buckets of one stage: parameters accumulate in backward order during the
+    last micro-batch, and a bucket of ``max(40M, 1M x dp x cp)`` parameters is reduced over
+    its data-parallel group (dense: dp x cp, experts: edp) once full.  Without
+    ``grad_reduce`` overlap the reductions wait for the stage's schedule to finish
+    (Megatron's ``finalize_model_grads`` after ``forward_backward_func``): :meth:`issue_deferred`."""
 
-    def flush(kind, chunk):
-        n = pending[kind]
+    def __init__(self, ctx: _Ctx, em: _Emitter):
+        par = ctx.par
+        self.ctx, self.em = ctx, em
+        self.bucket_params = max(40_000_000, 1_000_000 * par.dp * par.cp)
+        self.grad_bytes = _DTYPE_BYTES.get(ctx.recipe.grad_reduce_dtype, 4.0)
+        self.coll = Coll.REDUCE_SCATTER if (par.distributed_optimizer or par.zero_stage >= 1) else Coll.ALL_REDUCE
+        self.degree = {"dense": par.dp * par.cp, "expert": par.expert_dp}
+        self.pending = {"dense": 0, "expert": 0}
+        self.deferred: list[tuple] = []
+
+    def flush(self, kind: str, chunk: int) -> None:
+        n = self.pending[kind]
         if n <= 0:
             return
-        group = Group.DP_CP if kind == "dense" else Group.EDP
-        if (par.dp * par.cp if kind == "dense" else par.expert_dp) > 1:
-            args = (Stream.DP, dp_coll, group, n * grad_bytes, _GRAD_BUCKET[kind])
-            if ctx.grad_overlap:
-                em.coll(*args, chunk=chunk, phase=Phase.W)
+        if self.degree[kind] > 1:
+            group = Group.DP_CP if kind == "dense" else Group.EDP
+            args = (Stream.DP, self.coll, group, n * self.grad_bytes, _GRAD_BUCKET[kind])
+            if self.ctx.grad_overlap:
+                self.em.coll(*args, chunk=chunk, phase=Phase.W)
             else:
-                deferred.append((args, chunk))
-        pending[kind] = 0
+                self.deferred.append((args, chunk))
+        self.pending[kind] = 0
 
-    def grads_ready(layers, chunk, extra: int = 0):
-        d, e = _local_params(ctx, layers)
+    def flush_all(self, chunk: int) -> None:
+        self.flush("dense", chunk)
+        self.flush("expert", chunk)
+
+    def ready(self, layers, chunk: int, extra: int = 0) -> None:
+        """The gradients of ``layers`` (and ``extra`` dense parameters) are complete."""
+        d, e = _local_params(self.ctx, layers)
         d += extra
         for kind, n in (("dense", d), ("expert", e)):
-            pending[kind] += n
-            if pending[kind] >= bucket_params:
-                flush(kind, chunk)
+            self.pending[kind] += n
+            if self.pending[kind] >= self.bucket_params:
+                self.flush(kind, chunk)
 
+    def issue_deferred(self) -> None:
+        for args, chunk in self.deferred:
+            self.em.coll(*args, chunk=chunk, phase=Phase.W)
+
+
+@dataclass
+class _Stage:
+    """What every action of one stage's program needs to know about the stage."""
+
+    index: int
+    tokens: dict                  #: (layer, mb) -> tokens per local expert
+    layers: list                  #: the layers of each of the stage's chunks
+    num_layers: int               #: layers on the stage, all chunks
+    act_p2p: float                #: bytes of one pipeline transfer of a rank
+    last_mb: dict                 #: chunk -> the micro-batch whose weight gradient comes last
+    buckets: _GradBuckets
+
+
+def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
+    """The op list of the ranks of pipeline stage ``stage`` (with EP coordinate's ``tokens``):
+    the weight quantisation of low-precision recipes, the schedule's actions with their
+    transfers, then the step end."""
+    par, sched = ctx.par, ctx.sched
+    em = _Emitter(ctx.host.call_s)
+    stage_layers = [ctx.chunk_layers[model_chunk(sched, stage, c)] for c in range(sched.num_chunks)]
+    act_p2p = _act_bytes(ctx) / (par.tp if _p2p_split(par) else 1)
+    st = _Stage(stage, tokens, stage_layers, sum(len(r) for r in stage_layers), act_p2p,
+                _last_microbatches(sched, stage), _GradBuckets(ctx, em))
     # the weights of the layers whose GEMMs run in low precision (NVFP4 keeps some in BF16)
     lowp = [i for r in stage_layers for i in r if ctx.recipe.is_low_precision_layer(i, ctx.model.num_layers)]
     wq = weight_quantize_op(ctx.recipe, sum(_local_params(ctx, lowp)))
@@ -627,45 +674,54 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
         halves = act.halves() if kind == ActionKind.FB else [act]
         for lane, a in enumerate(halves, start=1 if kind == ActionKind.FB else 0):
             em.lane = lane
-            _emit_action(ctx, em, stage, a, tokens, stage_layers, n_stage_layers, act_p2p, grads_ready, flush, last_mb,
-                         p2p=order is None)
+            _emit_action(ctx, em, st, a, p2p=order is None)
         em.lane = 0
-    # step end
-    for args, chunk in deferred:
-        em.coll(*args, chunk=chunk, phase=Phase.W)
-    first_stage = stage == 0 or (sched.layout == "bidirectional")
-    last_stage = stage == pp - 1 or (sched.layout == "bidirectional")
-    if model.tied_embeddings and pp > 1 and (first_stage or last_stage):
-        emb = model.vocab_size * model.hidden_size / par.tp * grad_bytes
+    st.buckets.issue_deferred()
+    _step_end(ctx, em, st)
+    return _one_issue_per_p2p_batch(em.ops)
+
+
+def _step_end(ctx: _Ctx, em: _Emitter, st: _Stage) -> None:
+    """Tied-embedding gradients, the gradient norm, the optimizer step and (distributed
+    optimizer) the parameter all-gathers of the next step."""
+    par, model, sched = ctx.par, ctx.model, ctx.sched
+    first_stage = st.index == 0 or (sched.layout == "bidirectional")
+    last_stage = st.index == par.pp - 1 or (sched.layout == "bidirectional")
+    if model.tied_embeddings and par.pp > 1 and (first_stage or last_stage):
+        emb = model.vocab_size * model.hidden_size / par.tp * st.buckets.grad_bytes
         em.coll(Stream.DP, Coll.ALL_REDUCE, Group.EMBEDDING, emb, OpName.TIED_EMBEDDING_GRAD, phase=Phase.S)
     em.coll(Stream.DP, Coll.ALL_REDUCE, Group.WORLD, 8.0, OpName.GRAD_NORM, phase=Phase.S)
-    d, e = _local_params(ctx, [i for r in stage_layers for i in r])
-    d += sum(_edge_params(ctx, model_chunk(sched, stage, c)) for c in range(sched.num_chunks))
+    d, e = _local_params(ctx, [i for r in st.layers for i in r])
+    edge = sum(_edge_params(ctx, model_chunk(sched, st.index, c)) for c in range(sched.num_chunks))
+    d += edge
     shard = d / max(par.dp * par.cp, 1) + e / max(par.expert_dp, 1) if par.distributed_optimizer else d + e
     opt = optimizer_ops(int(shard))
-    em.compute(OpName.OPTIMIZER, -1, -1, 0, Phase.S, 0.0, float(np.sum(ctx.compute.op_times_s(opt))), *_host_of(ctx, opt))
+    em.compute(OpName.OPTIMIZER, -1, -1, 0, Phase.S, 0.0, float(np.sum(ctx.compute.op_times_s(opt))),
+               *_host_of(ctx, opt))
     if par.distributed_optimizer and par.zero_stage < 3:
-        # buckets in forward order (the first layers' parameters are gathered first); each
-        # op's tag is the (first, last) layer whose parameters it carries, so the engine
-        # can hold a layer's forward until its bucket has arrived
-        order = [i for r in stage_layers for i in r]
-        for kind, group, deg in (("dense", Group.DP_CP, par.dp * par.cp), ("expert", Group.EDP, par.expert_dp)):
-            if deg <= 1:
-                continue
-            # the embedding / output layer go with the first bucket (the embedding is needed first)
-            acc = float(sum(_edge_params(ctx, model_chunk(sched, stage, c)) for c in range(sched.num_chunks))) \
-                if kind == "dense" else 0.0
-            first = None
-            for pos, layer in enumerate(order):
-                dl, el = _local_params(ctx, [layer])
-                acc += dl if kind == "dense" else el
-                first = layer if first is None else first
-                if acc >= bucket_params or pos == len(order) - 1:
-                    if acc > 0:
-                        em.coll(Stream.DP, Coll.ALL_GATHER, group, acc * ctx.recipe.param_gather_bytes_per_param,
-                                _PARAM_GATHER[kind], phase=Phase.S, tag=(first, layer))
-                    acc, first = 0.0, None
-    return _one_issue_per_p2p_batch(em.ops)
+        _param_gathers(ctx, em, [i for r in st.layers for i in r], float(edge), st.buckets.bucket_params)
+
+
+def _param_gathers(ctx: _Ctx, em: _Emitter, order: list[int], edge_params: float, bucket_params: int) -> None:
+    """The distributed optimizer's parameter all-gathers, buckets in forward order (the
+    first layers' parameters are gathered first).  Each op's tag is the (first, last) layer
+    whose parameters it carries, so the engine can hold a layer's forward until its bucket
+    has arrived; the embedding and output layer go with the first dense bucket."""
+    par = ctx.par
+    for kind, group, deg in (("dense", Group.DP_CP, par.dp * par.cp), ("expert", Group.EDP, par.expert_dp)):
+        if deg <= 1:
+            continue
+        acc = edge_params if kind == "dense" else 0.0
+        first = None
+        for pos, layer in enumerate(order):
+            dl, el = _local_params(ctx, [layer])
+            acc += dl if kind == "dense" else el
+            first = layer if first is None else first
+            if acc >= bucket_params or pos == len(order) - 1:
+                if acc > 0:
+                    em.coll(Stream.DP, Coll.ALL_GATHER, group, acc * ctx.recipe.param_gather_bytes_per_param,
+                            _PARAM_GATHER[kind], phase=Phase.S, tag=(first, layer))
+                acc, first = 0.0, None
 
 
 def _one_issue_per_p2p_batch(ops: list[Op]) -> list[Op]:
@@ -722,86 +778,113 @@ def _p2p(em, kind, stage, chunk, mb, k, peer, act_p2p):
         em.p2p(OpKind.SEND, OpName.SEND_GRAD, peer, act_p2p, (stage, peer, k - 1, mb, Phase.B), mb, chunk, Phase.B)
 
 
-def _emit_action(ctx, em, stage, a, tokens, stage_layers, n_stage_layers, act_p2p, grads_ready, flush, last_mb,
-                 p2p: bool = True):
+class _Where(NamedTuple):
+    """Where compute action ``a`` sits: its model chunk, layers and neighbours on its route."""
+
+    k: int                        #: the model chunk
+    layers: range
+    prev_stage: int | None        #: the stage it receives activations from (None: the first chunk)
+    next_stage: int | None        #: the stage it sends them to (None: the last chunk)
+    first_idx: int                #: index of its first layer among the stage's layers
+    is_last_mb: bool              #: its weight gradients complete the chunk's buckets
+
+
+def _where(ctx: _Ctx, st: _Stage, a) -> _Where:
+    k = model_chunk(ctx.sched, st.index, a.chunk)
+    path = route(ctx.sched, a.microbatch)
+    pos = path.index((st.index, a.chunk))
+    prev_stage = path[pos - 1][0] if pos > 0 else None
+    next_stage = path[pos + 1][0] if pos + 1 < len(path) else None
+    return _Where(k, ctx.chunk_layers[k], prev_stage, next_stage, sum(len(r) for r in st.layers[:a.chunk]),
+                  a.microbatch == st.last_mb.get(a.chunk))
+
+
+def _emit_action(ctx: _Ctx, em: _Emitter, st: _Stage, a, p2p: bool = True) -> None:
     """The ops of compute action ``a``; with ``p2p`` also its receive before and send after
     (the plain rule of :mod:`workloads.schedules.comm`)."""
-    par, model, sched = ctx.par, ctx.model, ctx.sched
-    kind, chunk, mb = a.kind, a.chunk, a.microbatch
-    k = model_chunk(sched, stage, chunk)
-    layers = ctx.chunk_layers[k]
-    path = route(sched, mb)
-    pos = path.index((stage, chunk))
-    prev_pos = path[pos - 1] if pos > 0 else None
-    next_pos = path[pos + 1] if pos + 1 < len(path) else None
-    first_idx = sum(len(r) for r in stage_layers[:chunk])
-    is_last_mb = mb == last_mb[chunk]
-    zero3 = par.zero_stage == 3 and par.dp * par.cp > 1
-    if kind == ActionKind.F:
-        if p2p and prev_pos is not None:
-            _p2p(em, ActionKind.RECV_F, stage, chunk, mb, k, prev_pos[0], act_p2p)
-        if prev_pos is not None:
-            _gather_received(ctx, em, mb, chunk, Phase.F)
-        if k == 0:
-            _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), Phase.F, OpName.EMBEDDING, mb, chunk)
-        for j, layer in enumerate(layers):
-            if zero3:
-                d, e = _local_params(ctx, [layer])
-                em.coll(Stream.DP, Coll.ALL_GATHER, Group.DP_CP, d * 2.0, OpName.FSDP_GATHER, layer, mb, chunk, Phase.F)
-            _layer_forward(ctx, em, layer, mb, chunk, tokens.get((layer, mb)), Phase.F,
-                           _recompute_kind(par, first_idx + j, n_stage_layers))
-        if next_pos is None:
-            _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), Phase.F, OpName.OUTPUT_LOSS, mb, chunk)
-        elif p2p:
-            _p2p(em, ActionKind.SEND_F, stage, chunk, mb, k, next_pos[0], act_p2p)
-        return
-    with_w = kind == ActionKind.BW
-    if kind in (ActionKind.B, ActionKind.BW):
-        if next_pos is not None:
-            if p2p:
-                _p2p(em, ActionKind.RECV_B, stage, chunk, mb, k, next_pos[0], act_p2p)
-            _gather_received(ctx, em, mb, chunk, Phase.B)
-        else:
-            _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), Phase.B, OpName.OUTPUT_LOSS_BWD, mb, chunk)
-            if with_w:
-                _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), Phase.W, OpName.OUTPUT_WGRAD, mb, chunk)
-                if is_last_mb:
-                    grads_ready([], chunk, _output_params(ctx))
-        for j, layer in reversed(list(enumerate(layers))):
-            if zero3:
-                d, e = _local_params(ctx, [layer])
-                em.coll(Stream.DP, Coll.ALL_GATHER, Group.DP_CP, d * 2.0, OpName.FSDP_GATHER_BWD, layer, mb, chunk, Phase.B)
-            _layer_backward(ctx, em, layer, mb, chunk, tokens.get((layer, mb)),
-                            _recompute_kind(par, first_idx + j, n_stage_layers), with_w)
-            if with_w and is_last_mb:
-                grads_ready([layer], chunk)
-        if k == 0 and with_w:
-            _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), Phase.W, OpName.EMBEDDING_WGRAD, mb, chunk)
-            if is_last_mb:
-                grads_ready([], chunk, _embedding_params(ctx))
-        if p2p and prev_pos is not None:
-            _p2p(em, ActionKind.SEND_B, stage, chunk, mb, k, prev_pos[0], act_p2p)
-        if with_w and is_last_mb:
-            flush("dense", chunk)
-            flush("expert", chunk)
-        return
-    if kind == ActionKind.W:
-        if next_pos is None:
-            _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), Phase.W, OpName.OUTPUT_WGRAD, mb, chunk)
-            if is_last_mb:
-                grads_ready([], chunk, _output_params(ctx))
-        for j, layer in reversed(list(enumerate(layers))):
-            _layer_wgrad(ctx, em, layer, mb, chunk, tokens.get((layer, mb)),
-                         _recompute_kind(par, first_idx + j, n_stage_layers))
-            if is_last_mb:
-                grads_ready([layer], chunk)
-        if k == 0:
-            _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), Phase.W, OpName.EMBEDDING_WGRAD, mb, chunk)
-            if is_last_mb:
-                grads_ready([], chunk, _embedding_params(ctx))
-        if is_last_mb:
-            flush("dense", chunk)
-            flush("expert", chunk)
+    w = _where(ctx, st, a)
+    if a.kind == ActionKind.F:
+        _emit_forward(ctx, em, st, a, w, p2p)
+    elif a.kind in (ActionKind.B, ActionKind.BW):
+        _emit_backward(ctx, em, st, a, w, p2p)
+    elif a.kind == ActionKind.W:
+        _emit_wgrad(ctx, em, st, a, w)
+
+
+def _emit_forward(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where, p2p: bool) -> None:
+    par, model, chunk, mb = ctx.par, ctx.model, a.chunk, a.microbatch
+    if p2p and w.prev_stage is not None:
+        _p2p(em, ActionKind.RECV_F, st.index, chunk, mb, w.k, w.prev_stage, st.act_p2p)
+    if w.prev_stage is not None:
+        _gather_received(ctx, em, mb, chunk, Phase.F)
+    if w.k == 0:
+        _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), Phase.F, OpName.EMBEDDING, mb, chunk)
+    for j, layer in enumerate(w.layers):
+        if par.zero_stage == 3 and par.dp * par.cp > 1:
+            d, _ = _local_params(ctx, [layer])
+            em.coll(Stream.DP, Coll.ALL_GATHER, Group.DP_CP, d * 2.0, OpName.FSDP_GATHER, layer, mb, chunk, Phase.F)
+        _layer_forward(ctx, em, layer, mb, chunk, st.tokens.get((layer, mb)), Phase.F,
+                       _recompute_kind(par, w.first_idx + j, st.num_layers))
+    if w.next_stage is None:
+        _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), Phase.F, OpName.OUTPUT_LOSS, mb, chunk)
+    elif p2p:
+        _p2p(em, ActionKind.SEND_F, st.index, chunk, mb, w.k, w.next_stage, st.act_p2p)
+
+
+def _emit_backward(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where, p2p: bool) -> None:
+    """A backward action: input gradients, and with ``BW`` the weight gradients too (whose
+    last micro-batch fills the gradient buckets)."""
+    par, model, chunk, mb = ctx.par, ctx.model, a.chunk, a.microbatch
+    with_w = a.kind == ActionKind.BW
+    fill = with_w and w.is_last_mb
+    if w.next_stage is not None:
+        if p2p:
+            _p2p(em, ActionKind.RECV_B, st.index, chunk, mb, w.k, w.next_stage, st.act_p2p)
+        _gather_received(ctx, em, mb, chunk, Phase.B)
+    else:
+        out = output_ops(model, par, ctx.mbs, ctx.seq)
+        _add_ops(ctx, em, out, Phase.B, OpName.OUTPUT_LOSS_BWD, mb, chunk)
+        if with_w:
+            _add_ops(ctx, em, out, Phase.W, OpName.OUTPUT_WGRAD, mb, chunk)
+            if fill:
+                st.buckets.ready([], chunk, _output_params(ctx))
+    for j, layer in reversed(list(enumerate(w.layers))):
+        if par.zero_stage == 3 and par.dp * par.cp > 1:
+            d, _ = _local_params(ctx, [layer])
+            em.coll(Stream.DP, Coll.ALL_GATHER, Group.DP_CP, d * 2.0, OpName.FSDP_GATHER_BWD, layer, mb, chunk,
+                    Phase.B)
+        _layer_backward(ctx, em, layer, mb, chunk, st.tokens.get((layer, mb)),
+                        _recompute_kind(par, w.first_idx + j, st.num_layers), with_w)
+        if fill:
+            st.buckets.ready([layer], chunk)
+    if w.k == 0 and with_w:
+        _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), Phase.W, OpName.EMBEDDING_WGRAD, mb, chunk)
+        if fill:
+            st.buckets.ready([], chunk, _embedding_params(ctx))
+    if p2p and w.prev_stage is not None:
+        _p2p(em, ActionKind.SEND_B, st.index, chunk, mb, w.k, w.prev_stage, st.act_p2p)
+    if fill:
+        st.buckets.flush_all(chunk)
+
+
+def _emit_wgrad(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where) -> None:
+    """A zero-bubble weight-gradient action (W)."""
+    par, model, chunk, mb = ctx.par, ctx.model, a.chunk, a.microbatch
+    if w.next_stage is None:
+        _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), Phase.W, OpName.OUTPUT_WGRAD, mb, chunk)
+        if w.is_last_mb:
+            st.buckets.ready([], chunk, _output_params(ctx))
+    for j, layer in reversed(list(enumerate(w.layers))):
+        _layer_wgrad(ctx, em, layer, mb, chunk, st.tokens.get((layer, mb)),
+                     _recompute_kind(par, w.first_idx + j, st.num_layers))
+        if w.is_last_mb:
+            st.buckets.ready([layer], chunk)
+    if w.k == 0:
+        _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), Phase.W, OpName.EMBEDDING_WGRAD, mb, chunk)
+        if w.is_last_mb:
+            st.buckets.ready([], chunk, _embedding_params(ctx))
+    if w.is_last_mb:
+        st.buckets.flush_all(chunk)
 
 
 def _last_microbatches(sched, stage) -> dict[int, int]:
