@@ -99,7 +99,7 @@ def test_every_simulator_module_is_in_a_room():
 @pytest.mark.parametrize("src, dst", [
     ("simulator.engine.simulate", "simulator.explore.estimate"),     # engine below explore
     ("simulator.network.flows", "simulator.collectives.engine"),     # network below collectives
-    ("simulator.explore.search", "simulator.validation.core"),       # siblings of one rank
+    ("simulator.explore.search", "simulator.validation.evaluate"),   # siblings of one rank
     ("simulator.scenario.load", "simulator.cli"),
     ("workloads.program", "simulator.engine"),                        # a package above
     ("topologies.cluster", "workloads.model"),

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.validation.core import _stats
+from simulator.validation.report import _stats
 
 pytestmark = pytest.mark.validation
 

@@ -1,32 +1,7 @@
-"""`clustersim validate`: predicted against measured step times of published training runs.
+"""A row of a runs table -> a scenario mapping (the contract's sections) and notes.
 
-``validate(RUNS.csv)`` reads a table of measured runs, turns every row into a scenario
-(the contract's sections), simulates it and reports, per row, the measured and predicted
-step time, the signed error, TFLOP/s per GPU and MFU where the source gives them, where the
-predicted step went (:data:`BREAKDOWN_COLUMNS`), a status and how each number was obtained.  No row is dropped: a row that cannot be simulated gets
-``unsupported: <reason>`` (a feature clustersim lacks, or ``over --max-gpus``),
-``invalid: <reason>`` (the row contradicts itself or a clustersim rule) or
-``error: <message>`` (the simulator raised).  :func:`summary` gives coverage and error
-statistics per source and counts the reasons, so a report can name the missing features
-that cost the most rows.
-
-Input formats (:func:`load_runs` recognises them by their header)
------------------------------------------------------------------
-``published``  The columns of ``reference/published_runs_h100.csv`` (one run per row:
-               ``row_id, source_id, framework, system, gpu_type, num_gpus, gpus_per_node,
-               inter_node_network, model, num_layers, hidden_size, ffn_hidden_size,
-               num_heads, num_kv_heads, vocab_size, seq_len, num_experts, moe_top_k, tp, pp,
-               vpp, dp, cp, ep, sp, zero_fsdp, micro_batch_size, global_batch_size,
-               grad_accum, activation_recompute, precision, tflops_per_gpu,
-               tflops_definition, mfu_pct, step_time_s, tokens_per_s_total,
-               tokens_per_s_per_gpu, notes`` ...).  Any file with at least ``model``,
-               ``gpu_type`` (or ``system``), ``num_gpus`` and one measurement column is
-               read in this format; missing columns count as empty cells, and an empty
-               cell means "the source did not say".
-``vtrain``     vTrain's ``ground_truth_multi.csv`` / ``ground_truth_single.csv``
-               (``# GPUs, global batch, micro batch, hidden size, attention heads,
-               # layers, sequence length, tensor parallelism, data parallelism,
-               pipeline parallelism, iteration time (ms)``).
+:func:`row_to_scenario` maps one row (:mod:`.ingest` reads them); every default that fills
+an empty cell is echoed in the notes.  The rules, column by column:
 
 Mapping (published format)
 --------------------------
@@ -132,123 +107,28 @@ parameter (``accumulate_allreduce_grads_in_fp32`` is forced on only for ``--bf16
 ``numel x element_size`` of FP16 parameters (``src/predictor.py``).  Core attention is
 Megatron-LM's unfused ``CoreAttention`` (``flash_attention: false``): the kernels vTrain
 profiles (``baddbmm``, fused scale-mask-softmax, dropout, ``bmm``; vTrain
-``src/model/gpt_modeling.py``), the Megatron-LM of that era having no FlashAttention path.  **A100 80GB** (``A100-SXM4-80GB``, the preset's GPU): vTrain's
-configurations say only "A100"; the 80GB part is the one with a measured matmul peak in
-``hardware.csv`` (the GEMM efficiency model's anchor) and both parts have the same FLOP/s;
+``src/model/gpt_modeling.py``), the Megatron-LM of that era having no FlashAttention path.
+**A100 80GB** (``A100-SXM4-80GB``, the preset's GPU): vTrain's configurations say only
+"A100"; the 80GB part is the one with a measured matmul peak in ``hardware.csv`` (the GEMM
+efficiency model's anchor) and both parts have the same FLOP/s;
 the 40GB part differs in HBM capacity and bandwidth (1.555 vs 2.039 TB/s), which affect the
 memory-bound ops and the OOM verdict only.  vTrain's simulated "intra-node bandwidth 150
 GB/s" is an effective rate of its own model; clustersim keeps the A100 NVLink spec.
-
-Measured step time (the ``derivation`` column)
-----------------------------------------------
-In order of preference: ``step_time_s``; ``global_batch_size * seq_len /
-tokens_per_s_total``; ``global_batch_size * seq_len / (tokens_per_s_per_gpu * num_gpus)``;
-model FLOPs per step in the source's convention / (``tflops_per_gpu`` x 1e12 x num_gpus);
-the same FLOPs / (``mfu_pct`` / 100 x num_gpus x dense peak of the precision); vTrain:
-``iteration time (ms) / 1000``.  The step-time and token-rate columns present besides the
-one used are cross-checked; a disagreement over 2 % is noted.
-
-FLOP convention (``flop_convention`` column) of a published-format row: a
-:data:`~workloads.FLOP_CONVENTIONS` name in ``tflops_definition``; else ``nemo_24`` when the
-definition describes NeMo's count (``12*l*h^2*(1+g/a+s/h)``, no causal halving); else
-``palm_6n`` / ``narayanan_eq3`` by keyword; else the framework's (NeMo ``nemo_24``,
-otherwise ``megatron_core_2025``).  The published H100 runs' MFU is NeMo's formula, so their
-predicted MFU is ``model_flops_per_step(model, gbs, seq, 'nemo_24', vocab_size=<row's>)``
-over (predicted step x GPUs x dense peak of the recipe's GEMM dtype: 989 / 1,979 TFLOP/s on
-H100 BF16 / FP8, the publisher's peaks); the notes also give that formula's MFU at the
-measured step, a check on the convention against the published value.  Predicted TFLOP/s
-and MFU are reported only where the source gives the measured ones.
-
-``error_pct`` = (predicted - measured) / measured x 100: positive means clustersim predicts
-a slower step than was measured.
 """
 
 from __future__ import annotations
 
-import argparse
-import csv
-import math
 import re
-import time
-from pathlib import Path
 
 from topologies import ConfigError
 
-__all__ = [
-    "FORMATS",
-    "FRAMEWORKS",
-    "NOTE_SEP",
-    "BREAKDOWN_COLUMNS",
-    "OUTPUT_COLUMNS",
-    "PUBLISHED_COLUMNS",
-    "VTRAIN_COLUMNS",
-    "InvalidRow",
-    "Unsupported",
-    "detect_format",
-    "load_runs",
-    "main",
-    "map_gpu",
-    "map_model",
-    "map_precision",
-    "measured_step",
-    "row_to_scenario",
-    "source_convention",
-    "summary",
-    "validate",
-    "write_csv",
-]
+from .ingest import FORMATS, InvalidRow, Unsupported, _bool, _cell, _int, _key, _num
 
-FORMATS = ("published", "vtrain")
+__all__ = ["FRAMEWORKS", "edge_stage_split", "map_gpu", "map_model", "map_precision", "model_from_dimensions",
+           "row_to_scenario"]
 
-#: vTrain's ground-truth columns (data/ground_truth_multi.csv; the single-node file lacks the first).
-VTRAIN_COLUMNS = ("Parameters (billion)", "# GPUs", "global batch", "micro batch", "hidden size", "attention heads",
-                  "# layers", "sequence length", "tensor parallelism", "data parallelism", "pipeline parallelism",
-                  "iteration time (ms)")
-_VTRAIN_REQUIRED = VTRAIN_COLUMNS[1:]
-
-#: Columns of reference/published_runs_h100.csv (the published-runs format).
-PUBLISHED_COLUMNS = (
-    "row_id", "source_id", "source_location", "framework", "system", "gpu_type", "num_gpus", "gpus_per_node",
-    "intra_node_link", "inter_node_network", "model", "params_b", "num_layers", "hidden_size", "ffn_hidden_size",
-    "num_heads", "num_kv_heads", "vocab_size", "seq_len", "num_experts", "moe_top_k", "moe_layer_pattern", "tp", "pp",
-    "vpp", "dp", "cp", "ep", "sp", "zero_fsdp", "micro_batch_size", "global_batch_size", "grad_accum",
-    "activation_recompute", "precision", "tflops_per_gpu", "tflops_definition", "mfu_pct", "hfu_pct",
-    "pct_of_peak_reported", "step_time_s", "tokens_per_s_total", "tokens_per_s_per_gpu", "other_metrics",
-    "derived_fields", "reliability", "notes")
-_MEASUREMENT_COLUMNS = ("step_time_s", "tokens_per_s_total", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu_pct")
-
-BREAKDOWN_COLUMNS = ("compute_s", "recompute_s", "bubble_s", "host_issue_s", "exposed_tp_s", "exposed_cp_s",
-                     "exposed_ep_s", "exposed_pp_s", "exposed_dp_s")
-"""The predicted step split into where the slowest rank's compute stream spent it (the
-simulator's ``breakdown_s``; they sum to ``predicted_step_s``): what
-``experiments/validation_residuals.py`` attributes the errors to."""
-
-#: Columns of the output table (``validate(..., out_csv=...)``).
-OUTPUT_COLUMNS = ("id", "source", "format", "model", "gpu", "num_gpus", "precision", "parallel", "measured_step_s",
-                  "predicted_step_s", "error_pct", "measured_tflops_per_gpu", "predicted_tflops_per_gpu",
-                  "measured_mfu_pct", "predicted_mfu_pct", *BREAKDOWN_COLUMNS, "flop_convention", "status",
-                  "derivation", "notes", "wall_s")
-
+#: Prefix of a note naming a source feature clustersim does not model (counted by :func:`.report.summary`).
 _NOT_MODELLED = "not modelled: "
-#: Separator of the notes of one output row.
-NOTE_SEP = " | "
-
-
-class Unsupported(Exception):
-    """A row clustersim cannot simulate yet; ``reason`` names the missing feature."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
-class InvalidRow(ValueError):
-    """A row that contradicts itself (degrees vs GPUs, missing batch, unreadable number)."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
 
 # -- framework profiles ----------------------------------------------------------------------------
 _DGXC = "NVIDIA/dgxc-benchmarking 24.11"
@@ -259,7 +139,6 @@ FRAMEWORKS: dict[str, dict] = {
         "overlap": {"grad_reduce": True, "param_gather": True, "p2p": True, "tp_comm": True},
         "grad_reduce_dtype": "bf16",
         "convention": "nemo_24",
-        "not_modelled": [],
         "source": f"{_DGXC} nemo_megatron/gpt3_175b_hydra.yaml, llama3.1/llama3.1_{{70b,405b}}.yaml",
     },
     "megatron": {
@@ -267,7 +146,6 @@ FRAMEWORKS: dict[str, dict] = {
         "sequence_parallel": False, "zero_stage": 0, "distributed_optimizer": False, "recompute": "none",
         "overlap": {"grad_reduce": False, "param_gather": False, "p2p": True},
         "convention": "megatron_core_2025",
-        "not_modelled": [],
         "source": "NVIDIA/Megatron-LM megatron/training/arguments.py (store_true flags default off; "
                   "--no-overlap-p2p-communication)",
     },
@@ -276,7 +154,6 @@ FRAMEWORKS: dict[str, dict] = {
         "sequence_parallel": "tp>1", "zero_stage": 3, "distributed_optimizer": True, "recompute": "selective",
         "overlap": {"grad_reduce": True, "param_gather": True, "p2p": False},
         "convention": "megatron_core_2025",
-        "not_modelled": [],
         "source": "pytorch/torchtitan (FSDP2, TP plan with sequence-sharded norms, activation_checkpoint.mode "
                   "selective)",
     },
@@ -285,7 +162,6 @@ FRAMEWORKS: dict[str, dict] = {
         "sequence_parallel": "tp>1", "zero_stage": 1, "distributed_optimizer": True, "recompute": "selective",
         "overlap": {"grad_reduce": True, "param_gather": True, "p2p": False},
         "convention": "megatron_core_2025",
-        "not_modelled": [],
         "source": "DESIGN.md (user contract defaults)",
     },
 }
@@ -303,92 +179,9 @@ _NEMO_RECIPES = {
 _GPT2_VOCAB = 50257
 
 
-# -- small parsers ---------------------------------------------------------------------------------
-def _cell(row: dict, key: str) -> str:
-    v = row.get(key)
-    return "" if v is None else str(v).strip()
-
-
-def _num(row: dict, key: str) -> float | None:
-    s = _cell(row, key).replace(",", "")
-    if not s:
-        return None
-    try:
-        v = float(s)
-    except ValueError:
-        raise InvalidRow(f"{key} {s!r} is not a number") from None
-    if not math.isfinite(v):
-        raise InvalidRow(f"{key} {s!r} is not a finite number")
-    return v
-
-
-def _int(row: dict, key: str, minimum: int = 1) -> int | None:
-    v = _num(row, key)
-    if v is None:
-        return None
-    if v != int(v) or v < minimum:
-        raise InvalidRow(f"{key} {_cell(row, key)!r} must be an integer >= {minimum}")
-    return int(v)
-
-
-def _bool(row: dict, key: str) -> bool | None:
-    s = _cell(row, key).lower()
-    if not s:
-        return None
-    if s in ("true", "yes", "y", "1", "on", "enabled"):
-        return True
-    if s in ("false", "no", "n", "0", "off", "disabled", "none"):
-        return False
-    raise InvalidRow(f"{key} {_cell(row, key)!r} is not a boolean")
-
-
-def _key(s: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", s.lower())
-
-
 def _fmt(v, digits=4) -> str:
+    """A number for a note: a float to ``digits`` significant digits."""
     return f"{v:.{digits}g}" if isinstance(v, float) else str(v)
-
-
-# -- loading ---------------------------------------------------------------------------------------
-def detect_format(columns) -> str:
-    """``'vtrain'`` or ``'published'`` from a header; ConfigError naming the expected columns."""
-    cols = {c.strip() for c in columns if c is not None}
-    if all(c in cols for c in _VTRAIN_REQUIRED):
-        return "vtrain"
-    if "model" in cols and "num_gpus" in cols and ("gpu_type" in cols or "system" in cols) \
-            and any(c in cols for c in _MEASUREMENT_COLUMNS):
-        return "published"
-    raise ConfigError("runs", ", ".join(sorted(cols))[:200],
-                      "unrecognised columns: expected the published-runs format (model, gpu_type, num_gpus and one "
-                      f"of {', '.join(_MEASUREMENT_COLUMNS)}) or vTrain's ({', '.join(_VTRAIN_REQUIRED)})")
-
-
-def load_runs(path) -> list[dict]:
-    """Rows of a runs table, each a dict of its cells plus ``_format`` and ``_line``.
-
-    ``_format`` is ``'published'`` or ``'vtrain'`` (see the module docstring); ``_line``
-    the row's line number in the file.  ConfigError for a missing file or an unknown header.
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError("runs", str(path), "file not found")
-    with p.open(newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f)
-        if reader.fieldnames is None:
-            raise ConfigError("runs", str(path), "empty file: expected a CSV header")
-        reader.fieldnames = [c.strip() for c in reader.fieldnames]
-        fmt = detect_format(reader.fieldnames)
-        rows = []
-        for row in reader:
-            d = {k: (v.strip() if isinstance(v, str) else "") for k, v in row.items() if k is not None}
-            if not any(d.values()):
-                continue
-            d["_format"] = fmt
-            d["_line"] = reader.line_num
-            d["_file"] = p.name
-            rows.append(d)
-    return rows
 
 
 # -- GPUs, models, precisions ----------------------------------------------------------------------
@@ -704,17 +497,41 @@ def edge_stage_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, int] 
     return None
 
 
-def _published_scenario(row: dict) -> tuple[dict, list[str]]:
-    from topologies import load_preset
-    from topologies.cluster import domain_that_divides
-    from workloads.model import load_preset_mapping
 
-    notes: list[str] = []
+def _published_scenario(row: dict) -> tuple[dict, list[str]]:
+    """The published-format mapping: the cluster, model, parallel layout, batch, executed
+    vocabulary, framework defaults and precision recipe of one row, decided in that order
+    (the first of them to fail names the row's status)."""
     n = _int(row, "num_gpus")
     if n is None:
         raise InvalidRow("num_gpus is empty")
+    cluster, notes = _published_cluster(row, n)
+    model, base, mpreset, mnotes = _published_model(row)
+    notes += mnotes
+    par, dense, lnotes = _published_layout(row, n, model, base)
+    notes += lnotes
+    notes += _published_batch(row, par, dense, model, base)
+    notes += _executed_vocab(row, par["tp"], model, base, mpreset)
+    fw, prof, overlap, fnotes = _framework_defaults(row, par)
+    notes += fnotes
+    precision, cluster, pnotes = _precision_and_recipe(row, fw, mpreset, cluster)
+    notes += pnotes
 
-    # cluster
+    scenario = {"model": model if len(model) > 1 else mpreset, "cluster": cluster, "parallel": par,
+                "precision": precision, "overlap": overlap, "num_steps": 2}
+    if prof.get("grad_reduce_dtype"):
+        scenario["grad_reduce_dtype"] = prof["grad_reduce_dtype"]
+        notes.append(f"grad_reduce_dtype={prof['grad_reduce_dtype']} ({prof['label']})")
+    return scenario, notes
+
+
+def _published_cluster(row: dict, n: int) -> tuple[dict, list[str]]:
+    """The ``cluster`` section for ``n`` GPUs: the preset of the GPU type, whole hosts (or part
+    of one), the NVLink domain, the leaf size and the NICs the row states."""
+    from topologies import load_preset
+    from topologies.cluster import domain_that_divides
+
+    notes: list[str] = []
     gpu_text = _cell(row, "gpu_type") or _cell(row, "system")
     preset, gpu, gnotes = map_gpu(gpu_text)
     notes += gnotes
@@ -747,8 +564,16 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
     net, nnotes = _network(_cell(row, "inter_node_network"), pdata)
     cluster.update(net)
     notes += nnotes
+    return cluster, notes
 
-    # model
+
+def _published_model(row: dict) -> tuple[dict, dict, str | None, list[str]]:
+    """``(model section, base, preset, notes)``: the preset the name maps to (or a model built
+    from the row's dimensions, preset None) with the row's dimensions and experts where they
+    differ from ``base``, the preset's (or built) mapping."""
+    from workloads.model import load_preset_mapping
+
+    notes: list[str] = []
     try:
         mpreset, proxy = map_model(_cell(row, "model"))
     except Unsupported:
@@ -795,8 +620,13 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
                 notes.append(f"moe {moe} (preset {mpreset})")
     if _cell(row, "moe_layer_pattern"):
         notes.append(f"moe_layer_pattern {_cell(row, 'moe_layer_pattern')!r} not read: the preset's pattern")
+    return model, base, mpreset, notes
 
-    # parallel degrees
+
+def _published_layout(row: dict, n: int, model: dict, base: dict) -> tuple[dict, int, list[str]]:
+    """``(parallel section, dense dp, notes)``: the five degrees (Megatron's dp includes EP),
+    the schedule, and the pipeline split of a layer count that does not divide evenly."""
+    notes: list[str] = []
     tp, pp, cp, ep, vpp = (_int(row, k) for k in ("tp", "pp", "cp", "ep", "vpp"))
     filled = [k for k, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("vpp", vpp)) if v is None]
     tp, pp, cp, ep, vpp = tp or 1, pp or 1, cp or 1, ep or 1, vpp or 1
@@ -839,8 +669,13 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
         notes.append(f"{layers} layers do not divide over pp {pp} x vpp {par['vpp']} and the row gives no split: "
                      f"first stage {first}, last {last}, the others {(layers - first - last) // max(1, pp - 2)} "
                      f"(harness default; Megatron needs the split given)")
+    return par, dense, notes
 
-    # batch
+
+def _published_batch(row: dict, par: dict, dense: int, model: dict, base: dict) -> list[str]:
+    """Notes; sets the batch sizes and sequence length in ``par`` (and the model's sequence
+    length where it differs from ``base``), checking grad_accum against the dense dp."""
+    notes: list[str] = []
     gbs = _int(row, "global_batch_size")
     if gbs is None:
         raise InvalidRow("global_batch_size is empty")
@@ -859,27 +694,35 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
     elif seq != base.get("seq_len"):
         model["seq_len"] = seq
     par["seq_len"] = seq
+    return notes
 
-    # vocabulary actually executed (the row's is the FLOP formula's)
+
+def _executed_vocab(row: dict, tp: int, model: dict, base: dict, mpreset: str | None) -> list[str]:
+    """Notes; sets the vocabulary actually executed in ``model`` (the row's vocab_size is the
+    FLOP formula's; the GPT2BPETokenizer proxy runs GPT-2's, padded to a multiple of 128 x tp)."""
     vocab = _int(row, "vocab_size")
     if "gpt2bpetokenizer" in _key(_cell(row, "notes") + _cell(row, "derived_fields")):
         mult = 128 * tp
         padded = -(-_GPT2_VOCAB // mult) * mult
         model["vocab_size"] = padded
-        notes.append(f"vocab {padded} executed (GPT2BPETokenizer proxy: 50257 padded to a multiple of 128*tp); "
-                     f"row vocab {vocab} used for FLOP conventions only")
-    elif vocab is not None and vocab != base.get("vocab_size"):
+        return [f"vocab {padded} executed (GPT2BPETokenizer proxy: 50257 padded to a multiple of 128*tp); "
+                f"row vocab {vocab} used for FLOP conventions only"]
+    if vocab is not None and vocab != base.get("vocab_size"):
         model["vocab_size"] = vocab
-        notes.append(f"vocab_size {vocab} (preset {mpreset}: {base.get('vocab_size')})")
+        return [f"vocab_size {vocab} (preset {mpreset}: {base.get('vocab_size')})"]
+    return []
 
-    # framework defaults
-    fw, fnotes = _framework(_cell(row, "framework"))
-    notes += fnotes
+
+def _framework_defaults(row: dict, par: dict) -> tuple[str, dict, dict, list[str]]:
+    """``(framework, its FRAMEWORKS profile, overlap section, notes)``; sets sequence
+    parallelism, the ZeRO stage and recompute in ``par``, from the row or, for empty cells,
+    the framework's defaults (listed in one note)."""
+    fw, notes = _framework(_cell(row, "framework"))
     prof = FRAMEWORKS[fw]
     used = []
     sp = _bool(row, "sp")
     if sp is None:
-        sp = tp > 1 if prof["sequence_parallel"] == "tp>1" else bool(prof["sequence_parallel"])
+        sp = par["tp"] > 1 if prof["sequence_parallel"] == "tp>1" else bool(prof["sequence_parallel"])
         used.append(f"sequence_parallel={str(sp).lower()}")
     zero = _zero(_cell(row, "zero_fsdp"))
     if zero is None:
@@ -897,11 +740,13 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
     used.append("overlap " + ", ".join(f"{k}={str(v).lower()}" for k, v in overlap.items()))
     used.append(f"schedule={par['schedule']}")
     notes.append(f"defaults ({prof['label']}): " + "; ".join(used))
+    return fw, prof, overlap, notes
 
-    # precision
-    precision, pnotes = map_precision(_cell(row, "precision"))
-    notes += pnotes
-    notes += [_NOT_MODELLED + x for x in prof["not_modelled"]]
+
+def _precision_and_recipe(row: dict, fw: str, mpreset: str | None, cluster: dict) -> tuple[str, dict, list[str]]:
+    """``(precision recipe, cluster, notes)``: the row's precision, and the NeMo recipe's
+    settings for its model (cluster overrides, or a not-modelled note)."""
+    precision, notes = map_precision(_cell(row, "precision"))
     if fw == "nemo":
         for prec, over, text in _NEMO_RECIPES.get(mpreset, []):
             if prec and not precision.startswith(prec):
@@ -911,402 +756,4 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
             else:
                 cluster = {**cluster, **over}
                 notes.append(text)
-
-    scenario = {"model": model if len(model) > 1 else mpreset, "cluster": cluster, "parallel": par,
-                "precision": precision, "overlap": overlap, "num_steps": 2}
-    if prof.get("grad_reduce_dtype"):
-        scenario["grad_reduce_dtype"] = prof["grad_reduce_dtype"]
-        notes.append(f"grad_reduce_dtype={prof['grad_reduce_dtype']} ({prof['label']})")
-    return scenario, notes
-
-
-# -- measurements ----------------------------------------------------------------------------------
-def source_convention(row: dict) -> tuple[str, str]:
-    """``(FLOP convention, why)`` for a published-format row (see the module docstring)."""
-    from workloads import FLOP_CONVENTIONS
-    text = _cell(row, "tflops_definition")
-    low = text.lower()
-    for name in FLOP_CONVENTIONS:
-        if name in low:
-            return name, "named in tflops_definition"
-    if re.search(r"no causal|non-causal|not causal|without causal|12\s*\*\s*l\s*\*\s*h", low):
-        return "nemo_24", "tflops_definition describes NeMo's count (full s^2 attention)"
-    if "palm" in low or re.search(r"\b6\s*\*?\s*n\b", low):
-        return "palm_6n", "tflops_definition names 6N"
-    if "narayanan" in low or "eq. 3" in low or "eq3" in low:
-        return "narayanan_eq3", "tflops_definition names Narayanan et al. eq. 3"
-    fw, _ = _framework(_cell(row, "framework"))
-    conv = FRAMEWORKS[fw]["convention"]
-    return conv, f"the framework's ({FRAMEWORKS[fw]['label']})"
-
-
-def _flops(scenario: dict, row: dict, conv: str) -> float:
-    from workloads import load_model, model_flops_per_step
-    model = load_model(scenario["model"])
-    par = scenario["parallel"]
-    vocab = _int(row, "vocab_size")
-    return model_flops_per_step(model, par["global_batch_size"], par["seq_len"], conv, vocab_size=vocab)
-
-
-def _peak(scenario: dict) -> float:
-    from topologies.cluster import spec_from_mapping
-    from workloads import get_recipe
-    gpu = spec_from_mapping(scenario["cluster"]).gpu
-    recipe = get_recipe(scenario.get("precision", "bf16"))
-    return gpu.peak_flops.get(recipe.peak_dtype, gpu.peak_flops["bf16"])
-
-
-def measured_step(row: dict, fmt: str | None = None, scenario: dict | None = None) -> tuple[float, str, list[str]]:
-    """``(measured step time in s, derivation, notes)`` of one row; :class:`InvalidRow` if none.
-
-    The FLOP-based derivations need the row's ``scenario`` (from :func:`row_to_scenario`).
-    """
-    fmt = fmt or row.get("_format")
-    if fmt == "vtrain":
-        ms = _num(row, "iteration time (ms)")
-        if ms is None or ms <= 0:
-            raise InvalidRow("iteration time (ms) is empty or not positive")
-        return ms / 1000.0, "iteration time (ms) / 1000", []
-    n = _int(row, "num_gpus")
-    gbs = _int(row, "global_batch_size")
-    seq = _int(row, "seq_len")
-    if seq is None and scenario is not None:
-        seq = scenario["parallel"]["seq_len"]
-    cands: list[tuple[float, str]] = []
-    v = _num(row, "step_time_s")
-    if v is not None and v > 0:
-        cands.append((v, "step_time_s"))
-    v = _num(row, "tokens_per_s_total")
-    if v and gbs and seq:
-        cands.append((gbs * seq / v, "global_batch_size*seq_len/tokens_per_s_total"))
-    v = _num(row, "tokens_per_s_per_gpu")
-    if v and gbs and seq and n:
-        cands.append((gbs * seq / (v * n), "global_batch_size*seq_len/(tokens_per_s_per_gpu*num_gpus)"))
-    if scenario is not None and n:
-        conv, _why = source_convention(row)
-        tf = _num(row, "tflops_per_gpu")
-        mfu = _num(row, "mfu_pct")
-        if tf or mfu:
-            flops = _flops(scenario, row, conv)
-            if tf:
-                cands.append((flops / (tf * 1e12 * n), f"{conv} model FLOPs/(tflops_per_gpu*num_gpus)"))
-            if mfu:
-                peak = _peak(scenario)
-                cands.append((flops / (mfu / 100 * n * peak),
-                              f"{conv} model FLOPs/(mfu_pct/100*num_gpus*{peak / 1e12:g} TFLOP/s peak)"))
-    if not cands:
-        raise InvalidRow("no measured step time (step_time_s, tokens_per_s_total, tokens_per_s_per_gpu, "
-                         "tflops_per_gpu or mfu_pct)")
-    best, how = cands[0]
-    notes = []
-    for other, other_how in cands[1:]:
-        if abs(other / best - 1) > 0.02 and "FLOPs" not in other_how:
-            notes.append(f"check: {other_how} gives {other:.4g} s ({(other / best - 1) * 100:+.1f}%)")
-    return best, how, notes
-
-
-# -- validation ------------------------------------------------------------------------------------
-def _describe_parallel(par: dict) -> str:
-    s = f"tp{par['tp']} pp{par['pp']} dp{par['dp']} cp{par['cp']}"
-    if par.get("ep", 1) > 1:
-        s += f" ep{par['ep']}"
-    if par.get("vpp", 1) > 1:
-        s += f" vpp{par['vpp']}"
-    return s + f" mbs{par['micro_batch_size']} gbs{par['global_batch_size']}"
-
-
-def _row_id(row: dict) -> str:
-    if row.get("_format") == "published" and _cell(row, "row_id"):
-        return _cell(row, "row_id")
-    return f"{Path(row.get('_file', 'runs')).stem}:{row.get('_line', '?')}"
-
-
-def _source(row: dict) -> str:
-    if row.get("_format") == "vtrain":
-        # vTrain's two files are separate sources: 64-512 GPUs, and one host
-        return "vtrain_single" if Path(row.get("_file", "")).stem == "ground_truth_single" else "vtrain"
-    return _cell(row, "source_id") or Path(row.get("_file", "runs")).stem
-
-
-def _classify_config_error(e: ConfigError) -> str:
-    text = str(e)
-    if re.search(r"not modelled|not supported|not implemented|not yet", text):
-        return f"unsupported: {text}"
-    return f"invalid: {text}"
-
-
-def _evaluate(row: dict, run_fn, max_gpus) -> dict:
-    fmt = row.get("_format")
-    out = {c: "" for c in OUTPUT_COLUMNS}
-    out.update(id=_row_id(row), source=_source(row), format=fmt)
-    if fmt == "vtrain":
-        size = _cell(row, "Parameters (billion)")
-        out.update(model=f"GPT {size}B" if size else "GPT", gpu="A100", num_gpus=_cell(row, "# GPUs"),
-                   precision="mixed")
-    else:
-        out.update(model=_cell(row, "model"), gpu=_cell(row, "gpu_type") or _cell(row, "system"),
-                   num_gpus=_cell(row, "num_gpus"), precision=_cell(row, "precision"))
-    notes: list[str] = []
-    status = None
-    scenario = None
-    try:
-        scenario, mnotes = row_to_scenario(row, fmt)
-        notes += mnotes
-        out["parallel"] = _describe_parallel(scenario["parallel"])
-    except Unsupported as e:
-        status = f"unsupported: {e.reason}"
-    except InvalidRow as e:
-        status = f"invalid: {e.reason}"
-    except ConfigError as e:
-        status = _classify_config_error(e)
-
-    measured = None
-    try:
-        measured, how, cnotes = measured_step(row, fmt, scenario)
-        out.update(measured_step_s=measured, derivation=how)
-        notes += cnotes
-    except InvalidRow as e:
-        if status is None:
-            status = f"invalid: {e.reason}"
-        else:
-            notes.append(e.reason)
-    except ConfigError as e:
-        if status is None:
-            status = _classify_config_error(e)
-
-    conv = None
-    if scenario is not None and fmt == "published":
-        try:
-            conv, why = source_convention(row)
-            out["flop_convention"] = conv
-            notes.append(f"FLOP convention {conv}: {why}")
-            out["measured_tflops_per_gpu"] = _num(row, "tflops_per_gpu") or ""
-            out["measured_mfu_pct"] = _num(row, "mfu_pct") or ""
-        except InvalidRow as e:
-            notes.append(e.reason)
-
-    if status is None:
-        from ..scenario import load_scenario
-        try:
-            load_scenario(scenario)
-        except ConfigError as e:
-            status = _classify_config_error(e)
-    try:
-        n = int(float(out["num_gpus"]))
-    except ValueError:
-        n = 0
-    if status is None and max_gpus is not None and n > max_gpus:
-        status = "unsupported: over --max-gpus"
-
-    if status is None:
-        t0 = time.perf_counter()
-        try:
-            res = run_fn(scenario)
-            metrics = getattr(res, "metrics", res)
-            pred = float(metrics["step_time_s"])
-            if not pred > 0:
-                raise ValueError(f"predicted step time {pred!r} is not positive")
-        except ConfigError as e:
-            status = _classify_config_error(e)
-        except Exception as e:  # noqa: BLE001 -- the simulator's failure is reported on the row, not raised
-            status = f"error: {type(e).__name__}: {e}"
-        else:
-            status = "ok"
-            out["predicted_step_s"] = pred
-            out["error_pct"] = (pred - measured) / measured * 100
-            _predicted_rates(out, scenario, row, conv, pred, measured, n, notes)
-            _predicted_breakdown(out, metrics)
-            peak_mem = metrics.get("peak_memory_bytes") if hasattr(metrics, "get") else None
-            hbm = _hbm(scenario)
-            if peak_mem and hbm and peak_mem > hbm:
-                notes.append(f"memory model predicts OOM: {peak_mem / 2**30:.1f} GiB > {hbm / 2**30:.0f} GiB")
-        out["wall_s"] = round(time.perf_counter() - t0, 3)
-    out["status"] = status
-    out["notes"] = NOTE_SEP.join(notes)
-    return out
-
-
-def _hbm(scenario: dict) -> float | None:
-    try:
-        from topologies.cluster import spec_from_mapping
-        return spec_from_mapping(scenario["cluster"]).gpu.hbm_bytes
-    except ConfigError:
-        return None
-
-
-def _predicted_rates(out, scenario, row, conv, pred, measured, n, notes) -> None:
-    if conv is None or not n:
-        return
-    flops = _flops(scenario, row, conv)
-    if out["measured_tflops_per_gpu"] != "":
-        out["predicted_tflops_per_gpu"] = flops / pred / n / 1e12
-    if out["measured_mfu_pct"] != "":
-        peak = _peak(scenario)
-        out["predicted_mfu_pct"] = flops / (pred * n * peak) * 100
-        at_measured = flops / (measured * n * peak) * 100
-        notes.append(f"check: {conv} MFU at the measured step {at_measured:.2f}% (published {out['measured_mfu_pct']}%)")
-
-
-def _predicted_breakdown(out: dict, metrics) -> None:
-    bd = metrics.get("breakdown_s") if hasattr(metrics, "get") else None
-    if not bd:
-        return
-    for col in BREAKDOWN_COLUMNS:               # a test checks that they sum to the step
-        out[col] = float(bd.get(col[:-2], 0.0))
-
-
-def write_csv(results: list[dict], path) -> None:
-    """Write :func:`validate` rows to ``path`` (columns :data:`OUTPUT_COLUMNS`)."""
-    p = Path(path)
-    if p.parent and not p.parent.exists():
-        p.parent.mkdir(parents=True, exist_ok=True)
-    with p.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(OUTPUT_COLUMNS), extrasaction="ignore")
-        w.writeheader()
-        for r in results:
-            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
-
-
-def validate(path, out_csv=None, *, run_fn=None, max_gpus: int | None = None, progress=None,
-             select=None, limit: int | None = None) -> list[dict]:
-    """Simulate every row of a runs table and compare with its measurement.
-
-    Parameters
-    ----------
-    path
-        A CSV in the published-runs or vTrain format (:func:`load_runs`).
-    out_csv
-        Where to write the result rows (columns :data:`OUTPUT_COLUMNS`); None: not written.
-    run_fn
-        ``run_fn(scenario_mapping)`` returning an object with ``.metrics["step_time_s"]`` (or
-        the metrics mapping itself); default :func:`simulator.engine.run`.
-    max_gpus
-        Rows on more GPUs are reported as ``unsupported: over --max-gpus`` (still mapped
-        and checked, not simulated).
-    progress
-        ``progress(index, total, result_row)`` after each row.
-    select
-        ``select(row) -> bool`` on the loaded rows (:func:`load_runs`): only selected rows
-        are evaluated and reported (a documented subset, e.g. for a CI test); None: all.
-    limit
-        Evaluate only the first ``limit`` (selected) rows; None: all.
-
-    Returns
-    -------
-    list of dict
-        One per input row, in order (:data:`OUTPUT_COLUMNS`); ``status`` is ``ok``,
-        ``unsupported: ...``, ``invalid: ...`` or ``error: ...``.
-    """
-    if max_gpus is not None and (isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or max_gpus < 1):
-        raise ConfigError("--max-gpus", max_gpus, "must be a positive integer")
-    rows = load_runs(path)
-    if select is not None:
-        rows = [r for r in rows if select(r)]
-    if limit is not None:
-        rows = rows[:max(0, int(limit))]
-    if run_fn is None:
-        from ..engine import run as run_fn
-    results = []
-    for i, row in enumerate(rows):
-        out = _evaluate(row, run_fn, max_gpus)
-        results.append(out)
-        if progress is not None:
-            progress(i, len(rows), out)
-    if out_csv is not None:
-        write_csv(results, out_csv)
-    return results
-
-
-# -- summary ---------------------------------------------------------------------------------------
-def _percentile(values: list[float], q: float) -> float:
-    """Linear-interpolation percentile (numpy's default) of a non-empty list."""
-    v = sorted(values)
-    pos = (len(v) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
-
-
-def _stats(rows: list[dict]) -> dict:
-    ok = [r for r in rows if r["status"] == "ok" and r["error_pct"] != ""]
-    errs = [abs(float(r["error_pct"])) for r in ok]
-    signed = [float(r["error_pct"]) for r in ok]
-    out = {"rows": len(rows), "ok": len(ok)}
-    if errs:
-        out.update(median=_percentile(errs, 50), p90=_percentile(errs, 90), max=max(errs),
-                   mean=sum(errs) / len(errs), bias=_percentile(signed, 50))
-    return out
-
-
-def summary(results: list[dict]) -> str:
-    """Coverage and absolute step-time error (median, p90, max, mean) per source and overall,
-    the median signed error (bias), counts of the reasons rows were not simulated, and the
-    number of simulated rows each not-modelled source feature touches."""
-    sources: dict[str, list[dict]] = {}
-    for r in results:
-        sources.setdefault(r["source"], []).append(r)
-    groups = list(sources.items()) + ([("all", results)] if len(sources) > 1 else [])
-    lines = [(f"{'source':<20} {'rows':>5} {'ok':>4} {'coverage':>9} {'median|err|':>12} {'p90|err|':>9} "
-              f"{'max|err|':>9} {'mean|err|':>10} {'median err':>11}")]
-    for name, rows in groups:
-        s = _stats(rows)
-        cov = f"{s['ok'] / s['rows'] * 100:.0f}%" if s["rows"] else "-"
-        if "median" in s:
-            lines.append(f"{name:<20} {s['rows']:>5} {s['ok']:>4} {cov:>9} {s['median']:>11.1f}% {s['p90']:>8.1f}% "
-                         f"{s['max']:>8.1f}% {s['mean']:>9.1f}% {s['bias']:>+10.1f}%")
-        else:
-            lines.append(f"{name:<20} {s['rows']:>5} {s['ok']:>4} {cov:>9} {'-':>12} {'-':>9} {'-':>9} {'-':>10} "
-                         f"{'-':>11}")
-    reasons: dict[str, int] = {}
-    for r in results:
-        if r["status"] != "ok":
-            reasons[r["status"]] = reasons.get(r["status"], 0) + 1
-    if reasons:
-        lines.append("not simulated (rows):")
-        for reason, count in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
-            lines.append(f"  {count:>4}  {reason}")
-    features: dict[str, int] = {}
-    for r in results:
-        for note in str(r.get("notes", "")).split(NOTE_SEP):
-            if note.startswith(_NOT_MODELLED):
-                feat = note[len(_NOT_MODELLED):]
-                features[feat] = features.get(feat, 0) + 1
-    if features:
-        lines.append("source features not modelled (rows touched, simulated or not):")
-        for feat, count in sorted(features.items(), key=lambda kv: (-kv[1], kv[0])):
-            lines.append(f"  {count:>4}  {feat}")
-    return "\n".join(lines)
-
-
-def _row_line(r: dict) -> str:
-    def num(v, spec):
-        return format(v, spec) if isinstance(v, float) else (str(v) if v != "" else "-")
-    err = f"{r['error_pct']:+.1f}%" if isinstance(r["error_pct"], float) else "-"
-    return (f"{r['id']:<22} {str(r['model'])[:32]:<32} {r['num_gpus']:>5} {str(r['precision'])[:6]:<6} "
-            f"{num(r['measured_step_s'], '.3f'):>8} {num(r['predicted_step_s'], '.3f'):>9} {err:>8}  {r['status']}")
-
-
-def main(argv=None) -> int:
-    """``clustersim validate RUNS.csv [--out predictions.csv] [--max-gpus N] [--plot PNG]``: per-row lines,
-    then the summary."""
-    p = argparse.ArgumentParser(prog="clustersim validate",
-                                description="Simulate every measured run of a table and report the step-time error.")
-    p.add_argument("runs", help="CSV in the published-runs format or vTrain's ground-truth format")
-    p.add_argument("--out", help="write one row per input row (predictions, errors, status) to this CSV")
-    p.add_argument("--max-gpus", type=int, default=None,
-                   help="report rows on more GPUs as 'unsupported: over --max-gpus' instead of simulating them")
-    p.add_argument("--plot", help="write a log-log scatter of predicted vs measured step time to this PNG")
-    args = p.parse_args(argv)
-    print(f"{'id':<22} {'model':<32} {'gpus':>5} {'prec':<6} {'measured':>8} {'predicted':>9} {'error':>8}  status")
-
-    def progress(_i, _n, r):
-        print(_row_line(r), flush=True)
-
-    results = validate(args.runs, args.out, max_gpus=args.max_gpus, progress=progress)
-    print()
-    print(summary(results))
-    if args.plot:
-        from ..report.plots import validation_scatter
-        validation_scatter(results, args.plot)
-        print(f"scatter plot: {args.plot}")
-    return 0
+    return precision, cluster, notes

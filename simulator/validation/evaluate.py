@@ -1,0 +1,407 @@
+"""Evaluating rows: the measured step time and FLOP conventions of a row, its simulation, and
+:func:`validate`, the predicted against measured step time of every row of a runs table.
+
+``validate(RUNS.csv)`` reads a table of measured runs (:mod:`.ingest`), turns every row into
+a scenario (:mod:`.mapping`), simulates it and reports, per row, the measured and predicted
+step time, the signed error, TFLOP/s per GPU and MFU where the source gives them, where the
+predicted step went (:data:`BREAKDOWN_COLUMNS`), a status and how each number was obtained.
+No row is dropped: a row that cannot be simulated gets
+``unsupported: <reason>`` (a feature clustersim lacks, or ``over --max-gpus``),
+``invalid: <reason>`` (the row contradicts itself or a clustersim rule) or
+``error: <message>`` (the simulator raised).  :func:`.report.summary` gives coverage and
+error statistics per source and counts the reasons, so a report can name the missing
+features that cost the most rows.
+
+Measured step time (the ``derivation`` column)
+----------------------------------------------
+In order of preference: ``step_time_s``; ``global_batch_size * seq_len /
+tokens_per_s_total``; ``global_batch_size * seq_len / (tokens_per_s_per_gpu * num_gpus)``;
+model FLOPs per step in the source's convention / (``tflops_per_gpu`` x 1e12 x num_gpus);
+the same FLOPs / (``mfu_pct`` / 100 x num_gpus x dense peak of the precision); vTrain:
+``iteration time (ms) / 1000``.  The step-time and token-rate columns present besides the
+one used are cross-checked; a disagreement over 2 % is noted.
+
+FLOP convention (``flop_convention`` column) of a published-format row: a
+:data:`~workloads.FLOP_CONVENTIONS` name in ``tflops_definition``; else ``nemo_24`` when the
+definition describes NeMo's count (``12*l*h^2*(1+g/a+s/h)``, no causal halving); else
+``palm_6n`` / ``narayanan_eq3`` by keyword; else the framework's (NeMo ``nemo_24``,
+otherwise ``megatron_core_2025``).  The published H100 runs' MFU is NeMo's formula, so their
+predicted MFU is ``model_flops_per_step(model, gbs, seq, 'nemo_24', vocab_size=<row's>)``
+over (predicted step x GPUs x dense peak of the recipe's GEMM dtype: 989 / 1,979 TFLOP/s on
+H100 BF16 / FP8, the publisher's peaks); the notes also give that formula's MFU at the
+measured step, a check on the convention against the published value.  Predicted TFLOP/s
+and MFU are reported only where the source gives the measured ones.
+
+``error_pct`` = (predicted - measured) / measured x 100: positive means clustersim predicts
+a slower step than was measured.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import time
+from pathlib import Path
+
+from topologies import ConfigError
+
+from .ingest import InvalidRow, Unsupported, _cell, _int, _num, load_runs
+from .mapping import FRAMEWORKS, _framework, row_to_scenario
+
+__all__ = ["BREAKDOWN_COLUMNS", "NOTE_SEP", "OUTPUT_COLUMNS", "measured_step", "source_convention", "validate",
+           "write_csv"]
+
+BREAKDOWN_COLUMNS = ("compute_s", "recompute_s", "bubble_s", "host_issue_s", "exposed_tp_s", "exposed_cp_s",
+                     "exposed_ep_s", "exposed_pp_s", "exposed_dp_s")
+"""The predicted step split into where the slowest rank's compute stream spent it (the
+simulator's ``breakdown_s``; they sum to ``predicted_step_s``): what
+``experiments/validation_residuals.py`` attributes the errors to."""
+
+#: Columns of the output table (``validate(..., out_csv=...)``).
+OUTPUT_COLUMNS = ("id", "source", "format", "model", "gpu", "num_gpus", "precision", "parallel", "measured_step_s",
+                  "predicted_step_s", "error_pct", "measured_tflops_per_gpu", "predicted_tflops_per_gpu",
+                  "measured_mfu_pct", "predicted_mfu_pct", *BREAKDOWN_COLUMNS, "flop_convention", "status",
+                  "derivation", "notes", "wall_s")
+
+#: Separator of the notes of one output row.
+NOTE_SEP = " | "
+
+
+
+# -- measurements ----------------------------------------------------------------------------------
+def source_convention(row: dict) -> tuple[str, str]:
+    """``(FLOP convention, why)`` for a published-format row (see the module docstring)."""
+    from workloads import FLOP_CONVENTIONS
+    text = _cell(row, "tflops_definition")
+    low = text.lower()
+    for name in FLOP_CONVENTIONS:
+        if name in low:
+            return name, "named in tflops_definition"
+    if re.search(r"no causal|non-causal|not causal|without causal|12\s*\*\s*l\s*\*\s*h", low):
+        return "nemo_24", "tflops_definition describes NeMo's count (full s^2 attention)"
+    if "palm" in low or re.search(r"\b6\s*\*?\s*n\b", low):
+        return "palm_6n", "tflops_definition names 6N"
+    if "narayanan" in low or "eq. 3" in low or "eq3" in low:
+        return "narayanan_eq3", "tflops_definition names Narayanan et al. eq. 3"
+    fw, _ = _framework(_cell(row, "framework"))
+    conv = FRAMEWORKS[fw]["convention"]
+    return conv, f"the framework's ({FRAMEWORKS[fw]['label']})"
+
+
+def _flops(scenario: dict, row: dict, conv: str) -> float:
+    from workloads import load_model, model_flops_per_step
+    model = load_model(scenario["model"])
+    par = scenario["parallel"]
+    vocab = _int(row, "vocab_size")
+    return model_flops_per_step(model, par["global_batch_size"], par["seq_len"], conv, vocab_size=vocab)
+
+
+def _peak(scenario: dict) -> float:
+    from topologies.cluster import spec_from_mapping
+    from workloads import get_recipe
+    gpu = spec_from_mapping(scenario["cluster"]).gpu
+    recipe = get_recipe(scenario.get("precision", "bf16"))
+    return gpu.peak_flops.get(recipe.peak_dtype, gpu.peak_flops["bf16"])
+
+
+def measured_step(row: dict, fmt: str | None = None, scenario: dict | None = None) -> tuple[float, str, list[str]]:
+    """``(measured step time in s, derivation, notes)`` of one row; :class:`InvalidRow` if none.
+
+    The FLOP-based derivations need the row's ``scenario`` (from :func:`row_to_scenario`).
+    """
+    fmt = fmt or row.get("_format")
+    if fmt == "vtrain":
+        ms = _num(row, "iteration time (ms)")
+        if ms is None or ms <= 0:
+            raise InvalidRow("iteration time (ms) is empty or not positive")
+        return ms / 1000.0, "iteration time (ms) / 1000", []
+    n = _int(row, "num_gpus")
+    gbs = _int(row, "global_batch_size")
+    seq = _int(row, "seq_len")
+    if seq is None and scenario is not None:
+        seq = scenario["parallel"]["seq_len"]
+    cands: list[tuple[float, str]] = []
+    v = _num(row, "step_time_s")
+    if v is not None and v > 0:
+        cands.append((v, "step_time_s"))
+    v = _num(row, "tokens_per_s_total")
+    if v and gbs and seq:
+        cands.append((gbs * seq / v, "global_batch_size*seq_len/tokens_per_s_total"))
+    v = _num(row, "tokens_per_s_per_gpu")
+    if v and gbs and seq and n:
+        cands.append((gbs * seq / (v * n), "global_batch_size*seq_len/(tokens_per_s_per_gpu*num_gpus)"))
+    if scenario is not None and n:
+        conv, _why = source_convention(row)
+        tf = _num(row, "tflops_per_gpu")
+        mfu = _num(row, "mfu_pct")
+        if tf or mfu:
+            flops = _flops(scenario, row, conv)
+            if tf:
+                cands.append((flops / (tf * 1e12 * n), f"{conv} model FLOPs/(tflops_per_gpu*num_gpus)"))
+            if mfu:
+                peak = _peak(scenario)
+                cands.append((flops / (mfu / 100 * n * peak),
+                              f"{conv} model FLOPs/(mfu_pct/100*num_gpus*{peak / 1e12:g} TFLOP/s peak)"))
+    if not cands:
+        raise InvalidRow("no measured step time (step_time_s, tokens_per_s_total, tokens_per_s_per_gpu, "
+                         "tflops_per_gpu or mfu_pct)")
+    best, how = cands[0]
+    notes = []
+    for other, other_how in cands[1:]:
+        if abs(other / best - 1) > 0.02 and "FLOPs" not in other_how:
+            notes.append(f"check: {other_how} gives {other:.4g} s ({(other / best - 1) * 100:+.1f}%)")
+    return best, how, notes
+
+
+# -- validation ------------------------------------------------------------------------------------
+def _describe_parallel(par: dict) -> str:
+    """The ``parallel`` column: degrees and batch sizes, e.g. ``tp4 pp4 dp2 cp2 vpp5 mbs1 gbs128``."""
+    s = f"tp{par['tp']} pp{par['pp']} dp{par['dp']} cp{par['cp']}"
+    if par.get("ep", 1) > 1:
+        s += f" ep{par['ep']}"
+    if par.get("vpp", 1) > 1:
+        s += f" vpp{par['vpp']}"
+    return s + f" mbs{par['micro_batch_size']} gbs{par['global_batch_size']}"
+
+
+def _row_id(row: dict) -> str:
+    if row.get("_format") == "published" and _cell(row, "row_id"):
+        return _cell(row, "row_id")
+    return f"{Path(row.get('_file', 'runs')).stem}:{row.get('_line', '?')}"
+
+
+def _source(row: dict) -> str:
+    if row.get("_format") == "vtrain":
+        # vTrain's two files are separate sources: 64-512 GPUs, and one host
+        return "vtrain_single" if Path(row.get("_file", "")).stem == "ground_truth_single" else "vtrain"
+    return _cell(row, "source_id") or Path(row.get("_file", "runs")).stem
+
+
+def _classify_config_error(e: ConfigError) -> str:
+    """``unsupported: ...`` for a feature the simulator lacks, else ``invalid: ...``."""
+    text = str(e)
+    if re.search(r"not modelled|not supported|not implemented|not yet", text):
+        return f"unsupported: {text}"
+    return f"invalid: {text}"
+
+def _evaluate(row: dict, run_fn, max_gpus) -> dict:
+    """The output row (:data:`OUTPUT_COLUMNS`) of one input row: map it, derive its measured
+    step, check the scenario and simulate it; the first step that fails sets the status."""
+    fmt = row.get("_format")
+    out = _output_row(row, fmt)
+    notes: list[str] = []
+    scenario, status = _map_row(row, fmt, out, notes)
+    measured, status = _measure_row(row, fmt, scenario, status, out, notes)
+    conv = _row_convention(row, fmt, scenario, out, notes)
+    if status is None:
+        status = _scenario_check(scenario)
+    try:
+        n = int(float(out["num_gpus"]))
+    except ValueError:
+        n = 0
+    if status is None and max_gpus is not None and n > max_gpus:
+        status = "unsupported: over --max-gpus"
+    if status is None:
+        status = _simulate_row(row, scenario, run_fn, conv, measured, n, out, notes)
+    out["status"] = status
+    out["notes"] = NOTE_SEP.join(notes)
+    return out
+
+
+def _output_row(row: dict, fmt: str | None) -> dict:
+    """An output row with the input row's identity filled in (id, source, format, model,
+    GPU, GPU count, precision as the source wrote them) and every other column empty."""
+    out = {c: "" for c in OUTPUT_COLUMNS}
+    out.update(id=_row_id(row), source=_source(row), format=fmt)
+    if fmt == "vtrain":
+        size = _cell(row, "Parameters (billion)")
+        out.update(model=f"GPT {size}B" if size else "GPT", gpu="A100", num_gpus=_cell(row, "# GPUs"),
+                   precision="mixed")
+    else:
+        out.update(model=_cell(row, "model"), gpu=_cell(row, "gpu_type") or _cell(row, "system"),
+                   num_gpus=_cell(row, "num_gpus"), precision=_cell(row, "precision"))
+    return out
+
+
+def _map_row(row: dict, fmt: str | None, out: dict, notes: list[str]) -> tuple[dict | None, str | None]:
+    """``(scenario or None, status or None)``: the row's scenario (its layout in ``out``, its
+    notes appended), or the status of why it has none."""
+    try:
+        scenario, mnotes = row_to_scenario(row, fmt)
+    except Unsupported as e:
+        return None, f"unsupported: {e.reason}"
+    except InvalidRow as e:
+        return None, f"invalid: {e.reason}"
+    except ConfigError as e:
+        return None, _classify_config_error(e)
+    notes += mnotes
+    out["parallel"] = _describe_parallel(scenario["parallel"])
+    return scenario, None
+
+
+def _measure_row(row: dict, fmt: str | None, scenario: dict | None, status: str | None, out: dict,
+                 notes: list[str]) -> tuple[float | None, str | None]:
+    """``(measured step or None, status)``: the measured step and its derivation into ``out``;
+    a row without one is invalid unless it already has a status (then noted)."""
+    try:
+        measured, how, cnotes = measured_step(row, fmt, scenario)
+    except InvalidRow as e:
+        if status is None:
+            return None, f"invalid: {e.reason}"
+        notes.append(e.reason)
+        return None, status
+    except ConfigError as e:
+        return None, status if status is not None else _classify_config_error(e)
+    out.update(measured_step_s=measured, derivation=how)
+    notes += cnotes
+    return measured, status
+
+
+def _row_convention(row: dict, fmt: str | None, scenario: dict | None, out: dict, notes: list[str]) -> str | None:
+    """The FLOP convention of a mapped published-format row (None otherwise), with the
+    measured TFLOP/s and MFU the source gives, into ``out``."""
+    if scenario is None or fmt != "published":
+        return None
+    conv = None
+    try:
+        conv, why = source_convention(row)
+        out["flop_convention"] = conv
+        notes.append(f"FLOP convention {conv}: {why}")
+        out["measured_tflops_per_gpu"] = _num(row, "tflops_per_gpu") or ""
+        out["measured_mfu_pct"] = _num(row, "mfu_pct") or ""
+    except InvalidRow as e:
+        notes.append(e.reason)
+    return conv
+
+
+def _scenario_check(scenario: dict) -> str | None:
+    """The status of a scenario the contract rejects (:func:`simulator.scenario.load_scenario`), else None."""
+    from ..scenario import load_scenario
+    try:
+        load_scenario(scenario)
+    except ConfigError as e:
+        return _classify_config_error(e)
+    return None
+
+
+def _simulate_row(row: dict, scenario: dict, run_fn, conv: str | None, measured: float, n: int, out: dict,
+                  notes: list[str]) -> str:
+    """Run the scenario: the status, and on success the prediction, its error, rates and
+    breakdown into ``out`` (a memory model's OOM verdict noted)."""
+    t0 = time.perf_counter()
+    try:
+        res = run_fn(scenario)
+        metrics = getattr(res, "metrics", res)
+        pred = float(metrics["step_time_s"])
+        if not pred > 0:
+            raise ValueError(f"predicted step time {pred!r} is not positive")
+    except ConfigError as e:
+        status = _classify_config_error(e)
+    except Exception as e:  # noqa: BLE001 -- the simulator's failure is reported on the row, not raised
+        status = f"error: {type(e).__name__}: {e}"
+    else:
+        status = "ok"
+        out["predicted_step_s"] = pred
+        out["error_pct"] = (pred - measured) / measured * 100
+        _predicted_rates(out, scenario, row, conv, pred, measured, n, notes)
+        _predicted_breakdown(out, metrics)
+        peak_mem = metrics.get("peak_memory_bytes") if hasattr(metrics, "get") else None
+        hbm = _hbm(scenario)
+        if peak_mem and hbm and peak_mem > hbm:
+            notes.append(f"memory model predicts OOM: {peak_mem / 2**30:.1f} GiB > {hbm / 2**30:.0f} GiB")
+    out["wall_s"] = round(time.perf_counter() - t0, 3)
+    return status
+
+
+def _hbm(scenario: dict) -> float | None:
+    """HBM bytes of the scenario's GPU; None when its cluster does not resolve."""
+    try:
+        from topologies.cluster import spec_from_mapping
+        return spec_from_mapping(scenario["cluster"]).gpu.hbm_bytes
+    except ConfigError:
+        return None
+
+
+def _predicted_rates(out, scenario, row, conv, pred, measured, n, notes) -> None:
+    """Predicted TFLOP/s per GPU and MFU into ``out``, each only where the source gives the measured one."""
+    if conv is None or not n:
+        return
+    flops = _flops(scenario, row, conv)
+    if out["measured_tflops_per_gpu"] != "":
+        out["predicted_tflops_per_gpu"] = flops / pred / n / 1e12
+    if out["measured_mfu_pct"] != "":
+        peak = _peak(scenario)
+        out["predicted_mfu_pct"] = flops / (pred * n * peak) * 100
+        at_measured = flops / (measured * n * peak) * 100
+        notes.append(f"check: {conv} MFU at the measured step {at_measured:.2f}% (published {out['measured_mfu_pct']}%)")
+
+
+def _predicted_breakdown(out: dict, metrics) -> None:
+    """The simulator's ``breakdown_s`` into the :data:`BREAKDOWN_COLUMNS` of ``out``."""
+    bd = metrics.get("breakdown_s") if hasattr(metrics, "get") else None
+    if not bd:
+        return
+    for col in BREAKDOWN_COLUMNS:               # a test checks that they sum to the step
+        out[col] = float(bd.get(col[:-2], 0.0))
+
+
+def write_csv(results: list[dict], path) -> None:
+    """Write :func:`validate` rows to ``path`` (columns :data:`OUTPUT_COLUMNS`)."""
+    p = Path(path)
+    if p.parent and not p.parent.exists():
+        p.parent.mkdir(parents=True, exist_ok=True)
+    with p.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(OUTPUT_COLUMNS), extrasaction="ignore")
+        w.writeheader()
+        for r in results:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def validate(path, out_csv=None, *, run_fn=None, max_gpus: int | None = None, progress=None,
+             select=None, limit: int | None = None) -> list[dict]:
+    """Simulate every row of a runs table and compare with its measurement.
+
+    Parameters
+    ----------
+    path
+        A CSV in the published-runs or vTrain format (:func:`load_runs`).
+    out_csv
+        Where to write the result rows (columns :data:`OUTPUT_COLUMNS`); None: not written.
+    run_fn
+        ``run_fn(scenario_mapping)`` returning an object with ``.metrics["step_time_s"]`` (or
+        the metrics mapping itself); default :func:`simulator.engine.run`.
+    max_gpus
+        Rows on more GPUs are reported as ``unsupported: over --max-gpus`` (still mapped
+        and checked, not simulated).
+    progress
+        ``progress(index, total, result_row)`` after each row.
+    select
+        ``select(row) -> bool`` on the loaded rows (:func:`load_runs`): only selected rows
+        are evaluated and reported (a documented subset, e.g. for a CI test); None: all.
+    limit
+        Evaluate only the first ``limit`` (selected) rows; None: all.
+
+    Returns
+    -------
+    list of dict
+        One per input row, in order (:data:`OUTPUT_COLUMNS`); ``status`` is ``ok``,
+        ``unsupported: ...``, ``invalid: ...`` or ``error: ...``.
+    """
+    if max_gpus is not None and (isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or max_gpus < 1):
+        raise ConfigError("--max-gpus", max_gpus, "must be a positive integer")
+    rows = load_runs(path)
+    if select is not None:
+        rows = [r for r in rows if select(r)]
+    if limit is not None:
+        rows = rows[:max(0, int(limit))]
+    if run_fn is None:
+        from ..engine import run as run_fn
+    results = []
+    for i, row in enumerate(rows):
+        out = _evaluate(row, run_fn, max_gpus)
+        results.append(out)
+        if progress is not None:
+            progress(i, len(rows), out)
+    if out_csv is not None:
+        write_csv(results, out_csv)
+    return results
