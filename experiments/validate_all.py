@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     print()
     print(summary(results))
     if not args.no_plot:
-        from simulator.report.plots import validation_scatter
+        from simulator.report import validation_scatter
         png = out_dir / "scatter.png"
         validation_scatter(results, png)
         print(f"\npredictions: {', '.join(str(out_dir / f'predictions_{n}.csv') for n in names)}\nscatter: {png}")

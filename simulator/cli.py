@@ -142,11 +142,11 @@ def _run(args) -> int:
     gantt_path = args.gantt or (str(out / "gantt.png") if out else None)
     trace_path = args.trace or (str(out / "trace.json") if out else None)
     if gantt_path:
-        from .report.plots import gantt
+        from .report import gantt
         gantt(last, gantt_path, title=f"{res.scenario.name}: step {len(res.step_bounds)}, "
                                       f"{res.metrics['step_time_s']:.3f} s, MFU {res.metrics['mfu']:.1%}")
     if trace_path:
-        from .report.trace import to_chrome_trace
+        from .report import to_chrome_trace
         to_chrome_trace(tl, trace_path, metadata={"scenario": res.scenario.name})
     if args.json:
         print(json.dumps(res.metrics, default=float))

@@ -65,7 +65,7 @@ def write_csv(rows: list[dict], path: Path) -> None:
 def gantt_pair(base, other, out: Path, *, label: str, ranks=None, by: str = "rank", stage_of=None) -> list[Path]:
     """``gantt_baseline.png`` and ``gantt_whatif.png``: the last step of both runs, the same
     rows, titled with step times so the difference can be read off."""
-    from simulator.report.plots import gantt
+    from simulator.report import gantt
     paths = []
     for name, res, what in (("baseline", base, "baseline"), ("whatif", other, label)):
         p = out / f"gantt_{name}.png"

@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     print()
     print(summary(results))
     if args.plot:
-        from ..report.plots import validation_scatter
+        from ..report import validation_scatter
         validation_scatter(results, args.plot)
         print(f"scatter plot: {args.plot}")
     return 0

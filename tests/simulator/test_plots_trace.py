@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator.report import plots, trace
+from simulator import report
+from simulator.report import trace
 from simulator.report.trace import TIMELINE_COLUMNS
 
 MS = 1e-3
@@ -169,7 +170,7 @@ def _labels(fig, which="labels:compute"):
 
 def test_gantt_4_ranks_png(tl4, tmp_path):
     p = tmp_path / "g4.png"
-    fig = plots.gantt(tl4, p)
+    fig = report.gantt(tl4, p)
     assert p.stat().st_size > 20_000
     w, h = png_size(p)
     assert w == 1500 and 300 <= h <= 1200
@@ -191,7 +192,7 @@ def test_gantt_4_ranks_png(tl4, tmp_path):
 def test_gantt_64_ranks_fast_and_capped(tl64, tmp_path):
     p = tmp_path / "g64.png"
     t = time.perf_counter()
-    fig = plots.gantt(tl64, p)
+    fig = report.gantt(tl64, p)
     elapsed = time.perf_counter() - t
     assert elapsed < 4.0, f"gantt of {len(tl64)} ops took {elapsed:.2f} s"
     w, h = png_size(p)
@@ -201,64 +202,64 @@ def test_gantt_64_ranks_fast_and_capped(tl64, tmp_path):
 
 
 def test_gantt_subsets_rows(tl64, tmp_path):
-    fig = plots.gantt(tl64, tmp_path / "sub.png", max_rows=8)
+    fig = report.gantt(tl64, tmp_path / "sub.png", max_rows=8)
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert len(labels) == 8 and labels[0].startswith("rank 0 ") and labels[-1].startswith("rank 63 ")
     assert "showing 8 of 64 ranks" in fig.texts[0].get_text()
     _, h = png_size(tmp_path / "sub.png")
     assert h < 1800
 
-    fig = plots.gantt(tl64, ranks=[5, 3, 40])
+    fig = report.gantt(tl64, ranks=[5, 3, 40])
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["rank 3  h0", "rank 5  h0", "rank 40  h5"]
     with pytest.raises(ValueError, match=r"ranks \[99\]"):
-        plots.gantt(tl64, ranks=[1, 99])
+        report.gantt(tl64, ranks=[1, 99])
 
 
 def test_gantt_by_stage(tl64):
     # inferred from layers, from a mapping, and from a 'stage' column: same 4 rows
-    fig = plots.gantt(tl64, by="stage")
+    fig = report.gantt(tl64, by="stage")
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert labels == ["stage 0 · r0", "stage 1 · r16", "stage 2 · r32", "stage 3 · r48"]
     assert "inferred" in fig.texts[0].get_text()
-    fig = plots.gantt(tl64, by="stage", stage_of={r: r // 16 for r in range(64)}, ranks=range(4, 64))
+    fig = report.gantt(tl64, by="stage", stage_of={r: r // 16 for r in range(64)}, ranks=range(4, 64))
     assert next(t.get_text() for t in fig.axes[0].get_yticklabels()) == "stage 0 · r4"
-    fig = plots.gantt(tl64.assign(stage=tl64["rank"] // 16), by="stage", stage_of=None)
+    fig = report.gantt(tl64.assign(stage=tl64["rank"] // 16), by="stage", stage_of=None)
     assert len(fig.axes[0].get_yticklabels()) == 4
     with pytest.raises(ValueError, match="stage_of has no stage for rank"):
-        plots.gantt(tl64, by="stage", stage_of={0: 0})
+        report.gantt(tl64, by="stage", stage_of={0: 0})
     with pytest.raises(ValueError, match="by must be"):
-        plots.gantt(tl64, by="node")
+        report.gantt(tl64, by="node")
 
 
 def test_gantt_step_and_chunks(tmp_path):
     tl = synthetic_timeline(pp=2, num_microbatches=4, num_steps=2)
     assert set(tl["step"]) == {0, 1}
-    fig_all = plots.gantt(tl)
-    fig_last = plots.gantt(tl, step=-1)
+    fig_all = report.gantt(tl)
+    fig_last = report.gantt(tl, step=-1)
     assert "step 1" in fig_last.texts[0].get_text()
     assert fig_last.axes[0].get_xlim()[1] < 0.6 * fig_all.axes[0].get_xlim()[1]
     assert "from t =" in fig_last.axes[0].get_xlabel()
     with pytest.raises(ValueError, match="steps present"):
-        plots.gantt(tl, step=5)
+        report.gantt(tl, step=5)
     with pytest.raises(ValueError, match="no 'step' column"):
-        plots.gantt(tl.drop(columns="step"), step=0)
+        report.gantt(tl.drop(columns="step"), step=0)
     # virtual-pipeline chunks: legend explains the lighter shade
     tl2 = tl.assign(chunk=np.where(tl["microbatch"] % 2 == 1, 1, 0))
-    fig = plots.gantt(tl2, tmp_path / "chunks.png")
+    fig = report.gantt(tl2, tmp_path / "chunks.png")
     assert any("later model chunk" in t.get_text() for t in fig.legends[0].get_texts())
 
 
 def test_gantt_rejects_bad_input(tl4):
     with pytest.raises(ValueError, match="missing column"):
-        plots.gantt(tl4.drop(columns="phase"))
+        report.gantt(tl4.drop(columns="phase"))
     with pytest.raises(ValueError, match="empty"):
-        plots.gantt(tl4.iloc[:0])
+        report.gantt(tl4.iloc[:0])
 
 
 def test_gantt_long_run_in_seconds():
     tl = synthetic_timeline(pp=2, num_microbatches=2)
     tl = tl.assign(start_s=tl["start_s"] * 2000, end_s=tl["end_s"] * 2000)
-    fig = plots.gantt(tl)
+    fig = report.gantt(tl)
     assert fig.axes[0].get_xlabel().startswith("time (s)")
 
 
@@ -266,24 +267,24 @@ def test_breakdown_bar(tmp_path):
     bd = {"compute": 0.61, "recompute": 0.12, "bubble": 0.09, "exposed_tp": 0.05, "exposed_cp": 0.0,
           "exposed_ep": 0.01, "exposed_pp": 0.03, "exposed_dp": 0.02}
     p = tmp_path / "bd.png"
-    fig = plots.breakdown_bar(bd, p)
+    fig = report.breakdown_bar(bd, p)
     assert p.stat().st_size > 10_000
     w, h = png_size(p)
     assert w == 1000 and 300 <= h <= 700
     assert "930 ms" in fig.texts[0].get_text()
     texts = [t.get_text() for t in fig.axes[1].texts]
     assert any("610 ms" in t and "65.6%" in t for t in texts)
-    assert plots.breakdown_bar({**bd, "total": 0.93}).texts[0].get_text() == fig.texts[0].get_text()
+    assert report.breakdown_bar({**bd, "total": 0.93}).texts[0].get_text() == fig.texts[0].get_text()
     with pytest.raises(ValueError, match="negative"):
-        plots.breakdown_bar({"compute": 1.0, "bubble": -0.5})
+        report.breakdown_bar({"compute": 1.0, "bubble": -0.5})
     with pytest.raises(ValueError, match="empty"):
-        plots.breakdown_bar({})
+        report.breakdown_bar({})
 
 
-def test_plots_module_does_not_import_matplotlib_at_import_time():
+def test_report_does_not_import_matplotlib_at_import_time():
     import subprocess
     import sys
-    code = "import sys, simulator.report.plots, simulator.report.trace; print('matplotlib' in sys.modules)"
+    code = "import sys, simulator.report; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
