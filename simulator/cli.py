@@ -1,8 +1,13 @@
-"""Command line: ``clustersim run | presets | topo | collectives | schedule | memory | demo``.
+"""The ``clustersim`` command: one subcommand per question (``clustersim --help`` lists them).
 
-Exit status: 0 done, 2 bad input (one line on stderr, no traceback), 1 internal error or a
-job stopped by a what-if failure (a failed NIC without failover; one line on stderr).
-(``clustersim run`` arrives with the end-to-end engine.)
+``run`` simulates a scenario; ``memory`` gives its memory per stage; ``search`` and ``sweep``
+explore layouts; ``validate`` predicts measured runs; ``topo``, ``collectives`` and
+``schedule`` look at a cluster, its collectives and a pipeline schedule on their own;
+``presets`` lists what can be named; ``demo`` shows a cluster's collectives and contention.
+
+Exit status: 0 done, 2 bad input (one line on stderr naming the field, the value and the
+rule; no traceback), 1 a simulation that could not finish or a job stopped by a what-if
+failure (a failed NIC without failover; one line on stderr), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -305,9 +310,64 @@ def _int_arg(v: str) -> int:
         raise ConfigError("--simulate", v, "must be an integer or 'all'") from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="clustersim", description="Discrete-event simulator of LLM training clusters.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+def _validate(args) -> int:
+    from .validation import main as validate_main
+    argv = [args.runs] + (["--out", args.out] if args.out else []) + \
+        (["--max-gpus", str(args.max_gpus)] if args.max_gpus is not None else []) + \
+        (["--plot", args.plot] if args.plot else [])
+    return validate_main(argv)
+
+
+def _presets(_args) -> int:
+    from workloads import MODEL_PRESETS
+    print("clusters: " + ", ".join(CLUSTER_PRESETS))
+    print("models:   " + ", ".join(MODEL_PRESETS))
+    return 0
+
+
+def _topo(args) -> int:
+    c = _load_cluster(args.cluster, args.set)
+    print(c.summary())
+    if args.route:
+        r = c.route(*args.route)
+        for link, coef in zip(r.links, r.coefs):
+            u, v = c.link_nodes[link]
+            print(f"  {u} -> {v}  {c.link_capacity[link] / 1e9:g} GB/s" + (f" x{coef:.3g}" if coef != 1 else ""))
+    return 0
+
+
+def _collectives(args) -> int:
+    c = _load_cluster(args.cluster, args.set)
+    sizes = [parse_size(s.strip(), "--sizes") for s in args.sizes.split(",")]
+    rows = collective_table(c, sizes)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(c.summary() + "\n")
+        _print_table(rows)
+    return 0
+
+
+def _demo(_args) -> int:
+    c = build_cluster("dgx-h100", num_nodes=4)
+    print(c.summary() + "\n")
+    _print_table(collective_table(c, [2**20, 64 * 2**20, 2**30]))
+    _contention_demo(c)
+    return 0
+
+
+def _schedule(args) -> int:
+    _print_schedule(args)
+    return 0
+
+
+COMMANDS = {"run": _run, "validate": _validate, "presets": _presets, "topo": _topo, "collectives": _collectives,
+            "memory": _print_memory, "schedule": _schedule, "sweep": _sweep, "search": _search, "demo": _demo}
+"""Subcommand -> its handler (returns the exit status)."""
+
+
+def _add_simulate(sub) -> None:
+    """The commands that simulate: a scenario, or a table of measured runs."""
     p = sub.add_parser("run", help="simulate a scenario and print its summary")
     p.add_argument("scenario", help="scenario YAML")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
@@ -319,12 +379,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-rank", action="store_true",
                    help="expand the timeline to every rank (a folded run keeps one row per rank cell): the "
                         "Gantt chart and trace then show every rank, --out adds timeline_ranks.csv; large at scale")
-    sub.add_parser("presets", help="list cluster and model presets")
     p = sub.add_parser("validate", help="predict measured runs (published-runs or vTrain CSV) and report errors")
     p.add_argument("runs", help="CSV of measured runs")
     p.add_argument("--out", metavar="CSV", help="write one prediction row per input row")
     p.add_argument("--max-gpus", type=int, default=None, help="report larger runs as unsupported instead of simulating")
     p.add_argument("--plot", metavar="PNG", help="write a log-log scatter of predicted vs measured step time")
+
+
+def _add_inspect(sub) -> None:
+    """The commands that look at one part: presets, a cluster, its collectives, a schedule, memory."""
+    sub.add_parser("presets", help="list cluster and model presets")
     p = sub.add_parser("topo", help="summarise a cluster (preset name or YAML)")
     p.add_argument("cluster", help=f"preset ({', '.join(CLUSTER_PRESETS)}) or YAML file")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a cluster field")
@@ -346,6 +410,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("scenario", help="scenario YAML (model, cluster, parallel, precision, ...)")
     p.add_argument("--json", action="store_true", help="print the per-stage terms as JSON")
     sub.add_parser("demo", help="the default demo: a 32-GPU H100 cluster, its collectives and contention")
+
+
+def _add_explore(sub) -> None:
+    """The commands that explore many layouts: sweeps and search."""
     p = sub.add_parser("sweep", help="run a grid or list of scenarios (resumable; local processes or Dask)")
     p.add_argument("sweep", help="sweep YAML: base scenario + grid or points")
     _executor_args(p)
@@ -361,51 +429,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--db", metavar="SQLITE", help="database of simulated candidates (resumable)")
     p.add_argument("--out", metavar="CSV", help="write every candidate (status, reason, memory, estimate, simulation)")
     p.add_argument("--plot", metavar="PNG", help="step time vs memory, coloured by tp x pp, Pareto set marked")
-    args = ap.parse_args(argv)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The ``clustersim`` argument parser (every subcommand of :data:`COMMANDS`)."""
+    ap = argparse.ArgumentParser(prog="clustersim", description="Discrete-event simulator of LLM training clusters.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    _add_simulate(sub)
+    _add_inspect(sub)
+    _add_explore(sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``clustersim`` with ``argv``; returns the exit status (see the module docstring)."""
+    args = parser().parse_args(argv)
     try:
-        if args.cmd == "run":
-            return _run(args)
-        if args.cmd == "validate":
-            from .validation import main as validate_main
-            argv2 = [args.runs] + (["--out", args.out] if args.out else []) + \
-                (["--max-gpus", str(args.max_gpus)] if args.max_gpus is not None else []) + \
-                (["--plot", args.plot] if args.plot else [])
-            return validate_main(argv2)
-        if args.cmd == "presets":
-            from workloads import MODEL_PRESETS
-            print("clusters: " + ", ".join(CLUSTER_PRESETS))
-            print("models:   " + ", ".join(MODEL_PRESETS))
-            return 0
-        if args.cmd == "topo":
-            c = _load_cluster(args.cluster, args.set)
-            print(c.summary())
-            if args.route:
-                r = c.route(*args.route)
-                for l, coef in zip(r.links, r.coefs):
-                    u, v = c.link_nodes[l]
-                    print(f"  {u} -> {v}  {c.link_capacity[l] / 1e9:g} GB/s" + (f" x{coef:.3g}" if coef != 1 else ""))
-        elif args.cmd == "collectives":
-            c = _load_cluster(args.cluster, args.set)
-            sizes = [parse_size(s.strip(), "--sizes") for s in args.sizes.split(",")]
-            rows = collective_table(c, sizes)
-            if args.json:
-                print(json.dumps(rows, indent=1))
-            else:
-                print(c.summary() + "\n")
-                _print_table(rows)
-        elif args.cmd == "memory":
-            return _print_memory(args)
-        elif args.cmd == "schedule":
-            _print_schedule(args)
-        elif args.cmd == "sweep":
-            return _sweep(args)
-        elif args.cmd == "search":
-            return _search(args)
-        elif args.cmd == "demo":
-            c = build_cluster("dgx-h100", num_nodes=4)
-            print(c.summary() + "\n")
-            _print_table(collective_table(c, [2**20, 64 * 2**20, 2**30]))
-            _contention_demo(c)
+        return COMMANDS[args.cmd](args)
     except ConfigError as e:
         print(f"clustersim: error: {e}", file=sys.stderr)
         return 2
@@ -420,7 +460,6 @@ def main(argv: list[str] | None = None) -> int:
         # a what-if failure the job does not survive: the result is the stop itself
         print(f"clustersim: {e}", file=sys.stderr)
         return 1
-    return 0
 
 
 if __name__ == "__main__":
