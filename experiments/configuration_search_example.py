@@ -1,6 +1,6 @@
-"""The configuration search of shared/seeds/000 (its Code 16.9.1), with the real simulator.
+"""A textbook configuration search, with the real simulator.
 
-The text brute-forces the 28 factorisations (d, p, t) of 64 devices for a 70B model on
+A textbook example brute-forces the 28 factorisations (d, p, t) of 64 devices for a 70B model on
 8 nodes of 8 GPUs, one node per rack and a 25 GB/s cross-rack fabric, with a transparent
 cost model, and finds (1, 8, 8) cheapest; its exercise raises the fabric to 200 GB/s.
 Here the same 28 shapes run on the pinned case-study scenario (Llama-3-70B shape, seq

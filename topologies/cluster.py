@@ -28,7 +28,7 @@ import yaml
 
 from . import builders
 from .errors import ConfigError, check_keys
-from .specs import (LINK_LATENCY_S, PCIE_BANDWIDTH, TIER_INDEX, TIERS, GPUSpec, Tier,
+from .specs import (LINK_LATENCY_S, PCIE_BANDWIDTH, TIER_INDEX, GPUSpec, Tier,
                     get_gpu_spec, get_nic_spec)
 from .units import fmt_bw, parse_bandwidth, parse_time
 
@@ -314,10 +314,6 @@ class Cluster:
         if failover is not None:
             c.router.failover = np.asarray(failover, dtype=np.int64)
         return c
-
-    def tier_bandwidth(self) -> dict[str, float]:
-        """Total one-direction capacity per tier, bytes/s."""
-        return {t.value: float(self.link_capacity[self.link_tier == i].sum()) for i, t in enumerate(TIERS)}
 
     def summary(self) -> str:
         s = self.spec

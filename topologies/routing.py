@@ -130,7 +130,6 @@ class Router:
                     self.spine_core[p, s, cc] = lid[(f"spine{p}.{s}", f"core{cc}")]
                     self.core_spine[p, s, cc] = lid[(f"core{cc}", f"spine{p}.{s}")]
         spec = c.spec
-        self.hosts_per_pod = spec.hosts_per_rack or spec.num_nodes
         self.rail_optimized = spec.rail_optimized
         self._cache: dict[tuple, Route] = {}
         # what-if failures (set by Cluster.perturbed; None: none)

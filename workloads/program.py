@@ -46,7 +46,7 @@ Every op also carries the host time to issue it (``Op.host_s``: per kernel for c
 call for collectives and per batch of pipeline transfers; ``build_program(host=...)``),
 which the engine's host cursor uses.
 
-Which ops overlap which is the engine's business (DESIGN.md, Overlap): the program only
+Which ops overlap which is the engine's business (docs/design.md, "Streams and overlap"): the program only
 orders them.  Per-rank views are built on demand (:meth:`Program.rank_ops`).
 """
 
@@ -93,7 +93,6 @@ class RankClass:
     stage: int
     members: tuple[int, ...]
     ops: list[Op]
-    signature: tuple = ()
 
     @property
     def size(self) -> int:
@@ -366,7 +365,7 @@ def _rank_classes(ctx: _Ctx, grid: RankGrid, a2a_sizes: dict) -> tuple[list[Rank
             cid = len(classes)
             by_key[key] = cid
             ops = _stage_program(ctx, stage, sig_of_ep[e][1])
-            classes.append(RankClass(cid, stage, (), ops, key))
+            classes.append(RankClass(cid, stage, (), ops))
         class_of_rank[rank] = cid
     members: dict[int, list[int]] = {}
     for r, c in enumerate(class_of_rank.tolist()):

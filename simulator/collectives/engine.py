@@ -4,7 +4,7 @@ Semantics (NCCL's): every member of a group issues the call; it starts when the 
 member arrives and completes for all members together.  Calls match by
 ``(group_id, seq)`` -- the per-group sequence number -- and a member that issues a
 different kind or size under the same number is an error.  Point-to-point transfers
-match by a key both sides give (DESIGN.md: source stage, destination stage, chunk,
+match by a key both sides give (docs/design.md: source stage, destination stage, chunk,
 micro-batch, phase).
 
 A started call waits its NCCL latency (:func:`.nccl.latency_us`; a fixed per-step

@@ -45,7 +45,6 @@ delay before the bytes flow.
 from __future__ import annotations
 
 from dataclasses import dataclass
-import time
 
 import numpy as np
 import simpy
@@ -117,17 +116,10 @@ class FlowNetwork:
         self._templates: dict = {}
         self.isolate = isolate                  # False: every group goes through the solver (tests)
         self.num_solves = 0
-        self.num_isolated = 0
         self.num_flows = 0
-        self.solve_wall_s = 0.0
-        self.max_live_flows = 0
         self._watch = None                      # what-ifs: links whose use stops the job (watch_links)
 
     # -- public ------------------------------------------------------------------------------
-    @property
-    def live_flows(self) -> int:
-        return len(self._active)
-
     def watch_links(self, mask: np.ndarray, at_s: float, on_use) -> None:
         """Call ``on_use(time_s, links)`` when a transfer crosses a link of ``mask`` at or
         after ``at_s`` (a failed NIC, :mod:`simulator.scenario.whatif`): at its start, or at ``at_s``
@@ -254,7 +246,6 @@ class FlowNetwork:
         self._iso_owner[uniq] = gid
         self._iso[gid] = (t, start, ev)
         self.num_flows += len(t.items)
-        self.num_isolated += 1
         self.env.timeout(start - self.env.now + t.duration).callbacks.append(
             lambda _e, g=gid: self._finish_isolated(g))
         return True
@@ -459,7 +450,6 @@ class FlowNetwork:
             self._load_links = np.empty(0, dtype=np.int64)
             self._load = np.empty(0)
             return
-        t0 = time.perf_counter()
         act = np.asarray(self._active, dtype=np.int64)
         lens = self._len[act]
         ptr = np.zeros(act.size + 1, dtype=np.int64)
@@ -468,12 +458,10 @@ class FlowNetwork:
         rate = max_min_rates(ptr, links, coefs, self.capacity, self._weight[act], self._cap[act])
         self._rate[act] = rate
         self.num_solves += 1
-        self.max_live_flows = max(self.max_live_flows, act.size)
         load = np.bincount(links, weights=np.repeat(rate * self._weight[act], lens) * coefs,
                            minlength=self.num_links)
         self._load_links = np.flatnonzero(load)
         self._load = load[self._load_links]
-        self.solve_wall_s += time.perf_counter() - t0
         with np.errstate(divide="ignore"):
             t_next = float(np.min(self._rem[act] / rate))
         if not np.isfinite(t_next):

@@ -25,8 +25,8 @@ them.  Such a link saturates at exactly its current share, because during progre
 filling a link's share never decreases (a flow frozen at ``x <= rem/cnt`` leaves
 ``(rem - x)/(cnt - 1) >= rem/cnt``).  A round is a handful of vectorised numpy passes
 over the non-zeros of the still-active flows; cluster-like instances need few rounds.
-(Idea measured in ``shared/prototypes/maxmin.py``; written here anew with coefficients,
-caps and a compact link space.)
+(Route coefficients, rate caps and a compact link space are this implementation's
+additions to plain progressive filling.)
 """
 
 from __future__ import annotations

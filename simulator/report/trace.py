@@ -38,7 +38,7 @@ __all__ = ["STREAM_ORDER", "TIMELINE_COLUMNS", "read_timeline", "stream_order", 
 
 TIMELINE_COLUMNS = ("rank", "node", "stream", "kind", "name", "layer", "microbatch", "chunk", "phase", "axis",
                     "start_s", "end_s", "flops", "size_bytes")
-"""The contract's timeline columns (DESIGN.md, "The user contract"); ``step`` is optional."""
+"""The timeline's columns (docs/design.md, "Metrics"); ``step`` is optional."""
 
 STREAM_ORDER = ("compute", "tp", "cp", "ep", "pp", "dp")
 """Display order of a rank's streams (compute first, then communication axes)."""

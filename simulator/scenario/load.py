@@ -1,6 +1,6 @@
 """`Scenario`: model + cluster + parallel layout + precision + options, validated together.
 
-A scenario is the user contract of DESIGN.md: a YAML file (or a mapping) with the
+A scenario (docs/scenarios.md) is a YAML file (or a mapping) with the
 sections ``model``, ``cluster``, ``parallel``, ``precision``, ``overlap``, ``whatif``,
 ``num_steps``, ``seed``, ``moe_routing`` and ``host``.  :func:`load_scenario` resolves presets,
 fills ``dp: -1``, and applies every rule that needs two sections at once (world size vs
@@ -24,7 +24,7 @@ from .whatif import WhatIf
 
 __all__ = ["Scenario", "load_scenario", "read_yaml", "OVERLAP_DEFAULTS"]
 
-#: Megatron-Core defaults for the overlap switches (DESIGN.md, Overlap).
+#: Megatron-Core defaults for the overlap switches (docs/design.md, "Streams and overlap").
 OVERLAP_DEFAULTS = {"grad_reduce": True, "param_gather": True, "tp_comm": False, "p2p": False, "cp_comm": True,
                     "fsdp_prefetch": True, "comm_slowdown": True, "fb_overlap": True}
 _KEYS = {"name", "description", "model", "cluster", "parallel", "precision", "grad_reduce_dtype", "overlap", "whatif",

@@ -162,7 +162,7 @@ FRAMEWORKS: dict[str, dict] = {
         "sequence_parallel": "tp>1", "zero_stage": 1, "distributed_optimizer": True, "recompute": "selective",
         "overlap": {"grad_reduce": True, "param_gather": True, "p2p": False},
         "convention": "megatron_core_2025",
-        "source": "DESIGN.md (user contract defaults)",
+        "source": "clustersim's scenario defaults (docs/scenarios.md)",
     },
 }
 """Defaults per framework for the cells a published-format row leaves empty."""

@@ -1,6 +1,6 @@
 """Executed FLOPs and bytes per op of one rank, and model FLOPs by named convention.
 
-Two counts live here and are never mixed (DESIGN.md, Metrics):
+Two counts live here and are never mixed (docs/design.md, "Metrics"):
 
 * **Executed** FLOPs and bytes per op -- :func:`layer_ops`, :func:`embedding_ops`,
   :func:`output_ops`, :func:`optimizer_ops` -- for one micro-batch on one rank, after
@@ -734,9 +734,8 @@ def megatron_core_2025(model: ModelSpec, seq_len: int, vocab_size: int | None = 
 def nemo_24(model: ModelSpec, seq_len: int, vocab_size: int | None = None) -> float:
     """Model FLOPs per sequence, the NeMo / DGX Cloud benchmark formula (no causal halving).
 
-    Source: ``shared/reference/README.md`` (the formula behind the MFU column of
-    ``published_runs_h100.csv``; NVIDIA NeMo ``flops_formulas.py`` for gpt3 / llama /
-    mixtral).  Per token::
+    Source: NVIDIA NeMo ``flops_formulas.py`` for gpt3 / llama / mixtral (the formula
+    behind the MFU column of ``experiments/reference/published_runs_h100.csv``).  Per token::
 
         12 L h^2 (1 + K/H + s/h)  +  6 m L h f  +  6 V h
 

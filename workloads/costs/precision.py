@@ -43,7 +43,7 @@ Sources
 * Megatron-LM: the output layer is a Megatron ``ColumnParallelLinear`` (not a TE module),
   so it stays BF16 under every recipe, as do MoE routers (``--moe-router-dtype``);
   ``--bf16`` turns on ``accumulate_allreduce_grads_in_fp32``, hence FP32 gradient
-  reduction by default (DESIGN.md, Precision); ``--fp8-param-gather`` all-gathers FP8
+  reduction by default (docs/modelling.md, precision recipes); ``--fp8-param-gather`` all-gathers FP8
   parameters instead of BF16.
 
 Quantisation bytes (per element quantised; BF16 source read once)
@@ -140,7 +140,7 @@ class PrecisionRecipe:
     # -- lookups -----------------------------------------------------------------------------
     @property
     def peak_dtype(self) -> str:
-        """The dtype whose dense peak MFU divides by (the forward GEMM dtype; DESIGN.md, Metrics)."""
+        """The dtype whose dense peak MFU divides by (the forward GEMM dtype; docs/design.md, "Metrics")."""
         return self.fprop_dtype
 
     @property

@@ -4,7 +4,7 @@ A pipeline schedule is data: for every pipeline stage (pp rank) the ordered list
 actions that rank runs in one training step.  The simulator executes the table; nothing
 about the order lives in control flow.
 
-Action kinds (DESIGN.md's contract).  PyTorch pipelining spells the full backward ``B``
+Action kinds (the ``clustersim schedule`` table's letters).  PyTorch pipelining spells the full backward ``B``
 and the input-gradient backward ``I``; clustersim follows the zero-bubble paper and
 DualPipe, where ``B`` is the input-gradient part:
 

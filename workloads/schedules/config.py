@@ -13,7 +13,7 @@ from topologies import ConfigError
 __all__ = ["SCHEDULE_NAMES", "min_microbatches", "validate_schedule_config"]
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "dualpipe")
-"""Registry keys, the same as DESIGN.md's ``parallel.schedule`` values."""
+"""Registry keys, the scenario's ``parallel.schedule`` values (docs/scenarios.md)."""
 
 _MB_HINT = " (num_microbatches = global_batch_size / (micro_batch_size * dp))"
 
