@@ -209,7 +209,20 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
     their compute durations (a straggler: 1.2); folding splits only the cells it touches.
     ``whatif`` (a mapping in the ``whatif:`` YAML form, or a :class:`~simulator.scenario.whatif.WhatIf`)
     replaces the scenario's what-ifs (:mod:`simulator.scenario.whatif`); a failed NIC without
-    failover raises :class:`~simulator.scenario.whatif.JobStopped`.
+    failover raises :class:`~simulator.engine.JobStopped`.
+
+    Eight GPUs in TP 2 x PP 2 x DP 2 fold to one cell per pipeline stage; slowing GPU 5
+    splits the cells around it (here every rank shares a group or a transfer with it, or
+    with a rank that does, so all eight behave differently) and slows the step:
+
+    >>> sc = {"model": "tiny-dense", "cluster": {"preset": "dgx-h100", "num_nodes": 1}, "host": "none",
+    ...       "parallel": {"tp": 2, "pp": 2, "dp": 2, "global_batch_size": 8, "seq_len": 1024}}
+    >>> res = run(sc)
+    >>> res.folding.cells
+    [(0, 1, 2, 3), (4, 5, 6, 7)]
+    >>> slow = run(sc, whatif={"slow_gpus": {5: 1.5}})
+    >>> len(slow.folding.cells), slow.metrics["step_time_s"] > res.metrics["step_time_s"]
+    (8, True)
     """
     with _gc_tuned():
         return _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, whatif)

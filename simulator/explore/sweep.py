@@ -75,7 +75,13 @@ def _load_base(base, where: str = "base") -> dict:
 
 
 def expand(spec: dict) -> list[dict]:
-    """The scenarios of a sweep spec (``base`` + ``grid`` or ``points``), in order."""
+    """The scenarios of a sweep spec (``base`` + ``grid`` or ``points``), in order; grid keys
+    are dotted paths into the scenario, the last key varying fastest.
+
+    >>> [c["parallel"] for c in expand({"base": {"model": "tiny-dense"},
+    ...                                 "grid": {"parallel.tp": [1, 2], "parallel.pp": [1, 2]}})]
+    [{'tp': 1, 'pp': 1}, {'tp': 1, 'pp': 2}, {'tp': 2, 'pp': 1}, {'tp': 2, 'pp': 2}]
+    """
     if not isinstance(spec, dict):
         raise ConfigError("sweep", spec, "expected a mapping with 'base' and 'grid' or 'points'")
     unknown = set(spec) - {"base", "grid", "points", "name", "description"}

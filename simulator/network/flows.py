@@ -72,6 +72,19 @@ class FlowNetwork:
     env : simpy.Environment
     capacity : numpy.ndarray
         Effective capacity per link id, bytes/s.
+
+    Two flows share link 0 (100 GB/s); the second also crosses link 1 (50 GB/s), which caps
+    it at 50 GB/s, so max-min fairness gives each 50 GB/s.  The second's 50 GB finish at
+    1 s; the first then has link 0 alone and moves its last 50 GB in 0.5 s:
+
+    >>> import numpy as np, simpy
+    >>> env = simpy.Environment()
+    >>> net = FlowNetwork(env, np.array([100e9, 50e9]))
+    >>> a = net.transfer(np.array([0]), 100e9)
+    >>> b = net.transfer(np.array([0, 1]), 50e9)
+    >>> env.run()
+    >>> a.value, b.value
+    (1.5, 1.0)
     """
 
     def __init__(self, env: simpy.Environment, capacity: np.ndarray, initial_flows: int = 1024,

@@ -78,6 +78,15 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
 
     ``cluster``: an already built :class:`~topologies.Cluster` to use instead of building
     the ``cluster`` section again (a search screens thousands of layouts on one cluster).
+
+    >>> sc = load_scenario({"model": "tiny-dense", "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+    ...                     "parallel": {"tp": 2, "pp": 2, "dp": -1, "global_batch_size": 8}})
+    >>> sc.parallel.describe(), sc.parallel.num_microbatches
+    ('tp=2 cp=1 dp=2 pp=2', 4)
+    >>> load_scenario({"model": "tiny-dense", "cluster": "dgx-h100", "parallel": {"tp": 3}})
+    Traceback (most recent call last):
+    ...
+    topologies.errors.ConfigError: parallel = 'tp=3 cp=1 dp=1 pp=1': tp*cp*dp*pp = 3 must equal the number of GPUs, 8
     """
     if isinstance(spec, (str, Path)):
         data, name = read_yaml(spec, "scenario", "a mapping of sections"), Path(spec).stem
