@@ -92,6 +92,7 @@ _UNSUPPORTED = {"--num-experts-per-layer", "--encoder-num-layers", "--decoder-nu
 
 
 def _tokens(argv: str | Sequence[str]) -> list[str]:
+    """The command line as tokens, ``--flag=value`` split in two."""
     toks = shlex.split(argv) if isinstance(argv, str) else list(argv)
     out = []
     for t in toks:
@@ -103,9 +104,20 @@ def _tokens(argv: str | Sequence[str]) -> list[str]:
     return out
 
 
-def from_megatron_args(argv: str | Sequence[str], num_gpus: int, name: str = "megatron-args"):
+def from_megatron_args(argv: str | Sequence[str], num_gpus: int,
+                       name: str = "megatron-args") -> tuple[ModelSpec, ParallelConfig]:
     """Parse Megatron-LM arguments into ``(ModelSpec, ParallelConfig)`` for ``num_gpus`` GPUs."""
-    toks = _tokens(argv)
+    sec = _sections(_tokens(argv))
+    model = ModelSpec.from_dict(_model_dict(sec, name), where="megatron_args")
+    par = _parallel_kwargs(sec["parallel"], sec["other"], model)
+    cfg = ParallelConfig.from_megatron(world_size=num_gpus, **par)
+    cfg.check_model(model)
+    return model, cfg
+
+
+def _sections(toks: list[str]) -> dict[str, dict]:
+    """The flags' values by section (see ``_VALUE_FLAGS``); an unknown flag is skipped with
+    its values, an unsupported one or a stray value is an error."""
     sec: dict[str, dict] = {"model": {}, "moe": {}, "mla": {}, "parallel": {}, "other": {}}
     i = 0
     while i < len(toks):
@@ -141,7 +153,13 @@ def from_megatron_args(argv: str | Sequence[str], num_gpus: int, name: str = "me
                 i += 1
         else:
             raise ConfigError("megatron_args", flag, "expected a --flag")
-    m, other, par = sec["model"], sec["other"], sec["parallel"]
+    return sec
+
+
+def _model_dict(sec: dict[str, dict], name: str) -> dict:
+    """The :meth:`ModelSpec.from_dict` mapping: the model section with Megatron-LM's
+    defaults, its norm and position-embedding names, and the MoE and MLA sections."""
+    m, other = sec["model"], sec["other"]
     # Megatron-LM defaults that differ from ModelSpec's (Llama-style) defaults
     m.setdefault("mlp", "gelu")
     m.setdefault("add_bias_linear", True)
@@ -169,7 +187,12 @@ def from_megatron_args(argv: str | Sequence[str], num_gpus: int, name: str = "me
     if other.get("mla"):
         m["mla"] = dict(sec["mla"])
     m["name"] = name
-    model = ModelSpec.from_dict(m, where="megatron_args")
+    return m
+
+
+def _parallel_kwargs(par: dict, other: dict, model: ModelSpec) -> dict:
+    """The :meth:`ParallelConfig.from_megatron` keywords: the parallel section with the
+    virtual pipeline size, the schedule, recomputation and Megatron-LM's defaults."""
     if "layers_per_vstage" in other:
         pp = par.get("pp", 1)
         per_stage = model.num_layers // pp
@@ -187,6 +210,4 @@ def from_megatron_args(argv: str | Sequence[str], num_gpus: int, name: str = "me
     par.setdefault("distributed_optimizer", False)
     par.setdefault("zero_stage", 1 if par["distributed_optimizer"] else 0)
     par["seq_len"] = model.seq_len
-    cfg = ParallelConfig.from_megatron(world_size=num_gpus, **par)
-    cfg.check_model(model)
-    return model, cfg
+    return par

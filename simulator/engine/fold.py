@@ -64,8 +64,8 @@ class GroupCell:
     representative whose GPUs the calls are planned on."""
 
     kind: str
-    groups: list
-    rep_gpus: tuple
+    groups: list[tuple[int, ...]]
+    rep_gpus: tuple[int, ...]
 
     @property
     def size(self) -> int:
@@ -76,7 +76,7 @@ class GroupCell:
 class P2PCell:
     """Pipeline transfers (src rank, dst rank) that behave as one; the first is planned."""
 
-    pairs: list
+    pairs: list[tuple[int, int]]
     src_gpu: int
     dst_gpu: int
 
@@ -93,16 +93,19 @@ class Folding:
     ``cell_class[c]``; ``groups_of[(c, kind)]`` the group cells its members' groups of that
     kind fall in, with how many of its members are in them; ``p2p_of[(c, peer_stage, side)]``
     the same for its pipeline transfers (``side``: 'send' or 'recv'; keyed by the other stage).
-    ``link_cell`` maps a physical link to its quotient link (None: no quotient).
+    ``rank_cell`` maps a rank to its cell.  ``link_cell`` maps a physical link to its quotient
+    link (None: no quotient), ``link_cell_size`` counts each quotient link's members and
+    ``link_rep`` names its representative (lowest-numbered) member.  ``folded`` is False for
+    :meth:`identity`.  ``stats``: sizes of the partition, refinement rounds and wall time.
     """
 
-    cells: list
-    cell_class: list
+    cells: list[tuple[int, ...]]
+    cell_class: list[int]
     rank_cell: np.ndarray
-    group_cells: list
-    groups_of: dict
-    p2p_cells: list
-    p2p_of: dict
+    group_cells: list[GroupCell]
+    groups_of: dict[tuple[int, str], list[tuple[int, int]]]
+    p2p_cells: list[P2PCell]
+    p2p_of: dict[tuple[int, int, str], list[tuple[int, int]]]
     link_cell: np.ndarray | None = None
     link_cell_size: np.ndarray | None = None
     link_rep: np.ndarray | None = None
@@ -122,16 +125,12 @@ class Folding:
         """Capacity of each quotient link (the physical array when there is no quotient)."""
         return link_capacity if self.link_cell is None else link_capacity[self.link_rep]
 
-    def quotient_route(self, links: np.ndarray, coefs: np.ndarray, multiplicity: int):
-        """Route of a representative flow standing for ``multiplicity`` flows, on quotient links."""
-        if self.link_cell is None:
-            return links, coefs
-        return self.quotient_routes([(links, coefs)], multiplicity)[0]
-
     def quotient_routes(self, routes, multiplicity: int) -> list:
-        """:meth:`quotient_route` of many routes at once (vectorised).  Coefficients are
-        rounded to 12 significant digits, so that flows of one cell, whose quotient routes
-        are equal up to the order of summation, get bitwise equal routes (and merge)."""
+        """Routes ``(links, coefs)`` of representative flows, each standing for
+        ``multiplicity`` flows, on the quotient links (vectorised; the routes as given when
+        there is no quotient).  Coefficients are rounded to 12 significant digits, so that
+        flows of one cell, whose quotient routes are equal up to the order of summation, get
+        bitwise equal routes (and merge)."""
         if self.link_cell is None:
             return list(routes)
         if not routes:
@@ -202,6 +201,7 @@ def _round12(x: np.ndarray) -> np.ndarray:
 
 
 def _kinds(cls) -> list[str]:
+    """The group kinds a program class makes collective calls on, in order of first call."""
     seen: dict[str, None] = {}
     for op in cls.ops:
         if op.kind == "collective":
@@ -210,6 +210,7 @@ def _kinds(cls) -> list[str]:
 
 
 def _peers(cls) -> list[tuple[int, str]]:
+    """The (peer stage, 'send' or 'recv') a program class transfers with, in order of first op."""
     seen: dict[tuple, None] = {}
     for op in cls.ops:
         if op.kind in ("send", "recv"):
@@ -277,14 +278,123 @@ def fold(prog, coll, *, network: bool = True, rank_colors=None, link_colors=None
     physical link) splits links beyond their capacity (what-ifs: latency, failure).
     """
     t0 = time.perf_counter()
-    grid = prog.grid
-    cluster = coll.cluster
-    n = grid.world_size
-    cls_of = prog.class_of_rank
-    init = [int(c) for c in cls_of] if rank_colors is None else list(zip(cls_of.tolist(), rank_colors))
-    rank_c = _labels(init)
+    gr, group_label, flow_label = _structure(prog, coll, network)
+    colours = _initial_colours(prog, coll, network, group_label, flow_label, rank_colors, link_colors)
+    rank_c, group_c, flow_c, link_c, iters = _refine(gr, *colours)
+    if network and gr.nf:
+        _check_equitable(gr.inc_f, gr.inc_l, gr.inc_w, flow_c, link_c)
 
-    # -- groups and the calls each makes ----------------------------------------------------
+    cells = _rank_cells(rank_c)
+    cell_class = [int(prog.class_of_rank[m[0]]) for m in cells]
+    group_cells, groups_of = _group_cells(prog.grid, gr, rank_c, group_c)
+    p2p_cells, p2p_of = _p2p_cells(prog.grid, gr, rank_c, flow_c)
+    out = Folding([tuple(m) for m in cells], cell_class, rank_c, group_cells, groups_of, p2p_cells, p2p_of)
+    if network:
+        out.link_cell, out.link_cell_size, out.link_rep = _link_quotient(link_c, gr.nl)
+    out.stats = {"rank_cells": len(cells), "group_cells": len(group_cells), "p2p_cells": len(p2p_cells),
+                 "link_cells": out.num_link_cells, "flows": gr.nf, "groups": gr.ng, "iterations": iters,
+                 "wall_s": time.perf_counter() - t0}
+    return out
+
+
+# -- the structure colour refinement runs on ---------------------------------------------------
+@dataclass
+class _Flows:
+    """The flows on the network, in order: the route of each (links and coefficients), its
+    initial label, and the group it belongs to (-1 for a pipeline transfer)."""
+
+    links: list = field(default_factory=list)
+    coefs: list = field(default_factory=list)
+    label: list = field(default_factory=list)
+    owner: list = field(default_factory=list)
+
+    def add(self, links: np.ndarray, coefs: np.ndarray, label, owner: int) -> None:
+        self.links.append(links)
+        self.coefs.append(coefs)
+        self.label.append(label)
+        self.owner.append(owner)
+
+
+@dataclass
+class _Graph:
+    """Ranks, collective groups, pipeline transfers, flows and links, and who touches whom.
+
+    Group ``i`` is ``groups[i]`` of kind ``gkind[i]``; its memberships are the entries of
+    ``mem_g`` (group), ``mem_r`` (rank) and ``mem_kind`` (kind id).  Transfer ``i`` runs from
+    rank ``p_src[i]`` to ``p_dst[i]``.  Flows ``gflow`` (the first ``n_gflows``) belong to group
+    ``owner[f]``; flows ``pflow`` carry transfer ``p_of_flow`` (none without the network).
+    Entry ``k`` of the flow/link incidence: flow ``inc_f[k]`` crosses link ``inc_l[k]`` with
+    coefficient ``inc_w[k]`` (``coef_id[k]``: its rank among the distinct coefficients).
+    """
+
+    n: int
+    nl: int
+    pipes: list
+    groups: list
+    gkind: list
+    mem_g: np.ndarray
+    mem_r: np.ndarray
+    mem_kind: np.ndarray
+    pairs: list
+    p_src: np.ndarray
+    p_dst: np.ndarray
+    nf: int
+    n_gflows: int
+    owner: np.ndarray
+    inc_f: np.ndarray
+    inc_l: np.ndarray
+    inc_w: np.ndarray
+    coef_id: np.ndarray
+
+    @property
+    def ng(self) -> int:
+        return len(self.groups)
+
+    @property
+    def gflow(self) -> np.ndarray:
+        return np.arange(self.n_gflows)
+
+    @property
+    def pflow(self) -> np.ndarray:
+        return np.arange(self.n_gflows, self.nf)
+
+
+def _structure(prog, coll, network: bool) -> tuple[_Graph, list, list]:
+    """The graph of one run, with the initial labels of its groups and of its flows."""
+    grid = prog.grid
+    pipes = grid.groups("pp")
+    variants, sizes_mat = _call_variants(prog)
+    groups, gkind, kinds = _collective_groups(prog, variants, pipes)
+    mem_g = np.fromiter((i for i, g in enumerate(groups) for _ in g), dtype=np.int64)
+    mem_r = np.fromiter((r for g in groups for r in g), dtype=np.int64)
+    kind_id = {k: i for i, k in enumerate(kinds)}
+    mem_kind = np.array([kind_id[gkind[i]] for i in mem_g.tolist()], dtype=np.int64)
+
+    flows = _Flows()
+    group_label = _group_flows(prog, coll, network, groups, gkind, variants, sizes_mat, flows)
+    n_gflows = len(flows.links)
+    pairs = _pipeline_pairs(prog, pipes)
+    if network and pairs:
+        _p2p_flows(coll, grid, pairs, flows)
+    nf = len(flows.links)
+    lens = np.array([x.size for x in flows.links], dtype=np.int64)
+    inc_w = np.concatenate(flows.coefs) if nf else np.empty(0)
+    _, coef_id = np.unique(inc_w, return_inverse=True)
+    gr = _Graph(n=grid.world_size, nl=coll.cluster.num_links if network else 0, pipes=pipes,
+                groups=groups, gkind=gkind, mem_g=mem_g, mem_r=mem_r, mem_kind=mem_kind, pairs=pairs,
+                p_src=np.array([p[0] for p in pairs], dtype=np.int64),
+                p_dst=np.array([p[1] for p in pairs], dtype=np.int64),
+                nf=nf, n_gflows=n_gflows, owner=np.array(flows.owner, dtype=np.int64),
+                inc_f=np.repeat(np.arange(nf), lens),
+                inc_l=np.concatenate(flows.links) if nf else np.empty(0, dtype=np.int64),
+                inc_w=inc_w, coef_id=coef_id.ravel())
+    return gr, group_label, flows.label
+
+
+def _call_variants(prog) -> tuple[dict[tuple[int, str], set], list[np.ndarray]]:
+    """The distinct collective calls each program class makes on each group kind, as
+    ``(collective, bytes, sizes key)``, and the all-to-all sizes matrices the keys index
+    (-1: an even split)."""
     variants: dict[tuple[int, str], set] = {}
     sizes_id: dict[bytes, int] = {}
     sizes_mat: list[np.ndarray] = []
@@ -303,16 +413,21 @@ def fold(prog, coll, *, network: bool = True, rank_colors=None, link_colors=None
             variants.setdefault((cls.class_id, op.group), set()).add((op.coll, float(op.size_bytes), skey))
         for kind in _kinds(cls):
             variants.setdefault((cls.class_id, kind), set())
+    return variants, sizes_mat
+
+
+def _collective_groups(prog, variants: dict, pipes: list) -> tuple[list[tuple[int, ...]], list[str], list[str]]:
+    """Every group some class makes a call on, with its kind, and the sorted kinds."""
+    grid = prog.grid
+    cls_of = prog.class_of_rank
     kinds = sorted({k for _, k in variants})
     groups: list[tuple[int, ...]] = []
     gkind: list[str] = []
     seen: set = set()
-    pipes = grid.groups("pp")
-    pipe_of = {r: p for p in pipes for r in p}
     for kind in kinds:
         users = {c for c, k in variants if k == kind}
         if kind == "world":
-            cand = [tuple(range(n))]
+            cand = [tuple(range(grid.world_size))]
         elif kind == "embedding":
             cand = [(p[0],) if len(p) == 1 else (p[0], p[-1]) for p in pipes]
         else:
@@ -322,16 +437,16 @@ def fold(prog, coll, *, network: bool = True, rank_colors=None, link_colors=None
                 seen.add((kind, g))
                 groups.append(g)
                 gkind.append(kind)
-    ng = len(groups)
-    mem_g = np.fromiter((i for i, g in enumerate(groups) for _ in g), dtype=np.int64)
-    mem_r = np.fromiter((r for g in groups for r in g), dtype=np.int64)
-    kind_id = {k: i for i, k in enumerate(kinds)}
-    mem_kind = np.array([kind_id[gkind[i]] for i in mem_g.tolist()], dtype=np.int64)
+    return groups, gkind, kinds
 
-    flow_links: list[np.ndarray] = []
-    flow_coefs: list[np.ndarray] = []
-    flow_label: list = []
-    flow_owner: list[int] = []          # group index, or -1 for p2p
+
+def _group_flows(prog, coll, network: bool, groups: list, gkind: list, variants: dict,
+                 sizes_mat: list, flows: _Flows) -> list:
+    """The initial label of every group -- kind, size, and each call it makes (on the network:
+    with the algorithm, protocol and latency NCCL would pick) -- with the flows of its calls
+    appended to ``flows`` (one set per collective and algorithm)."""
+    grid = prog.grid
+    cls_of = prog.class_of_rank
     group_label: list = []
     union_cache: dict = {}
     for gi, g in enumerate(groups):
@@ -344,100 +459,118 @@ def fold(prog, coll, *, network: bool = True, rank_colors=None, link_colors=None
             group_label.append((kind, len(g), tuple(vs)))
             continue
         gpus = grid.gpus(g)
-        calls, templates = [], {}
+        calls = []
         a2a = [(size, skey) for coll_kind, size, skey in vs if coll_kind == "all_to_all"]
         if a2a:
-            # one flow per (source, destination) pair for all the group's all-to-alls, labelled
-            # by the bytes it carries in each of them (skewed routing: per layer and micro-batch)
-            n_m = len(g)
-            mats = np.stack([sizes_mat[k] if k >= 0 else np.full((n_m, n_m), sz / n_m) for sz, k in a2a])
-            plan = coll.alltoall_routes(gpus)
-            lat = coll.latency_s("all_to_all", plan, "Simple", 0.0)
-            calls += [("all_to_all", sz, k, "direct", "Simple", lat, plan.n_nodes) for sz, k in a2a]
-            ii, jj = np.nonzero(~np.eye(n_m, dtype=bool))
-            bits = np.ascontiguousarray(mats[:, ii, jj]).view(np.uint64)
-            lab = np.zeros(ii.size, dtype=np.uint64)
-            for v in range(bits.shape[0]):
-                lab += _pair(np.uint64(v), bits[v])
-            for f, lb in zip(plan.flows, lab.tolist()):
-                flow_links.append(f.links)
-                flow_coefs.append(f.coefs)
-                flow_label.append(("a2a", lb, f.inter_node))
-                flow_owner.append(gi)
-        for coll_kind, size, skey in vs:
-            if coll_kind == "all_to_all":
-                continue
-            elif size <= TINY_CALL_BYTES:          # no flows: its predicted time
-                algo, proto = coll.choose(gpus, coll_kind, size)
-                calls.append((coll_kind, size, skey, algo, proto, coll.predict(gpus, coll_kind, size)[(algo, proto)]))
-                continue
-            else:
-                algo, proto = coll.choose(gpus, coll_kind, size)
-                plan = coll.plan(gpus, coll_kind, algo)[0]
-                tkey = (coll_kind, algo)
-            calls.append((coll_kind, size, skey, algo, proto, coll.latency_s(coll_kind, plan, proto, size),
-                          plan.n_nodes))
-            if tkey not in templates:
-                templates[tkey] = plan
+            calls += _a2a_flows(coll, gi, gpus, a2a, sizes_mat, flows)
+        planned, templates = _planned_calls(coll, gpus, vs)
+        calls += planned
         group_label.append((kind, len(g), tuple(calls)))
         for tkey, plan in templates.items():
             for f in plan.flows:
-                flow_links.append(f.links)
-                flow_coefs.append(f.coefs)
-                flow_label.append((tkey, f.bytes_per_byte, f.inter_node))
-                flow_owner.append(gi)
-    # pipeline transfers: one flow per (src rank, dst rank)
+                flows.add(f.links, f.coefs, (tkey, f.bytes_per_byte, f.inter_node), gi)
+    return group_label
+
+
+def _a2a_flows(coll, gi: int, gpus: tuple, a2a: list, sizes_mat: list, flows: _Flows) -> list:
+    """Group ``gi``'s all-to-all calls (``(bytes, sizes key)`` each) as labelled, with their
+    flows appended to ``flows``."""
+    # one flow per (source, destination) pair for all the group's all-to-alls, labelled
+    # by the bytes it carries in each of them (skewed routing: per layer and micro-batch)
+    n_m = len(gpus)
+    mats = np.stack([sizes_mat[k] if k >= 0 else np.full((n_m, n_m), sz / n_m) for sz, k in a2a])
+    plan = coll.alltoall_routes(gpus)
+    lat = coll.latency_s("all_to_all", plan, "Simple", 0.0)
+    calls = [("all_to_all", sz, k, "direct", "Simple", lat, plan.n_nodes) for sz, k in a2a]
+    ii, jj = np.nonzero(~np.eye(n_m, dtype=bool))
+    bits = np.ascontiguousarray(mats[:, ii, jj]).view(np.uint64)
+    lab = np.zeros(ii.size, dtype=np.uint64)
+    for v in range(bits.shape[0]):
+        lab += _pair(np.uint64(v), bits[v])
+    for f, lb in zip(plan.flows, lab.tolist()):
+        flows.add(f.links, f.coefs, ("a2a", lb, f.inter_node), gi)
+    return calls
+
+
+def _planned_calls(coll, gpus: tuple, vs: list) -> tuple[list, dict]:
+    """A group's calls other than all-to-alls as labelled (algorithm, protocol, latency), and
+    the plan whose flows stand for each (collective, algorithm) that puts flows on the network."""
+    calls, templates = [], {}
+    for coll_kind, size, skey in vs:
+        if coll_kind == "all_to_all":
+            continue
+        algo, proto = coll.choose(gpus, coll_kind, size)
+        if size <= TINY_CALL_BYTES:          # no flows: its predicted time
+            calls.append((coll_kind, size, skey, algo, proto, coll.predict(gpus, coll_kind, size)[(algo, proto)]))
+            continue
+        plan = coll.plan(gpus, coll_kind, algo)[0]
+        calls.append((coll_kind, size, skey, algo, proto, coll.latency_s(coll_kind, plan, proto, size),
+                      plan.n_nodes))
+        templates.setdefault((coll_kind, algo), plan)
+    return calls, templates
+
+
+def _pipeline_pairs(prog, pipes: list) -> list[tuple[int, int]]:
+    """Every pipeline transfer (src rank, dst rank), in order of first appearance."""
+    pipe_of = {r: p for p in pipes for r in p}
     pairs: list[tuple[int, int]] = []
-    pair_index: dict = {}
+    seen: set = set()
     for cls in prog.classes:
         for peer, side in _peers(cls):
             if side != "send":
                 continue
             for r in cls.members:
                 dst = pipe_of[r][peer]
-                if (r, dst) not in pair_index:
-                    pair_index[(r, dst)] = len(pairs)
+                if (r, dst) not in seen:
+                    seen.add((r, dst))
                     pairs.append((r, dst))
-    p_src = np.array([p[0] for p in pairs], dtype=np.int64)
-    p_dst = np.array([p[1] for p in pairs], dtype=np.int64)
-    n_gflows = len(flow_links)
-    if network and pairs:
-        # the route of every transfer (batch-routed), labelled by the latency its call waits
-        gs = np.array([grid.gpu_of(s) for s, _ in pairs], dtype=np.int64)
-        gd = np.array([grid.gpu_of(d) for _, d in pairs], dtype=np.int64)
-        lat_of: dict = {}
-        for a, b, r in zip(gs.tolist(), gd.tolist(), cluster.router.routes(gs, gd, pxn=True)):
-            inter = cluster.domain_of(a) != cluster.domain_of(b)
-            key = (inter, cluster.router.path_latency(r) if inter else 0.0)
-            lat = lat_of.get(key)
-            if lat is None:
-                lat = lat_of[key] = coll.latency_s("send_recv", p2p_plan(cluster, a, b), "Simple", 1.0)
-            flow_links.append(r.links)
-            flow_coefs.append(r.coefs)
-            flow_label.append(("p2p", lat, inter))
-            flow_owner.append(-1)
-    nf = len(flow_links)
+    return pairs
+
+
+def _p2p_flows(coll, grid, pairs: list, flows: _Flows) -> None:
+    """One flow per pipeline transfer, appended to ``flows``."""
+    cluster = coll.cluster
+    # the route of every transfer (batch-routed), labelled by the latency its call waits
+    gs = np.array([grid.gpu_of(s) for s, _ in pairs], dtype=np.int64)
+    gd = np.array([grid.gpu_of(d) for _, d in pairs], dtype=np.int64)
+    lat_of: dict = {}
+    for a, b, r in zip(gs.tolist(), gd.tolist(), cluster.router.routes(gs, gd, pxn=True)):
+        inter = cluster.domain_of(a) != cluster.domain_of(b)
+        key = (inter, cluster.router.path_latency(r) if inter else 0.0)
+        lat = lat_of.get(key)
+        if lat is None:
+            lat = lat_of[key] = coll.latency_s("send_recv", p2p_plan(cluster, a, b), "Simple", 1.0)
+        flows.add(r.links, r.coefs, ("p2p", lat, inter), -1)
+
+
+# -- colour refinement -------------------------------------------------------------------------
+def _initial_colours(prog, coll, network: bool, group_label: list, flow_label: list, rank_colors,
+                     link_colors) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The colours of ranks (program class, and ``rank_colors``), groups and flows (their
+    labels) and links (effective capacity, and ``link_colors``) that refinement starts from."""
+    cls_of = prog.class_of_rank
+    init = [int(c) for c in cls_of] if rank_colors is None else list(zip(cls_of.tolist(), rank_colors))
+    rank_c = _labels(init)
     group_c = _labels(group_label)
     flow_c = _labels(flow_label)
-    owner = np.array(flow_owner, dtype=np.int64)
-    gflow = np.arange(n_gflows)
-    lens = np.array([x.size for x in flow_links], dtype=np.int64)
-    inc_f = np.repeat(np.arange(nf), lens)
-    inc_l = np.concatenate(flow_links) if nf else np.empty(0, dtype=np.int64)
-    inc_w = np.concatenate(flow_coefs) if nf else np.empty(0)
-    nl = cluster.num_links if network else 0
-    _, coef_id = np.unique(inc_w, return_inverse=True)
-    coef_id = coef_id.ravel()
     if not network:
         link_c = np.empty(0, dtype=np.int64)
     elif link_colors is None:
         link_c = _labels([float(x) for x in coll.capacity])
     else:
         link_c = _labels([(float(x), c) for x, c in zip(coll.capacity.tolist(), link_colors)])
-    pflow = np.arange(n_gflows, nf)
-    p_of_flow = pflow - n_gflows
+    return rank_c, group_c, flow_c, link_c
 
-    # -- colour refinement --------------------------------------------------------------------
+
+def _refine(gr: _Graph, rank_c, group_c, flow_c, link_c):
+    """Colour refinement to its fixed point: every round splits each colour by the hashed
+    multiset of its neighbours' colours, until no colour splits.  Returns the colours of
+    ranks, groups, flows and links and the number of rounds."""
+    n, nl, nf, ng, pairs = gr.n, gr.nl, gr.nf, gr.ng, gr.pairs
+    inc_f, inc_l, coef_id, owner = gr.inc_f, gr.inc_l, gr.coef_id, gr.owner
+    mem_g, mem_r, mem_kind, p_src, p_dst = gr.mem_g, gr.mem_r, gr.mem_kind, gr.p_src, gr.p_dst
+    n_gflows, gflow, pflow = gr.n_gflows, gr.gflow, gr.pflow
+    p_of_flow = pflow - n_gflows
     iters = 0
     counts = None
     while True:
@@ -469,17 +602,25 @@ def fold(prog, coll, *, network: bool = True, rank_colors=None, link_colors=None
         if new == counts:
             break
         counts = new
-    if network and nf:
-        _check_equitable(inc_f, inc_l, inc_w, flow_c, link_c)
+    return rank_c, group_c, flow_c, link_c, iters
 
-    # -- cells ------------------------------------------------------------------------------
+
+# -- the quotient --------------------------------------------------------------------------------
+def _rank_cells(rank_c: np.ndarray) -> list[list[int]]:
+    """The ranks of each rank colour, in rank order."""
     cells: list[list[int]] = [[] for _ in range(_count(rank_c))]
     for r, c in enumerate(rank_c.tolist()):
         cells[c].append(r)
-    cell_class = [int(cls_of[m[0]]) for m in cells]
+    return cells
+
+
+def _group_cells(grid, gr: _Graph, rank_c: np.ndarray, group_c: np.ndarray) -> tuple[list[GroupCell], dict]:
+    """The group cells, and for each (rank cell, kind) the group cells its members' groups
+    fall in with how many of its members are in them (see :class:`Folding`)."""
     gmembers: list[list[int]] = [[] for _ in range(_count(group_c))]
     for gi, c in enumerate(group_c.tolist()):
         gmembers[c].append(gi)
+    groups, gkind = gr.groups, gr.gkind
     group_cells = [GroupCell(gkind[m[0]], [groups[i] for i in m], grid.gpus(groups[m[0]])) for m in gmembers]
     groups_of: dict = {}
     for gi, c in enumerate(group_c.tolist()):
@@ -488,7 +629,13 @@ def fold(prog, coll, *, network: bool = True, rank_colors=None, link_colors=None
             key = (int(rank_c[r]), kind)
             d = groups_of.setdefault(key, {})
             d[c] = d.get(c, 0) + 1
-    groups_of = {k: sorted(v.items()) for k, v in groups_of.items()}
+    return group_cells, {k: sorted(v.items()) for k, v in groups_of.items()}
+
+
+def _p2p_cells(grid, gr: _Graph, rank_c: np.ndarray, flow_c: np.ndarray) -> tuple[list[P2PCell], dict]:
+    """The cells of pipeline transfers, and for each (rank cell, other stage, side) the cells
+    its members' transfers fall in with how many of its members are in them."""
+    pairs, pflow = gr.pairs, gr.pflow
     # pipeline transfers: cells by flow colour (refined by both endpoints)
     pc = flow_c[pflow] if pflow.size else _labels([(int(rank_c[s]), int(rank_c[d])) for s, d in pairs])
     pc = _relabel(np.zeros(len(pairs), dtype=np.int64), pc.astype(np.uint64)) if len(pairs) else pc
@@ -498,25 +645,23 @@ def fold(prog, coll, *, network: bool = True, rank_colors=None, link_colors=None
     p2p_cells = [P2PCell([pairs[i] for i in m], grid.gpu_of(pairs[m[0]][0]), grid.gpu_of(pairs[m[0]][1]))
                  for m in pmembers]
     p2p_of: dict = {}
-    stage_of = {r: k for p in pipes for k, r in enumerate(p)}
+    stage_of = {r: k for p in gr.pipes for k, r in enumerate(p)}
     for i, (s, d) in enumerate(pairs):
         c = int(pc[i])
         for r, other, side in ((s, d, "send"), (d, s, "recv")):
             dd = p2p_of.setdefault((int(rank_c[r]), int(stage_of[other]), side), {})
             dd[c] = dd.get(c, 0) + 1
-    p2p_of = {k: sorted(v.items()) for k, v in p2p_of.items()}
-    out = Folding([tuple(m) for m in cells], cell_class, rank_c, group_cells, groups_of, p2p_cells, p2p_of)
-    if network:
-        nlc = _count(link_c)
-        out.link_cell = link_c
-        out.link_cell_size = np.bincount(link_c, minlength=nlc).astype(float)
-        rep = np.full(nlc, -1, dtype=np.int64)
-        rep[link_c[::-1]] = np.arange(nl)[::-1]
-        out.link_rep = rep
-    out.stats = {"rank_cells": len(cells), "group_cells": len(group_cells), "p2p_cells": len(p2p_cells),
-                 "link_cells": out.num_link_cells, "flows": nf, "groups": ng, "iterations": iters,
-                 "wall_s": time.perf_counter() - t0}
-    return out
+    return p2p_cells, {k: sorted(v.items()) for k, v in p2p_of.items()}
+
+
+def _link_quotient(link_c: np.ndarray, nl: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The quotient link of every physical link, each quotient link's member count, and its
+    representative (lowest-numbered member)."""
+    nlc = _count(link_c)
+    size = np.bincount(link_c, minlength=nlc).astype(float)
+    rep = np.full(nlc, -1, dtype=np.int64)
+    rep[link_c[::-1]] = np.arange(nl)[::-1]
+    return link_c, size, rep
 
 
 def _check_equitable(inc_f, inc_l, inc_w, flow_c, link_c, rtol: float = 1e-9) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from collections.abc import Callable
 
 from workloads import build_program, memory_estimates
 from workloads.costs import model_flops_per_step
@@ -46,6 +47,18 @@ from ..scenario import Scenario, load_scenario
 __all__ = ["estimate", "Estimator"]
 
 _ONE_CHUNK = ("gpipe", "1f1b", "zb_h1")       # the same per-action costs; only the order differs
+
+
+def _fewest_microbatches_program(sc, schedule: str):
+    """``sc``'s program under ``schedule`` with the fewest micro-batches it accepts (no
+    more than ``sc``'s): every micro-batch of a chunk runs the same ops."""
+    par = sc.parallel
+    m_small = min(par.num_microbatches, max(1, min_microbatches(schedule, par.pp, par.vpp)))
+    small = dataclasses.replace(par, schedule=schedule, global_batch_size=m_small * par.micro_batch_size * par.dp)
+    return build_program(sc.model, small, sc.cluster.gpu, precision=sc.precision, moe_routing="balanced",
+                         seed=sc.seed, grad_reduce_dtype=sc.grad_reduce_dtype,
+                         p2p_overlap=sc.overlap.get("p2p", False),
+                         grad_reduce_overlap=sc.overlap.get("grad_reduce", True), host=sc.host)
 
 
 class Estimator:
@@ -72,6 +85,7 @@ class Estimator:
         return t
 
     def p2p_s(self, src: int, dst: int, size: float) -> float:
+        """Time of one ``size``-byte transfer from GPU ``src`` to GPU ``dst`` on an idle network."""
         key = (src, dst, size)
         t = self._p2p.get(key)
         if t is None:
@@ -81,7 +95,8 @@ class Estimator:
     def _stage_tables(self, sc) -> dict[int, dict]:
         """Per stage: the seconds of one micro-batch's F / B / W on each chunk, the DP
         buckets, the parameter gathers and the step-end time (cached: GPipe, 1F1B and ZB-H1
-        share their tables, and so do layouts that differ only in the batch)."""
+        share their tables, and so do layouts that differ only in the batch).  A stage's
+        table is that of its slowest program class."""
         par = sc.parallel
         canon = "1f1b" if par.schedule in _ONE_CHUNK else par.schedule
         key = (sc.model, dataclasses.replace(par, global_batch_size=0, schedule=canon), sc.precision,
@@ -89,88 +104,94 @@ class Estimator:
         hit = self._tables.get(key)
         if hit is not None:
             return hit
-        m = par.num_microbatches
-        m_small = min(m, max(1, min_microbatches(canon, par.pp, par.vpp)))
-        small = dataclasses.replace(par, schedule=canon, global_batch_size=m_small * par.micro_batch_size * par.dp)
-        prog = build_program(sc.model, small, sc.cluster.gpu, precision=sc.precision, moe_routing="balanced",
-                             seed=sc.seed, grad_reduce_dtype=sc.grad_reduce_dtype,
-                             p2p_overlap=sc.overlap.get("p2p", False),
-                             grad_reduce_overlap=sc.overlap.get("grad_reduce", True), host=sc.host)
-        grid = prog.grid
-        gpu_of = grid.gpu_of
-        ov = sc.overlap
-        per_stage: dict[int, dict] = {}
+        prog = _fewest_microbatches_program(sc, canon)
         gkey = (par.tp, par.cp, par.dp, par.pp, par.ep, par.expert_tp, par.expert_dp, par.mesh_order)
+        per_stage: dict[int, dict] = {}
         for cls in prog.classes:
-            rep = cls.members[0]
-            members: dict[str, tuple[int, ...]] = {}
-
-            def group_gpus(kind, rep=rep, members=members, stage=cls.stage):
-                # the rank's group first, then the other groups of its stage that make
-                # the same calls at the same time
-                g = members.get(kind)
-                if g is None:
-                    if kind in ("world", "embedding"):
-                        ranks = range(grid.world_size) if kind == "world" else grid.embedding_group(rep)
-                        g = (tuple(gpu_of(r) for r in ranks),)
-                    else:
-                        own = grid.group(kind, rep)
-                        peers = self._groups.get((gkey, kind, stage))
-                        if peers is None:
-                            peers = self._groups[(gkey, kind, stage)] = [grp for grp in grid.groups(kind)
-                                                                         if grid.stage_of(grp[0]) == stage]
-                        g = tuple(tuple(gpu_of(r) for r in grp) for grp in [own] + [p for p in peers if p != own])
-                    members[kind] = g
-                return g
-
-            action = defaultdict(float)       # (kind F|B|W, chunk) -> seconds of one micro-batch
-            host = defaultdict(float)         # the same, the host's time to issue it
-            seen: dict[tuple[str, int], int] = {}
-            pending = 0.0
-            grad, gather, tail = [], [], 0.0
-            for op in cls.ops:
-                if op.microbatch < 0:
-                    if op.kind == "compute":
-                        tail += op.duration_s
-                    elif op.name.startswith("grad_") and op.name != "grad_norm":
-                        grad.append(self.collective_s(group_gpus(op.group), op.coll, op.size_bytes))
-                    elif op.name.startswith("param_gather"):
-                        gather.append(self.collective_s(group_gpus(op.group), op.coll, op.size_bytes))
-                    elif op.kind == "collective":
-                        tail += self.collective_s(group_gpus(op.group), op.coll, op.size_bytes)
-                    continue
-                # gradient buckets and parameter gathers are step ops (micro-batch -1), above
-                kind = {"R": "B"}.get(op.phase, op.phase)
-                if op.microbatch != seen.setdefault((kind, op.chunk), op.microbatch):
-                    continue
-                akey = (kind, op.chunk)
-                host[akey] += op.host_s
-                if op.kind == "compute":
-                    action[akey] += max(op.duration_s, pending)
-                    pending = 0.0
-                elif op.kind == "recv":
-                    peer = grid.rank(pp=op.peer, **{a: v for a, v in grid.coords(rep).items() if a != "pp"})
-                    action[akey] += self.p2p_s(gpu_of(peer), gpu_of(rep), op.size_bytes)
-                elif op.kind == "collective":
-                    t = self.collective_s(group_gpus(op.group), op.coll, op.size_bytes)
-                    if ((ov.get("cp_comm", True) and op.group == "cp" and op.coll == "all_gather")
-                            or (ov.get("tp_comm", False) and op.group == "tp")
-                            or (ov.get("fsdp_prefetch", True) and op.name.startswith("fsdp_gather"))):
-                        pending += t
-                    else:
-                        action[akey] += t
-            for akey, h in host.items():      # the GPU cannot run ahead of the host
-                action[akey] = max(action[akey], h)
+            table = self._class_table(prog.grid, cls, self._group_finder(prog.grid, gkey, cls), sc.overlap)
             cur = per_stage.get(cls.stage)
-            total = sum(action.values())
-            if cur is None or total > cur["total"]:
-                per_stage[cls.stage] = {"action": dict(action), "grad": grad, "gather": gather, "tail": tail,
-                                        "total": total}
+            if cur is None or table["total"] > cur["total"]:
+                per_stage[cls.stage] = table
         self._tables[key] = per_stage
         return per_stage
 
+    def _group_finder(self, grid, gkey: tuple, cls) -> Callable[[str], tuple]:
+        """``kind -> groups``: the GPUs of the ``kind`` group of ``cls``'s first member and of
+        the groups that make its calls with it (cached per class, and per layout and stage
+        in ``self._groups``)."""
+        rep, stage = cls.members[0], cls.stage
+        gpu_of = grid.gpu_of
+        members: dict[str, tuple[tuple[int, ...], ...]] = {}
+
+        def group_gpus(kind):
+            # the rank's group first, then the other groups of its stage that make
+            # the same calls at the same time
+            g = members.get(kind)
+            if g is None:
+                if kind in ("world", "embedding"):
+                    ranks = range(grid.world_size) if kind == "world" else grid.embedding_group(rep)
+                    g = (tuple(gpu_of(r) for r in ranks),)
+                else:
+                    own = grid.group(kind, rep)
+                    peers = self._groups.get((gkey, kind, stage))
+                    if peers is None:
+                        peers = self._groups[(gkey, kind, stage)] = [grp for grp in grid.groups(kind)
+                                                                     if grid.stage_of(grp[0]) == stage]
+                    g = tuple(tuple(gpu_of(r) for r in grp) for grp in [own] + [p for p in peers if p != own])
+                members[kind] = g
+            return g
+
+        return group_gpus
+
+    def _class_table(self, grid, cls, group_gpus: Callable[[str], tuple], ov: dict) -> dict:
+        """One program class's table (see :meth:`_stage_tables`), from its ops: the step ops
+        (micro-batch -1) give the buckets, gathers and step-end time; the ops of the first
+        micro-batch on each (F | B | W, chunk) the action's seconds."""
+        rep = cls.members[0]
+        gpu_of = grid.gpu_of
+        action = defaultdict(float)       # (kind F|B|W, chunk) -> seconds of one micro-batch
+        host = defaultdict(float)         # the same, the host's time to issue it
+        seen: dict[tuple[str, int], int] = {}
+        pending = 0.0
+        grad, gather, tail = [], [], 0.0
+        for op in cls.ops:
+            if op.microbatch < 0:
+                if op.kind == "compute":
+                    tail += op.duration_s
+                elif op.name.startswith("grad_") and op.name != "grad_norm":
+                    grad.append(self.collective_s(group_gpus(op.group), op.coll, op.size_bytes))
+                elif op.name.startswith("param_gather"):
+                    gather.append(self.collective_s(group_gpus(op.group), op.coll, op.size_bytes))
+                elif op.kind == "collective":
+                    tail += self.collective_s(group_gpus(op.group), op.coll, op.size_bytes)
+                continue
+            # gradient buckets and parameter gathers are step ops (micro-batch -1), above
+            kind = {"R": "B"}.get(op.phase, op.phase)
+            if op.microbatch != seen.setdefault((kind, op.chunk), op.microbatch):
+                continue
+            akey = (kind, op.chunk)
+            host[akey] += op.host_s
+            if op.kind == "compute":
+                action[akey] += max(op.duration_s, pending)
+                pending = 0.0
+            elif op.kind == "recv":
+                peer = grid.rank(pp=op.peer, **{a: v for a, v in grid.coords(rep).items() if a != "pp"})
+                action[akey] += self.p2p_s(gpu_of(peer), gpu_of(rep), op.size_bytes)
+            elif op.kind == "collective":
+                t = self.collective_s(group_gpus(op.group), op.coll, op.size_bytes)
+                if ((ov.get("cp_comm", True) and op.group == "cp" and op.coll == "all_gather")
+                        or (ov.get("tp_comm", False) and op.group == "tp")
+                        or (ov.get("fsdp_prefetch", True) and op.name.startswith("fsdp_gather"))):
+                    pending += t
+                else:
+                    action[akey] += t
+        for akey, h in host.items():      # the GPU cannot run ahead of the host
+            action[akey] = max(action[akey], h)
+        return {"action": dict(action), "grad": grad, "gather": gather, "tail": tail, "total": sum(action.values())}
+
     def estimate(self, scenario, mem=None) -> dict:
-        """``mem``: the scenario's :func:`workloads.memory_estimates`, when already computed."""
+        """The closed-form estimate of ``scenario`` (see :func:`estimate`); ``mem``: its
+        :func:`workloads.memory_estimates`, when already computed."""
         sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
         if sc.cluster is not self.cluster and sc.cluster.spec != self.cluster.spec:
             raise ValueError("Estimator: the scenario's cluster is not the one this estimator was built for")

@@ -326,7 +326,7 @@ def _bmm(name: str, phase: str, layer: int, batches: int, m: int, n: int, k: int
                      ACT_BYTES * batches * (m * k + k * n + m * n), 1, layer, False, (float(m),) * batches)
 
 
-def _unfused_attention(L: int, sh: _Shard, heads: int, d: int, dropout: float, add_pair) -> None:
+def _unfused_attention(L: int, sh: _Shard, heads: int, d: int, dropout: float, ops: _LayerOps) -> None:
     """Megatron-LM's unfused ``CoreAttention`` (``ModelSpec.flash_attention = False``).
 
     Per micro-batch, ``B = b x heads`` (this rank's heads) score matrices of ``s x s``:
@@ -355,10 +355,8 @@ def _unfused_attention(L: int, sh: _Shard, heads: int, d: int, dropout: float, a
              *([_ew("core_attn.dropout", "B", L, 5 * scores)] if drop else []),
              _bmm("core_attn.dv", "B", L, B, s, d, s),
              _bmm("core_attn.dp", "B", L, B, s, s, d)]
-    for f in f_ops:
-        add_pair((f, None))
-    for b in b_ops:
-        add_pair((None, b))
+    ops.fwd.extend(f_ops)
+    ops.bwd.extend(b_ops)
 
 
 # -- MoE token counts --------------------------------------------------------------------------
@@ -450,12 +448,7 @@ def layer_ops(model: ModelSpec, parallel: ParallelConfig, layer_index: int, micr
         Forward ops in execution order, then the backward: recomputed forward ops (if
         any, ``recompute=True``), the ``B`` ops in reverse order, then the ``W`` ops.
     """
-    total = model.num_layers + model.mtp_layers
-    if isinstance(layer_index, bool) or not isinstance(layer_index, numbers.Integral) \
-            or not 0 <= layer_index < total:
-        raise ConfigError("layer_index", layer_index, f"must be in [0, {total}) "
-                                                      f"({model.num_layers} layers + {model.mtp_layers} MTP)")
-    layer_index = int(layer_index)
+    layer_index = _checked_layer_index(model, layer_index)
     mode = parallel.recompute if recompute is None else recompute
     if mode not in ("none", "selective", "full"):
         raise ConfigError("parallel.recompute", mode, "must be one of none, selective, full")
@@ -463,88 +456,125 @@ def layer_ops(model: ModelSpec, parallel: ParallelConfig, layer_index: int, micr
     is_mtp = layer_index >= model.num_layers
     moe_layer = model.is_moe_layer(model.num_layers - 1 if is_mtp else layer_index)
 
-    fwd: list[ComputeOp] = []       # forward ops, in order
-    bwd: list[ComputeOp] = []       # their B ops, in forward order (reversed below)
-    wgt: list[ComputeOp] = []       # W ops
-
-    def add_linear(name, m, n, k):
-        f, b, w = _linear(name, layer_index, m, n, k)
-        fwd.append(f), bwd.append(b), wgt.append(w)
-
-    def add_pair(pair):
-        if pair[0] is not None:
-            fwd.append(pair[0])
-        if pair[1] is not None:
-            bwd.append(pair[1])
-
-    h, L = model.hidden_size, layer_index
+    L = layer_index
+    ops = _LayerOps(L)
     if is_mtp:
-        _mtp_prologue(model, sh, L, fwd, bwd, wgt)
-    _attention_block(model, sh, L, causal, attn_block_size, add_linear, add_pair)
+        _mtp_prologue(model, sh, L, ops)
+    _attention_block(model, sh, L, causal, attn_block_size, ops)
     if moe_layer:
-        _moe_block(model, parallel, sh, L, tokens_per_expert, add_linear, add_pair, fwd, bwd, wgt)
+        _moe_block(model, parallel, sh, L, tokens_per_expert, ops)
     else:
-        add_pair(_norm("mlp_norm", L, sh.Tn, h))
-        m1 = 2 if model.mlp == "swiglu" else 1
-        f_local = model.ffn_hidden_size / sh.tp
-        add_linear("fc1", sh.T, int(m1 * f_local), h)
-        add_pair(_activation("mlp_act", L, sh.T, int(f_local), model.mlp))
-        add_linear("fc2", sh.T, h, int(f_local))
-        add_pair(_residual("mlp_residual", L, sh.Tn, h, model.dropout))
+        _dense_mlp_block(model, sh, L, ops)
     if is_mtp:
-        _mtp_epilogue(model, sh, L, fwd, bwd, wgt)
+        _mtp_epilogue(model, sh, L, ops)
+    return ops.fwd + _recomputed(ops.fwd, mode, parallel.recompute_modules) + ops.bwd[::-1] + ops.wgt
 
+
+class _LayerOps:
+    """A layer's ops as its blocks add them: the forward ops in order (``fwd``), their
+    ``B`` ops in forward order (``bwd``; :func:`layer_ops` reverses them) and the ``W``
+    ops (``wgt``)."""
+
+    def __init__(self, layer: int):
+        self.layer = layer
+        self.fwd: list[ComputeOp] = []
+        self.bwd: list[ComputeOp] = []
+        self.wgt: list[ComputeOp] = []
+
+    def linear(self, name: str, m: int, n: int, k: int) -> None:
+        """The F, B and W GEMMs of ``Y[m, n] = X[m, k] W[k, n]``."""
+        self.fbw(*_linear(name, self.layer, m, n, k))
+
+    def fbw(self, f: ComputeOp, b: ComputeOp, w: ComputeOp) -> None:
+        self.fwd.append(f)
+        self.bwd.append(b)
+        self.wgt.append(w)
+
+    def pair(self, pair: tuple[ComputeOp | None, ComputeOp | None]) -> None:
+        """A forward op and its ``B`` op (either may be None)."""
+        if pair[0] is not None:
+            self.fwd.append(pair[0])
+        if pair[1] is not None:
+            self.bwd.append(pair[1])
+
+
+def _checked_layer_index(model: ModelSpec, layer_index) -> int:
+    """``layer_index`` as an int, if it names a decoder layer or an MTP module."""
+    total = model.num_layers + model.mtp_layers
+    if isinstance(layer_index, bool) or not isinstance(layer_index, numbers.Integral) \
+            or not 0 <= layer_index < total:
+        raise ConfigError("layer_index", layer_index, f"must be in [0, {total}) "
+                                                      f"({model.num_layers} layers + {model.mtp_layers} MTP)")
+    return int(layer_index)
+
+
+def _recomputed(fwd: list[ComputeOp], mode: str, modules: tuple[str, ...]) -> list[ComputeOp]:
+    """The forward ops re-run in the backward (phase ``B``, ``recompute=True``): all of them
+    (``full``), those of the ``--recompute-modules`` (``selective``), or none."""
     if mode == "full":
-        rec = [o._replace(phase="B", recompute=True) for o in fwd]
-    elif mode == "selective":
-        rec = [o._replace(phase="B", recompute=True) for o in fwd
-               if _selected_for_recompute(o.name, parallel.recompute_modules)]
-    else:
-        rec = []
-    return fwd + rec + bwd[::-1] + wgt
+        return [o._replace(phase="B", recompute=True) for o in fwd]
+    if mode == "selective":
+        return [o._replace(phase="B", recompute=True) for o in fwd if _selected_for_recompute(o.name, modules)]
+    return []
 
 
-def _attention_block(model: ModelSpec, sh: _Shard, L: int, causal: bool, block: int, add_linear, add_pair) -> None:
+def _dense_mlp_block(model: ModelSpec, sh: _Shard, L: int, ops: _LayerOps) -> None:
+    """The dense MLP: norm, fc1 (gate and up fused for SwiGLU), activation, fc2, residual."""
+    h = model.hidden_size
+    ops.pair(_norm("mlp_norm", L, sh.Tn, h))
+    m1 = 2 if model.mlp == "swiglu" else 1
+    f_local = model.ffn_hidden_size / sh.tp
+    ops.linear("fc1", sh.T, int(m1 * f_local), h)
+    ops.pair(_activation("mlp_act", L, sh.T, int(f_local), model.mlp))
+    ops.linear("fc2", sh.T, h, int(f_local))
+    ops.pair(_residual("mlp_residual", L, sh.Tn, h, model.dropout))
+
+
+def _attention_block(model: ModelSpec, sh: _Shard, L: int, causal: bool, block: int, ops: _LayerOps) -> None:
+    """Attention: norm, QKV (or MLA's down and up projections), RoPE, core attention,
+    output projection, residual."""
     h, tp, T, Tn = model.hidden_size, sh.tp, sh.T, sh.Tn
     heads = model.num_attention_heads // tp
-    add_pair(_norm("attn_norm", L, Tn, h))
+    ops.pair(_norm("attn_norm", L, Tn, h))
     if model.mla is not None:
         m = model.mla
         rope_elems = T * (heads * m.qk_rope_head_dim + m.qk_rope_head_dim)
         if m.q_lora_rank is not None:
-            add_linear("q_down_proj", Tn, m.q_lora_rank, h)
-            add_pair(_norm("q_norm", L, Tn, m.q_lora_rank))
-            add_linear("q_up_proj", T, heads * m.qk_head_dim, m.q_lora_rank)
+            ops.linear("q_down_proj", Tn, m.q_lora_rank, h)
+            ops.pair(_norm("q_norm", L, Tn, m.q_lora_rank))
+            ops.linear("q_up_proj", T, heads * m.qk_head_dim, m.q_lora_rank)
         else:
-            add_linear("q_proj", T, heads * m.qk_head_dim, h)
-        add_linear("kv_down_proj", Tn, m.kv_lora_rank + m.qk_rope_head_dim, h)
-        add_pair(_norm("kv_norm", L, Tn, m.kv_lora_rank))
-        add_linear("kv_up_proj", T, heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
+            ops.linear("q_proj", T, heads * m.qk_head_dim, h)
+        ops.linear("kv_down_proj", Tn, m.kv_lora_rank + m.qk_rope_head_dim, h)
+        ops.pair(_norm("kv_norm", L, Tn, m.kv_lora_rank))
+        ops.linear("kv_up_proj", T, heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
         a = ACT_BYTES * rope_elems
-        add_pair(_ew_pair("rope", L, 2 * a, 2 * a, 2, 2))
-        add_pair(_attention("core_attn", L, sh, heads, heads, m.qk_head_dim, m.v_head_dim, causal, block))
-        add_linear("out_proj", T, h, heads * m.v_head_dim)
+        ops.pair(_ew_pair("rope", L, 2 * a, 2 * a, 2, 2))
+        ops.pair(_attention("core_attn", L, sh, heads, heads, m.qk_head_dim, m.v_head_dim, causal, block))
+        ops.linear("out_proj", T, h, heads * m.v_head_dim)
     else:
         d = model.head_dim
         kv = model.num_kv_heads
         kv_local = kv // tp if kv % tp == 0 else 1          # replicated KV heads when tp > kv
-        add_linear("qkv_proj", T, (heads + 2 * kv_local) * d, h)
+        ops.linear("qkv_proj", T, (heads + 2 * kv_local) * d, h)
         if model.qk_norm:
             a = ACT_BYTES * T * (heads + kv_local) * d
-            add_pair(_ew_pair("qk_norm", L, 2 * a, 3 * a, 2, 2))
+            ops.pair(_ew_pair("qk_norm", L, 2 * a, 3 * a, 2, 2))
         if model.position_embedding == "rope":
             a = ACT_BYTES * T * (heads + kv_local) * d      # rotate q and k in place: read + write
-            add_pair(_ew_pair("rope", L, 2 * a, 2 * a, 2, 2))
+            ops.pair(_ew_pair("rope", L, 2 * a, 2 * a, 2, 2))
         if model.flash_attention:
-            add_pair(_attention("core_attn", L, sh, heads, kv_local, d, d, causal, block))
+            ops.pair(_attention("core_attn", L, sh, heads, kv_local, d, d, causal, block))
         else:
-            _unfused_attention(L, sh, heads, d, model.dropout, add_pair)
-        add_linear("out_proj", T, h, heads * d)
-    add_pair(_residual("attn_residual", L, Tn, h, model.dropout))
+            _unfused_attention(L, sh, heads, d, model.dropout, ops)
+        ops.linear("out_proj", T, h, heads * d)
+    ops.pair(_residual("attn_residual", L, Tn, h, model.dropout))
 
 
 def _moe_block(model: ModelSpec, parallel: ParallelConfig, sh: _Shard, L: int, tokens_per_expert,
-               add_linear, add_pair, fwd, bwd, wgt) -> None:
+               ops: _LayerOps) -> None:
+    """The MoE MLP: norm, router, permute, the local experts' grouped GEMMs, unpermute,
+    shared experts, residual."""
     moe, h = model.moe, model.hidden_size
     ep, etp = parallel.ep, parallel.expert_tp
     if moe.num_experts % ep:
@@ -561,47 +591,46 @@ def _moe_block(model: ModelSpec, parallel: ParallelConfig, sh: _Shard, L: int, t
     routed = float(sum(tokens))
     Tn, E, k = sh.Tn, moe.num_experts, moe.top_k
     m1 = 2 if model.mlp == "swiglu" else 1
-    add_pair(_norm("mlp_norm", L, Tn, h))
-    add_linear("router", Tn, E, h)
+    ops.pair(_norm("mlp_norm", L, Tn, h))
+    ops.linear("router", Tn, E, h)
     # softmax / sigmoid, top-k, score normalisation and the load-balancing statistics, in FP32
-    add_pair(_ew_pair("router_topk", L, 3 * _FP32 * Tn * E, 2 * _FP32 * Tn * E, 5, 3))
+    ops.pair(_ew_pair("router_topk", L, 3 * _FP32 * Tn * E, 2 * _FP32 * Tn * E, 5, 3))
     # permute: read the local tokens, write top_k copies sorted by expert; after the
     # all-to-all, sort the received chunks by local expert (read + write the routed tokens)
     perm = ACT_BYTES * h * (Tn * (1 + k) + 2 * routed)
-    add_pair(_ew_pair("moe_permute", L, perm, perm, 3, 3))
+    ops.pair(_ew_pair("moe_permute", L, perm, perm, 3, 3))
     fe = moe.expert_ffn_hidden_size / etp
-    f, b, w = _grouped_linear("expert_fc1", L, tokens, int(m1 * fe), h)
-    fwd.append(f), bwd.append(b), wgt.append(w)
-    add_pair(_activation("expert_act", L, routed, int(fe), model.mlp))
-    f, b, w = _grouped_linear("expert_fc2", L, tokens, h, int(fe))
-    fwd.append(f), bwd.append(b), wgt.append(w)
+    ops.fbw(*_grouped_linear("expert_fc1", L, tokens, int(m1 * fe), h))
+    ops.pair(_activation("expert_act", L, routed, int(fe), model.mlp))
+    ops.fbw(*_grouped_linear("expert_fc2", L, tokens, h, int(fe)))
     # unpermute: the reverse of permute, plus the probability-weighted sum of the top_k copies
-    add_pair(_ew_pair("moe_unpermute", L, perm, perm, 3, 3))
+    ops.pair(_ew_pair("moe_unpermute", L, perm, perm, 3, 3))
     if moe.num_shared_experts:
         fs = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size / sh.tp
-        add_linear("shared_fc1", sh.T, int(m1 * fs), h)
-        add_pair(_activation("shared_act", L, sh.T, int(fs), model.mlp))
-        add_linear("shared_fc2", sh.T, h, int(fs))
-    add_pair(_residual("mlp_residual", L, Tn, h, model.dropout))
+        ops.linear("shared_fc1", sh.T, int(m1 * fs), h)
+        ops.pair(_activation("shared_act", L, sh.T, int(fs), model.mlp))
+        ops.linear("shared_fc2", sh.T, h, int(fs))
+    ops.pair(_residual("mlp_residual", L, Tn, h, model.dropout))
 
 
-def _mtp_prologue(model: ModelSpec, sh: _Shard, L: int, fwd, bwd, wgt) -> None:
+def _mtp_prologue(model: ModelSpec, sh: _Shard, L: int, ops: _LayerOps) -> None:
+    """An MTP module's input: embedding of the shifted tokens, its two norms, ``eh_proj``."""
     h = model.hidden_size
     # embedding of the shifted tokens (shared table; its gradient is a W-phase scatter-add)
-    fwd.append(_ew("mtp_embedding", "F", L, ACT_BYTES * h * (sh.T / sh.tp + sh.T), 2))
-    wgt.append(_ew("mtp_embedding", "W", L, ACT_BYTES * sh.T * h + 2 * _FP32 * sh.T * h / sh.tp, 4))
+    ops.fwd.append(_ew("mtp_embedding", "F", L, ACT_BYTES * h * (sh.T / sh.tp + sh.T), 2))
+    ops.wgt.append(_ew("mtp_embedding", "W", L, ACT_BYTES * sh.T * h + 2 * _FP32 * sh.T * h / sh.tp, 4))
     for name in ("mtp_enorm", "mtp_hnorm"):
-        f, b = _norm(name, L, sh.Tn, h)
-        fwd.append(f), bwd.append(b)
-    f, b, w = _linear("mtp_eh_proj", L, sh.T, h // sh.tp, 2 * h)
-    fwd.append(f), bwd.append(b), wgt.append(w)
+        ops.pair(_norm(name, L, sh.Tn, h))
+    ops.fbw(*_linear("mtp_eh_proj", L, sh.T, h // sh.tp, 2 * h))
 
 
-def _mtp_epilogue(model: ModelSpec, sh: _Shard, L: int, fwd, bwd, wgt) -> None:
-    f, b = _norm("mtp_final_norm", L, sh.Tn, model.hidden_size)
-    fwd.append(f), bwd.append(b)
+def _mtp_epilogue(model: ModelSpec, sh: _Shard, L: int, ops: _LayerOps) -> None:
+    """An MTP module's output: final norm, the shared output GEMM and its loss."""
+    ops.pair(_norm("mtp_final_norm", L, sh.Tn, model.hidden_size))
     f_ops, b_ops, w_ops = _output_and_loss(model, sh, L, "mtp_output_gemm", "mtp_cross_entropy", None, False)
-    fwd.extend(f_ops), bwd.extend(b_ops), wgt.extend(w_ops)
+    ops.fwd.extend(f_ops)
+    ops.bwd.extend(b_ops)
+    ops.wgt.extend(w_ops)
 
 
 def _output_and_loss(model: ModelSpec, sh: _Shard, L: int, gemm_name: str, ce_name: str, vocab_size,

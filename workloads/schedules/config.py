@@ -100,53 +100,68 @@ def validate_schedule_config(name: str, pp: int, num_microbatches: int, vpp: int
       ``step()`` asserts both).
     """
     _check_name(name, where)
-    mb_field = f"{where}.num_microbatches"
     _check_positive_int(f"{where}.pp", pp)
     _check_positive_int(f"{where}.vpp", vpp)
-    _check_positive_int(mb_field, num_microbatches)
-    m = num_microbatches
-    if name != "interleaved_1f1b":
-        if vpp != 1:
-            raise ConfigError(f"{where}.vpp", vpp,
-                              "virtual pipeline stages (vpp > 1) need schedule 'interleaved_1f1b'; "
-                              f"'{name}' runs vpp = 1")
-        if microbatch_group_size is not None:
-            raise ConfigError(f"{where}.microbatch_group_size", microbatch_group_size,
-                              "applies to schedule 'interleaved_1f1b' only")
+    _check_positive_int(f"{where}.num_microbatches", num_microbatches)
     if name == "interleaved_1f1b":
-        if vpp < 2:
-            raise ConfigError(f"{where}.vpp", vpp,
-                              "schedule 'interleaved_1f1b' needs vpp >= 2 model chunks per stage; "
-                              "use '1f1b' for vpp = 1")
-        if pp < 2:
-            raise ConfigError(f"{where}.pp", pp, "schedule 'interleaved_1f1b' needs pp >= 2")
-        group = pp if microbatch_group_size is None else microbatch_group_size
-        if microbatch_group_size is not None:
-            _check_positive_int(f"{where}.microbatch_group_size", microbatch_group_size)
-            if group < pp:
-                raise ConfigError(f"{where}.microbatch_group_size", group,
-                                  f"must be >= pp = {pp} (Megatron-Core interleaved schedule)")
-        if m < group:
-            raise ConfigError(mb_field, m,
-                              f"schedule 'interleaved_1f1b' needs at least {group} micro-batches "
-                              f"(Megatron-Core: pp = {pp} <= microbatch_group_size_per_vp_stage = {group} "
-                              f"<= num_microbatches){_MB_HINT}")
-        if 0 < m % group < pp:
-            rule = (f"must be a multiple of pp = {pp}" if group == pp else
-                    f"m % microbatch_group_size = {m % group} must be 0 or >= pp = {pp}")
-            raise ConfigError(mb_field, m,
-                              f"schedule 'interleaved_1f1b' (Megatron-Core, microbatch_group_size_per_vp_stage "
-                              f"= {group}): {rule}{_MB_HINT}")
+        _check_interleaved(pp, num_microbatches, vpp, microbatch_group_size, where)
         return
+    _check_one_chunk(name, vpp, microbatch_group_size, where)
     if name == "dualpipe":
-        if pp % 2:
-            raise ConfigError(f"{where}.pp", pp,
-                              "schedule 'dualpipe' needs an even pp (ranks pair up from both ends)")
-        if m % 2:
-            raise ConfigError(mb_field, m,
-                              f"schedule 'dualpipe' needs an even number of micro-batches "
-                              f"(half enter from each end){_MB_HINT}")
+        _check_dualpipe(pp, num_microbatches, where)
     need = min_microbatches(name, pp, vpp, where=where)
-    if m < need:
-        raise ConfigError(mb_field, m,
+    if num_microbatches < need:
+        raise ConfigError(f"{where}.num_microbatches", num_microbatches,
                           f"schedule '{name}' with pp = {pp} needs num_microbatches >= {need}{_MB_HINT}")
+
+
+def _check_one_chunk(name: str, vpp: int, microbatch_group_size: int | None, where: str) -> None:
+    """A schedule other than ``interleaved_1f1b`` runs one model chunk per stage and has no
+    micro-batch groups."""
+    if vpp != 1:
+        raise ConfigError(f"{where}.vpp", vpp,
+                          "virtual pipeline stages (vpp > 1) need schedule 'interleaved_1f1b'; "
+                          f"'{name}' runs vpp = 1")
+    if microbatch_group_size is not None:
+        raise ConfigError(f"{where}.microbatch_group_size", microbatch_group_size,
+                          "applies to schedule 'interleaved_1f1b' only")
+
+
+def _check_interleaved(pp: int, m: int, vpp: int, microbatch_group_size: int | None, where: str) -> None:
+    """Megatron-Core's rules for the interleaved schedule (see :func:`min_microbatches` and
+    :func:`validate_schedule_config`)."""
+    mb_field = f"{where}.num_microbatches"
+    if vpp < 2:
+        raise ConfigError(f"{where}.vpp", vpp,
+                          "schedule 'interleaved_1f1b' needs vpp >= 2 model chunks per stage; "
+                          "use '1f1b' for vpp = 1")
+    if pp < 2:
+        raise ConfigError(f"{where}.pp", pp, "schedule 'interleaved_1f1b' needs pp >= 2")
+    group = pp if microbatch_group_size is None else microbatch_group_size
+    if microbatch_group_size is not None:
+        _check_positive_int(f"{where}.microbatch_group_size", microbatch_group_size)
+        if group < pp:
+            raise ConfigError(f"{where}.microbatch_group_size", group,
+                              f"must be >= pp = {pp} (Megatron-Core interleaved schedule)")
+    if m < group:
+        raise ConfigError(mb_field, m,
+                          f"schedule 'interleaved_1f1b' needs at least {group} micro-batches "
+                          f"(Megatron-Core: pp = {pp} <= microbatch_group_size_per_vp_stage = {group} "
+                          f"<= num_microbatches){_MB_HINT}")
+    if 0 < m % group < pp:
+        rule = (f"must be a multiple of pp = {pp}" if group == pp else
+                f"m % microbatch_group_size = {m % group} must be 0 or >= pp = {pp}")
+        raise ConfigError(mb_field, m,
+                          f"schedule 'interleaved_1f1b' (Megatron-Core, microbatch_group_size_per_vp_stage "
+                          f"= {group}): {rule}{_MB_HINT}")
+
+
+def _check_dualpipe(pp: int, m: int, where: str) -> None:
+    """DualPipe's ``step()`` asserts an even ``pp`` and an even number of micro-batches."""
+    if pp % 2:
+        raise ConfigError(f"{where}.pp", pp,
+                          "schedule 'dualpipe' needs an even pp (ranks pair up from both ends)")
+    if m % 2:
+        raise ConfigError(f"{where}.num_microbatches", m,
+                          f"schedule 'dualpipe' needs an even number of micro-batches "
+                          f"(half enter from each end){_MB_HINT}")

@@ -50,119 +50,133 @@ from .config import validate_schedule_config
 __all__ = ["dualpipe", "rank_order"]
 
 
+class _Issuer:
+    """One rank's actions as DualPipe issues them: transfers queued as ``SEND_*`` /
+    ``RECV_*`` actions before the compute chunk that posts them, micro-batches numbered per
+    chunk and per kind in arrival order, and the split backwards whose ``W`` waits in
+    ``queued_w`` (first in, first out)."""
+
+    def __init__(self, s: int, half: int):
+        self.s = s
+        self.half = half
+        self.count = {kind: [0, 0] for kind in ("F", "B", "rF", "sF", "rB", "sB")}  # per chunk, in arrival order
+        self.queued_w: deque[tuple[int, int]] = deque()
+        self.out: list[Action] = []
+
+    def _take(self, kind: str, c: int) -> int:
+        """The next micro-batch of ``kind`` on chunk ``c`` (chunk 1 numbers from ``half``)."""
+        self.count[kind][c] += 1
+        j = self.count[kind][c] - 1
+        return j if c == 0 else self.half + j
+
+    def recv_f(self, c: int) -> None:
+        self.out.append(Action(self.s, c, ActionKind.RECV_F, self._take("rF", c)))
+
+    def send_f(self, c: int) -> None:
+        self.out.append(Action(self.s, c, ActionKind.SEND_F, self._take("sF", c)))
+
+    def recv_b(self, c: int) -> None:
+        self.out.append(Action(self.s, c, ActionKind.RECV_B, self._take("rB", c)))
+
+    def send_b(self, c: int) -> None:
+        self.out.append(Action(self.s, c, ActionKind.SEND_B, self._take("sB", c)))
+
+    def _f(self, c: int) -> Action:
+        return Action(self.s, c, ActionKind.F, self._take("F", c))
+
+    def _b(self, c: int, split: bool) -> Action:
+        a = Action(self.s, c, ActionKind.B if split else ActionKind.BW, self._take("B", c))
+        if split:
+            self.queued_w.append((c, a.microbatch))
+        return a
+
+    def forward(self, c: int, recv: bool = True, send: bool = True) -> None:
+        if recv:
+            self.recv_f(c)
+        self.out.append(self._f(c))
+        if send:
+            self.send_f(c)
+
+    def backward(self, c: int, split: bool = False, recv: bool = True, send: bool = True) -> None:
+        """A full backward ``BW``, or with ``split`` its ``B`` (the ``W`` queued)."""
+        if recv:
+            self.recv_b(c)
+        self.out.append(self._b(c, split))
+        if send:
+            self.send_b(c)
+
+    def forward_backward(self, c_f: int, c_b: int, recv_f_input: bool = True) -> None:
+        """An overlapped ``FB`` pair: forward on ``c_f``, full backward on ``c_b``."""
+        if recv_f_input:
+            self.recv_f(c_f)
+        self.recv_b(c_b)
+        self.out.append(Action.pair(self._f(c_f), self._b(c_b, False)))
+        self.send_f(c_f)
+        self.send_b(c_b)
+
+    def weight(self) -> None:
+        """The oldest queued ``W``."""
+        c, i = self.queued_w.popleft()
+        self.out.append(Action(self.s, c, ActionKind.W, i))
+
+
 def rank_order(s: int, pp: int, half: int) -> list[Action]:
     """Rank ``s``'s compute actions and p2p transfers in the order the reference
     implementation issues them (deepseek-ai/DualPipe ``DualPipe.step``): transfers are
     queued (``SEND_*`` / ``RECV_*`` actions) and every compute chunk -- weight passes
     included -- first posts and waits for the queue, so the transfers between two compute
     actions are one batch (see :mod:`.comm`).  Transfers without a peer are kept here;
-    :func:`.comm.p2p_order` drops them."""
+    :func:`.comm.p2p_order` drops them.  The numbered phases are the module docstring's."""
     h = pp // 2
     r = min(s, pp - 1 - s)
     middle = r == h - 1
     near = 0 if s < h else 1        # chunk 0 is fed from stage 0, chunk 1 from stage pp-1
     far = 1 - near
-    count = {kind: [0, 0] for kind in ("F", "B", "rF", "sF", "rB", "sB")}  # per chunk, in arrival order
-    queued_w: deque[tuple[int, int]] = deque()
-    out: list[Action] = []
-
-    def mb(chunk: int, j: int) -> int:
-        return j if chunk == 0 else half + j
-
-    def take(kind: str, c: int) -> int:
-        count[kind][c] += 1
-        return mb(c, count[kind][c] - 1)
-
-    def recv_f(c: int) -> None:
-        out.append(Action(s, c, ActionKind.RECV_F, take("rF", c)))
-
-    def send_f(c: int) -> None:
-        out.append(Action(s, c, ActionKind.SEND_F, take("sF", c)))
-
-    def recv_b(c: int) -> None:
-        out.append(Action(s, c, ActionKind.RECV_B, take("rB", c)))
-
-    def send_b(c: int) -> None:
-        out.append(Action(s, c, ActionKind.SEND_B, take("sB", c)))
-
-    def f(c: int) -> Action:
-        return Action(s, c, ActionKind.F, take("F", c))
-
-    def b(c: int, split: bool) -> Action:
-        a = Action(s, c, ActionKind.B if split else ActionKind.BW, take("B", c))
-        if split:
-            queued_w.append((c, a.microbatch))
-        return a
-
-    def forward(c: int, recv: bool = True, send: bool = True) -> None:
-        if recv:
-            recv_f(c)
-        out.append(f(c))
-        if send:
-            send_f(c)
-
-    def backward(c: int, split: bool = False, recv: bool = True, send: bool = True) -> None:
-        if recv:
-            recv_b(c)
-        out.append(b(c, split))
-        if send:
-            send_b(c)
-
-    def forward_backward(c_f: int, c_b: int, recv_f_input: bool = True) -> None:
-        if recv_f_input:
-            recv_f(c_f)
-        recv_b(c_b)
-        out.append(Action.pair(f(c_f), b(c_b, False)))
-        send_f(c_f)
-        send_b(c_b)
-
-    def weight() -> None:
-        c, i = queued_w.popleft()
-        out.append(Action(s, c, ActionKind.W, i))
-
+    q = _Issuer(s, half)
     for _ in range(2 * (h - r - 1)):                                              # 1
-        forward(near)
-    recv_f(near)                                                                  # 2
+        q.forward(near)
+    q.recv_f(near)                                                                # 2
     for i in range(r + 1):
-        forward(near, recv=False, send=middle)
-        recv_f(near)                       # the next near forward's input, one chunk early
-        forward(far, send=not middle or i < r)
+        q.forward(near, recv=False, send=middle)
+        q.recv_f(near)                     # the next near forward's input, one chunk early
+        q.forward(far, send=not middle or i < r)
         if not middle:
-            send_f(near)
+            q.send_f(near)
     for _ in range(h - r - 1):                                                    # 3
-        backward(far, split=True)
-        recv_f(far)
-        weight()
-        forward(far, recv=False)
+        q.backward(far, split=True)
+        q.recv_f(far)
+        q.weight()
+        q.forward(far, recv=False)
     for i in range(half - pp + r + 1):                                            # 4
         if i == 0 and middle:
             # DualPipe does not overlap the middle ranks' first pair ("to further reduce
             # bubble size"); the far forward held back in phase 2 goes out here
-            forward(near, recv=False, send=False)
-            send_f(far)
-            backward(far, send=False)
-            send_f(near)
-            send_b(far)
+            q.forward(near, recv=False, send=False)
+            q.send_f(far)
+            q.backward(far, send=False)
+            q.send_f(near)
+            q.send_b(far)
         else:
-            forward_backward(near, far, recv_f_input=i > 0)
-        forward_backward(far, near)
+            q.forward_backward(near, far, recv_f_input=i > 0)
+        q.forward_backward(far, near)
     for _ in range(h - r - 1):                                                    # 5
-        backward(far)
-        forward_backward(far, near)
+        q.backward(far)
+        q.forward_backward(far, near)
     for i in range(r + 1):                                                        # 6
-        backward(far, split=2 * i >= r + 1)
-        backward(near, split=2 * i + 1 >= r + 1)
+        q.backward(far, split=2 * i >= r + 1)
+        q.backward(near, split=2 * i + 1 >= r + 1)
     for _ in range(h - r - 1):                                                    # 7
-        weight()
-        backward(near, split=True)
-    while queued_w:                                                               # 8
-        weight()
+        q.weight()
+        q.backward(near, split=True)
+    while q.queued_w:                                                             # 8
+        q.weight()
     # the last sends are posted by the final commit
     # (the order of the compute actions alone is DualPipe's table, checked against Fig. 5)
-    return out
+    return q.out
 
 
 def _rank_actions(s: int, pp: int, half: int) -> list[Action]:
+    """Rank ``s``'s compute actions (the schedule table's row)."""
     return [a for a in rank_order(s, pp, half) if a.kind not in COMM_KINDS]
 
 

@@ -131,6 +131,7 @@ _PHASE_NAMES = ("forward", "input-gradient backward", "weight-gradient backward"
 
 
 def _describe(event: int, num_model_chunks: int) -> str:
+    """An event in words, for error messages."""
     place, phase = divmod(event, 3)
     mb, k = divmod(place, num_model_chunks)
     return f"the {_PHASE_NAMES[phase]} of micro-batch {mb} at model chunk {k}"
@@ -196,29 +197,54 @@ def schedule_timing(schedule: Schedule,
         or the table deadlocks (a cycle of waits across stages, or a dependency nobody
         produces); the message names each stuck stage, its next action and what it waits for.
     """
+    run = _AsapRun(schedule, _duration_function(costs))
+    ready = deque(range(len(schedule.actions)))
+    while ready:
+        ready.extend(run.advance(ready.popleft()))
+    run.check_finished()
+    step_time = max((max(e) for e in run.end if e), default=0.0)
+    return ScheduleTiming(run.start, run.end, run.busy, step_time)
+
+
+def _duration_function(costs: ActionCosts | Callable[[Action], float]) -> Callable[[Action], float]:
+    """``action -> duration`` for per-kind costs (looked up by kind), or ``costs`` itself."""
     if isinstance(costs, ActionCosts):
         by_kind = {kind: costs.duration(Action(0, 0, kind, 0)) for kind in ActionKind}
 
         def duration(a: Action) -> float:
             return by_kind[a.kind]
-    else:
-        duration = costs
-    events = _events_function(schedule)
-    num_model_chunks = schedule.num_model_chunks
-    actions = schedule.actions
-    pp = len(actions)
-    start = [[0.0] * len(a) for a in actions]
-    end = [[0.0] * len(a) for a in actions]
-    busy = [0.0] * pp
-    free = [0.0] * pp
-    pointer = [0] * pp
-    done = [-1.0] * (3 * schedule.num_microbatches * num_model_chunks)   # -1: not yet
-    waiting: dict[int, list[int]] = {}
-    blocked_on: dict[int, int] = {}
-    ready = deque(range(pp))
-    while ready:
-        s = ready.popleft()
-        stage_actions = actions[s]
+        return duration
+    return costs
+
+
+class _AsapRun:
+    """The as-soon-as-possible pass over a table in progress: per stage, the start and end
+    of its entries so far, its busy time, when it is free and its next entry
+    (``pointer``); per event, when it was produced (-1: not yet) and the stages waiting for
+    it (``waiting``, and ``blocked_on`` the other way round)."""
+
+    def __init__(self, schedule: Schedule, duration: Callable[[Action], float]):
+        self.actions = schedule.actions
+        self.events = _events_function(schedule)
+        self.duration = duration
+        self.num_model_chunks = schedule.num_model_chunks
+        actions = self.actions
+        pp = len(actions)
+        self.start = [[0.0] * len(a) for a in actions]
+        self.end = [[0.0] * len(a) for a in actions]
+        self.busy = [0.0] * pp
+        self.free = [0.0] * pp
+        self.pointer = [0] * pp
+        self.done = [-1.0] * (3 * schedule.num_microbatches * self.num_model_chunks)   # -1: not yet
+        self.waiting: dict[int, list[int]] = {}
+        self.blocked_on: dict[int, int] = {}
+
+    def advance(self, s: int) -> list[int]:
+        """Run stage ``s`` until its table ends or its next action waits for an event not
+        yet produced; returns the stages the events it produced woke up, in order."""
+        start, end, free, pointer, done = self.start, self.end, self.free, self.pointer, self.done
+        woken: list[int] = []
+        stage_actions = self.actions[s]
         while pointer[s] < len(stage_actions):
             i = pointer[s]
             a = stage_actions[i]
@@ -226,7 +252,7 @@ def schedule_timing(schedule: Schedule,
                 start[s][i] = end[s][i] = free[s]
                 pointer[s] += 1
                 continue
-            needs, gives = events(a)
+            needs, gives = self.events(a)
             t0 = free[s]
             missing = None
             for e in needs:
@@ -236,29 +262,32 @@ def schedule_timing(schedule: Schedule,
                     break
                 t0 = max(t0, t)
             if missing is not None:
-                waiting.setdefault(missing, []).append(s)
-                blocked_on[s] = missing
+                self.waiting.setdefault(missing, []).append(s)
+                self.blocked_on[s] = missing
                 break
-            t1 = t0 + duration(a)
+            t1 = t0 + self.duration(a)
             start[s][i] = t0
             end[s][i] = t1
-            busy[s] += t1 - t0
+            self.busy[s] += t1 - t0
             free[s] = t1
             pointer[s] += 1
             for e in gives:
                 if done[e] >= 0:
-                    raise ScheduleError(s, a, f"{_describe(e, num_model_chunks)} is computed twice")
+                    raise ScheduleError(s, a, f"{_describe(e, self.num_model_chunks)} is computed twice")
                 done[e] = t1
-                if e in waiting:
-                    ready.extend(waiting.pop(e))
-    stuck = [s for s in range(pp) if pointer[s] < len(actions[s])]
-    if stuck:
-        detail = "; ".join(f"stage {s} at {actions[s][pointer[s]]} waits for "
-                           f"{_describe(blocked_on[s], num_model_chunks)}" for s in stuck)
-        first = stuck[0]
-        raise ScheduleError(first, actions[first][pointer[first]], f"deadlock: {detail}")
-    step_time = max((max(e) for e in end if e), default=0.0)
-    return ScheduleTiming(start, end, busy, step_time)
+                if e in self.waiting:
+                    woken.extend(self.waiting.pop(e))
+        return woken
+
+    def check_finished(self) -> None:
+        """Raise the deadlock error if some stage did not reach the end of its table."""
+        actions, pointer = self.actions, self.pointer
+        stuck = [s for s in range(len(actions)) if pointer[s] < len(actions[s])]
+        if stuck:
+            detail = "; ".join(f"stage {s} at {actions[s][pointer[s]]} waits for "
+                               f"{_describe(self.blocked_on[s], self.num_model_chunks)}" for s in stuck)
+            first = stuck[0]
+            raise ScheduleError(first, actions[first][pointer[first]], f"deadlock: {detail}")
 
 
 def peak_in_flight(schedule: Schedule) -> list[int]:
