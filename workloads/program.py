@@ -229,7 +229,7 @@ def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[
     seg: dict[str, list] = {}
     for op, t in zip(ops, times):
         phase = "R" if op.recompute else op.phase
-        base = op.name.split(".")[0]          # "<gemm>.quantize" belongs with its GEMM
+        base = op.quantizes or op.name        # a quantisation op belongs with its GEMM
         if base in _ATTN_OPS:
             part = "attn"
         elif base in _PRE_EXPERT and key[0]:

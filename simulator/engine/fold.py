@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from workloads.ops import Coll, OpKind, is_ep_combine, is_p2p
+
 from ..collectives.engine import TINY_CALL_BYTES
 from ..collectives.plans import p2p_plan
 
@@ -204,7 +206,7 @@ def _kinds(cls) -> list[str]:
     """The group kinds a program class makes collective calls on, in order of first call."""
     seen: dict[str, None] = {}
     for op in cls.ops:
-        if op.kind == "collective":
+        if op.kind == OpKind.COLLECTIVE:
             seen.setdefault(op.group)
     return list(seen)
 
@@ -213,7 +215,7 @@ def _peers(cls) -> list[tuple[int, str]]:
     """The (peer stage, 'send' or 'recv') a program class transfers with, in order of first op."""
     seen: dict[tuple, None] = {}
     for op in cls.ops:
-        if op.kind in ("send", "recv"):
+        if is_p2p(op):
             seen.setdefault((op.peer, op.kind))
     return list(seen)
 
@@ -400,12 +402,12 @@ def _call_variants(prog) -> tuple[dict[tuple[int, str], set], list[np.ndarray]]:
     sizes_mat: list[np.ndarray] = []
     for cls in prog.classes:
         for op in cls.ops:
-            if op.kind != "collective" or op.size_bytes <= 0:
+            if op.kind != OpKind.COLLECTIVE or op.size_bytes <= 0:
                 continue
             skey = -1
-            if op.coll == "all_to_all" and op.tag in prog.a2a_sizes:
+            if op.coll == Coll.ALL_TO_ALL and op.tag in prog.a2a_sizes:
                 m = prog.a2a_sizes[op.tag]
-                m = m.T if "combine" in op.name else m
+                m = m.T if is_ep_combine(op) else m
                 m = np.ascontiguousarray(m, dtype=float)
                 skey = sizes_id.setdefault(m.tobytes() + bytes(str(m.shape), "ascii"), len(sizes_mat))
                 if skey == len(sizes_mat):

@@ -62,3 +62,18 @@ def test_members_are_their_strings():
     assert OpName.GRAD_DENSE == "grad_dense" and f"{Stream.DP}" == "dp" and str(Phase.R) == "R"
     assert {"tp": 1}[Group.TP] == 1 and hash(Coll.ALL_TO_ALL) == hash("all_to_all")
     assert len({m.value for m in OpName}) == len(OpName)
+
+
+def test_nothing_dispatches_on_op_names():
+    """What an op is for is asked through the predicates of workloads.ops, never by
+    spelling out (part of) its name: a renamed or new op cannot silently change roles."""
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    pattern = re.compile(r"""\b(op|o|nxt|prev|a|b)\.name\b\s*(\.startswith|\.endswith|==|!=|\.split)"""
+                         r"""|['"]\s+in\s+(op|o|nxt)\.name\b""")
+    hits = [f"{p.relative_to(root)}:{i}: {line.strip()}"
+            for p in [*(root / "simulator").rglob("*.py"), root / "workloads" / "program.py"]
+            for i, line in enumerate(p.read_text().splitlines(), 1)
+            if pattern.search(line) and "kernel-level" not in line]
+    assert hits == []

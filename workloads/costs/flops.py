@@ -175,6 +175,9 @@ class ComputeOp(NamedTuple):
     groups: tuple = ()
     """Grouped GEMMs (MoE experts): per-group sizes of the token dimension -- ``m`` for
     fprop and dgrad, ``k`` for wgrad (see :func:`gemm_role`).  Empty for one GEMM."""
+    quantizes: str = ""
+    """A quantisation op: the name of the GEMM whose input it quantises (it belongs to that
+    GEMM's block); empty otherwise."""
 
 
 def gemm_role(op: ComputeOp) -> str:
