@@ -24,15 +24,32 @@ cli            the ``clustersim`` command
 =============  ===========================================================================
 """
 
-from topologies import ConfigError
+import importlib
 
-from .collectives import Calibration, CollectiveEngine, get_calibration
-from .engine import DeadlockError, Folding, JobStopped, Result, SimulationError, run
-from .explore import SearchSpec, estimate, search
-from .network import FlowNetwork
-from .report import breakdown_bar, gantt, to_chrome_trace
-from .scenario import Scenario, WhatIf, load_scenario
+# name -> the module that defines it; imported on first use (PEP 562), so that
+# ``import simulator.cli`` or ``import simulator.network`` does not pay for pandas, the
+# estimator and the search
+_API = {
+    "run": "simulator.engine", "Result": "simulator.engine", "SimulationError": "simulator.engine",
+    "DeadlockError": "simulator.engine", "JobStopped": "simulator.engine", "Folding": "simulator.engine",
+    "load_scenario": "simulator.scenario", "Scenario": "simulator.scenario", "WhatIf": "simulator.scenario",
+    "estimate": "simulator.explore", "search": "simulator.explore", "SearchSpec": "simulator.explore",
+    "gantt": "simulator.report", "breakdown_bar": "simulator.report", "to_chrome_trace": "simulator.report",
+    "FlowNetwork": "simulator.network", "CollectiveEngine": "simulator.collectives",
+    "Calibration": "simulator.collectives", "get_calibration": "simulator.collectives",
+    "ConfigError": "topologies",
+}
 
-__all__ = ["run", "Result", "load_scenario", "Scenario", "WhatIf", "estimate", "search", "SearchSpec", "gantt",
-           "breakdown_bar", "to_chrome_trace", "ConfigError", "SimulationError", "DeadlockError", "JobStopped",
-           "Folding", "FlowNetwork", "CollectiveEngine", "Calibration", "get_calibration"]
+__all__ = list(_API)
+
+
+def __getattr__(name: str):
+    if name in _API:
+        value = getattr(importlib.import_module(_API[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'simulator' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_API))
