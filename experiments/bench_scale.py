@@ -12,7 +12,7 @@ Cases (the scale issue's targets in brackets; CPU seconds on a 2-core machine):
   stages, 16 micro-batches, 1F1B, 2 steps: folded [<= 1 s]; one straggler rank (1.2x
   compute: DP unfolded around it) [<= 10 s]; nothing folded (``--unfolded``) [<= 300 s]
 * DeepSeek-V3, 2,048 H100, EP 64 PP 16, 2 steps: balanced routing [<= 1 s] (``--moe``);
-  Zipf(1.2) expert popularity [<= 60 s] (``--skew``: over 20 minutes today, see the README)
+  Zipf(1.2) expert popularity [<= 60 s] (``--skew``: over 20 minutes today, see docs/performance.md)
 
 Run: python experiments/bench_scale.py [--max-gpus N] [--moe] [--skew] [--unfolded] [--case NAME]
 """

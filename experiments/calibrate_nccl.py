@@ -161,7 +161,7 @@ def main() -> None:
           f"1-8 MiB max {max(small):.1f}% (median {np.median(small):.1f}%)")
     ratio = h200_nvls_ratio()
     print(f"\nH200 8-GPU all-reduce 16 GiB, NVLS / ring bus bandwidth: simulated {ratio:.3f}, "
-          f"measured {480.0 / 367.2:.3f} (shared/reference/nccl_microbenchmarks.csv)")
+          f"measured {480.0 / 367.2:.3f} (experiments/reference/nccl_microbenchmarks.csv)")
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(table[0]))

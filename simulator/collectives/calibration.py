@@ -18,7 +18,7 @@ the flow model must reproduce the textbook alpha-beta formulas exactly (tests).
 
 How the numbers were fitted: ``experiments/calibrate_nccl.py`` prints the fits and the
 error tables; the A100 constants use only the 1-4 host rows (2-32 GPUs) of
-``shared/reference/nccl-tests-azure-a100/all_reduce.csv``; the 8-16 host rows are the
+``experiments/reference/nccl-tests-azure-a100/all_reduce.csv``; the 8-16 host rows are the
 held-out check (tests/simulator/test_nccl_validation.py).
 """
 
@@ -71,8 +71,8 @@ class Calibration:
     source: str = ""
 
 
-_AZ = "shared/reference/nccl-tests-azure-a100/all_reduce.csv"
-_MB = "shared/reference/nccl_microbenchmarks.csv"
+_AZ = "experiments/reference/nccl-tests-azure-a100/all_reduce.csv"
+_MB = "experiments/reference/nccl_microbenchmarks.csv"
 
 CALIBRATIONS: dict[str, Calibration] = {
     # A100, fitted on the 1-4 host rows (2-32 GPUs) of _AZ only; 64 and 128 GPUs are held out

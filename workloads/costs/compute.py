@@ -116,7 +116,7 @@ small ``K``; calibrate with :class:`MeasuredComputeModel` where it matters."""
 
 MAMF_BEST_SHAPES: dict[tuple[str, str], tuple[int, int, int]] = {
     # (GPU, dtype) -> the M x N x K at which the MAMF in GPUSpec.mamf_flops was measured
-    # (shared/reference/hardware.csv, mamf_notes; stas00/ml-engineering mamf-finder).
+    # (stas00/ml-engineering mamf-finder results and their notes).
     ("A100-SXM4-80GB", "bf16"): (1024, 10240, 5120),
     ("H100-SXM", "bf16"): (2048, 2048, 13312),
     ("H100-SXM", "fp8"): (1024, 9216, 14336),
@@ -128,7 +128,7 @@ _DEFAULT_BEST_SHAPE = (8192, 8192, 8192)
 
 MAMF_FALLBACK_FRACTION: dict[tuple[str, str], float] = {
     # MAMF / dense peak where GPUSpec.mamf_flops has no entry for a dtype: the measured
-    # fractions of shared/reference/hardware.csv (mamf_*_eff_pct) for the same generation.
+    # MAMF fractions of the same generation's measured GPU (stas00/ml-engineering mamf-finder).
     ("ampere", "bf16"): 0.869,      # A100 SXM 271.2 / 312
     ("ampere", "fp16"): 0.869,
     ("hopper", "bf16"): 0.803,      # H100 SXM 794.5 / 989
