@@ -196,6 +196,14 @@ _AXIS = {Group.TP: "tp", Group.SP: "tp", Group.ETP: "tp", Group.CP: "cp", Group.
          Group.DP_CP: "dp", Group.EDP: "dp", Group.EMBEDDING: "pp", Group.WORLD: "dp", Group.TP_CP: "tp"}
 """The timeline axis (and breakdown term ``exposed_<axis>``) of a collective, by its group."""
 
+# taxonomy members the actor loop compares with, as module globals (reading a member off
+# its enum class costs about 0.1 us on Python 3.11, a global a fifth of that)
+_COMPUTE, _COLLECTIVE, _SEND = OpKind.COMPUTE, OpKind.COLLECTIVE, OpKind.SEND
+_COMPUTE_STREAM, _PP_STREAM = Stream.COMPUTE, Stream.PP
+_ALL_TO_ALL, _ALL_GATHER = Coll.ALL_TO_ALL, Coll.ALL_GATHER
+_CP, _TP = Group.CP, Group.TP
+_FORWARD = Phase.F
+
 
 def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: float = 1e7,
         fold: "bool | Folding" = True, compute_scale: dict | None = None, whatif=None) -> Result:
@@ -317,11 +325,11 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         # per group kind: the group cells of the members' groups, with the members in each
         groups_of: dict[str, list] = {}
         for op in cls.ops:
-            if op.kind == OpKind.COLLECTIVE and op.group not in groups_of:
+            if op.kind == _COLLECTIVE and op.group not in groups_of:
                 groups_of[op.group] = folding.groups_of[(cid, op.group)]
         per_kind = {}
         for op in cls.ops:
-            if op.kind == OpKind.COLLECTIVE:
+            if op.kind == _COLLECTIVE:
                 per_kind[op.group] = per_kind.get(op.group, 0) + 1
         stream_tail: dict[str, simpy.Event] = {}
         outstanding: dict[str, list] = {"grad": [], "param": []}
@@ -331,7 +339,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         prefetched: dict = {}        # op index -> (issue time, event) of prefetched FSDP gathers
         ops = cls.ops
         n_ops = len(ops)
-        first_layer = min((o.layer for o in ops if o.kind == OpKind.COMPUTE and o.layer >= 0), default=0)
+        first_layer = min((o.layer for o in ops if o.kind == _COMPUTE and o.layer >= 0), default=0)
         axis_of, nonblocking_of = _op_meta(cls, sc.overlap)
         has_fsdp = fsdp_prefetch and any(is_fsdp_gather(o) for o in ops)
 
@@ -372,12 +380,12 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
             dur = compute_time(op, step, idx)
             if dur > 0:
                 yield env.timeout(dur)
-            rec.add(rep, node, Stream.COMPUTE, op, "", t0, env.now, step, cid)
+            rec.add(rep, node, _COMPUTE_STREAM, op, "", t0, env.now, step, cid)
             if op.host_s > 0.0:
                 yield from host_wait(hc[0] + dur / max(op.host_ops, 1))
 
         def sizes_of(op):
-            if op.coll == Coll.ALL_TO_ALL and op.tag in prog.a2a_sizes:
+            if op.coll == _ALL_TO_ALL and op.tag in prog.a2a_sizes:
                 sizes = prog.a2a_sizes[op.tag]            # dispatch: [src, dst] by EP coordinate
                 return sizes.T if is_ep_combine(op) else sizes
             return None
@@ -434,7 +442,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 pos[h] += 1
                 op = ops[j]
                 current[cid] = (step, op)
-                if op.kind == OpKind.COMPUTE:
+                if op.kind == _COMPUTE:
                     yield from compute(op, step, j)
                     continue
                 yield from host_issue(op)
@@ -462,11 +470,11 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                     yield from fb_pair(step, i - 1, hi)
                     i = hi
                     continue
-                if op.kind == OpKind.COMPUTE:
+                if op.kind == _COMPUTE:
                     if has_fsdp:
                         # issue the next layer's ZeRO-3 parameter gather before this compute op
                         j = i
-                        while j < n_ops and ops[j].kind != OpKind.COMPUTE:
+                        while j < n_ops and ops[j].kind != _COMPUTE:
                             nxt = ops[j]
                             if is_fsdp_gather(nxt) and j not in prefetched:
                                 hc[0] += nxt.host_s        # the host issues it now, ahead of its turn
@@ -478,7 +486,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                     if outstanding["param"]:
                         # a forward waits for the bucket holding its layer's parameters (the
                         # embedding and output layer: the first bucket); anything else waits for all
-                        if op.phase == Phase.F:
+                        if op.phase == _FORWARD:
                             layer = op.layer if op.layer >= 0 else first_layer
                             need = [e for (a, b), e in outstanding["param"] if a <= layer <= b or
                                     (op.layer < 0 and a == first_layer)]
@@ -532,7 +540,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 sizes = sizes_of(op)
                 groups = groups_of[op.group]
                 t_issue = env.now
-                if (cp_overlap and op.group == Group.CP and op.coll == Coll.ALL_GATHER) or (tp_overlap and op.group == Group.TP):
+                if (cp_overlap and op.group == _CP and op.coll == _ALL_GATHER) or (tp_overlap and op.group == _TP):
                     ev = _issue(env, coll, groups, seq, op, free_comm, sizes)
                     fin = env.event()
                     ev.callbacks.append(lambda _x, op=op, t_issue=t_issue, step=step, fin=fin, axis=axis: (
@@ -719,14 +727,14 @@ def _p2p(env, coll, folding, batch, step, rec, rep, node, cid, waits, free_comm,
                 ev = mailbox.get(key)
                 if ev is None:
                     ev = mailbox[key] = env.event()
-                if op.kind == OpKind.SEND:
+                if op.kind == _SEND:
                     if not ev.triggered:
                         ev.succeed()
                 else:
                     evs.append(ev)
                 continue
             ev = coll.send_recv(key, cell.src_gpu, cell.dst_gpu, op.size_bytes, op.kind, multiplicity=cell.size)
-            if not (op.kind == OpKind.SEND and nonblocking_send):
+            if not (op.kind == _SEND and nonblocking_send):
                 evs.append(ev)
         waited.append((op, evs))
     pending = [e for _, evs in waited for e in evs if not e.processed]
@@ -736,7 +744,7 @@ def _p2p(env, coll, folding, batch, step, rec, rep, node, cid, waits, free_comm,
             e.callbacks.append(latch.hit)
         yield latch.event
     for op, _ in waited:
-        rec.add(rep, node, Stream.PP, op, "pp", t0, env.now, step, cid)
+        rec.add(rep, node, _PP_STREAM, op, "pp", t0, env.now, step, cid)
     if env.now > t0:
         # waiting for the peer to post its side is a pipeline dependency (bubble); only the
         # transfer after both sides posted is pipeline communication
