@@ -26,6 +26,20 @@ What an op *is for* is asked through the predicates at the bottom (:func:`is_gra
 estimator and folding share; a new op joins a role by joining the set behind its
 predicate, in this module only.
 
+Where the ops that come next fit (each is a new :class:`OpName` member and, where the
+engine must treat it apart, a predicate here):
+
+* context-parallel ring attention: each K/V hop is a ``SEND``/``RECV`` pair on
+  ``Stream.CP`` with ``Coll.SEND_RECV`` and ``Group.CP``, tagged by (layer, micro-batch,
+  hop) like pipeline transfers; the all-to-all variant (Ulysses) is ``Coll.ALL_TO_ALL``
+  on ``Group.CP``;
+* state-space (Mamba) layers: ``COMPUTE`` ops for the chunked scan, the depthwise
+  convolution and the gated norm, costed by the bytes their kernels move;
+* dropped tokens: not an op but the sizes of the ``EP_DISPATCH`` / ``EP_COMBINE``
+  all-to-alls and the expert GEMMs' FLOPs, with the counts kept on the program;
+* activation offload: copies on a host-transfer stream (a new :class:`Stream` member), with
+  predicates for the reload that a backward op must wait for.
+
 >>> from workloads.ops import OpName, Stream, is_grad_bucket
 >>> OpName.GRAD_DENSE == "grad_dense", Stream.DP
 (True, <Stream.DP: 'dp'>)

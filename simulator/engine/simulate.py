@@ -67,6 +67,7 @@ import contextlib
 import gc
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
@@ -82,6 +83,9 @@ from ..network import FlowNetwork, NetworkSnapshot
 from ..scenario import Scenario, WhatIf, load_scenario
 from .fold import Folding, fold as fold_program
 from .perturb import JobStopped, Perturbation
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["run", "Result", "DeadlockError", "SimulationError", "JobStopped", "TIMELINE_COLUMNS", "COMM_SLOWDOWN"]
 
@@ -110,15 +114,21 @@ class DeadlockError(SimulationError):
 class Result:
     """What a run returns: the timeline, the metrics, the program and the scenario."""
 
-    timeline: object                       # pandas DataFrame (TIMELINE_COLUMNS + step, cell)
+    timeline: "pd.DataFrame"
+    """One row per executed op of each cell: :data:`TIMELINE_COLUMNS`, ``step`` and ``cell``."""
     metrics: dict
+    """:func:`~simulator.engine.metrics.summarize` plus the simulator's effort (wall time, events, flows, solves, fold)."""
     program: Program
     scenario: Scenario
-    step_bounds: list                      # [(start_s, end_s)] per step
-    waits: dict                            # cell -> [(start, end, axis)] blocking waits
-    network: object = None
+    step_bounds: list[tuple[float, float]]
+    """(start_s, end_s) of every step."""
+    waits: dict[int, list]
+    """Cell -> [(start_s, end_s, axis)]: the intervals it was blocked, and on what."""
+    network: "_PhysicalView | None" = None
+    """The run's network seen per physical link (link bytes and busy time, snapshots)."""
     wall_time_s: float = 0.0
     memory: list = field(default_factory=list)
+    """The memory model's estimate per pipeline stage (:class:`workloads.MemoryEstimate`)."""
     folding: Folding | None = None
     """The rank cells the run simulated once each (the timeline's ``cell`` column)."""
 

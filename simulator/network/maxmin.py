@@ -63,6 +63,10 @@ def max_min_rates(ptr: np.ndarray, links: np.ndarray, coefs: np.ndarray | None, 
     -------
     numpy.ndarray, shape (F,)
         Rates; a flow with no links and no cap gets ``inf``.
+
+    One function on purpose: it is the innermost numerical kernel (every re-solve of every
+    run goes through it), and its rounds share arrays that splitting would pass around or
+    copy; the steps are commented where they happen.
     """
     ptr = np.asarray(ptr, dtype=np.int64)
     F = ptr.size - 1
