@@ -120,7 +120,7 @@ def summary_table(res) -> str:
              f"  TFLOP/s per GPU  {m['tflops_per_gpu']:.1f}",
              f"  tokens/s         {m['tokens_per_s']:,.0f}",
              f"  peak memory      {m['peak_memory_bytes'] / 1e9:.1f} GB",
-             "  breakdown (rank class that finishes last):"]
+             "  breakdown (the cell that finishes last):"]
     for k, v in sorted(m["breakdown_s"].items(), key=lambda kv: -kv[1]):
         lines.append(f"    {k:<14} {v:9.4f} s  {v / m['step_time_s']:6.1%}")
     util = ", ".join(f"{k} {v:.1%}" for k, v in m["link_utilization"].items())
@@ -135,7 +135,7 @@ def _run(args) -> int:
 
     from .engine import run
 
-    res = run(args.scenario, fold=not args.no_fold)
+    res = run(args.scenario, fold=not args.no_fold, progress=not args.quiet)
     out = Path(args.out) if args.out else None
     # a folded run's timeline has one row per rank cell; --per-rank expands it to every rank
     tl = res.rank_timeline() if args.per_rank else res.timeline
@@ -160,7 +160,20 @@ def _run(args) -> int:
         for label, path in (("gantt", gantt_path), ("trace", trace_path)):
             if path:
                 print(f"  {label}: {path}")
+    if args.profile:
+        print(profile_table(res.profile, res.wall_time_s), file=sys.stderr)
     return 0
+
+
+def profile_table(profile: dict, total_s: float) -> str:
+    """Where a run's wall time went (``clustersim run --profile``, on stderr)."""
+    lines = [f"wall time {total_s:.2f} s:"]
+    for key, label in (("load", "scenario and cluster graph"), ("program", "step program"),
+                       ("fold", "folding"), ("event_loop", "event loop"), ("solver", "  of which max-min solves"),
+                       ("timeline_metrics", "timeline and metrics")):
+        v = profile.get(key, 0.0)
+        lines.append(f"  {label:<28} {v:8.3f} s  {v / total_s if total_s > 0 else 0.0:6.1%}")
+    return "\n".join(lines)
 
 
 def _print_memory(args) -> int:
@@ -376,6 +389,9 @@ def _add_simulate(sub) -> None:
     p.add_argument("--out", metavar="DIR", help="write metrics.json, timeline.csv, gantt.png, trace.json here")
     p.add_argument("--no-fold", action="store_true",
                    help="simulate every rank and flow on its own (the exact unfolded reference; slow at scale)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr during long runs")
+    p.add_argument("--profile", action="store_true",
+                   help="print where the wall time went (graph, program, folding, event loop, solver) on stderr")
     p.add_argument("--per-rank", action="store_true",
                    help="expand the timeline to every rank (a folded run keeps one row per rank cell): the "
                         "Gantt chart and trace then show every rank, --out adds timeline_ranks.csv; large at scale")

@@ -190,7 +190,35 @@ def domain_that_divides(num_gpus: int, gpus_per_host: int, domain: int) -> int:
                default=gpus_per_host)
 
 
+SIZE_BUDGET_GPUS = 131_072
+"""The largest cluster clustersim builds: 16,384 8-GPU hosts (1.06 M links, about 10 s and
+0.75 GB for the graph).  Larger requests are refused before any graph is built, with the
+estimate of what they would cost (:func:`graph_estimate`)."""
+
+_LINKS_PER_GPU, _BYTES_PER_LINK, _SECONDS_PER_LINK = 133_120 / 16_384, 91 * 2**20 / 133_120, 1.3 / 133_120
+"""Measured on ``h100-16k`` (16,384 GPUs, 133,120 links): 91 MiB and 1.0-1.3 s to build on a
+2-core machine (benchmarks/bench_routing.py)."""
+
+
+def graph_estimate(num_gpus: int) -> tuple[int, float, float]:
+    """(links, bytes, seconds) to build the graph of a ``num_gpus`` cluster, scaled linearly
+    from the measured ``h100-16k`` build."""
+    links = int(num_gpus * _LINKS_PER_GPU)
+    return links, links * _BYTES_PER_LINK, links * _SECONDS_PER_LINK
+
+
+def check_size(spec: ClusterSpec) -> None:
+    """Refuse a cluster over :data:`SIZE_BUDGET_GPUS`, naming what it would cost."""
+    if spec.num_gpus > SIZE_BUDGET_GPUS:
+        links, nbytes, secs = graph_estimate(spec.num_gpus)
+        raise ConfigError("cluster", f"{spec.num_gpus:,} GPUs",
+                          f"over the size budget of {SIZE_BUDGET_GPUS:,} GPUs (num_nodes x gpus_per_host): its "
+                          f"graph alone would have about {links / 1e6:.1f} M links and take about "
+                          f"{nbytes / 2**30:.0f} GB and {secs:.0f} s to build")
+
+
 def _validate(spec: ClusterSpec) -> None:
+    check_size(spec)
     gph, dom, nics = spec.gpus_per_host, spec.nvlink_domain_size, spec.nics_per_host
     if dom % gph and gph % dom:
         raise ConfigError("cluster.nvlink_domain_size", dom,
@@ -355,6 +383,14 @@ def build_cluster(cfg: dict | str | ClusterSpec | None = None, **overrides) -> C
         spec = spec_from_mapping({**cfg, **overrides})
     _validate(spec)
     return Cluster(spec, cluster_graph(spec))
+
+
+def checked_spec(cfg: dict | str) -> ClusterSpec:
+    """The validated spec of a cluster mapping, without building its graph: what a scenario
+    checks its degrees against before paying for the graph."""
+    spec = spec_from_mapping(cfg)
+    _validate(spec)
+    return spec
 
 
 def cluster_graph(spec: ClusterSpec) -> nx.DiGraph:

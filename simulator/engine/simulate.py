@@ -131,6 +131,10 @@ class Result:
     """The memory model's estimate per pipeline stage (:class:`workloads.MemoryEstimate`)."""
     folding: Folding | None = None
     """The rank cells the run simulated once each (the timeline's ``cell`` column)."""
+    profile: dict = field(default_factory=dict)
+    """Where the wall time went, seconds: ``load`` (scenario and cluster graph, when ``run``
+    loaded it), ``program``, ``fold``, ``event_loop`` (of which ``solver``: max-min
+    re-solves), ``timeline_metrics``."""
 
     def rank_timeline(self, ranks=None):
         """The timeline with one row per op *per rank*: each cell's rows repeated for its
@@ -216,7 +220,8 @@ _FORWARD = Phase.F
 
 
 def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: float = 1e7,
-        fold: "bool | Folding" = True, compute_scale: dict | None = None, whatif=None) -> Result:
+        fold: "bool | Folding" = True, compute_scale: dict | None = None, whatif=None,
+        progress: "bool | float" = False) -> Result:
     """Simulate ``scenario`` (a :class:`Scenario`, a mapping or a YAML path).
 
     ``fold`` (default) simulates each cell of interchangeable ranks once on the quotient
@@ -227,7 +232,9 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
     their compute durations (a straggler: 1.2); folding splits only the cells it touches.
     ``whatif`` (a mapping in the ``whatif:`` YAML form, or a :class:`~simulator.scenario.whatif.WhatIf`)
     replaces the scenario's what-ifs (:mod:`simulator.scenario.whatif`); a failed NIC without
-    failover raises :class:`~simulator.engine.JobStopped`.
+    failover raises :class:`~simulator.engine.JobStopped`.  ``progress`` prints where the
+    simulation is on stderr once it has run for that many seconds (True: 3), every 5 s
+    after; :attr:`Result.profile` says where the wall time went.
 
     Eight GPUs in TP 2 x PP 2 x DP 2 fold to one cell per pipeline stage; slowing GPU 5
     splits the cells around it (here every rank shares a group or a transfer with it, or
@@ -243,7 +250,8 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
     (8, True)
     """
     with _gc_tuned():
-        return _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, whatif)
+        return _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, whatif,
+                    3.0 if progress is True else float(progress or 0.0))
 
 
 @contextlib.contextmanager
@@ -260,9 +268,12 @@ def _gc_tuned():
         gc.set_threshold(*old)
 
 
-def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, whatif=None) -> Result:
+def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, whatif=None,
+         progress_after_s: float = 0.0) -> Result:
     t_wall = time.perf_counter()
+    clock = _Clock()
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    clock.lap("load")
     prog = build_program(sc.model, sc.parallel, sc.cluster.gpu, precision=sc.precision,
                          moe_routing=sc.moe_routing, seed=sc.seed, grad_reduce_dtype=sc.grad_reduce_dtype,
                          p2p_overlap=sc.overlap.get("p2p", False),
@@ -280,6 +291,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         grid.placement = tuple(wi.placement)
     pert = Perturbation(wi, sc.cluster, grid.world_size, grid.gpu_of, sc.seed, sc.num_steps, scale)
     cluster = pert.cluster
+    clock.lap("program")
     env = simpy.Environment()
     coll = CollectiveEngine(env, cluster, calibration)
     colors = [pert.rank_color(r) for r in range(grid.world_size)]
@@ -295,6 +307,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         if len({colors[r] for r in members}) > 1:
             raise ConfigError("fold", c, "a rank cell mixes ranks with different compute_scale or what-ifs")
     coll.set_folding(folding if folding.link_cell is not None else None)
+    clock.lap("fold")
     if pert.watch and not free_comm:
         _watch_failed_nics(coll.net, folding, pert.watch)
     for gc_id, cell in enumerate(folding.group_cells):
@@ -594,8 +607,11 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     # step until every actor is done or the queue empties (simpy's run(until=T) would move the
     # clock to T even when nothing is left, hiding a deadlock behind a runaway)
     step_event = env.step
+    if progress_after_s > 0:
+        _loop_with_progress(env, left, max_sim_time_s, step_latch, n_cells, progress_after_s)
     while left[0] and env.peek() <= max_sim_time_s:
         step_event()
+    clock.lap("event_loop")
     runaway = env.peek() != float("inf")
     if not all(done_flags):
         stuck = [f"cell {c} (ranks {m[0]}..{m[-1]}): at {_where(current.get(c))}"
@@ -615,6 +631,9 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     res = Result(tl, {}, prog, sc, bounds, waits, net, folding=folding)
     res.memory = memory_estimates(sc.model, sc.parallel, gpu_hbm_bytes=sc.cluster.gpu.hbm_bytes)
     res.metrics = summarize(res, snaps[-2], snaps[-1])
+    clock.lap("timeline_metrics")
+    res.profile = clock.laps
+    res.profile["solver"] = coll.net.solve_wall_s
     res.wall_time_s = time.perf_counter() - t_wall
     res.metrics["wall_time_s"] = res.wall_time_s
     res.metrics["num_events"] = int(len(tl) + coll.net.num_solves)
@@ -622,6 +641,46 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     res.metrics["num_solves"] = int(coll.net.num_solves)
     res.metrics["fold"] = dict(folding.stats)
     return res
+
+
+class _Clock:
+    """Wall time per phase of a run (:attr:`Result.profile`)."""
+
+    def __init__(self):
+        self.laps: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = now - self._t
+        self._t = now
+
+
+def _loop_with_progress(env, left, max_sim_time_s, step_latch, n_cells, after_s) -> None:
+    """The event loop, telling stderr where it is once it has run ``after_s`` seconds and
+    every 5 s after (the simulated instant, the step, the cells still running it, events).
+    It stops at the same event as the plain loop, which then finds nothing left to do."""
+    import sys
+    t0 = time.perf_counter()
+    next_report = t0 + after_s
+    step_event, events, printed = env.step, 0, False
+    while left[0] and env.peek() <= max_sim_time_s:
+        for _ in range(4096):
+            if not left[0] or env.peek() > max_sim_time_s:
+                break
+            step_event()
+        events += 4096
+        now = time.perf_counter()
+        if now >= next_report:
+            step = next((k for k, latch in enumerate(step_latch) if not latch.event.triggered), len(step_latch) - 1)
+            running = step_latch[step].n
+            print(f"\rclustersim: {now - t0:5.0f} s: simulated t = {env.now:.4g} s, step {step + 1} of "
+                  f"{len(step_latch)} ({running} of {n_cells} cells still in it), ~{events:,} events",
+                  end="", file=sys.stderr, flush=True)
+            printed = True
+            next_report = now + 5.0
+    if printed:
+        print(file=sys.stderr, flush=True)
 
 
 def _watch_failed_nics(net: FlowNetwork, folding: Folding, watch: list) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from topologies import Cluster, ConfigError, build_cluster
+from topologies.cluster import checked_spec
 from topologies.errors import check_keys
 from workloads import ModelSpec, ParallelConfig, get_recipe, load_model
 from workloads.costs.compute import host_costs
@@ -99,13 +100,15 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
         if key not in data:
             raise ConfigError(f"scenario.{key}", None, "required")
     model = load_model(data["model"])
-    cluster = build_cluster(data["cluster"]) if cluster is None else cluster
-    par = ParallelConfig.from_dict(data["parallel"]).resolve(cluster.num_gpus)
+    # every rule that needs no graph first: a job whose degrees cannot match its GPUs is
+    # refused before a large cluster's graph is built
+    cspec = checked_spec(data["cluster"]) if cluster is None else cluster.spec
+    par = ParallelConfig.from_dict(data["parallel"]).resolve(cspec.num_gpus)
     par.check_model(model)
     par.check_schedule()
     precision = data.get("precision", "bf16")
     grad_dtype = data.get("grad_reduce_dtype")
-    get_recipe(precision, gpu=cluster.gpu, grad_reduce_dtype=grad_dtype)
+    get_recipe(precision, gpu=cspec.gpu, grad_reduce_dtype=grad_dtype)
     overlap = dict(OVERLAP_DEFAULTS)
     ov = data.get("overlap") or {}
     if not isinstance(ov, dict):
@@ -122,6 +125,7 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError("scenario.seed", seed, "must be an integer >= 0")
     whatif = WhatIf.from_dict(data.get("whatif"))
+    cluster = build_cluster(cspec) if cluster is None else cluster
     whatif.check(cluster, par.world_size, num_steps)
     from workloads.moe_routing import parse_routing
     routing = data.get("moe_routing", "balanced")

@@ -39,3 +39,43 @@ def test_cross_section_rules(patch, field):
 
 def test_dp_rest_is_resolved_against_the_cluster():
     assert load_scenario(BASE).parallel.dp == 4
+
+
+# -- refusals before the cluster's graph is built -------------------------------------------------
+@pytest.fixture
+def no_graph(monkeypatch):
+    """Building any cluster graph fails the test: the refusal must come first."""
+    import topologies.cluster as cl
+
+    def forbidden(spec):
+        raise AssertionError(f"built the graph of {spec.num_gpus} GPUs before refusing")
+    monkeypatch.setattr(cl, "cluster_graph", forbidden)
+
+
+def test_degrees_that_cannot_match_the_gpus_are_refused_before_the_graph(no_graph):
+    # 16,384 DGX hosts = 131,072 GPUs (within the size budget): TP 8 x PP 16 x DP 128 is 16,384
+    sc = {"model": "llama3.1-405b", "cluster": {"preset": "h100-16k", "num_nodes": 16384},
+          "parallel": {"tp": 8, "pp": 16, "dp": 128, "global_batch_size": 2048}}
+    with pytest.raises(ConfigError, match="must equal the number of GPUs, 131072"):
+        load_scenario(sc)
+
+
+def test_a_cluster_over_the_size_budget_is_refused_with_its_estimate(no_graph):
+    sc = {"model": "llama3.1-405b", "cluster": {"preset": "h100-16k", "num_nodes": 131072},
+          "parallel": {"tp": 8, "pp": 16, "dp": -1, "global_batch_size": 16384}}
+    with pytest.raises(ConfigError) as e:
+        load_scenario(sc)
+    msg = str(e.value)
+    assert "1,048,576 GPUs" in msg and "size budget of 131,072 GPUs" in msg
+    assert "8.5 M links" in msg and "GB" in msg            # 133,120 links per 16,384 GPUs, scaled
+
+
+def test_the_cli_refuses_a_huge_cluster_in_one_line(tmp_path, capsys):
+    import yaml
+    from simulator.cli import main
+    p = tmp_path / "huge.yaml"
+    p.write_text(yaml.safe_dump({"model": "llama3.1-405b", "cluster": {"preset": "h100-16k", "num_nodes": 131072},
+                                 "parallel": {"tp": 8, "pp": 16, "dp": -1, "global_batch_size": 16384}}))
+    assert main(["run", str(p), "--json"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "size budget" in err
