@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-validation validate bench clean
+.PHONY: demo test test-slow test-validation validate bench bench-targets clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_routing.py
 	$(PY) experiments/bench_scale.py --moe
 	$(PY) benchmarks/bench_search.py
+
+# the pinned scale questions through the CLI end to end, against their targets (minutes;
+# --all adds the long ones)
+bench-targets: $(STAMP)
+	$(PY) benchmarks/bench_targets.py --profile
 
 clean:
 	rm -rf $(VENV) build *.egg-info
