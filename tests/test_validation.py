@@ -29,7 +29,7 @@ REACHED = {
     "vtrain": (109, 109, 4.43),
     "h100": (20, 20, 2.82),
     # one-host runs, not a target: a regression guard on the host-bound regime (the host
-    # cursor with one measured host's costs; see README, Host and Accuracy)
+    # cursor with one measured host's costs; see docs/modelling.md, "Host issue", and docs/accuracy.md)
     "vtrain_single": (1440, 1440, 15.53),
 }
 """Coverage and median absolute step-time error reached (see the module docstring)."""
