@@ -11,7 +11,7 @@ graph is built.
     python benchmarks/bench_targets.py --case NAME     # one case (names: --list)
     python benchmarks/bench_targets.py --timeout 900   # per-case limit in seconds (default 600)
 
-The ``target`` column is what a user should get on a 2-core machine; rows over it are the
+The ``goal`` column is the time clustersim is meant to take on a 2-core machine; rows over it are the
 engine work still to do (docs/performance.md).
 """
 
@@ -107,7 +107,7 @@ def _line(r: dict) -> str:
     elif "message" in r:
         extra = r["message"]
     peak = f"{r['peak_gb']:.2f} GB" if "peak_gb" in r else "-"
-    return (f"{r['case']:<32} {r['wall_s']:8.1f} s  (target {r['target_s']:>4} s) {'OK  ' if ok else 'OVER'} "
+    return (f"{r['case']:<32} {r['wall_s']:8.1f} s  (goal {r['target_s']:>4} s) {'OK  ' if ok else 'OVER'} "
             f"{status:<8} peak {peak:>8}  {extra}")
 
 
