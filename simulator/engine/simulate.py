@@ -15,8 +15,8 @@ cell's members in it (the arrival latch of :class:`~simulator.collectives.Collec
 needs the whole group), so the traffic of all groups, axes and cells shares the network and
 contends on its links.  Pipeline send/recv is issued per transfer cell.
 
-Streams and overlap (docs/design.md, "Overlap"; each rule a switch of ``scenario.overlap``)
-------------------------------------------------------------------------------------------
+Streams and overlap (docs/design.md, "Streams and overlap"; each rule an ``overlap`` switch)
+--------------------------------------------------------------------------------------------
 * compute ops run back to back on the compute stream;
 * TP / SP, CP and EP collectives block compute until they complete (Megatron default);
   with ``tp_comm`` (Transformer Engine's userbuffer overlap) a TP collective instead runs
@@ -74,8 +74,9 @@ import simpy
 
 from topologies import ConfigError
 from workloads import build_program, memory_estimates
-from workloads.ops import Coll, Group, OpKind, Phase, Stream, is_ep_combine, is_fsdp_gather, is_grad_bucket, \
-    is_grad_norm, is_p2p, is_param_gather, is_step_sync
+from workloads.ops import (COLL_ALL_GATHER, COLL_ALL_TO_ALL, GROUP_CP, GROUP_TP, KIND_COLLECTIVE, KIND_COMPUTE,
+                           KIND_SEND, PHASE_F, STREAM_COMPUTE, STREAM_PP, Group, is_ep_combine, is_fsdp_gather,
+                           is_grad_bucket, is_grad_norm, is_p2p, is_param_gather, is_step_sync)
 from workloads.program import Program
 
 from ..collectives import CollectiveEngine
@@ -210,14 +211,6 @@ _AXIS = {Group.TP: "tp", Group.SP: "tp", Group.ETP: "tp", Group.CP: "cp", Group.
          Group.DP_CP: "dp", Group.EDP: "dp", Group.EMBEDDING: "pp", Group.WORLD: "dp", Group.TP_CP: "tp"}
 """The timeline axis (and breakdown term ``exposed_<axis>``) of a collective, by its group."""
 
-# taxonomy members the actor loop compares with, as module globals (reading a member off
-# its enum class costs about 0.1 us on Python 3.11, a global a fifth of that)
-_COMPUTE, _COLLECTIVE, _SEND = OpKind.COMPUTE, OpKind.COLLECTIVE, OpKind.SEND
-_COMPUTE_STREAM, _PP_STREAM = Stream.COMPUTE, Stream.PP
-_ALL_TO_ALL, _ALL_GATHER = Coll.ALL_TO_ALL, Coll.ALL_GATHER
-_CP, _TP = Group.CP, Group.TP
-_FORWARD = Phase.F
-
 
 def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: float = 1e7,
         fold: "bool | Folding" = True, compute_scale: dict | None = None, whatif=None,
@@ -348,11 +341,11 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         # per group kind: the group cells of the members' groups, with the members in each
         groups_of: dict[str, list] = {}
         for op in cls.ops:
-            if op.kind == _COLLECTIVE and op.group not in groups_of:
+            if op.kind == KIND_COLLECTIVE and op.group not in groups_of:
                 groups_of[op.group] = folding.groups_of[(cid, op.group)]
         per_kind = {}
         for op in cls.ops:
-            if op.kind == _COLLECTIVE:
+            if op.kind == KIND_COLLECTIVE:
                 per_kind[op.group] = per_kind.get(op.group, 0) + 1
         stream_tail: dict[str, simpy.Event] = {}
         outstanding: dict[str, list] = {"grad": [], "param": []}
@@ -362,7 +355,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         prefetched: dict = {}        # op index -> (issue time, event) of prefetched FSDP gathers
         ops = cls.ops
         n_ops = len(ops)
-        first_layer = min((o.layer for o in ops if o.kind == _COMPUTE and o.layer >= 0), default=0)
+        first_layer = min((o.layer for o in ops if o.kind == KIND_COMPUTE and o.layer >= 0), default=0)
         axis_of, nonblocking_of = _op_meta(cls, sc.overlap)
         has_fsdp = fsdp_prefetch and any(is_fsdp_gather(o) for o in ops)
 
@@ -403,12 +396,12 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
             dur = compute_time(op, step, idx)
             if dur > 0:
                 yield env.timeout(dur)
-            rec.add(rep, node, _COMPUTE_STREAM, op, "", t0, env.now, step, cid)
+            rec.add(rep, node, STREAM_COMPUTE, op, "", t0, env.now, step, cid)
             if op.host_s > 0.0:
                 yield from host_wait(hc[0] + dur / max(op.host_ops, 1))
 
         def sizes_of(op):
-            if op.coll == _ALL_TO_ALL and op.tag in prog.a2a_sizes:
+            if op.coll == COLL_ALL_TO_ALL and op.tag in prog.a2a_sizes:
                 sizes = prog.a2a_sizes[op.tag]            # dispatch: [src, dst] by EP coordinate
                 return sizes.T if is_ep_combine(op) else sizes
             return None
@@ -465,7 +458,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 pos[h] += 1
                 op = ops[j]
                 current[cid] = (step, op)
-                if op.kind == _COMPUTE:
+                if op.kind == KIND_COMPUTE:
                     yield from compute(op, step, j)
                     continue
                 yield from host_issue(op)
@@ -493,11 +486,11 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                     yield from fb_pair(step, i - 1, hi)
                     i = hi
                     continue
-                if op.kind == _COMPUTE:
+                if op.kind == KIND_COMPUTE:
                     if has_fsdp:
                         # issue the next layer's ZeRO-3 parameter gather before this compute op
                         j = i
-                        while j < n_ops and ops[j].kind != _COMPUTE:
+                        while j < n_ops and ops[j].kind != KIND_COMPUTE:
                             nxt = ops[j]
                             if is_fsdp_gather(nxt) and j not in prefetched:
                                 hc[0] += nxt.host_s        # the host issues it now, ahead of its turn
@@ -509,7 +502,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                     if outstanding["param"]:
                         # a forward waits for the bucket holding its layer's parameters (the
                         # embedding and output layer: the first bucket); anything else waits for all
-                        if op.phase == _FORWARD:
+                        if op.phase == PHASE_F:
                             layer = op.layer if op.layer >= 0 else first_layer
                             need = [e for (a, b), e in outstanding["param"] if a <= layer <= b or
                                     (op.layer < 0 and a == first_layer)]
@@ -563,7 +556,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 sizes = sizes_of(op)
                 groups = groups_of[op.group]
                 t_issue = env.now
-                if (cp_overlap and op.group == _CP and op.coll == _ALL_GATHER) or (tp_overlap and op.group == _TP):
+                if (cp_overlap and op.group == GROUP_CP and op.coll == COLL_ALL_GATHER) or (tp_overlap and op.group == GROUP_TP):
                     ev = _issue(env, coll, groups, seq, op, free_comm, sizes)
                     fin = env.event()
                     ev.callbacks.append(lambda _x, op=op, t_issue=t_issue, step=step, fin=fin, axis=axis: (
@@ -796,14 +789,14 @@ def _p2p(env, coll, folding, batch, step, rec, rep, node, cid, waits, free_comm,
                 ev = mailbox.get(key)
                 if ev is None:
                     ev = mailbox[key] = env.event()
-                if op.kind == _SEND:
+                if op.kind == KIND_SEND:
                     if not ev.triggered:
                         ev.succeed()
                 else:
                     evs.append(ev)
                 continue
             ev = coll.send_recv(key, cell.src_gpu, cell.dst_gpu, op.size_bytes, op.kind, multiplicity=cell.size)
-            if not (op.kind == _SEND and nonblocking_send):
+            if not (op.kind == KIND_SEND and nonblocking_send):
                 evs.append(ev)
         waited.append((op, evs))
     pending = [e for _, evs in waited for e in evs if not e.processed]
@@ -813,7 +806,7 @@ def _p2p(env, coll, folding, batch, step, rec, rep, node, cid, waits, free_comm,
             e.callbacks.append(latch.hit)
         yield latch.event
     for op, _ in waited:
-        rec.add(rep, node, _PP_STREAM, op, "pp", t0, env.now, step, cid)
+        rec.add(rep, node, STREAM_PP, op, "pp", t0, env.now, step, cid)
     if env.now > t0:
         # waiting for the peer to post its side is a pipeline dependency (bubble); only the
         # transfer after both sides posted is pipeline communication

@@ -39,7 +39,8 @@ from workloads import build_program, memory_estimates
 from workloads.costs import model_flops_per_step
 from workloads.costs.compute import host_costs
 from workloads.schedules import get_schedule, min_microbatches, schedule_timing
-from workloads.ops import Coll, Group, OpKind, Phase, is_fsdp_gather, is_grad_bucket, is_param_gather
+from workloads.ops import (COLL_ALL_GATHER, GROUP_CP, GROUP_TP, KIND_COLLECTIVE, KIND_COMPUTE, KIND_RECV, PHASE_B,
+                           PHASE_R, is_fsdp_gather, is_grad_bucket, is_param_gather)
 from workloads.schedules.actions import ActionKind
 
 from ..collectives import CollectiveEngine
@@ -157,31 +158,31 @@ class Estimator:
         grad, gather, tail = [], [], 0.0
         for op in cls.ops:
             if op.microbatch < 0:
-                if op.kind == OpKind.COMPUTE:
+                if op.kind == KIND_COMPUTE:
                     tail += op.duration_s
                 elif is_grad_bucket(op):
                     grad.append(self.collective_s(group_gpus(op.group), op.coll, op.size_bytes))
                 elif is_param_gather(op):
                     gather.append(self.collective_s(group_gpus(op.group), op.coll, op.size_bytes))
-                elif op.kind == OpKind.COLLECTIVE:
+                elif op.kind == KIND_COLLECTIVE:
                     tail += self.collective_s(group_gpus(op.group), op.coll, op.size_bytes)
                 continue
             # gradient buckets and parameter gathers are step ops (micro-batch -1), above
-            kind = Phase.B if op.phase == Phase.R else op.phase
+            kind = PHASE_B if op.phase == PHASE_R else op.phase
             if op.microbatch != seen.setdefault((kind, op.chunk), op.microbatch):
                 continue
             akey = (kind, op.chunk)
             host[akey] += op.host_s
-            if op.kind == OpKind.COMPUTE:
+            if op.kind == KIND_COMPUTE:
                 action[akey] += max(op.duration_s, pending)
                 pending = 0.0
-            elif op.kind == OpKind.RECV:
+            elif op.kind == KIND_RECV:
                 peer = grid.rank(pp=op.peer, **{a: v for a, v in grid.coords(rep).items() if a != "pp"})
                 action[akey] += self.p2p_s(gpu_of(peer), gpu_of(rep), op.size_bytes)
-            elif op.kind == OpKind.COLLECTIVE:
+            elif op.kind == KIND_COLLECTIVE:
                 t = self.collective_s(group_gpus(op.group), op.coll, op.size_bytes)
-                if ((ov.get("cp_comm", True) and op.group == Group.CP and op.coll == Coll.ALL_GATHER)
-                        or (ov.get("tp_comm", False) and op.group == Group.TP)
+                if ((ov.get("cp_comm", True) and op.group == GROUP_CP and op.coll == COLL_ALL_GATHER)
+                        or (ov.get("tp_comm", False) and op.group == GROUP_TP)
                         or (ov.get("fsdp_prefetch", True) and is_fsdp_gather(op))):
                     pending += t
                 else:
