@@ -172,7 +172,10 @@ def profile_table(profile: dict, total_s: float) -> str:
                        ("fold", "folding"), ("event_loop", "event loop"), ("solver", "  of which max-min solves"),
                        ("timeline_metrics", "timeline and metrics")):
         v = profile.get(key, 0.0)
-        lines.append(f"  {label:<28} {v:8.3f} s  {v / total_s if total_s > 0 else 0.0:6.1%}")
+        line = f"  {label:<28} {v:8.3f} s  {v / total_s if total_s > 0 else 0.0:6.1%}"
+        if key == "solver" and profile.get("solves"):
+            line += f"  ({profile['solves']:,} solves, {profile['solve_cache_hits'] / profile['solves']:.0%} from the cache)"
+        lines.append(line)
     return "\n".join(lines)
 
 

@@ -135,7 +135,9 @@ class Result:
     profile: dict = field(default_factory=dict)
     """Where the wall time went, seconds: ``load`` (scenario and cluster graph, when ``run``
     loaded it), ``program``, ``fold``, ``event_loop`` (of which ``solver``: max-min
-    re-solves), ``timeline_metrics``."""
+    re-solves), ``timeline_metrics``; and two counts: ``solves`` (re-solves) and
+    ``solve_cache_hits`` (those answered from the network's cache of flow sets already
+    solved)."""
 
     def rank_timeline(self, ranks=None):
         """The timeline with one row per op *per rank*: each cell's rows repeated for its
@@ -627,6 +629,8 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     clock.lap("timeline_metrics")
     res.profile = clock.laps
     res.profile["solver"] = coll.net.solve_wall_s
+    res.profile["solves"] = coll.net.num_solves
+    res.profile["solve_cache_hits"] = coll.net.num_solve_hits
     res.wall_time_s = time.perf_counter() - t_wall
     res.metrics["wall_time_s"] = res.wall_time_s
     res.metrics["num_events"] = int(len(tl) + coll.net.num_solves)

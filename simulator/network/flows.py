@@ -55,6 +55,8 @@ from .maxmin import max_min_rates
 
 __all__ = ["FlowNetwork", "NetworkSnapshot"]
 
+_SOLVE_CACHE_ENTRIES = 1 << 14      # distinct live flow sets remembered (each a few arrays of its size)
+
 
 @dataclass(frozen=True, slots=True)
 class NetworkSnapshot:
@@ -103,6 +105,7 @@ class FlowNetwork:
         self._off = np.zeros(n, dtype=np.int64)
         self._len = np.zeros(n, dtype=np.int64)
         self._group = np.zeros(n, dtype=np.int64)
+        self._rid = np.zeros(n, dtype=np.int64)     # interned route id per slot (the solve cache's key)
         self._free = list(range(n - 1, -1, -1))
         self._active: list[int] = []
         self._pool_links = np.empty(4096, dtype=np.int64)
@@ -128,8 +131,11 @@ class FlowNetwork:
         self._occ = np.zeros(self.num_links, dtype=np.int64)     # live flows + reservations per link
         self._iso: dict[int, tuple] = {}        # isolated group id -> (template, start, event)
         self._templates: dict = {}
+        self._route_ids: dict = {}              # (links, coefs) bytes -> route id
+        self._solved: dict = {}                 # live flow set -> (rates, loaded links, load): see _solve_rates
         self.isolate = isolate                  # False: every group goes through the solver (tests)
         self.num_solves = 0
+        self.num_solve_hits = 0                 # solves answered by the cache (counted in num_solves too)
         self.solve_wall_s = 0.0                 # wall time in _solve (Result.profile's "solver")
         self.num_flows = 0
         self._watch = None                      # what-ifs: links whose use stops the job (watch_links)
@@ -169,6 +175,7 @@ class FlowNetwork:
         t = self._templates.get(key) if key is not None else None
         if t is None:
             t = _Template(flows)
+            t.rids = [self._route_id(it[0], it[1]) for it in t.items]
             if key is not None:
                 self._templates[key] = t
         if self._watch is not None and t.items:
@@ -198,13 +205,13 @@ class FlowNetwork:
                 for o in sorted({g for g in self._iso_owner[t.uniq].tolist() if g in iso}):
                     self._materialize(o)
         count = 0
-        for links, coefs, size, weight, cap in items:
-            key = (links.tobytes(), coefs.tobytes(), float(size), float(cap))
+        for (links, coefs, size, weight, cap), rid in zip(items, t.rids):
+            key = (rid, size, cap)
             slot = self._merge.get(key)
             if slot is not None:
                 self._weight[slot] += weight
                 continue
-            self._merge[key] = self._add_flow(gid, links, coefs, size, size, weight, cap)
+            self._merge[key] = self._add_flow(gid, rid, links, coefs, size, size, weight, cap)
             count += 1
             self.num_flows += 1
         self._merge.clear()
@@ -290,13 +297,22 @@ class FlowNetwork:
         el = now - t0
         self._link_bytes[t.uniq] += t.per_s * el
         self._link_busy_s[t.uniq] += el
-        for (lk, cf, size, weight, cap), r in zip(t.items, t.rate.tolist()):
-            self._add_flow(gid, lk, cf, size, max(size - r * el, 0.0), weight, cap)
+        for (lk, cf, size, weight, cap), rid, r in zip(t.items, t.rids, t.rate.tolist()):
+            self._add_flow(gid, rid, lk, cf, size, max(size - r * el, 0.0), weight, cap)
         self._groups[gid] = [len(t.items), ev]
         self._kick()
 
-    def _add_flow(self, gid: int, links, coefs, size: float, remaining: float, weight: float, cap: float) -> int:
-        """A live ordinary flow of group ``gid`` in a fresh slot (returned)."""
+    def _route_id(self, links: np.ndarray, coefs: np.ndarray) -> int:
+        """One small integer per distinct route (links and coefficients), for this run."""
+        key = (links.tobytes(), coefs.tobytes())
+        rid = self._route_ids.get(key)
+        if rid is None:
+            rid = self._route_ids[key] = len(self._route_ids)
+        return rid
+
+    def _add_flow(self, gid: int, rid: int, links, coefs, size: float, remaining: float, weight: float,
+                  cap: float) -> int:
+        """A live ordinary flow of group ``gid`` on route ``rid`` in a fresh slot (returned)."""
         slot = self._alloc()
         self._rem[slot] = remaining
         self._size[slot] = size
@@ -304,6 +320,7 @@ class FlowNetwork:
         self._weight[slot] = weight
         self._cap[slot] = cap
         self._group[slot] = gid
+        self._rid[slot] = rid
         self._store_route(slot, links, coefs)
         np.add.at(self._occ, links, 1)
         self._active.append(slot)
@@ -339,7 +356,7 @@ class FlowNetwork:
     def _alloc(self) -> int:
         if not self._free:
             n = self._rem.size
-            for name in ("_rem", "_rate", "_weight", "_cap", "_size", "_off", "_len", "_group"):
+            for name in ("_rem", "_rate", "_weight", "_cap", "_size", "_off", "_len", "_group", "_rid"):
                 old = getattr(self, name)
                 new = np.empty(2 * n, dtype=old.dtype)
                 new[:n] = old
@@ -471,17 +488,30 @@ class FlowNetwork:
             self._load = np.empty(0)
             return
         act = np.asarray(self._active, dtype=np.int64)
-        lens = self._len[act]
-        ptr = np.zeros(act.size + 1, dtype=np.int64)
-        np.cumsum(lens, out=ptr[1:])
-        links, coefs = self._gather(act)
-        rate = max_min_rates(ptr, links, coefs, self.capacity, self._weight[act], self._cap[act])
-        self._rate[act] = rate
         self.num_solves += 1
-        load = np.bincount(links, weights=np.repeat(rate * self._weight[act], lens) * coefs,
-                           minlength=self.num_links)
-        self._load_links = np.flatnonzero(load)
-        self._load = load[self._load_links]
+        # Rates depend only on the live flows' routes, weights and caps, in their order (the
+        # solver's sums run in that order), and on the capacities, fixed for the run.  A
+        # steady pipeline meets the same few flow sets again and again, so their answers
+        # are kept: a hit returns the very arrays the solve returned, bit for bit.
+        key = (self._rid[act].tobytes(), self._weight[act].tobytes(), self._cap[act].tobytes())
+        hit = self._solved.get(key)
+        if hit is None:
+            lens = self._len[act]
+            ptr = np.zeros(act.size + 1, dtype=np.int64)
+            np.cumsum(lens, out=ptr[1:])
+            links, coefs = self._gather(act)
+            rate = max_min_rates(ptr, links, coefs, self.capacity, self._weight[act], self._cap[act])
+            load = np.bincount(links, weights=np.repeat(rate * self._weight[act], lens) * coefs,
+                               minlength=self.num_links)
+            load_links = np.flatnonzero(load)
+            hit = (rate, load_links, load[load_links])
+            if len(self._solved) >= _SOLVE_CACHE_ENTRIES:
+                self._solved.clear()        # a run that never repeats itself: bound the memory
+            self._solved[key] = hit
+        else:
+            self.num_solve_hits += 1
+        rate, self._load_links, self._load = hit
+        self._rate[act] = rate
         with np.errstate(divide="ignore"):
             t_next = float(np.min(self._rem[act] / rate))
         if not np.isfinite(t_next):
@@ -496,7 +526,7 @@ class _Template:
     rates from a solve of the group alone, and per distinct link the bytes/s and total
     bytes it puts there (cached: rates depend only on routes and capacities)."""
 
-    __slots__ = ("items", "uniq", "rate", "isolatable", "duration", "per_s", "total_bytes", "done_runs",
+    __slots__ = ("items", "rids", "uniq", "rate", "isolatable", "duration", "per_s", "total_bytes", "done_runs",
                  "done_busy_s")
 
     def __init__(self, flows):
@@ -508,6 +538,7 @@ class _Template:
             coefs = np.ones(links.size) if coefs is None else np.asarray(coefs, dtype=float)
             items.append((links, coefs, float(size), float(weight), float(cap)))
         self.items = items
+        self.rids: list[int] = []                   # route ids, given by the network that parses it
         self.uniq = np.unique(np.concatenate([it[0] for it in items])) if items else np.empty(0, dtype=np.int64)
         self.rate = None
         self.isolatable = False

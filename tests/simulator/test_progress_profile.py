@@ -23,10 +23,12 @@ def test_progress_reports_on_stderr_and_changes_nothing(capsys):
 def test_profile_accounts_for_the_wall_time():
     res = run(copy.deepcopy(SC))
     p = res.profile
-    assert set(p) == {"load", "program", "fold", "event_loop", "solver", "timeline_metrics"}
+    assert set(p) == {"load", "program", "fold", "event_loop", "solver", "timeline_metrics", "solves",
+                      "solve_cache_hits"}
     assert all(v >= 0 for v in p.values())
     assert 0 <= p["solver"] <= p["event_loop"]
-    parts = sum(v for k, v in p.items() if k != "solver")
+    assert 0 <= p["solve_cache_hits"] <= p["solves"] == res.metrics["num_solves"]
+    parts = sum(p[k] for k in ("load", "program", "fold", "event_loop", "timeline_metrics"))
     assert parts <= res.wall_time_s and parts > 0.5 * res.wall_time_s
 
 
@@ -39,4 +41,4 @@ def test_cli_profile_goes_to_stderr_and_json_stays_clean(tmp_path, capsys):
     assert main(["run", str(path), "--json", "--profile", "--quiet"]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out)["step_time_s"] > 0
-    assert "event loop" in err and "of which max-min solves" in err
+    assert "event loop" in err and "of which max-min solves" in err and "from the cache)" in err
