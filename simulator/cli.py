@@ -125,6 +125,8 @@ def summary_table(res) -> str:
         lines.append(f"    {k:<14} {v:9.4f} s  {v / m['step_time_s']:6.1%}")
     util = ", ".join(f"{k} {v:.1%}" for k, v in m["link_utilization"].items())
     lines.append(f"  link utilisation {util}")
+    if sc.approximations:
+        lines.append(f"  approximations   {', '.join(sc.approximations)} (not the exact model: docs/performance.md)")
     lines.append(f"  simulated in {m['wall_time_s']:.2f} s ({m['num_events']} events, {m['num_flows']} flows, "
                  f"{m['num_solves']} solves)")
     return "\n".join(lines)
@@ -135,7 +137,14 @@ def _run(args) -> int:
 
     from .engine import run
 
-    res = run(args.scenario, fold=not args.no_fold, progress=not args.quiet)
+    scenario = args.scenario
+    if args.approx:
+        from .scenario import read_yaml
+        scenario = read_yaml(args.scenario, "scenario", "a mapping of sections")
+        scenario.setdefault("name", Path(args.scenario).stem)
+        given = scenario.get("approximations", [])
+        scenario["approximations"] = (given if isinstance(given, list) else [given]) + args.approx
+    res = run(scenario, fold=not args.no_fold, progress=not args.quiet)
     out = Path(args.out) if args.out else None
     # a folded run's timeline has one row per rank cell; --per-rank expands it to every rank
     tl = res.rank_timeline() if args.per_rank else res.timeline
@@ -393,6 +402,8 @@ def _add_simulate(sub) -> None:
     p.add_argument("--no-fold", action="store_true",
                    help="simulate every rank and flow on its own (the exact unfolded reference; slow at scale)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr during long runs")
+    p.add_argument("--approx", action="append", default=[], metavar="NAME",
+                   help="turn on an opt-in approximation (repeatable): coupled_all_to_all")
     p.add_argument("--profile", action="store_true",
                    help="print where the wall time went (graph, program, folding, event loop, solver) on stderr")
     p.add_argument("--per-rank", action="store_true",

@@ -125,6 +125,8 @@ class CollectiveEngine:
         self._mult: dict[int, int] = {}
         self._qcache: dict[tuple, list] = {}
         self._prepared: dict[tuple, tuple] = {}
+        self.coupled_all_to_all = False
+        """Approximation (opt-in): an all-to-all moves as one coupled flow, see :meth:`_coupled`."""
 
     def set_folding(self, folding) -> None:
         """Run on the quotient network of a :class:`~simulator.engine.fold.Folding`: a registered
@@ -437,8 +439,11 @@ class CollectiveEngine:
                     routes = self._qcache[rkey] = self._quotient([(f.links, f.coefs) for f in plan.flows], mult)
                 ii, jj = np.nonzero(~np.eye(n, dtype=bool))
                 nbytes = sizes[ii, jj]
-                flows = self._merge([(*routes[p], float(nbytes[p]), 1.0, np.inf)
-                                     for p in np.flatnonzero(nbytes > 0).tolist()])
+                if self.coupled_all_to_all:
+                    flows = self._coupled(group_id, mult, routes, nbytes)
+                else:
+                    flows = self._merge([(*routes[p], float(nbytes[p]), 1.0, np.inf)
+                                         for p in np.flatnonzero(nbytes > 0).tolist()])
                 prepared = (self.latency_s(call.kind, plan, "Simple", size), flows)
                 if len(self._prepared) < 4096:       # skewed routing: a new matrix per layer and micro-batch
                     self._prepared[akey] = prepared
@@ -455,6 +460,43 @@ class CollectiveEngine:
                 prepared = self._prepared[ckey] = self._prepare(members, call, mult)
             algo, proto, lat, flows = prepared
             self._launch(call, group_id, seq, algo, proto, lat, flows, ckey)
+
+    def _coupled(self, group_id: int, mult: int, routes: list, nbytes: np.ndarray) -> list:
+        """An all-to-all as one coupled flow per source (the ``coupled_all_to_all``
+        approximation), instead of one flow per (source, destination) pair.
+
+        A source's pairs are summed per link of their routes; its flow crosses each loaded
+        link with coefficient ``link bytes / source total``, so it moves at the pace of its
+        most loaded link and every link carries exactly the bytes the pairs put there.  It
+        stands for as many member flows as the source has destinations with bytes (its
+        weight), so against other traffic on its NIC it keeps the share its pairs would
+        get.  What it gives up: a pair that would finish early no longer hands its
+        bandwidth to the source's others before the slowest pair is done, so a source's
+        bytes finish together.  An uneven all-to-all then re-solves the network once per
+        source, not once per pair (``n`` finishes, not ``n (n - 1)``).
+        """
+        key = ("a2a per source", group_id, mult)
+        csr = self._qcache.get(key)
+        n = int(round((1 + (1 + 4 * len(routes)) ** 0.5) / 2))      # routes: n (n - 1) pairs, row-major
+        if csr is None:
+            lens = np.array([r[0].size for r in routes], dtype=np.int64)
+            links = np.concatenate([r[0] for r in routes])
+            coefs = np.concatenate([r[1] for r in routes])
+            uniq, pos = np.unique(links, return_inverse=True)
+            src = np.repeat(np.arange(len(routes)) // (n - 1), lens)
+            csr = self._qcache[key] = (lens, src * uniq.size + pos.ravel(), coefs, uniq)
+        lens, cell, coefs, uniq = csr
+        load = np.bincount(cell, weights=np.repeat(nbytes, lens) * coefs,
+                           minlength=n * uniq.size).reshape(n, uniq.size)
+        by_src = nbytes.reshape(n, n - 1)
+        total = by_src.sum(axis=1)
+        members = (by_src > 0).sum(axis=1)
+        flows = []
+        for s in np.flatnonzero(total > 0).tolist():
+            live = load[s] > 0
+            flows.append((uniq[live], load[s, live] / total[s], float(total[s] / members[s]), float(members[s]),
+                          np.inf))
+        return self._merge(flows)
 
     def _prepare(self, members, call: _Call, mult: int) -> tuple:
         """(algorithm, protocol, latency, flows) of a call; a tiny call (TINY_CALL_BYTES)

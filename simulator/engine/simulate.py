@@ -289,6 +289,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     clock.lap("program")
     env = simpy.Environment()
     coll = CollectiveEngine(env, cluster, calibration)
+    coll.coupled_all_to_all = "coupled_all_to_all" in sc.approximations
     colors = [pert.rank_color(r) for r in range(grid.world_size)]
     if isinstance(fold, Folding):
         folding = fold
@@ -637,6 +638,8 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     res.metrics["num_flows"] = int(coll.net.num_flows)
     res.metrics["num_solves"] = int(coll.net.num_solves)
     res.metrics["fold"] = dict(folding.stats)
+    if sc.approximations:
+        res.metrics["approximations"] = list(sc.approximations)
     return res
 
 

@@ -2,7 +2,7 @@
 
 A scenario (docs/scenarios.md) is a YAML file (or a mapping) with the
 sections ``model``, ``cluster``, ``parallel``, ``precision``, ``overlap``, ``whatif``,
-``num_steps``, ``seed``, ``moe_routing`` and ``host``.  :func:`load_scenario` resolves presets,
+``num_steps``, ``seed``, ``moe_routing``, ``host`` and ``approximations``.  :func:`load_scenario` resolves presets,
 fills ``dp: -1``, and applies every rule that needs two sections at once (world size vs
 GPU count, heads vs tp, experts vs ep, the schedule's micro-batch minimum, the precision
 recipe vs the GPU).  YAML is loaded with ``yaml.safe_load`` (no object-building tags).
@@ -23,13 +23,20 @@ from workloads.costs.compute import host_costs
 
 from .whatif import WhatIf
 
-__all__ = ["Scenario", "load_scenario", "read_yaml", "OVERLAP_DEFAULTS"]
+__all__ = ["Scenario", "load_scenario", "read_yaml", "OVERLAP_DEFAULTS", "APPROXIMATIONS"]
 
 #: Megatron-Core defaults for the overlap switches (docs/design.md, "Streams and overlap").
 OVERLAP_DEFAULTS = {"grad_reduce": True, "param_gather": True, "tp_comm": False, "p2p": False, "cp_comm": True,
                     "fsdp_prefetch": True, "comm_slowdown": True, "fb_overlap": True}
 _KEYS = {"name", "description", "model", "cluster", "parallel", "precision", "grad_reduce_dtype", "overlap", "whatif",
-         "num_steps", "seed", "moe_routing", "host"}
+         "num_steps", "seed", "moe_routing", "host", "approximations"}
+
+#: Opt-in approximations, by name, with what each gives up (docs/performance.md measures each
+#: against the exact path).  None is on unless a scenario names it.
+APPROXIMATIONS = {
+    "coupled_all_to_all": "an all-to-all moves as one coupled flow per source rank instead of one flow per "
+                          "(source, destination) pair, so a source's bytes finish together",
+}
 
 
 @dataclass
@@ -56,6 +63,8 @@ class Scenario:
     issues kernels slower than they run), ``cuda_graphs``, ``none`` (an infinitely fast
     host), or a mapping of a measured host's ``kernel_us``, ``call_us``, ``checkpoint_us``;
     see :data:`workloads.costs.compute.HOST_COSTS`."""
+    approximations: tuple[str, ...] = ()
+    """Opt-in approximations in force (names of :data:`APPROXIMATIONS`); empty: exact."""
 
 
 def read_yaml(path: str | Path, where: str, what: str = "a mapping") -> dict:
@@ -132,6 +141,19 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
     parse_routing(routing, "scenario.moe_routing")
     host = data.get("host", "eager")
     host_costs(host, "scenario.host")
+    approx = _approximations(data.get("approximations", []))
     return Scenario(model=model, cluster=cluster, parallel=par, precision=precision, overlap=overlap, whatif=whatif,
                     num_steps=num_steps, seed=seed, moe_routing=routing, name=str(data.get("name", name)),
-                    grad_reduce_dtype=grad_dtype, source=data, host=host)
+                    grad_reduce_dtype=grad_dtype, source=data, host=host, approximations=approx)
+
+
+def _approximations(value) -> tuple[str, ...]:
+    """The ``approximations`` list: known names, each once, in the order given."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        raise ConfigError("scenario.approximations", value, "expected a list of names")
+    for name in value:
+        if not isinstance(name, str) or name not in APPROXIMATIONS:
+            raise ConfigError("scenario.approximations", name, f"unknown; known: {', '.join(sorted(APPROXIMATIONS))}")
+    return tuple(dict.fromkeys(value))

@@ -111,6 +111,53 @@ def test_send_recv_and_uneven_all_to_all(dgx2):
     close(t, 5e8 / 450e9 + ALPHA)      # GPU 0's NVLink port carries 5e8 bytes
 
 
+def _coupled_one(cluster, members, size, **kw):
+    env = simpy.Environment()
+    eng = CollectiveEngine(env, cluster, CAL)
+    eng.coupled_all_to_all = True
+    g = eng.register_group(members)
+    eng.issue(g, 0, "all_to_all", size, count=len(members), **kw)
+    env.run()
+    r = eng.records[-1]
+    return r.end_s - r.arrive_s, eng
+
+
+@pytest.mark.parametrize("hosts", [1, 2, 3])
+def test_coupled_all_to_all_keeps_the_closed_forms(hosts, dgx2):
+    """The ``coupled_all_to_all`` approximation (one flow per source) gives the exact path's
+    closed forms where a source's pairs all end on its bottleneck: the uniform all-to-all
+    across hosts, and the uneven one inside a host that its busiest sender sets."""
+    c = build_cluster("dgx-h100", num_nodes=hosts)
+    n = 8 * hosts
+    t, eng = _coupled_one(c, range(n), n * 4 * 2**20)
+    close(t, A.uniform_all_to_all(hosts, 8, 4 * 2**20, 450e9, 50e9, ALPHA))
+    assert eng.net.num_flows <= n           # one flow per source, not n (n - 1)
+    sizes = np.zeros((4, 4))
+    sizes[0, 1:] = [3e8, 1e8, 1e8]
+    sizes[2, 3] = 1e8
+    t, _ = _coupled_one(dgx2, range(4), 0.0, sizes=sizes)
+    close(t, 5e8 / 450e9 + ALPHA)
+
+
+def test_coupled_all_to_all_gives_up_early_finishes(dgx2):
+    """What the approximation gives up, pinned by hand.  Inside a host (450 GB/s ports),
+    GPU 1 sends 3e8 bytes to GPU 0 and 4e8 to GPU 2, and GPU 3 sends 3e8 to GPU 2.
+
+    Exactly, the three pairs get 225 GB/s each (GPU 1's port and GPU 2's port are each
+    shared by two); at 1.33 ms two finish and 1 -> 2 moves its last 1e8 at 450 GB/s: GPU
+    1's port is never idle, so the call takes its 7e8 / 450e9.  Coupled, GPU 1's flow
+    (two members, 3.5e8 each) must move its bytes 3:4 to GPUs 0 and 2, so GPU 2's port
+    (8/7 r + r = 450 GB/s) holds it to r = 210 GB/s, also when its bytes to GPU 0 could
+    go faster: 3e8 / 210e9 until GPU 3 is done, then its last 0.5e8 at 225 GB/s, 6 % longer."""
+    sizes = np.zeros((4, 4))
+    sizes[1, [0, 2]] = [3e8, 4e8]
+    sizes[3, 2] = 3e8
+    exact, _ = run_one(dgx2, range(4), "all_to_all", 0.0, proto=None, sizes=sizes)
+    coupled, _ = _coupled_one(dgx2, range(4), 0.0, sizes=sizes)
+    close(exact, 7e8 / 450e9 + ALPHA)
+    close(coupled, 3e8 / 210e9 + 0.5e8 / 225e9 + ALPHA)
+
+
 def test_collectives_start_when_the_last_member_arrives(dgx2):
     env = simpy.Environment()
     eng = CollectiveEngine(env, dgx2, CAL)

@@ -30,6 +30,9 @@ BASE = {"model": "tiny-dense", "cluster": {"preset": "dgx-h100", "num_nodes": 1}
     ({"overlap": {"everything": True}}, "overlap.everything"),
     ({"num_steps": 0}, "scenario.num_steps"),
     ({"moe_routing": "uniform"}, "scenario.moe_routing"),
+    ({"approximations": ["fast"]}, "scenario.approximations"),
+    ({"approximations": [{"coupled_all_to_all": True}]}, "scenario.approximations"),
+    ({"approximations": 3}, "scenario.approximations"),
 ])
 def test_cross_section_rules(patch, field):
     with pytest.raises(ConfigError) as e:
@@ -79,3 +82,28 @@ def test_the_cli_refuses_a_huge_cluster_in_one_line(tmp_path, capsys):
     assert main(["run", str(p), "--json"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "size budget" in err
+
+
+def test_approximations_are_opt_in_and_echoed(tmp_path, capsys):
+    """Exact unless named; a run that used one says so in its metrics and summary."""
+    import json
+
+    import yaml
+
+    from simulator import run
+    from simulator.cli import main
+    moe = {"model": "tiny-moe", "cluster": {"preset": "dgx-h100", "num_nodes": 1}, "moe_routing": "zipf(1.2)",
+           "parallel": {"tp": 1, "pp": 1, "ep": 4, "dp": -1, "global_batch_size": 16, "seq_len": 1024}}
+    assert load_scenario(moe).approximations == ()
+    exact = run(dict(moe))
+    assert "approximations" not in exact.metrics
+    approx = run({**moe, "approximations": "coupled_all_to_all"})
+    assert approx.metrics["approximations"] == ["coupled_all_to_all"]
+    assert approx.metrics["num_flows"] < exact.metrics["num_flows"]
+    path = tmp_path / "moe.yaml"
+    path.write_text(yaml.safe_dump(moe))
+    assert main(["run", str(path), "--json", "--quiet", "--approx", "coupled_all_to_all"]) == 0
+    assert json.loads(capsys.readouterr().out)["approximations"] == ["coupled_all_to_all"]
+    assert main(["run", str(path), "--quiet", "--approx", "coupled_all_to_all"]) == 0
+    assert "approximations   coupled_all_to_all" in capsys.readouterr().out
+    assert main(["run", str(path), "--quiet", "--approx", "nope"]) == 2
