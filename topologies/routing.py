@@ -359,6 +359,25 @@ class Router:
             out.append(r)
         return out
 
+    def domain_ports(self, gpus) -> np.ndarray | None:
+        """The NVLink ports of GPUs that share one NVLink domain: ``nvl_up`` of each, then
+        ``nvl_down`` of each; None when they span domains or one has no NVLink port.
+
+        A route between two of them is ``nvl_up[src], nvl_down[dst]`` (coefficients 1)
+        under every policy, PXN setting and failure (:meth:`route`, :meth:`routes`), so
+        these are the only links their routes cross.
+        """
+        c = self.cluster
+        D = c.nvlink_domain_size
+        if not gpus or not 0 <= gpus[0] < c.num_gpus:
+            return None
+        dom = gpus[0] // D
+        if any(g // D != dom or g < 0 or g >= c.num_gpus for g in gpus):
+            return None
+        g = np.asarray(gpus, dtype=np.int64)
+        ports = np.concatenate([self.nvl_up[g], self.nvl_down[g]])
+        return None if (ports < 0).any() else ports
+
     def reduction_tree(self, nics, plane: int) -> tuple[list[int], float]:
         """Switch links of a SHARP aggregation tree over ``nics`` rooted in spine plane ``plane``.
 
