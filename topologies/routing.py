@@ -61,6 +61,17 @@ class Route(NamedTuple):
 
 
 _EMPTY = Route(np.empty(0, dtype=np.int64), np.empty(0, dtype=float))
+_ONES: dict[int, np.ndarray] = {}
+
+
+def _ones(n: int) -> np.ndarray:
+    """Coefficients of an ordinary ``n``-link route: one read-only array per length, shared
+    by the many routes a batch builds (nothing writes a route's coefficients)."""
+    a = _ONES.get(n)
+    if a is None:
+        a = _ONES[n] = np.ones(n)
+        a.setflags(write=False)
+    return a
 
 
 class Router:
@@ -347,16 +358,18 @@ class Router:
                 (xpod, self.spine_core[pa, sp, cc]), (xpod, self.core_spine[pb, sp, cc]),
                 (cross, sl[lb, sp]), (fab, self.nic_down[dn]), (inter, self.pcie_down[dst])]
         mask = np.stack([m for m, _ in cols], axis=1)
-        links = np.stack([v for _, v in cols], axis=1)
+        flat = np.stack([v for _, v in cols], axis=1)[mask]        # every route's links, row by row
+        ends = np.cumsum(mask.sum(axis=1)).tolist()
         out = []
         cache = self._cache
-        for i, (a, b) in enumerate(zip(src.tolist(), dst.tolist())):
+        start = 0
+        for a, b, end in zip(src.tolist(), dst.tolist(), ends):
             key = (a, b, pxn, 0)
             r = cache.get(key)
             if r is None:
-                lk = links[i][mask[i]]
-                r = cache[key] = Route(lk, np.ones(lk.size)) if lk.size else _EMPTY
+                r = cache[key] = Route(flat[start:end], _ones(end - start)) if end > start else _EMPTY
             out.append(r)
+            start = end
         return out
 
     def domain_ports(self, gpus) -> np.ndarray | None:
