@@ -61,6 +61,17 @@ class Route(NamedTuple):
 
 
 _EMPTY = Route(np.empty(0, dtype=np.int64), np.empty(0, dtype=float))
+_ONES: dict[int, np.ndarray] = {}
+
+
+def _ones(n: int) -> np.ndarray:
+    """Coefficients of an ordinary ``n``-link route: one read-only array per length, shared
+    by the many routes a batch builds (nothing writes a route's coefficients)."""
+    a = _ONES.get(n)
+    if a is None:
+        a = _ONES[n] = np.ones(n)
+        a.setflags(write=False)
+    return a
 
 
 class Router:
@@ -347,17 +358,38 @@ class Router:
                 (xpod, self.spine_core[pa, sp, cc]), (xpod, self.core_spine[pb, sp, cc]),
                 (cross, sl[lb, sp]), (fab, self.nic_down[dn]), (inter, self.pcie_down[dst])]
         mask = np.stack([m for m, _ in cols], axis=1)
-        links = np.stack([v for _, v in cols], axis=1)
+        flat = np.stack([v for _, v in cols], axis=1)[mask]        # every route's links, row by row
+        ends = np.cumsum(mask.sum(axis=1)).tolist()
         out = []
         cache = self._cache
-        for i, (a, b) in enumerate(zip(src.tolist(), dst.tolist())):
+        start = 0
+        for a, b, end in zip(src.tolist(), dst.tolist(), ends):
             key = (a, b, pxn, 0)
             r = cache.get(key)
             if r is None:
-                lk = links[i][mask[i]]
-                r = cache[key] = Route(lk, np.ones(lk.size)) if lk.size else _EMPTY
+                r = cache[key] = Route(flat[start:end], _ones(end - start)) if end > start else _EMPTY
             out.append(r)
+            start = end
         return out
+
+    def domain_ports(self, gpus) -> np.ndarray | None:
+        """The NVLink ports of GPUs that share one NVLink domain: ``nvl_up`` of each, then
+        ``nvl_down`` of each; None when they span domains or one has no NVLink port.
+
+        A route between two of them is ``nvl_up[src], nvl_down[dst]`` (coefficients 1)
+        under every policy, PXN setting and failure (:meth:`route`, :meth:`routes`), so
+        these are the only links their routes cross.
+        """
+        c = self.cluster
+        D = c.nvlink_domain_size
+        if not gpus or not 0 <= gpus[0] < c.num_gpus:
+            return None
+        dom = gpus[0] // D
+        if any(g // D != dom or g < 0 or g >= c.num_gpus for g in gpus):
+            return None
+        g = np.asarray(gpus, dtype=np.int64)
+        ports = np.concatenate([self.nvl_up[g], self.nvl_down[g]])
+        return None if (ports < 0).any() else ports
 
     def reduction_tree(self, nics, plane: int) -> tuple[list[int], float]:
         """Switch links of a SHARP aggregation tree over ``nics`` rooted in spine plane ``plane``.

@@ -21,7 +21,7 @@ Everything is callbacks on simpy events: no process per collective, no ``AllOf``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import simpy
@@ -46,6 +46,18 @@ __all__ = ["CollectiveEngine", "CollectiveRecord", "CollectiveError", "KINDS", "
 TINY_CALL_BYTES = 4096
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
+
+
+#: Algorithms whose plan on a group inside one NVLink domain crosses only the members'
+#: NVLink ports (CollNet's goes through the NICs and the switch fabric).
+_PORT_ALGOS = frozenset({"ring", "tree", "nvls", "nvls_tree"})
+
+
+def _moved(plan: Plan, ports: np.ndarray, to: np.ndarray) -> Plan:
+    """``plan`` with each link ``ports[i]`` replaced by ``to[i]`` (both sorted, the plan's
+    links among ``ports``)."""
+    flows = [replace(f, links=to[np.searchsorted(ports, f.links)]) for f in plan.flows]
+    return replace(plan, flows=flows)
 
 
 class CollectiveError(RuntimeError):
@@ -118,6 +130,9 @@ class CollectiveEngine:
         """When each matched transfer started (both sides posted), by key."""
         self._stretch: dict = {}            # concurrent_s: (groups, kind, algo) -> slowdown together
         self._plan_cache: dict[tuple, tuple[Plan, float]] = {}
+        self._forms: dict[tuple, tuple[tuple, np.ndarray] | None] = {}
+        self._form_plans: dict[tuple, tuple[Plan, float, np.ndarray]] = {}
+        self._form_predictions: dict[tuple, dict] = {}
         self.records: list[CollectiveRecord] = []
         self.generation = cluster.gpu.generation
         self.nvls_capable = cluster.gpu.nvls and cluster.spec.nvls and cluster.nvlink_domain_size > 2
@@ -160,12 +175,54 @@ class CollectiveEngine:
         return gid
 
     # -- plans and prediction ----------------------------------------------------------------
+    def _domain_form(self, members: tuple[int, ...]) -> tuple[tuple, np.ndarray] | None:
+        """What the plans and predictions of a group inside one NVLink domain depend on, and
+        its ports sorted; None for a group that spans domains (cached per group).
+
+        Such a group's routes cross only its members' NVLink ports
+        (:meth:`~topologies.routing.Router.domain_ports`), so its plans are functions of
+        its size and of those port ids as labels: their order, member by member, and their
+        capacities.  Groups of one form -- a TP group on every node, translations of one
+        another -- have the same plans up to the order-preserving map between their sorted
+        ports, and bit-identical max-min rates and predictions (the solver reads link ids
+        only through order and capacity).  A group naming a GPU twice gets no form."""
+        form = self._forms.get(members, False)
+        if form is False:
+            form = self._forms[members] = self._find_form(members)
+        return form
+
+    def _find_form(self, members: tuple[int, ...]) -> tuple[tuple, np.ndarray] | None:
+        ports = self.cluster.router.domain_ports(members)
+        if ports is None:
+            return None
+        order = np.argsort(ports, kind="stable")
+        sorted_ports = ports[order]
+        if (sorted_ports[1:] == sorted_ports[:-1]).any():
+            return None
+        return (len(members), order.tobytes(), self.capacity[ports].tobytes()), sorted_ports
+
     def plan(self, members: tuple[int, ...], kind: str, algo: str, root: int | None = None) -> tuple[Plan, float]:
-        """The plan and its uncontended seconds per payload byte (cached)."""
+        """The plan and its uncontended seconds per payload byte (cached; within one NVLink
+        domain, built once per form and moved onto each group's ports, see :meth:`_domain_form`)."""
         key = (members, kind, algo, root)
         hit = self._plan_cache.get(key)
         if hit is not None:
             return hit
+        form = (self._domain_form(members) if algo in _PORT_ALGOS and (root is None or root in members)
+                else None)
+        fkey = None if form is None else (form[0], kind, algo, None if root is None else members.index(root))
+        ref = None if fkey is None else self._form_plans.get(fkey)
+        if ref is not None:
+            p, spb, ports = ref
+            hit = (_moved(p, ports, form[1]), spb)
+        else:
+            hit = self._build_plan(members, kind, algo, root)
+            if fkey is not None:
+                self._form_plans[fkey] = (*hit, form[1])
+        self._plan_cache[key] = hit
+        return hit
+
+    def _build_plan(self, members, kind: str, algo: str, root: int | None) -> tuple[Plan, float]:
         c = self.cluster
         if algo == "ring":
             p = ring_plan(c, members, kind, root)
@@ -180,9 +237,7 @@ class CollectiveEngine:
             p = nvls_tree_plan(c, members)
         else:
             raise ConfigError("algo", algo, f"unknown algorithm; known: {', '.join(nccl.ALGORITHMS)}")
-        spb = self._seconds_per_byte(p)
-        self._plan_cache[key] = (p, spb)
-        return p, spb
+        return p, self._seconds_per_byte(p)
 
     def _seconds_per_byte(self, p: Plan) -> float:
         """Uncontended transfer time per payload byte: max over flows of bytes / rate."""
@@ -260,8 +315,19 @@ class CollectiveEngine:
         return (lat + self.cal.call_latency_us) * 1e-6
 
     def predict(self, members, kind: str, size: float) -> dict[tuple[str, str], float]:
-        """Predicted time (s) of every enabled (algorithm, protocol) for one call."""
+        """Predicted time (s) of every enabled (algorithm, protocol) for one call (within one
+        NVLink domain, computed once per form: see :meth:`_domain_form`)."""
         members = tuple(members)
+        form = self._domain_form(members)
+        if form is None:
+            return self._predict(members, kind, size)
+        fkey = (form[0], kind, size)
+        hit = self._form_predictions.get(fkey)
+        if hit is None:
+            hit = self._form_predictions[fkey] = self._predict(members, kind, size)
+        return dict(hit)
+
+    def _predict(self, members: tuple[int, ...], kind: str, size: float) -> dict[tuple[str, str], float]:
         blocks = node_blocks(self.cluster, members)
         N = len(blocks)
         ppn = len(members) // N

@@ -68,8 +68,9 @@ class Plan:
 def node_blocks(cluster: Cluster, members) -> list[list[int]]:
     """Members grouped by NVLink domain, domains in order of first appearance."""
     blocks: dict[int, list[int]] = {}
+    D = cluster.nvlink_domain_size          # cluster.domain_of, inline: groups of 10^3 GPUs
     for g in members:
-        blocks.setdefault(cluster.domain_of(g), []).append(g)
+        blocks.setdefault(g // D, []).append(g)
     return list(blocks.values())
 
 

@@ -535,9 +535,9 @@ def _p2p_flows(coll, grid, pairs: list, flows: _Flows) -> None:
     # the route of every transfer (batch-routed), labelled by the latency its call waits
     gs = np.array([grid.gpu_of(s) for s, _ in pairs], dtype=np.int64)
     gd = np.array([grid.gpu_of(d) for _, d in pairs], dtype=np.int64)
+    inters = (gs // cluster.nvlink_domain_size != gd // cluster.nvlink_domain_size).tolist()   # domain_of
     lat_of: dict = {}
-    for a, b, r in zip(gs.tolist(), gd.tolist(), cluster.router.routes(gs, gd, pxn=True)):
-        inter = cluster.domain_of(a) != cluster.domain_of(b)
+    for a, b, inter, r in zip(gs.tolist(), gd.tolist(), inters, cluster.router.routes(gs, gd, pxn=True)):
         key = (inter, cluster.router.path_latency(r) if inter else 0.0)
         lat = lat_of.get(key)
         if lat is None:

@@ -302,3 +302,62 @@ def test_ring_channels_use_every_nic_of_a_multi_host_nvlink_domain():
     env.run()
     r = eng.records[-1]
     assert 2**30 * 35 / 36 / (r.end_s - r.arrive_s) > 4 * 50e9
+
+
+def _same_plan(a, b):
+    assert (a.algo, a.n_ranks, a.n_nodes, a.n_channels, a.latency_inter_s, a.intra_hw) == \
+        (b.algo, b.n_ranks, b.n_nodes, b.n_channels, b.latency_inter_s, b.intra_hw)
+    assert len(a.flows) == len(b.flows)
+    for f, g in zip(a.flows, b.flows):
+        assert f.links.dtype == g.links.dtype and np.array_equal(f.links, g.links)
+        assert f.coefs.tobytes() == g.coefs.tobytes()
+        assert (f.bytes_per_byte, f.inter_node) == (g.bytes_per_byte, g.inter_node)
+
+
+def _fresh(cluster, members, kind, algo):
+    """The plan and prediction built for ``members`` alone (no other group cached)."""
+    eng = CollectiveEngine(simpy.Environment(), cluster)
+    return eng.plan(members, kind, algo), eng.predict(members, kind, 2**28)
+
+
+@pytest.mark.parametrize("algo,kind", [("ring", "all_gather"), ("ring", "all_reduce"), ("nvls", "all_reduce"),
+                                       ("tree", "all_reduce"), ("nvls_tree", "all_reduce")])
+def test_translated_groups_share_one_plan_and_prediction(dgx2, algo, kind):
+    # the same TP group on two hosts: one entry, moved onto the second host's NVLink ports
+    eng = CollectiveEngine(simpy.Environment(), dgx2)
+    a, b = tuple(range(8)), tuple(range(8, 16))
+    pa, pb = eng.plan(a, kind, algo), eng.plan(b, kind, algo)
+    pred_a, pred_b = eng.predict(a, kind, 2**28), eng.predict(b, kind, 2**28)
+    # one entry per (collective, algorithm, root), whichever group asked first
+    assert len({k[1:] for k in eng._form_plans}) == len(eng._form_plans) and len(eng._form_predictions) == 1
+    for members, (p, spb), pred in ((a, pa, pred_a), (b, pb, pred_b)):
+        (p0, spb0), pred0 = _fresh(dgx2, members, kind, algo)
+        _same_plan(p, p0)
+        assert spb == spb0 and pred == pred0
+    assert not set(pa[0].flows[0].links) & set(pb[0].flows[0].links)
+
+
+def test_groups_whose_ports_differ_in_capacity_or_order_do_not_share(dgx2):
+    a, b = tuple(range(8)), tuple(range(8, 16))
+    slow = np.ones(dgx2.num_links)
+    slow[dgx2.router.nvl_up[11]] = 0.5                  # one NVLink port of the second host degraded
+    c = dgx2.perturbed(capacity_factor=slow)
+    eng = CollectiveEngine(simpy.Environment(), c)
+    spb_a, (pb, spb_b) = eng.plan(a, "all_gather", "ring")[1], eng.plan(b, "all_gather", "ring")
+    assert len(eng._form_plans) == 2 and spb_b > spb_a
+    assert eng.predict(b, "all_gather", 2**28) == _fresh(c, b, "all_gather", "ring")[1]
+    _same_plan(pb, _fresh(c, b, "all_gather", "ring")[0][0])
+    # the same GPUs in another order make another ring
+    rev = tuple(reversed(b))
+    eng = CollectiveEngine(simpy.Environment(), dgx2)
+    eng.plan(a, "all_gather", "ring")
+    p, _ = eng.plan(rev, "all_gather", "ring")
+    assert len(eng._form_plans) == 2
+    _same_plan(p, _fresh(dgx2, rev, "all_gather", "ring")[0][0])
+
+
+def test_groups_across_domains_and_collnet_have_no_form(dgx2):
+    eng = CollectiveEngine(simpy.Environment(), dgx2)
+    eng.plan((0, 8), "all_reduce", "ring")
+    eng.predict((0, 8), "all_reduce", 2**28)
+    assert eng._domain_form((0, 8)) is None and not eng._form_plans and not eng._form_predictions

@@ -23,3 +23,4 @@ def test_batch_routes_equal_scalar_routes(cfg, pxn):
     for a, b, r in zip(src.tolist(), dst.tolist(), batch):
         q = c.router.route(a, b, pxn=pxn)
         assert np.array_equal(q.links, r.links) and np.array_equal(q.coefs, r.coefs), (a, b)
+        assert (q.links.dtype, q.coefs.dtype) == (r.links.dtype, r.coefs.dtype), (a, b)
