@@ -19,7 +19,7 @@ import copy
 import statistics
 import time
 
-from simulator import run
+from simulator import load_scenario, run
 
 
 def _moe(model, gpus, routing, *, tp=1, pp=2, ep=8, gbs=64, seq=4096, **extra) -> dict:
@@ -40,7 +40,7 @@ for r in ("balanced", "zipf(1.2)", "zipf(1.5)"):
     SCENARIOS[f"qwen3-30b-64-ep8-{_label(r)}"] = _moe("qwen3-30b-a3b", 64, r, pp=2, ep=8)
     SCENARIOS[f"qwen3-30b-64-ep32-{_label(r)}"] = _moe("qwen3-30b-a3b", 64, r, pp=2, ep=32)
 for r in ("balanced", "zipf(1.2)", "zipf(1.5)"):
-    SCENARIOS[f"qwen3-235b-256-ep32-{_label(r)}"] = _moe("qwen3-235b-a22b", 256, r, tp=1, pp=8, ep=32, gbs=64)
+    SCENARIOS[f"qwen3-235b-256-ep32-{_label(r)}"] = _moe("qwen3-235b-a22b", 256, r, pp=2, ep=32, gbs=256)
 for r in ("skew(1.5)", "zipf(1.2)"):
     SCENARIOS[f"mixtral-8x22b-128-ep8-{_label(r)}"] = _moe("mixtral-8x22b", 128, r, tp=4, pp=4, ep=8, gbs=32)
 for r in ("balanced", "zipf(1.0)", "zipf(1.2)"):
@@ -74,6 +74,7 @@ def main(argv=None) -> int:
     for n in names:
         if n not in SCENARIOS:
             ap.error(f"--case {n!r}: unknown; --list shows the scenarios")
+        load_scenario(copy.deepcopy(SCENARIOS[n]))        # every scenario valid before minutes of runs
     print(f"{'scenario':<36} {'exact s':>9} {'approx s':>9} {'error':>8} {'exact wall':>11} {'approx wall':>12} "
           f"{'speed-up':>9} {'solves':>15}")
     rows = []

@@ -116,6 +116,7 @@ class FlowNetwork:
         self._next_group = 0
         self._merge: dict[tuple, int] = {}      # identical flows of one group -> slot
         self._last = env.now
+        self._stale = False                     # rem may hold a finished flow not yet retired: see _finish_done
         self._pending = False
         self._version = 0
         self._load_links = np.empty(0, dtype=np.int64)
@@ -299,6 +300,7 @@ class FlowNetwork:
         self._link_busy_s[t.uniq] += el
         for (lk, cf, size, weight, cap), rid, r in zip(t.items, t.rids, t.rate.tolist()):
             self._add_flow(gid, rid, lk, cf, size, max(size - r * el, 0.0), weight, cap)
+        self._stale = True          # a flow may have (about) nothing left
         self._groups[gid] = [len(t.items), ev]
         self._kick()
 
@@ -413,6 +415,7 @@ class FlowNetwork:
         if dt > 0 and self._active:
             act = np.asarray(self._active, dtype=np.int64)
             self._rem[act] -= self._rate[act] * dt
+            self._stale = True
             if self._load_links.size:
                 self._link_bytes[self._load_links] += self._load * dt
                 self._link_busy_s[self._load_links] += dt
@@ -448,8 +451,14 @@ class FlowNetwork:
         self._kick()
 
     def _finish_done(self) -> bool:
-        if not self._active:
+        # Only time passing (_advance), new rates (the test below counts a flow finished when
+        # it is a rounding error from done at its rate) or an isolated group turned into
+        # flows with what it has left (_materialize) can make a flow finished; a flow
+        # admitted at full size with rate 0 cannot be.  A second look at the same state
+        # finds nothing.
+        if not self._stale or not self._active:
             return False
+        self._stale = False
         act = np.asarray(self._active, dtype=np.int64)
         rem = self._rem[act]
         now = self.env.now
@@ -512,6 +521,7 @@ class FlowNetwork:
             self.num_solve_hits += 1
         rate, self._load_links, self._load = hit
         self._rate[act] = rate
+        self._stale = True
         with np.errstate(divide="ignore"):
             t_next = float(np.min(self._rem[act] / rate))
         if not np.isfinite(t_next):
