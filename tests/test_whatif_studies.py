@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 STUDIES = Path(__file__).resolve().parents[1] / "experiments" / "whatif"
-NAMES = ["straggler", "tail_at_scale", "topology", "mesh_order", "failures"]
+NAMES = ["straggler", "tail_at_scale", "topology", "mesh_order", "failures", "moe_routing"]
 
 
 def _load(name):
@@ -39,6 +39,10 @@ def test_study_runs_at_smoke_size(name, tmp_path):
         assert over == sorted(over)
         nvl = [r["step_time_s"] for r in rows if r["study"] == "nvlink_domain"]
         assert nvl[-1] < nvl[0]
+    elif name == "moe_routing":        # uneven routing never helps, and costs more when EP spreads the hot experts thinner
+        assert all(r["ratio"] >= 1 - 1e-12 for r in rows)
+        zipf = {r["ep"]: r["ratio"] for r in rows if r["routing"] == "zipf(1.2)"}
+        assert zipf[4] > zipf[2] > 1
     elif name == "failures":           # a failed NIC without failover stops the job; pxn completes
         assert any(r["outcome"].startswith("stopped") for r in rows)
         assert rows[-1]["outcome"] == "completed"
