@@ -58,6 +58,9 @@ CASES = {
     "llama3.1-405b-16k-jitter": ({**L405B_16K, "whatif": JITTER}, 300, 4, True, False),
     "deepseek-v3-2048-balanced": ({**DSV3, "moe_routing": "balanced"}, 2, None, False, False),
     "deepseek-v3-2048-zipf1.2": ({**DSV3, "moe_routing": "zipf(1.2)"}, 60, None, True, False),
+    # the same with the opt-in coupled_all_to_all approximation (docs/performance.md#approximations)
+    "deepseek-v3-2048-zipf1.2-coupled": ({**DSV3, "moe_routing": "zipf(1.2)", "approximations": ["coupled_all_to_all"]},
+                                         60, None, True, False),
     "llama3.1-405b-131k": (L405B_131K, 10, 4, False, False),
     "refuse-131k-degrees": ({**L405B_131K, "parallel": {**L405B_131K["parallel"], "dp": 128}}, 1, None, False, True),
     "refuse-1m-gpus": ({**L405B_131K, "cluster": {"preset": "h100-16k", "num_nodes": 131072},

@@ -18,7 +18,7 @@ error) and writes ``scatter.png`` (predicted vs measured step time, log-log, +-1
 one colour per source).
 
 Run: ``python experiments/validate_all.py [--set all|h100|vtrain] [--limit N] [--max-gpus N]
-[--out-dir results/validation]``.  The whole H100 set takes about 12 minutes on a 2-core
+[--out-dir results/validation] [--workers N]``.  The whole H100 set takes about 12 minutes on a 2-core
 machine (its 1,152- and 2,304-GPU Llama 3.1 405B rows most of it), the vTrain set about 5.
 ``--subset ci`` runs the deterministic subset the ``validation`` regression test uses
 (:data:`CI_SUBSET`).
@@ -61,7 +61,7 @@ def ci_select(name: str):
 
 
 def run_set(name: str, out_dir: Path | None, *, limit: int | None = None, max_gpus: int | None = None,
-            subset: str | None = None, quiet: bool = False) -> list[dict]:
+            subset: str | None = None, quiet: bool = False, workers: int = 1) -> list[dict]:
     """Validate one set; write ``predictions_<name>.csv`` under ``out_dir`` (None: not written)."""
     select = ci_select(name) if subset == "ci" else None
     t0 = time.perf_counter()
@@ -73,7 +73,8 @@ def run_set(name: str, out_dir: Path | None, *, limit: int | None = None, max_gp
                   f"{err:>8}  {r['status']}", flush=True)
 
     out_csv = out_dir / f"predictions_{name}.csv" if out_dir is not None else None
-    results = validate(SETS[name], out_csv, max_gpus=max_gpus, progress=progress, select=select, limit=limit)
+    results = validate(SETS[name], out_csv, max_gpus=max_gpus, progress=progress, select=select, limit=limit,
+                       workers=workers)
     if not quiet:
         print(f"  {name}: {len(results)} rows in {time.perf_counter() - t0:.0f} s", flush=True)
     return results
@@ -89,6 +90,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", default=str(ROOT / "results" / "validation"), help="where CSVs and the plot go")
     ap.add_argument("--no-plot", action="store_true", help="skip scatter.png")
     ap.add_argument("--quiet", action="store_true", help="no per-row progress lines")
+    ap.add_argument("--workers", type=int, default=1, help="rows simulated at once, one process each (default 1)")
     args = ap.parse_args(argv)
 
     out_dir = Path(args.out_dir)
@@ -97,7 +99,7 @@ def main(argv=None) -> int:
     results: list[dict] = []
     for name in names:
         results += run_set(name, out_dir, limit=args.limit, max_gpus=args.max_gpus, subset=args.subset,
-                           quiet=args.quiet)
+                           quiet=args.quiet, workers=args.workers)
     print()
     print(summary(results))
     if not args.no_plot:

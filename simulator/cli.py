@@ -339,7 +339,7 @@ def _validate(args) -> int:
     from .validation import main as validate_main
     argv = [args.runs] + (["--out", args.out] if args.out else []) + \
         (["--max-gpus", str(args.max_gpus)] if args.max_gpus is not None else []) + \
-        (["--plot", args.plot] if args.plot else [])
+        (["--plot", args.plot] if args.plot else []) + ["--workers", str(args.workers)]
     return validate_main(argv)
 
 
@@ -414,6 +414,7 @@ def _add_simulate(sub) -> None:
     p.add_argument("--out", metavar="CSV", help="write one prediction row per input row")
     p.add_argument("--max-gpus", type=int, default=None, help="report larger runs as unsupported instead of simulating")
     p.add_argument("--plot", metavar="PNG", help="write a log-log scatter of predicted vs measured step time")
+    p.add_argument("--workers", type=int, default=1, help="rows simulated at once, one process each")
 
 
 def _add_inspect(sub) -> None:

@@ -47,7 +47,7 @@ def _validate_all():
 @pytest.mark.parametrize("name", list(REACHED))
 def test_step_time_accuracy_does_not_regress(name):
     rows, ok, median = REACHED[name]
-    results = _validate_all().run_set(name, None, subset="ci", quiet=True)
+    results = _validate_all().run_set(name, None, subset="ci", quiet=True, workers=2)     # CI has 2 cores
     s = _stats(results)
     bad = [(r["id"], r["status"]) for r in results if r["status"] != "ok"]
     assert s["rows"] == rows, f"{name}: {s['rows']} rows in the CI subset, expected {rows}"

@@ -184,6 +184,32 @@ def _classify_config_error(e: ConfigError) -> str:
         return f"unsupported: {text}"
     return f"invalid: {text}"
 
+def _evaluate_all(rows: list[dict], run_fn, max_gpus, workers: int):
+    """Output rows in input order, from ``workers`` processes (largest jobs first, so the
+    long rows do not all land at the end)."""
+    if workers == 1 or len(rows) < 2:
+        yield from (_evaluate(r, run_fn, max_gpus) for r in rows)
+        return
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing
+    order = sorted(range(len(rows)), key=lambda i: -_gpus(rows[i]))
+    ctx = multiprocessing.get_context("spawn")      # no forked copy of a caller's simpy or numpy state
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = {i: pool.submit(_evaluate, rows[i], run_fn, max_gpus) for i in order}
+        for i in range(len(rows)):
+            yield futures[i].result()
+
+
+def _gpus(row: dict) -> int:
+    """A row's GPU count as written (0 when unreadable): the order rows are handed out."""
+    for key in ("num_gpus", "# GPUs"):
+        try:
+            return int(float(row.get(key) or 0))
+        except (TypeError, ValueError):
+            continue
+    return 0
+
+
 def _evaluate(row: dict, run_fn, max_gpus) -> dict:
     """The output row (:data:`OUTPUT_COLUMNS`) of one input row: map it, derive its measured
     step, check the scenario and simulate it; the first step that fails sets the status."""
@@ -358,7 +384,7 @@ def write_csv(results: list[dict], path) -> None:
 
 
 def validate(path, out_csv=None, *, run_fn=None, max_gpus: int | None = None, progress=None,
-             select=None, limit: int | None = None) -> list[dict]:
+             select=None, limit: int | None = None, workers: int = 1) -> list[dict]:
     """Simulate every row of a runs table and compare with its measurement.
 
     Parameters
@@ -380,6 +406,10 @@ def validate(path, out_csv=None, *, run_fn=None, max_gpus: int | None = None, pr
         are evaluated and reported (a documented subset, e.g. for a CI test); None: all.
     limit
         Evaluate only the first ``limit`` (selected) rows; None: all.
+    workers
+        Rows simulated at once, each in its own process (rows are independent: the results
+        are the same, in the same order, for any number); 1: in this process.  With more
+        than one, ``run_fn`` must be picklable (a module-level function).
 
     Returns
     -------
@@ -392,13 +422,14 @@ def validate(path, out_csv=None, *, run_fn=None, max_gpus: int | None = None, pr
     rows = load_runs(path)
     if select is not None:
         rows = [r for r in rows if select(r)]
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError("workers", workers, "must be a positive integer")
     if limit is not None:
         rows = rows[:max(0, int(limit))]
     if run_fn is None:
         from ..engine import run as run_fn
     results = []
-    for i, row in enumerate(rows):
-        out = _evaluate(row, run_fn, max_gpus)
+    for i, out in enumerate(_evaluate_all(rows, run_fn, max_gpus, workers)):
         results.append(out)
         if progress is not None:
             progress(i, len(rows), out)

@@ -81,8 +81,8 @@ def _row_line(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    """``clustersim validate RUNS.csv [--out predictions.csv] [--max-gpus N] [--plot PNG]``: per-row lines,
-    then the summary."""
+    """``clustersim validate RUNS.csv [--out predictions.csv] [--max-gpus N] [--plot PNG] [--workers N]``:
+    per-row lines, then the summary."""
     p = argparse.ArgumentParser(prog="clustersim validate",
                                 description="Simulate every measured run of a table and report the step-time error.")
     p.add_argument("runs", help="CSV in the published-runs format or vTrain's ground-truth format")
@@ -90,13 +90,15 @@ def main(argv=None) -> int:
     p.add_argument("--max-gpus", type=int, default=None,
                    help="report rows on more GPUs as 'unsupported: over --max-gpus' instead of simulating them")
     p.add_argument("--plot", help="write a log-log scatter of predicted vs measured step time to this PNG")
+    p.add_argument("--workers", type=int, default=1,
+                   help="rows simulated at once, one process each (the results do not depend on it)")
     args = p.parse_args(argv)
     print(f"{'id':<22} {'model':<32} {'gpus':>5} {'prec':<6} {'measured':>8} {'predicted':>9} {'error':>8}  status")
 
     def progress(_i, _n, r):
         print(_row_line(r), flush=True)
 
-    results = validate(args.runs, args.out, max_gpus=args.max_gpus, progress=progress)
+    results = validate(args.runs, args.out, max_gpus=args.max_gpus, progress=progress, workers=args.workers)
     print()
     print(summary(results))
     if args.plot:

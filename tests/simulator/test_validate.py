@@ -472,3 +472,17 @@ def test_h800_rows_map_to_the_hgx_h800_preset():
     assert map_gpu("NVIDIA H800 80GB")[:2] == ("hgx-h800", "H800-SXM")
     sc = load_scenario(row_to_scenario(row(gpu_type="H800"))[0])
     assert sc.cluster.spec.gpu.name == "H800-SXM" and sc.cluster.spec.nvlink_bandwidth_bytes_per_s == 200e9
+
+
+def test_workers_give_the_same_rows_in_the_same_order():
+    """Rows are independent: two worker processes (largest rows handed out first) return what
+    one process does, row for row, in input order."""
+    single = REF / "vtrain" / "ground_truth_single.csv"
+    one = validate(single, limit=6)
+    two = validate(single, limit=6, workers=2)
+    assert [r["id"] for r in two] == [r["id"] for r in one]
+    drop = lambda rows: [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]     # noqa: E731
+    assert drop(two) == drop(one)
+    with pytest.raises(ConfigError) as e:
+        validate(single, limit=1, workers=0)
+    assert e.value.field == "workers"

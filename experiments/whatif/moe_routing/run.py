@@ -66,6 +66,8 @@ def main(argv=None) -> list[dict]:
     args = parse_args("moe_routing", argv, __doc__)
     cfg, out = load_config(args), out_dir(args)
     rows, keep = [], {}
+    for ep in cfg["ep"]:                # every layout valid before minutes of runs
+        load_scenario(merge(cfg["base"], {"parallel": {"ep": ep}}))
     for ep in cfg["ep"]:
         base = merge(cfg["base"], {"parallel": {"ep": ep}})
         for routing in cfg["routings"]:
