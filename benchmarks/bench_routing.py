@@ -16,7 +16,7 @@ def main() -> None:
     t0 = time.perf_counter()
     c = build_cluster("h100-16k")
     t_build = time.perf_counter() - t0
-    print(f"build h100-16k: {c.num_gpus} GPUs, {c.graph.number_of_nodes()} nodes, {c.num_links} links "
+    print(f"build h100-16k: {c.num_gpus} GPUs, {c.table.num_nodes} nodes, {c.num_links} links "
           f"in {t_build:.2f} s")
     rng = np.random.default_rng(0)
     pairs = rng.integers(0, c.num_gpus, size=(100_000, 2))

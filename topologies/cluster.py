@@ -11,7 +11,7 @@ apart, as real systems do:
   72 for GB200 NVL72 (18 hosts of 4 GPUs); a job on fewer GPUs than that is one domain of
   its own size.
 
-Links are numbered in the order the builders add them; ``link_capacity``,
+Links are numbered as the graph iterates its edges (:mod:`topologies.builders`); ``link_capacity``,
 ``link_latency`` and ``link_tier`` are numpy arrays indexed by link id, and routes are
 arrays of link ids (see :mod:`topologies.routing`).
 """
@@ -19,6 +19,7 @@ arrays of link ids (see :mod:`topologies.routing`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ import yaml
 
 from . import builders
 from .errors import ConfigError, check_keys
-from .specs import (LINK_LATENCY_S, PCIE_BANDWIDTH, TIER_INDEX, GPUSpec, Tier,
+from .specs import (LINK_LATENCY_S, PCIE_BANDWIDTH, GPUSpec, Tier,
                     get_gpu_spec, get_nic_spec)
 from .units import fmt_bw, parse_bandwidth, parse_time
 
@@ -191,13 +192,13 @@ def domain_that_divides(num_gpus: int, gpus_per_host: int, domain: int) -> int:
 
 
 SIZE_BUDGET_GPUS = 131_072
-"""The largest cluster clustersim builds: 16,384 8-GPU hosts (1.06 M links, about 10 s and
-0.75 GB for the graph).  Larger requests are refused before any graph is built, with the
+"""The largest cluster clustersim builds: 16,384 8-GPU hosts (1.06 M links, about 0.5 s and
+0.13 GB for the link table).  Larger requests are refused before any graph is built, with the
 estimate of what they would cost (:func:`graph_estimate`)."""
 
-_LINKS_PER_GPU, _BYTES_PER_LINK, _SECONDS_PER_LINK = 133_120 / 16_384, 91 * 2**20 / 133_120, 1.3 / 133_120
-"""Measured on ``h100-16k`` (16,384 GPUs, 133,120 links): 91 MiB and 1.0-1.3 s to build on a
-2-core machine (benchmarks/bench_routing.py)."""
+_LINKS_PER_GPU, _BYTES_PER_LINK, _SECONDS_PER_LINK = 133_120 / 16_384, 16 * 2**20 / 133_120, 0.06 / 133_120
+"""Measured on ``h100-16k`` (16,384 GPUs, 133,120 links): 16 MiB at the peak and 0.05-0.06 s to
+build its link table on a 2-core machine (benchmarks/bench_routing.py)."""
 
 
 def graph_estimate(num_gpus: int) -> tuple[int, float, float]:
@@ -251,8 +252,9 @@ class Cluster:
     Attributes
     ----------
     spec : ClusterSpec
-    graph : networkx.DiGraph
-        Nodes and links with the attributes documented in :mod:`topologies.builders`.
+    table : topologies.builders.GraphTable
+        Nodes and links as arrays; ``graph`` (an ``nx.DiGraph``), ``link_nodes`` and
+        ``link_id`` are built from it on first use.
     gpus : tuple[str, ...]
         GPU node names; GPU ``g`` is ``gpus[g]`` (placement order: host-major).
     link_capacity, link_latency : numpy.ndarray
@@ -263,9 +265,9 @@ class Cluster:
         Per link id: (source node, destination node).
     """
 
-    def __init__(self, spec: ClusterSpec, graph: nx.DiGraph):
+    def __init__(self, spec: ClusterSpec, table: builders.GraphTable):
         self.spec = spec
-        self.graph = graph
+        self.table = table
         self.gpu = spec.gpu
         self.num_gpus = spec.num_gpus
         self.gpus = tuple(f"gpu{i}" for i in range(self.num_gpus))
@@ -273,22 +275,36 @@ class Cluster:
         self.nics_per_host = spec.nics_per_host
         self.nvlink_domain_size = spec.nvlink_domain_size
         self.num_hosts = spec.num_nodes
-        edges = list(graph.edges(data=True))
-        self.link_nodes = [(u, v) for u, v, _ in edges]
-        self.link_id = {uv: i for i, uv in enumerate(self.link_nodes)}
-        self.link_capacity = np.array([a["bandwidth_bytes_per_s"] for _, _, a in edges], dtype=float)
-        self.link_latency = np.array([a["latency_s"] for _, _, a in edges], dtype=float)
-        self.link_tier = np.array([TIER_INDEX[a["tier"]] for _, _, a in edges], dtype=np.int8)
-        self.num_links = len(edges)
+        self.link_capacity = table.capacity
+        self.link_latency = table.latency
+        self.link_tier = table.tier
+        self.num_links = int(table.src.size)
         if self.nics_per_host:
             per = self.gpus_per_host // self.nics_per_host
-            self._nic = [(g // self.gpus_per_host) * self.nics_per_host + (g % self.gpus_per_host) // per
-                         for g in range(self.num_gpus)]
+            g = np.arange(self.num_gpus)
+            self._nic = ((g // self.gpus_per_host) * self.nics_per_host + (g % self.gpus_per_host) // per).tolist()
             self._rail = [n % self.nics_per_host for n in self._nic]
         else:
             self._nic = self._rail = [-1] * self.num_gpus
         from .routing import Router  # local: routing imports Cluster for typing only
         self.router = Router(self)
+
+    # -- names (built on first use: a 131,072-GPU cluster's graph is 1.06 M edges) ----------
+    @functools.cached_property
+    def graph(self) -> nx.DiGraph:
+        """The cluster as an ``nx.DiGraph`` (see :mod:`topologies.builders`)."""
+        return self.table.graph()
+
+    @functools.cached_property
+    def link_nodes(self) -> list[tuple[str, str]]:
+        """Per link id: (source node, destination node)."""
+        nm = self.table.names
+        return [(nm[u], nm[v]) for u, v in zip(self.table.src.tolist(), self.table.dst.tolist())]
+
+    @functools.cached_property
+    def link_id(self) -> dict[tuple[str, str], int]:
+        """(source node, destination node) -> link id."""
+        return {uv: i for i, uv in enumerate(self.link_nodes)}
 
     # -- structure --------------------------------------------------------------------------
     def host_of(self, gpu: int) -> int:
@@ -345,9 +361,7 @@ class Cluster:
 
     def summary(self) -> str:
         s = self.spec
-        n_kind: dict[str, int] = {}
-        for _, k in self.graph.nodes(data="kind"):
-            n_kind[k] = n_kind.get(k, 0) + 1
+        n_kind = {k: self.table.count(k) for k in self.table.kinds if self.table.count(k)}
         racks = 1 if s.hosts_per_rack is None else s.num_nodes // s.hosts_per_rack
         lines = [
             f"cluster {s.name}: {self.num_gpus} x {s.gpu.name} in {s.num_nodes} hosts "
@@ -382,7 +396,7 @@ def build_cluster(cfg: dict | str | ClusterSpec | None = None, **overrides) -> C
             cfg = {"preset": cfg}
         spec = spec_from_mapping({**cfg, **overrides})
     _validate(spec)
-    return Cluster(spec, cluster_graph(spec))
+    return Cluster(spec, cluster_table(spec))
 
 
 def checked_spec(cfg: dict | str) -> ClusterSpec:
@@ -393,15 +407,16 @@ def checked_spec(cfg: dict | str) -> ClusterSpec:
     return spec
 
 
-def cluster_graph(spec: ClusterSpec) -> nx.DiGraph:
-    """The DiGraph of ``spec``: NVLink domains, NICs, leaf/spine pods, cross-rack core."""
-    g = builders.nvlink_domains(spec.num_nodes, spec.gpus_per_host, spec.nvlink_domain_size,
-                                spec.nvlink_bandwidth_bytes_per_s)
+def cluster_table(spec: ClusterSpec) -> builders.GraphTable:
+    """The graph of ``spec`` as a link table: NVLink domains, NICs, leaf/spine pods, cross-rack core."""
+    g = builders.GraphTable()
+    builders.nvlink_domains(g, spec.num_nodes, spec.gpus_per_host, spec.nvlink_domain_size,
+                            spec.nvlink_bandwidth_bytes_per_s)
     if spec.nics_per_host == 0 or spec.num_gpus <= spec.nvlink_domain_size and spec.num_nodes == 1:
         if spec.nics_per_host:
             builders.host_nics(g, spec.num_nodes, spec.gpus_per_host, spec.nics_per_host,
                                spec.pcie_bandwidth_bytes_per_s)
-        return g
+        return g.finish()
     builders.host_nics(g, spec.num_nodes, spec.gpus_per_host, spec.nics_per_host, spec.pcie_bandwidth_bytes_per_s)
     rack = spec.hosts_per_rack or spec.num_nodes
     num_pods = spec.num_nodes // rack
@@ -416,4 +431,4 @@ def cluster_graph(spec: ClusterSpec) -> nx.DiGraph:
     if num_pods > 1:
         builders.cross_rack_core(g, num_pods, spines, spec.num_cores,
                                  spec.xrack_bandwidth_per_host_bytes_per_s * rack, spec.xrack_latency_s)
-    return g
+    return g.finish()

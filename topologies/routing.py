@@ -75,71 +75,47 @@ def _ones(n: int) -> np.ndarray:
 
 
 class Router:
-    """Route tables of one cluster.  Built once from the graph's node attributes."""
+    """Route tables of one cluster.  Built once from the cluster's link table."""
 
     def __init__(self, cluster: "Cluster"):
         c = cluster
-        g = c.graph
-        lid = c.link_id
+        t = c.table
         self.cluster = c
         self.policy = c.spec.routing
         self.pxn_default = c.spec.pxn
         self.seed = c.spec.seed
         n = c.num_gpus
-        self.nvl_up = np.full(n, -1, dtype=np.int64)
-        self.nvl_down = np.full(n, -1, dtype=np.int64)
-        self.pcie_up = np.full(n, -1, dtype=np.int64)
-        self.pcie_down = np.full(n, -1, dtype=np.int64)
-        for i in range(n):
-            gpu = f"gpu{i}"
-            for nb in g.successors(gpu):
-                kind = g.nodes[nb]["kind"]
-                if kind == "nvswitch":
-                    self.nvl_up[i] = lid[(gpu, nb)]
-                    self.nvl_down[i] = lid[(nb, gpu)]
-                elif kind == "nic":
-                    self.pcie_up[i] = lid[(gpu, nb)]
-                    self.pcie_down[i] = lid[(nb, gpu)]
-        nics = sorted((a["index"], name) for name, a in g.nodes(data=True) if a["kind"] == "nic")
-        self.nic_names = [name for _, name in nics]
-        num_nics = len(nics)
-        self.nic_up = np.full(num_nics, -1, dtype=np.int64)
-        self.nic_down = np.full(num_nics, -1, dtype=np.int64)
+        self.nvl_up, self.nvl_down = self._ports(t, "gpu", "nvswitch", n)
+        self.pcie_up, self.pcie_down = self._ports(t, "gpu", "nic", n)
+        self.nic_names = [t.names[i] for i in t.ids["nic"]]
+        num_nics = len(self.nic_names)
+        self.nic_up, self.nic_down = self._ports(t, "nic", "leaf", num_nics)
         self.nic_leaf = np.full(num_nics, -1, dtype=np.int64)
-        leaves = sorted(((a["pod"], a["index"]), name) for name, a in g.nodes(data=True) if a["kind"] == "leaf")
-        self.leaf_index = {name: i for i, (_, name) in enumerate(leaves)}
-        self.leaf_pod = np.array([p for (p, _), _ in leaves], dtype=np.int64)
+        nic, leaf, _ = t.pairs("nic", "leaf")
+        self.nic_leaf[nic] = leaf
+        # a NIC's port on its leaf: its rank among the leaf's NICs, in NIC order
+        order = np.lexsort((nic, leaf))
+        on_leaf = leaf[order]
         self.nic_port = np.zeros(num_nics, dtype=np.int64)
-        ports_used: dict[int, int] = {}
-        for k, name in enumerate(self.nic_names):
-            for nb in g.successors(name):
-                if g.nodes[nb]["kind"] == "leaf":
-                    self.nic_up[k] = lid[(name, nb)]
-                    self.nic_down[k] = lid[(nb, name)]
-                    leaf = self.leaf_index[nb]
-                    self.nic_leaf[k] = leaf
-                    self.nic_port[k] = ports_used.get(leaf, 0)
-                    ports_used[leaf] = self.nic_port[k] + 1
-        spines = sorted(((a["pod"], a["index"]), name) for name, a in g.nodes(data=True) if a["kind"] == "spine")
-        self.num_pods = 1 + (max(p for (p, _), _ in spines) if spines else 0)
-        self.num_spines = (len(spines) // self.num_pods) if spines else 0
-        cores = sorted((a["index"], name) for name, a in g.nodes(data=True) if a["kind"] == "core")
-        self.num_cores = len(cores)
+        self.nic_port[nic[order]] = np.arange(order.size) - np.searchsorted(on_leaf, on_leaf)
+        self.leaf_pod = t.attr("leaf", "pod")
+        spine_pod = t.attr("spine", "pod")
+        self.num_pods = 1 + int(spine_pod.max()) if spine_pod.size else 1
+        self.num_spines = spine_pod.size // self.num_pods
+        self.num_cores = t.count("core")
         S, C = self.num_spines, self.num_cores
-        self.leaf_spine = np.full((len(leaves), max(S, 1)), -1, dtype=np.int64)
-        self.spine_leaf = np.full((len(leaves), max(S, 1)), -1, dtype=np.int64)
-        for i, ((p, _), leaf) in enumerate(leaves):
-            for s in range(S):
-                sp = f"spine{p}.{s}"
-                self.leaf_spine[i, s] = lid[(leaf, sp)]
-                self.spine_leaf[i, s] = lid[(sp, leaf)]
+        self.leaf_spine = np.full((self.leaf_pod.size, max(S, 1)), -1, dtype=np.int64)
+        self.spine_leaf = np.full((self.leaf_pod.size, max(S, 1)), -1, dtype=np.int64)
+        lf, sp, ids = t.pairs("leaf", "spine")
+        self.leaf_spine[lf, sp % max(S, 1)] = ids
+        sp, lf, ids = t.pairs("spine", "leaf")
+        self.spine_leaf[lf, sp % max(S, 1)] = ids
         self.spine_core = np.full((self.num_pods, max(S, 1), max(C, 1)), -1, dtype=np.int64)
         self.core_spine = np.full((self.num_pods, max(S, 1), max(C, 1)), -1, dtype=np.int64)
-        for p in range(self.num_pods if C else 0):
-            for s in range(S):
-                for cc in range(C):
-                    self.spine_core[p, s, cc] = lid[(f"spine{p}.{s}", f"core{cc}")]
-                    self.core_spine[p, s, cc] = lid[(f"core{cc}", f"spine{p}.{s}")]
+        sp, cc, ids = t.pairs("spine", "core")
+        self.spine_core[sp // max(S, 1), sp % max(S, 1), cc] = ids
+        cc, sp, ids = t.pairs("core", "spine")
+        self.core_spine[sp // max(S, 1), sp % max(S, 1), cc] = ids
         spec = c.spec
         self.rail_optimized = spec.rail_optimized
         self._cache: dict[tuple, Route] = {}
@@ -148,6 +124,18 @@ class Router:
         """Per link id: failed (routes avoid it)."""
         self.failover: np.ndarray | None = None
         """Per GPU: the GPU whose NIC carries its scale-out traffic (itself unless its NIC failed)."""
+
+    @staticmethod
+    def _ports(t, kind: str, peer: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per node of ``kind`` (by ordinal): the link to its ``peer``-kind neighbour and
+        back (-1 where it has none); each node of ``kind`` has at most one."""
+        up = np.full(n, -1, dtype=np.int64)
+        down = np.full(n, -1, dtype=np.int64)
+        a, _, ids = t.pairs(kind, peer)
+        up[a] = ids
+        _, a, ids = t.pairs(peer, kind)
+        down[a] = ids
+        return up, down
 
     @property
     def perturbed(self) -> bool:

@@ -50,7 +50,7 @@ KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"
 
 #: Algorithms whose plan on a group inside one NVLink domain crosses only the members'
 #: NVLink ports (CollNet's goes through the NICs and the switch fabric).
-_PORT_ALGOS = frozenset({"ring", "tree", "nvls", "nvls_tree"})
+PORT_ALGOS = frozenset({"ring", "tree", "nvls", "nvls_tree"})
 
 
 def _moved(plan: Plan, ports: np.ndarray, to: np.ndarray) -> Plan:
@@ -201,6 +201,14 @@ class CollectiveEngine:
             return None
         return (len(members), order.tobytes(), self.capacity[ports].tobytes()), sorted_ports
 
+    def domain_form(self, members) -> tuple | None:
+        """The form of a group inside one NVLink domain (:meth:`_domain_form`): groups of one
+        form get the same predictions, hence the same choices, and the same plans of the
+        :data:`PORT_ALGOS` up to moving them onto each group's ports; None for a group that
+        spans domains."""
+        form = self._domain_form(tuple(members))
+        return None if form is None else form[0]
+
     def plan(self, members: tuple[int, ...], kind: str, algo: str, root: int | None = None) -> tuple[Plan, float]:
         """The plan and its uncontended seconds per payload byte (cached; within one NVLink
         domain, built once per form and moved onto each group's ports, see :meth:`_domain_form`)."""
@@ -208,7 +216,7 @@ class CollectiveEngine:
         hit = self._plan_cache.get(key)
         if hit is not None:
             return hit
-        form = (self._domain_form(members) if algo in _PORT_ALGOS and (root is None or root in members)
+        form = (self._domain_form(members) if algo in PORT_ALGOS and (root is None or root in members)
                 else None)
         fkey = None if form is None else (form[0], kind, algo, None if root is None else members.index(root))
         ref = None if fkey is None else self._form_plans.get(fkey)

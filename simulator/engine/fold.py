@@ -50,7 +50,7 @@ import numpy as np
 
 from workloads.ops import Coll, OpKind, is_ep_combine, is_p2p
 
-from ..collectives.engine import TINY_CALL_BYTES
+from ..collectives.engine import PORT_ALGOS, TINY_CALL_BYTES
 from ..collectives.plans import p2p_plan
 
 __all__ = ["Folding", "GroupCell", "P2PCell", "FoldError", "fold"]
@@ -451,6 +451,7 @@ def _group_flows(prog, coll, network: bool, groups: list, gkind: list, variants:
     cls_of = prog.class_of_rank
     group_label: list = []
     union_cache: dict = {}
+    form_calls: dict = {}       # (calls made, group form) -> their labels
     for gi, g in enumerate(groups):
         kind = gkind[gi]
         ucls = tuple(sorted({int(cls_of[r]) for r in g}))
@@ -465,10 +466,10 @@ def _group_flows(prog, coll, network: bool, groups: list, gkind: list, variants:
         a2a = [(size, skey) for coll_kind, size, skey in vs if coll_kind == "all_to_all"]
         if a2a:
             calls += _a2a_flows(coll, gi, gpus, a2a, sizes_mat, flows)
-        planned, templates = _planned_calls(coll, gpus, vs)
+        planned = _planned_calls(coll, gpus, vs, form_calls)
         calls += planned
         group_label.append((kind, len(g), tuple(calls)))
-        for tkey, plan in templates.items():
+        for tkey, plan in _templates(coll, gpus, planned).items():
             for f in plan.flows:
                 flows.add(f.links, f.coefs, (tkey, f.bytes_per_byte, f.inter_node), gi)
     return group_label
@@ -494,10 +495,19 @@ def _a2a_flows(coll, gi: int, gpus: tuple, a2a: list, sizes_mat: list, flows: _F
     return calls
 
 
-def _planned_calls(coll, gpus: tuple, vs: list) -> tuple[list, dict]:
-    """A group's calls other than all-to-alls as labelled (algorithm, protocol, latency), and
-    the plan whose flows stand for each (collective, algorithm) that puts flows on the network."""
-    calls, templates = [], {}
+def _planned_calls(coll, gpus: tuple, vs: list, form_calls: dict) -> list:
+    """A group's calls other than all-to-alls as labelled: algorithm, protocol and latency
+    (and nodes, for calls with flows).  Groups of one NVLink-domain form
+    (:meth:`~simulator.collectives.CollectiveEngine.domain_form`) get the same labels -- the
+    same predictions and choices, and latencies of plans that differ only in their ports --
+    so they are worked out once per form (``form_calls``), when every algorithm chosen is
+    one whose plans follow the form."""
+    form = coll.domain_form(gpus)
+    key = None if form is None else (tuple(vs), form)
+    calls = form_calls.get(key) if key is not None else None
+    if calls is not None:
+        return calls
+    calls = []
     for coll_kind, size, skey in vs:
         if coll_kind == "all_to_all":
             continue
@@ -508,8 +518,19 @@ def _planned_calls(coll, gpus: tuple, vs: list) -> tuple[list, dict]:
         plan = coll.plan(gpus, coll_kind, algo)[0]
         calls.append((coll_kind, size, skey, algo, proto, coll.latency_s(coll_kind, plan, proto, size),
                       plan.n_nodes))
-        templates.setdefault((coll_kind, algo), plan)
-    return calls, templates
+    if key is not None and all(c[3] in PORT_ALGOS for c in calls):
+        form_calls[key] = calls
+    return calls
+
+
+def _templates(coll, gpus: tuple, calls: list) -> dict:
+    """The plan whose flows stand for each (collective, algorithm) of ``calls`` that puts
+    flows on the network."""
+    templates: dict = {}
+    for coll_kind, size, _, algo, *_ in calls:
+        if size > TINY_CALL_BYTES and (coll_kind, algo) not in templates:
+            templates[(coll_kind, algo)] = coll.plan(gpus, coll_kind, algo)[0]
+    return templates
 
 
 def _pipeline_pairs(prog, pipes: list) -> list[tuple[int, int]]:

@@ -1,6 +1,7 @@
 """Collectives through the flow network against independent closed forms, and their rules."""
 
 import dataclasses
+import importlib
 
 import numpy as np
 import pytest
@@ -361,3 +362,19 @@ def test_groups_across_domains_and_collnet_have_no_form(dgx2):
     eng.plan((0, 8), "all_reduce", "ring")
     eng.predict((0, 8), "all_reduce", 2**28)
     assert eng._domain_form((0, 8)) is None and not eng._form_plans and not eng._form_predictions
+
+
+def test_fold_labels_group_calls_once_per_domain_form(dgx2):
+    fold = importlib.import_module("simulator.engine.fold")   # the package exports fold()
+    vs = [("all_gather", 1e3, -1), ("all_reduce", 2.0**28, -1), ("reduce_scatter", 2.0**26, -1)]
+    slow = np.ones(dgx2.num_links)
+    slow[dgx2.router.nvl_up[11]] = 0.5                  # one NVLink port of the second host degraded
+    for c, forms in ((dgx2, 1), (dgx2.perturbed(capacity_factor=slow), 2)):
+        eng, shared = CollectiveEngine(simpy.Environment(), c), {}
+        for g in (tuple(range(8)), tuple(range(8, 16)), tuple(range(15, 7, -1))):
+            alone = fold._planned_calls(CollectiveEngine(simpy.Environment(), c), g, vs, {})
+            assert fold._planned_calls(eng, g, vs, shared) == alone
+        assert len(shared) == forms + 1                 # the reversed ring is a form of its own
+        # a group across domains has no form: labelled on its own every time
+        fold._planned_calls(eng, (0, 8), vs, shared)
+        assert len(shared) == forms + 1

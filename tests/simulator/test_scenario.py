@@ -52,7 +52,7 @@ def no_graph(monkeypatch):
 
     def forbidden(spec):
         raise AssertionError(f"built the graph of {spec.num_gpus} GPUs before refusing")
-    monkeypatch.setattr(cl, "cluster_graph", forbidden)
+    monkeypatch.setattr(cl, "cluster_table", forbidden)
 
 
 def test_degrees_that_cannot_match_the_gpus_are_refused_before_the_graph(no_graph):
