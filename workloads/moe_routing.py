@@ -88,6 +88,30 @@ def _load_trace(path, where: str) -> dict:
     return out
 
 
+def _capped(weights: np.ndarray, total: int, cap: int) -> np.ndarray:
+    """Integer loads summing to ``total`` in proportion to ``weights``, none above ``cap``.
+
+    A token picks ``top_k`` *distinct* experts, so one expert receives at most every token
+    once: ``cap = num_tokens``, ``top_k`` times below the total.  Experts whose share would
+    pass it are held at it and the excess goes to the others in proportion to their
+    weights (water-filling), then the rest is rounded by largest remainder.
+    """
+    w = np.asarray(weights, dtype=float)
+    held = np.zeros(w.size, dtype=bool)
+    while True:
+        free = total - cap * int(held.sum())
+        exact = np.where(held, 0.0, w) / w[~held].sum() * free
+        over = ~held & (exact > cap)
+        if not over.any():
+            break
+        held |= over
+    if not held.any():
+        return _largest_remainder(w, total)
+    out = np.full(w.size, cap, dtype=np.int64)
+    out[~held] = _largest_remainder(w[~held], free)
+    return out
+
+
 def _largest_remainder(weights: np.ndarray, total: int) -> np.ndarray:
     exact = weights / weights.sum() * total
     base = np.floor(exact).astype(np.int64)
@@ -113,10 +137,10 @@ def expert_load(routing: MoERouting, num_tokens: int, num_experts: int, top_k: i
         hot = int(rng.integers(num_experts))
         w = np.full(num_experts, (num_experts - r) / max(num_experts - 1, 1))
         w[hot] = r
-        return _largest_remainder(w, total)
+        return _capped(w, total, num_tokens)
     if kind == "zipf":
         ranks = rng.permutation(num_experts) + 1
-        return _largest_remainder(1.0 / ranks.astype(float) ** routing.param, total)
+        return _capped(1.0 / ranks.astype(float) ** routing.param, total, num_tokens)
     if kind == "trace":
         counts = routing.trace.get((layer, microbatch))
         if counts is None:
@@ -125,6 +149,9 @@ def expert_load(routing: MoERouting, num_tokens: int, num_experts: int, top_k: i
         for e, t in counts.items():
             if not 0 <= e < num_experts:
                 raise ConfigError("moe_routing.trace", e, f"expert id must be in [0, {num_experts})")
+            if not 0 <= t <= num_tokens:
+                raise ConfigError("moe_routing.trace", t, f"layer {layer} micro-batch {microbatch} expert {e}: "
+                                  f"tokens must be in [0, {num_tokens}] (a token picks an expert at most once)")
             out[e] = t
         return out
     raise ConfigError("moe_routing", kind, "unknown routing kind")

@@ -21,6 +21,29 @@ def test_loads_sum_to_tokens_times_topk_and_are_reproducible(spec):
         assert not np.array_equal(a, expert_load(r, 4096, 64, 8, layer=4, microbatch=2, seed=7))
 
 
+@pytest.mark.parametrize("spec", ["zipf(1.0)", "zipf(1.5)", "skew(40)"])
+def test_no_expert_gets_a_token_twice(spec):
+    """A token picks top_k distinct experts, so an expert receives at most every token once:
+    max/mean <= experts / top_k (16 for 128 experts, top 8).  Unbounded, Zipf(1.0) over
+    128 experts would give its hottest expert 1 / H(128) = 18.4 % of the assignments, 23.6x
+    the mean, more tokens than there are; the excess goes to the others by their weights."""
+    tokens, experts, k = 4096, 128, 8
+    load = expert_load(parse_routing(spec), tokens, experts, k, layer=1, microbatch=0, seed=3)
+    assert load.sum() == tokens * k and load.max() == tokens
+    assert load.max() / load.mean() == experts / k
+    # below the bound nothing changes: zipf(0.5)'s hottest expert keeps its share (1/H_0.5(128))
+    mild = expert_load(parse_routing("zipf(0.5)"), tokens, experts, k, seed=3)
+    share = 1.0 / (1.0 / np.arange(1, experts + 1) ** 0.5).sum()
+    assert abs(mild.max() - share * tokens * k) <= 1
+
+
+def test_a_trace_cannot_give_an_expert_more_tokens_than_there_are(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("layer,microbatch,expert,tokens\n0,0,0,5000\n")
+    with pytest.raises(ConfigError, match="a token picks an expert at most once"):
+        expert_load(parse_routing({"trace": str(path)}), 4096, 8, 2)
+
+
 def test_skew_sets_max_over_mean_and_the_hottest_rank():
     load = expert_load(parse_routing("skew(1.5)"), 8192, 8, 2, seed=1)
     assert load.max() / load.mean() == pytest.approx(1.5, rel=1e-3)
@@ -60,10 +83,10 @@ def test_capacity_drops_and_pads():
 
 def test_trace_and_bad_specs(tmp_path):
     p = tmp_path / "trace.csv"
-    p.write_text("layer,microbatch,expert,tokens\n0,0,0,10\n0,0,1,30\n")
+    p.write_text("layer,microbatch,expert,tokens\n0,0,0,10\n0,0,1,20\n0,0,2,5\n0,0,3,5\n")
     r = parse_routing({"trace": str(p)})
-    assert expert_load(r, 20, 2, 2).tolist() == [10, 30]
-    assert expert_load(r, 20, 2, 2, layer=5).tolist() == [20, 20]     # not in the trace: balanced
+    assert expert_load(r, 20, 4, 2).tolist() == [10, 20, 5, 5]
+    assert expert_load(r, 20, 4, 2, layer=5).tolist() == [10, 10, 10, 10]     # not in the trace: balanced
     for bad in ("skew(0.5)", "uniform", "zipf(-1)", {"file": "x"}):
         with pytest.raises(ConfigError):
             parse_routing(bad)
