@@ -29,7 +29,7 @@ test-validation: $(STAMP)
 
 # both reference sets in full: predictions CSVs, the per-source table, results/validation/scatter.png
 validate: $(STAMP)
-	$(PY) experiments/validate_all.py
+	$(PY) experiments/validate_all.py --workers 2
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_maxmin.py
