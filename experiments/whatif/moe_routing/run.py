@@ -97,14 +97,20 @@ def main(argv=None) -> list[dict]:
     _plot(rows, cfg, out)
     g = cfg["gantt_ep"]
     if (g, "balanced") in keep and (g, "zipf(1.2)") in keep:
-        gantt_pair(keep[(g, "balanced")], keep[(g, "zipf(1.2)")], out, label=f"Zipf(1.2) routing, EP {g}")
+        ranks = list(range(min(g, 16)))
+        gantt_pair(keep[(g, "balanced")], keep[(g, "zipf(1.2)")], out, ranks=ranks,
+                   label=f"Zipf(1.2) routing, EP {g} (first {len(ranks)} ranks shown)")
     return rows
+
+
+def _seconds(s: float) -> str:
+    return f"{s * 1e3:.0f} ms" if s < 1.0 else f"{s:.2f} s"
 
 
 def _plot(rows: list[dict], cfg: dict, out: Path) -> None:
     model = cfg["base"]["model"]
     fig, ax = new_axes(f"MoE routing: {model}, step time by routing and expert parallelism",
-                       "routing", "step time / balanced routing at the same EP", figsize=(10, 5))
+                       "routing", "step time / balanced routing at the same EP", figsize=(13, 5.5))
     routings = cfg["routings"]
     eps = cfg["ep"]
     width = 0.8 / len(eps)
@@ -114,7 +120,7 @@ def _plot(rows: list[dict], cfg: dict, out: Path) -> None:
         bars = ax.bar(xs, [x["ratio"] for x in r], width, color=f"C{i}", label=f"EP {ep}")
         for b, x in zip(bars, r):
             ax.text(b.get_x() + b.get_width() / 2, b.get_height(),
-                    f"{x['ratio']:.2f}x\nEP {x['exposed_ep_s'] * 1e3:.3g} ms", ha="center", va="bottom", fontsize=7)
+                    f"{x['ratio']:.2f}x\nEP {_seconds(x['exposed_ep_s'])}", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(routings)), ["per-expert file" if n == "trace" else n for n in routings])
     ax.axhline(1.0, color="k", lw=0.8)
     ax.margins(y=0.2)
