@@ -133,8 +133,10 @@ class FlowNetwork:
         # order, and so link utilisation's last digit, differ from run to run)
         self._done_templates: dict = {}
         # the isolated group that last reserved each link (stale once it finished: check _iso)
-        self._iso_owner = np.full(self.num_links, -1, dtype=np.int64)
-        self._occ = np.zeros(self.num_links, dtype=np.int64)     # live flows + reservations per link
+        # (both per-link counters are Python lists: they are read and written a few links at a
+        # time, once or twice per event, where a numpy call costs ten times an element)
+        self._iso_owner = [-1] * self.num_links
+        self._occ = [0] * self.num_links        # live flows + reservations per link
         self._iso: dict[int, tuple] = {}        # isolated group id -> (template, start, event)
         self._templates: dict = {}
         self._route_ids: dict = {}              # (links, coefs) bytes -> route id
@@ -154,7 +156,7 @@ class FlowNetwork:
         self._watch = (np.asarray(mask, dtype=bool), float(at_s), on_use)
         if at_s > self.env.now:
             def check(_e):
-                hit = np.flatnonzero(self._watch[0] & (self._occ > 0))
+                hit = np.flatnonzero(self._watch[0] & (np.asarray(self._occ) > 0))
                 if hit.size:
                     on_use(self.env.now, hit.tolist())
             self.env.timeout(at_s - self.env.now).callbacks.append(check)
@@ -208,7 +210,8 @@ class FlowNetwork:
             if self._iso:
                 # isolated groups holding one of these links become ordinary flows
                 iso = self._iso
-                for o in sorted({g for g in self._iso_owner[t.uniq].tolist() if g in iso}):
+                owner = self._iso_owner
+                for o in sorted({owner[i] for i in t.links if owner[i] in iso}):
                     self._materialize(o)
         count = 0
         for (links, coefs, size, weight, cap), rid in zip(items, t.rids):
@@ -263,15 +266,17 @@ class FlowNetwork:
         """Run a group alone from ``start`` on links nobody else uses or has reserved;
         False if they are in use or its flows would not all finish together (the ordinary
         path then handles it)."""
-        uniq = t.uniq
-        if not self.isolate or self._occ[uniq].any():
+        occ = self._occ
+        if not self.isolate or any(occ[i] for i in t.links):
             return False
         if t.rate is None:
             t.solve_alone(self.capacity)
         if not t.isolatable:
             return False
-        self._occ[uniq] += 1
-        self._iso_owner[uniq] = gid
+        owner = self._iso_owner
+        for i in t.links:
+            occ[i] += 1
+            owner[i] = gid
         self._iso[gid] = (t, start, ev)
         self.num_flows += len(t.items)
         self.env.timeout(start - self.env.now + t.duration).callbacks.append(
@@ -287,15 +292,21 @@ class FlowNetwork:
         t.done_runs += 1
         t.done_busy_s += self.env.now - t0
         self._done_templates[t] = None
-        self._occ[t.uniq] -= 1
+        self._release(t)
         ev.succeed(self.env.now)
+
+    def _release(self, t: "_Template") -> None:
+        """Drop an isolated group's reservation of its links."""
+        occ = self._occ
+        for i in t.links:
+            occ[i] -= 1
 
     def _materialize(self, gid: int) -> None:
         """Turn an isolated group into ordinary live flows with the bytes it has left (or,
         if it has not started yet, start it as ordinary flows when it would have)."""
         t, t0, ev = self._iso.pop(gid)
         now = self.env.now
-        self._occ[t.uniq] -= 1
+        self._release(t)
         if now < t0:
             self.num_flows -= len(t.items)          # counted again when they start
             self.env.timeout(t0 - now).callbacks.append(lambda _e: self._admit(gid, t, ev))
@@ -329,7 +340,9 @@ class FlowNetwork:
         self._group[slot] = gid
         self._rid[slot] = rid
         self._store_route(slot, links, coefs)
-        np.add.at(self._occ, links, 1)
+        occ = self._occ
+        for i in links.tolist():
+            occ[i] += 1
         self._active.append(slot)
         return slot
 
@@ -509,7 +522,9 @@ class FlowNetwork:
         rounding left in rem (about 0) goes to the links."""
         self._pool_live -= int(self._len[finished].sum())
         links, coefs = self._gather(finished)
-        np.subtract.at(self._occ, links, 1)
+        occ = self._occ
+        for i in links.tolist():
+            occ[i] -= 1
         lens = self._len[finished]
         w = np.repeat(self._weight[finished], lens)
         rem_nz = np.repeat(self._rem[finished], lens)
@@ -518,12 +533,13 @@ class FlowNetwork:
     def _retire_few(self, finished: list) -> None:
         """:meth:`_retire` one slot at a time (the same additions in the same order)."""
         off, lens, pool_links, pool_coefs = self._off, self._len, self._pool_links, self._pool_coefs
-        rem, weight = self._rem, self._weight
+        rem, weight, occ = self._rem, self._weight, self._occ
         for s in finished:
             lo = int(off[s])
             n = int(lens[s])
             links = pool_links[lo:lo + n]
-            np.subtract.at(self._occ, links, 1)
+            for i in links.tolist():
+                occ[i] -= 1
             np.add.at(self._link_bytes, links, rem[s] * weight[s] * pool_coefs[lo:lo + n])
             self._pool_live -= n
 
@@ -583,8 +599,8 @@ class _Template:
     rates from a solve of the group alone, and per distinct link the bytes/s and total
     bytes it puts there (cached: rates depend only on routes and capacities)."""
 
-    __slots__ = ("items", "rids", "uniq", "rate", "isolatable", "duration", "per_s", "total_bytes", "done_runs",
-                 "done_busy_s")
+    __slots__ = ("items", "rids", "uniq", "links", "rate", "isolatable", "duration", "per_s", "total_bytes",
+                 "done_runs", "done_busy_s")
 
     def __init__(self, flows):
         items = []
@@ -597,6 +613,7 @@ class _Template:
         self.items = items
         self.rids: list[int] = []                   # route ids, given by the network that parses it
         self.uniq = np.unique(np.concatenate([it[0] for it in items])) if items else np.empty(0, dtype=np.int64)
+        self.links: list[int] = self.uniq.tolist()     # the same, to loop over
         self.rate = None
         self.isolatable = False
         self.duration = 0.0
