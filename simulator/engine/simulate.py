@@ -378,10 +378,11 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         hc = [0.0]                   # host cursor: when the host has issued everything so far
 
         def host_wait(until):
-            if until > env.now:
-                t_h = env.now
-                yield env.timeout(until - t_h)
-                waits[cid].append((t_h, env.now, "host_issue"))
+            # (callers check ``until > env.now`` first: most ops find the host ahead, and a
+            # generator made for nothing costs as much as the check)
+            t_h = env.now
+            yield env.timeout(until - t_h)
+            waits[cid].append((t_h, env.now, "host_issue"))
 
         def host_issue(op):
             # the host issues ops in program order; the GPU cannot start one before the host
@@ -389,7 +390,8 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
             if op.host_s > 0.0:
                 first = hc[0] + op.host_s / max(op.host_ops, 1)
                 hc[0] += op.host_s
-                yield from host_wait(first)
+                if first > env.now:
+                    yield from host_wait(first)
 
         def compute(op, step, idx):
             # one compute op: issued, run, and not done before its last kernel (issued at
@@ -401,7 +403,9 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 yield env.timeout(dur)
             rec.add(rep, node, STREAM_COMPUTE, op, "", t0, env.now, step, cid)
             if op.host_s > 0.0:
-                yield from host_wait(hc[0] + dur / max(op.host_ops, 1))
+                last = hc[0] + dur / max(op.host_ops, 1)
+                if last > env.now:
+                    yield from host_wait(last)
 
         def sizes_of(op):
             if op.coll == COLL_ALL_TO_ALL and op.tag in prog.a2a_sizes:

@@ -45,6 +45,7 @@ delay before the bytes flow.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import math
 import time
 
 import numpy as np
@@ -56,6 +57,10 @@ from .maxmin import max_min_rates
 __all__ = ["FlowNetwork", "NetworkSnapshot"]
 
 _SOLVE_CACHE_ENTRIES = 1 << 14      # distinct live flow sets remembered (each a few arrays of its size)
+# Up to this many live flows, per-event updates loop over them in Python: numpy costs 1-3 us
+# per call on tiny arrays, an element ~0.1 us; the same float64 operations in the same order
+# give the same bits either way.
+_FEW = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +133,10 @@ class FlowNetwork:
         # order, and so link utilisation's last digit, differ from run to run)
         self._done_templates: dict = {}
         # the isolated group that last reserved each link (stale once it finished: check _iso)
-        self._iso_owner = np.full(self.num_links, -1, dtype=np.int64)
-        self._occ = np.zeros(self.num_links, dtype=np.int64)     # live flows + reservations per link
+        # (both per-link counters are Python lists: they are read and written a few links at a
+        # time, once or twice per event, where a numpy call costs ten times an element)
+        self._iso_owner = [-1] * self.num_links
+        self._occ = [0] * self.num_links        # live flows + reservations per link
         self._iso: dict[int, tuple] = {}        # isolated group id -> (template, start, event)
         self._templates: dict = {}
         self._route_ids: dict = {}              # (links, coefs) bytes -> route id
@@ -149,7 +156,7 @@ class FlowNetwork:
         self._watch = (np.asarray(mask, dtype=bool), float(at_s), on_use)
         if at_s > self.env.now:
             def check(_e):
-                hit = np.flatnonzero(self._watch[0] & (self._occ > 0))
+                hit = np.flatnonzero(self._watch[0] & (np.asarray(self._occ) > 0))
                 if hit.size:
                     on_use(self.env.now, hit.tolist())
             self.env.timeout(at_s - self.env.now).callbacks.append(check)
@@ -203,7 +210,8 @@ class FlowNetwork:
             if self._iso:
                 # isolated groups holding one of these links become ordinary flows
                 iso = self._iso
-                for o in sorted({g for g in self._iso_owner[t.uniq].tolist() if g in iso}):
+                owner = self._iso_owner
+                for o in sorted({owner[i] for i in t.links if owner[i] in iso}):
                     self._materialize(o)
         count = 0
         for (links, coefs, size, weight, cap), rid in zip(items, t.rids):
@@ -258,15 +266,17 @@ class FlowNetwork:
         """Run a group alone from ``start`` on links nobody else uses or has reserved;
         False if they are in use or its flows would not all finish together (the ordinary
         path then handles it)."""
-        uniq = t.uniq
-        if not self.isolate or self._occ[uniq].any():
+        occ = self._occ
+        if not self.isolate or any(occ[i] for i in t.links):
             return False
         if t.rate is None:
             t.solve_alone(self.capacity)
         if not t.isolatable:
             return False
-        self._occ[uniq] += 1
-        self._iso_owner[uniq] = gid
+        owner = self._iso_owner
+        for i in t.links:
+            occ[i] += 1
+            owner[i] = gid
         self._iso[gid] = (t, start, ev)
         self.num_flows += len(t.items)
         self.env.timeout(start - self.env.now + t.duration).callbacks.append(
@@ -282,15 +292,21 @@ class FlowNetwork:
         t.done_runs += 1
         t.done_busy_s += self.env.now - t0
         self._done_templates[t] = None
-        self._occ[t.uniq] -= 1
+        self._release(t)
         ev.succeed(self.env.now)
+
+    def _release(self, t: "_Template") -> None:
+        """Drop an isolated group's reservation of its links."""
+        occ = self._occ
+        for i in t.links:
+            occ[i] -= 1
 
     def _materialize(self, gid: int) -> None:
         """Turn an isolated group into ordinary live flows with the bytes it has left (or,
         if it has not started yet, start it as ordinary flows when it would have)."""
         t, t0, ev = self._iso.pop(gid)
         now = self.env.now
-        self._occ[t.uniq] -= 1
+        self._release(t)
         if now < t0:
             self.num_flows -= len(t.items)          # counted again when they start
             self.env.timeout(t0 - now).callbacks.append(lambda _e: self._admit(gid, t, ev))
@@ -324,7 +340,9 @@ class FlowNetwork:
         self._group[slot] = gid
         self._rid[slot] = rid
         self._store_route(slot, links, coefs)
-        np.add.at(self._occ, links, 1)
+        occ = self._occ
+        for i in links.tolist():
+            occ[i] += 1
         self._active.append(slot)
         return slot
 
@@ -413,8 +431,14 @@ class FlowNetwork:
         now = self.env.now
         dt = now - self._last
         if dt > 0 and self._active:
-            act = np.asarray(self._active, dtype=np.int64)
-            self._rem[act] -= self._rate[act] * dt
+            active = self._active
+            if len(active) <= _FEW:
+                rem, rate = self._rem, self._rate
+                for s in active:
+                    rem[s] -= rate[s] * dt
+            else:
+                act = np.asarray(active, dtype=np.int64)
+                self._rem[act] -= self._rate[act] * dt
             self._stale = True
             if self._load_links.size:
                 self._link_bytes[self._load_links] += self._load * dt
@@ -459,31 +483,65 @@ class FlowNetwork:
         if not self._stale or not self._active:
             return False
         self._stale = False
-        act = np.asarray(self._active, dtype=np.int64)
-        rem = self._rem[act]
         now = self.env.now
-        done = (rem <= self._size[act] * 1e-12) | (rem <= self._rate[act] * (abs(now) * 4e-16 + 1e-18))
-        if not done.any():
-            return False
-        finished = act[done]
-        self._active = act[~done].tolist()
+        tol = abs(now) * 4e-16 + 1e-18
+        active = self._active
+        if len(active) <= _FEW:
+            rem, size, rate = self._rem, self._size, self._rate
+            keep, done = [], []
+            for s in active:
+                r = rem[s]
+                (done if r <= size[s] * 1e-12 or r <= rate[s] * tol else keep).append(s)
+            if not done:
+                return False
+            self._active = keep
+            self._retire_few(done)
+        else:
+            act = np.asarray(active, dtype=np.int64)
+            rem = self._rem[act]
+            is_done = (rem <= self._size[act] * 1e-12) | (rem <= self._rate[act] * tol)
+            if not is_done.any():
+                return False
+            finished = act[is_done]
+            self._active = act[~is_done].tolist()
+            done = finished.tolist()
+            self._retire(finished)
+        groups, free = self._groups, self._free
+        for slot in done:
+            gid = int(self._group[slot])
+            g = groups[gid]
+            g[0] -= 1
+            if g[0] == 0:
+                del groups[gid]
+                g[1].succeed(now)
+            free.append(slot)
+        return True
+
+    def _retire(self, finished: np.ndarray) -> None:
+        """Release finished slots' routes (vectorised), with exact byte accounting: what
+        rounding left in rem (about 0) goes to the links."""
         self._pool_live -= int(self._len[finished].sum())
-        # exact byte accounting: add what rounding left in rem (about 0) to the links
         links, coefs = self._gather(finished)
-        np.subtract.at(self._occ, links, 1)
+        occ = self._occ
+        for i in links.tolist():
+            occ[i] -= 1
         lens = self._len[finished]
         w = np.repeat(self._weight[finished], lens)
         rem_nz = np.repeat(self._rem[finished], lens)
         np.add.at(self._link_bytes, links, rem_nz * w * coefs)
-        for slot in finished.tolist():
-            gid = int(self._group[slot])
-            g = self._groups[gid]
-            g[0] -= 1
-            if g[0] == 0:
-                del self._groups[gid]
-                g[1].succeed(now)
-            self._free.append(slot)
-        return True
+
+    def _retire_few(self, finished: list) -> None:
+        """:meth:`_retire` one slot at a time (the same additions in the same order)."""
+        off, lens, pool_links, pool_coefs = self._off, self._len, self._pool_links, self._pool_coefs
+        rem, weight, occ = self._rem, self._weight, self._occ
+        for s in finished:
+            lo = int(off[s])
+            n = int(lens[s])
+            links = pool_links[lo:lo + n]
+            for i in links.tolist():
+                occ[i] -= 1
+            np.add.at(self._link_bytes, links, rem[s] * weight[s] * pool_coefs[lo:lo + n])
+            self._pool_live -= n
 
     def _solve(self) -> None:
         t0 = time.perf_counter()
@@ -513,18 +571,23 @@ class FlowNetwork:
             load = np.bincount(links, weights=np.repeat(rate * self._weight[act], lens) * coefs,
                                minlength=self.num_links)
             load_links = np.flatnonzero(load)
-            hit = (rate, load_links, load[load_links])
+            hit = (rate, load_links, load[load_links], rate.tolist())
             if len(self._solved) >= _SOLVE_CACHE_ENTRIES:
                 self._solved.clear()        # a run that never repeats itself: bound the memory
             self._solved[key] = hit
         else:
             self.num_solve_hits += 1
-        rate, self._load_links, self._load = hit
+        rate, self._load_links, self._load, rates = hit
         self._rate[act] = rate
         self._stale = True
-        with np.errstate(divide="ignore"):
-            t_next = float(np.min(self._rem[act] / rate))
-        if not np.isfinite(t_next):
+        # every live flow has bytes left here (_finish_done retired the rest): 0 rate, no end
+        if len(rates) <= _FEW:
+            rem = self._rem
+            t_next = float(min([rem[s] / r if r > 0 else math.inf for s, r in zip(self._active, rates)]))
+        else:
+            with np.errstate(divide="ignore"):
+                t_next = float(np.min(self._rem[act] / rate))
+        if not math.isfinite(t_next):
             return          # nothing can progress (no capacity): the engine's deadlock check reports it
         version = self._version
         timer = self.env.timeout(max(t_next, 0.0))
@@ -536,8 +599,8 @@ class _Template:
     rates from a solve of the group alone, and per distinct link the bytes/s and total
     bytes it puts there (cached: rates depend only on routes and capacities)."""
 
-    __slots__ = ("items", "rids", "uniq", "rate", "isolatable", "duration", "per_s", "total_bytes", "done_runs",
-                 "done_busy_s")
+    __slots__ = ("items", "rids", "uniq", "links", "rate", "isolatable", "duration", "per_s", "total_bytes",
+                 "done_runs", "done_busy_s")
 
     def __init__(self, flows):
         items = []
@@ -550,6 +613,7 @@ class _Template:
         self.items = items
         self.rids: list[int] = []                   # route ids, given by the network that parses it
         self.uniq = np.unique(np.concatenate([it[0] for it in items])) if items else np.empty(0, dtype=np.int64)
+        self.links: list[int] = self.uniq.tolist()     # the same, to loop over
         self.rate = None
         self.isolatable = False
         self.duration = 0.0
