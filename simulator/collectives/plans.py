@@ -82,17 +82,15 @@ def _concat(cluster: Cluster, edges, pxn: bool = True):
     hit = cache.get((edges, pxn))
     if hit is not None:
         return hit
-    links, coefs, lat = [], [], 0.0
     if edges:
-        srcs, dsts = zip(*edges)
+        ends = np.array(edges, dtype=np.int64)
+        links, coefs, lens = cluster.router.routes_flat(ends[:, 0], ends[:, 1], pxn=pxn)
         D = cluster.nvlink_domain_size
-        for a, b, r in zip(srcs, dsts, cluster.router.routes(srcs, dsts, pxn=pxn)):
-            links.append(r.links)
-            coefs.append(r.coefs)
-            if a // D != b // D:
-                lat = max(lat, cluster.router.path_latency(r))
-    out = ((np.concatenate(links), np.concatenate(coefs), lat) if links
-           else (np.empty(0, dtype=np.int64), np.empty(0), 0.0))
+        inter = ends[:, 0] // D != ends[:, 1] // D
+        lat = max(cluster.router.path_latencies(links, coefs, lens)[inter].max(initial=0.0), 0.0)
+        out = (links, coefs, float(lat))
+    else:
+        out = (np.empty(0, dtype=np.int64), np.empty(0), 0.0)
     cache[(edges, pxn)] = out
     return out
 

@@ -302,19 +302,29 @@ def fold(prog, coll, *, network: bool = True, rank_colors=None, link_colors=None
 # -- the structure colour refinement runs on ---------------------------------------------------
 @dataclass
 class _Flows:
-    """The flows on the network, in order: the route of each (links and coefficients), its
-    initial label, and the group it belongs to (-1 for a pipeline transfer)."""
+    """The flows on the network, in order: the route of each (links and coefficients, in
+    chunks of routes laid end to end, ``lens`` links each), its initial label, and the group
+    it belongs to (-1 for a pipeline transfer)."""
 
     links: list = field(default_factory=list)
     coefs: list = field(default_factory=list)
+    lens: list = field(default_factory=list)
     label: list = field(default_factory=list)
     owner: list = field(default_factory=list)
 
+    def __len__(self) -> int:
+        return len(self.label)
+
     def add(self, links: np.ndarray, coefs: np.ndarray, label, owner: int) -> None:
+        self.add_many(links, coefs, np.array([links.size]), [label], owner)
+
+    def add_many(self, links: np.ndarray, coefs: np.ndarray, lens: np.ndarray, labels: list, owner: int) -> None:
+        """Flows whose routes lie end to end in ``links``/``coefs`` (``lens`` links each)."""
         self.links.append(links)
         self.coefs.append(coefs)
-        self.label.append(label)
-        self.owner.append(owner)
+        self.lens.append(lens)
+        self.label += labels
+        self.owner += [owner] * len(labels)
 
 
 @dataclass
@@ -374,12 +384,12 @@ def _structure(prog, coll, network: bool) -> tuple[_Graph, list, list]:
 
     flows = _Flows()
     group_label = _group_flows(prog, coll, network, groups, gkind, variants, sizes_mat, flows)
-    n_gflows = len(flows.links)
+    n_gflows = len(flows)
     pairs = _pipeline_pairs(prog, pipes)
     if network and pairs:
         _p2p_flows(coll, grid, pairs, flows)
-    nf = len(flows.links)
-    lens = np.array([x.size for x in flows.links], dtype=np.int64)
+    nf = len(flows)
+    lens = np.concatenate(flows.lens) if nf else np.empty(0, dtype=np.int64)
     inc_w = np.concatenate(flows.coefs) if nf else np.empty(0)
     _, coef_id = np.unique(inc_w, return_inverse=True)
     gr = _Graph(n=grid.world_size, nl=coll.cluster.num_links if network else 0, pipes=pipes,
@@ -556,14 +566,17 @@ def _p2p_flows(coll, grid, pairs: list, flows: _Flows) -> None:
     # the route of every transfer (batch-routed), labelled by the latency its call waits
     gs = np.array([grid.gpu_of(s) for s, _ in pairs], dtype=np.int64)
     gd = np.array([grid.gpu_of(d) for _, d in pairs], dtype=np.int64)
-    inters = (gs // cluster.nvlink_domain_size != gd // cluster.nvlink_domain_size).tolist()   # domain_of
+    inter = gs // cluster.nvlink_domain_size != gd // cluster.nvlink_domain_size    # domain_of
+    links, coefs, lens = cluster.router.routes_flat(gs, gd, pxn=True)
+    path_lat = np.where(inter, cluster.router.path_latencies(links, coefs, lens), 0.0)
     lat_of: dict = {}
-    for a, b, inter, r in zip(gs.tolist(), gd.tolist(), inters, cluster.router.routes(gs, gd, pxn=True)):
-        key = (inter, cluster.router.path_latency(r) if inter else 0.0)
+    labels = []
+    for a, b, key in zip(gs.tolist(), gd.tolist(), zip(inter.tolist(), path_lat.tolist())):
         lat = lat_of.get(key)
         if lat is None:
             lat = lat_of[key] = coll.latency_s("send_recv", p2p_plan(cluster, a, b), "Simple", 1.0)
-        flows.add(r.links, r.coefs, ("p2p", lat, inter), -1)
+        labels.append(("p2p", lat, key[0]))
+    flows.add_many(links, coefs, lens, labels, -1)
 
 
 # -- colour refinement -------------------------------------------------------------------------
