@@ -85,6 +85,8 @@ class Router:
         self.pxn_default = c.spec.pxn
         self.seed = c.spec.seed
         n = c.num_gpus
+        self.gpu_nic = np.asarray(c._nic, dtype=np.int64)
+        """Per GPU: its NIC (:meth:`~topologies.cluster.Cluster.nic_of`, as an array)."""
         self.nvl_up, self.nvl_down = self._ports(t, "gpu", "nvswitch", n)
         self.pcie_up, self.pcie_down = self._ports(t, "gpu", "nic", n)
         self.nic_names = [t.names[i] for i in t.ids["nic"]]
@@ -347,7 +349,7 @@ class Router:
                 or src.max(initial=0) >= n_gpu or dst.max(initial=0) >= n_gpu):
             return None
         D, gph = c.nvlink_domain_size, c.gpus_per_host
-        nic = np.asarray(c._nic, dtype=np.int64)
+        nic = self.gpu_nic
         inter = src // D != dst // D
         if (nic[src[inter]] < 0).any():
             return None
