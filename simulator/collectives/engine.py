@@ -424,10 +424,9 @@ class CollectiveEngine:
         key = (members, "shell")
         lat = self._plan_cache.get(key)
         if lat is None:
-            c = self.cluster
-            heads = [b[0] for b in blocks]
-            lat = max((c.router.path_latency(c.route(a, b)) for a, b in zip(heads, heads[1:] + heads[:1])),
-                      default=0.0)
+            r = self.cluster.router
+            heads = np.array([b[0] for b in blocks], dtype=np.int64)
+            lat = float(r.path_latencies(*r.routes_flat(heads, np.roll(heads, -1))).max(initial=0.0))
             self._plan_cache[key] = lat
         return Plan(algo, [], len(members), len(blocks), 1, lat)
 

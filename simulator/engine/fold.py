@@ -238,6 +238,13 @@ def _pair(a, b) -> np.ndarray:
     return _mix(_mix(np.asarray(a, dtype=np.uint64) + _K1) * _K1 + np.atleast_1d(np.asarray(b, dtype=np.uint64)))
 
 
+def _pair_table(n_colours: int, offset: int, n: int) -> np.ndarray:
+    """``_pair(c + offset, j)`` at ``[c, j]`` for colours ``c < n_colours`` and ``j < n``:
+    gathering from it gives each incidence's hash bit for bit, hashing every (colour,
+    coefficient) once instead of every one of millions of incidences."""
+    return _pair(np.arange(n_colours)[:, None] + offset, np.arange(n)[None, :])
+
+
 def _sum_into(n: int, idx: np.ndarray, vals: np.ndarray) -> np.ndarray:
     acc = np.zeros(n, dtype=np.uint64)
     np.add.at(acc, idx, vals)
@@ -245,19 +252,23 @@ def _sum_into(n: int, idx: np.ndarray, vals: np.ndarray) -> np.ndarray:
 
 
 def _relabel(old: np.ndarray, h: np.ndarray) -> np.ndarray:
-    """Colours that split ``old`` by ``h``, numbered in order of first occurrence."""
+    """Colours that split ``old`` by ``h``, numbered in order of first occurrence.
+
+    The distinct keys come from a hash table (few: one per colour), and each element finds
+    its key by binary search among them, which is cheaper than sorting the elements."""
     if old.size == 0:
         return old
-    _, first, inv = np.unique(_pair(old, h), return_index=True, return_inverse=True)
-    inv = inv.ravel()
-    order = np.argsort(first, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(order.size)
-    new = rank[inv].astype(np.int64)
+    key = _pair(old, h)
+    u = np.sort(np.unique(key))
+    inv = np.searchsorted(u, key)
+    first = np.full(u.size, key.size, dtype=np.int64)
+    np.minimum.at(first, inv, np.arange(key.size))
+    rank = np.empty(u.size, dtype=np.int64)
+    rank[np.argsort(first)] = np.arange(u.size)
     # a refinement never merges two old colours (only a 64-bit hash collision could)
-    if np.unique(new * (int(old.max()) + 1) + old).size != order.size:
+    if (old[first[inv]] != old).any():
         raise FoldError("colour refinement merged two colours (hash collision)")
-    return new
+    return rank[inv]
 
 
 def _labels(keys: list) -> np.ndarray:
@@ -391,7 +402,7 @@ def _structure(prog, coll, network: bool) -> tuple[_Graph, list, list]:
     nf = len(flows)
     lens = np.concatenate(flows.lens) if nf else np.empty(0, dtype=np.int64)
     inc_w = np.concatenate(flows.coefs) if nf else np.empty(0)
-    _, coef_id = np.unique(inc_w, return_inverse=True)
+    coef_id = np.searchsorted(np.sort(np.unique(inc_w)), inc_w)     # rank among the few distinct coefficients
     gr = _Graph(n=grid.world_size, nl=coll.cluster.num_links if network else 0, pipes=pipes,
                 groups=groups, gkind=gkind, mem_g=mem_g, mem_r=mem_r, mem_kind=mem_kind, pairs=pairs,
                 p_src=np.array([p[0] for p in pairs], dtype=np.int64),
@@ -399,7 +410,7 @@ def _structure(prog, coll, network: bool) -> tuple[_Graph, list, list]:
                 nf=nf, n_gflows=n_gflows, owner=np.array(flows.owner, dtype=np.int64),
                 inc_f=np.repeat(np.arange(nf), lens),
                 inc_l=np.concatenate(flows.links) if nf else np.empty(0, dtype=np.int64),
-                inc_w=inc_w, coef_id=coef_id.ravel())
+                inc_w=inc_w, coef_id=coef_id)
     return gr, group_label, flows.label
 
 
@@ -607,14 +618,17 @@ def _refine(gr: _Graph, rank_c, group_c, flow_c, link_c):
     mem_g, mem_r, mem_kind, p_src, p_dst = gr.mem_g, gr.mem_r, gr.mem_kind, gr.p_src, gr.p_dst
     n_gflows, gflow, pflow = gr.n_gflows, gr.gflow, gr.pflow
     p_of_flow = pflow - n_gflows
+    n_coef = _count(coef_id)
     iters = 0
     counts = None
     while True:
         iters += 1
         # links by the flow colours (and coefficients) that cross them
-        h_l = _sum_into(nl, inc_l, _pair(flow_c[inc_f], coef_id)) if nl else np.empty(0, np.uint64)
+        h_l = (_sum_into(nl, inc_l, _pair_table(_count(flow_c), 0, n_coef)[flow_c[inc_f], coef_id]) if nl
+               else np.empty(0, np.uint64))
         # flows by their links, their group, or their endpoints
-        h_f = _sum_into(nf, inc_f, _pair(link_c[inc_l] + 1, coef_id)) if nf else np.empty(0, np.uint64)
+        h_f = (_sum_into(nf, inc_f, _pair_table(_count(link_c), 1, n_coef)[link_c[inc_l], coef_id]) if nf
+               else np.empty(0, np.uint64))
         if n_gflows:
             h_f[gflow] += _pair(group_c[owner[gflow]], 7)
         if pflow.size:

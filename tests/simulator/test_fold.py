@@ -355,3 +355,27 @@ def test_large_data_parallel_job_folds_to_one_cell_per_stage(kw):
     assert folded.metrics["fold"]["rank_cells"] == kw["pp"]
     assert len(folded.timeline) * (128 // kw["pp"]) == len(unfolded.timeline)
     assert_same_run(folded, unfolded, _describe(kw))
+
+
+def test_refinement_helpers_equal_their_plain_forms():
+    """Colour refinement hashes incidences through a (colour, coefficient) table and
+    relabels through a hash table of keys; both give exactly what hashing every incidence
+    and sorting every key give."""
+    import importlib
+
+    F = importlib.import_module("simulator.engine.fold")
+    rng = np.random.default_rng(5)
+    for n, k in ((50_000, 300), (20_000, 15_000), (7, 3), (1, 1)):
+        old = rng.integers(0, k, n)
+        h = rng.integers(0, 4, n).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        _, first, inv = np.unique(F._pair(old, h), return_index=True, return_inverse=True)
+        rank = np.empty(first.size, dtype=np.int64)
+        rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+        assert np.array_equal(F._relabel(old, h), rank[inv.ravel()])
+        coef = rng.integers(0, 3, n)
+        for offset in (0, 1):
+            assert np.array_equal(F._pair_table(k, offset, 3)[old, coef], F._pair(old + offset, coef))
+    # colours 0 and 1 under keys that collide: a merge, refused
+    inner = [F._mix(np.uint64(c) + F._K1) * F._K1 for c in (0, 1)]      # arrays: they wrap silently
+    with pytest.raises(F.FoldError):
+        F._relabel(np.array([0, 1]), np.concatenate([np.zeros(1, np.uint64), inner[0] - inner[1]]))
