@@ -135,6 +135,7 @@ class CollectiveEngine:
         self._forms: dict[tuple, tuple[tuple, np.ndarray] | None] = {}
         self._form_plans: dict[tuple, tuple[Plan, float, np.ndarray]] = {}
         self._form_predictions: dict[tuple, dict] = {}
+        self._shapes: dict[tuple, tuple] = {}
         self.records: list[CollectiveRecord] = []
         self.generation = cluster.gpu.generation
         self.nvls_capable = cluster.gpu.nvls and cluster.spec.nvls and cluster.nvlink_domain_size > 2
@@ -337,11 +338,19 @@ class CollectiveEngine:
             hit = self._form_predictions[fkey] = self._predict(members, kind, size)
         return dict(hit)
 
+    def _shape(self, members: tuple[int, ...]) -> tuple[list[list[int]], int, bool]:
+        """A group's members by node, members per node, and whether every node has as many
+        (cached: a data-parallel group's calls of several sizes are predicted on one group)."""
+        hit = self._shapes.get(members)
+        if hit is None:
+            blocks = node_blocks(self.cluster, members)
+            ppn = len(members) // len(blocks)
+            hit = self._shapes[members] = (blocks, ppn, all(len(b) == ppn for b in blocks))
+        return hit
+
     def _predict(self, members: tuple[int, ...], kind: str, size: float) -> dict[tuple[str, str], float]:
-        blocks = node_blocks(self.cluster, members)
+        blocks, ppn, equal = self._shape(members)
         N = len(blocks)
-        ppn = len(members) // N
-        equal = all(len(b) == ppn for b in blocks)
         out = {}
         sharp = self.cluster.spec.sharp
         tiny = size <= TINY_CALL_BYTES and N > 1
