@@ -85,6 +85,8 @@ class Router:
         self.pxn_default = c.spec.pxn
         self.seed = c.spec.seed
         n = c.num_gpus
+        self.gpu_nic = np.asarray(c._nic, dtype=np.int64)
+        """Per GPU: its NIC (:meth:`~topologies.cluster.Cluster.nic_of`, as an array)."""
         self.nvl_up, self.nvl_down = self._ports(t, "gpu", "nvswitch", n)
         self.pcie_up, self.pcie_down = self._ports(t, "gpu", "nic", n)
         self.nic_names = [t.names[i] for i in t.ids["nic"]]
@@ -303,17 +305,54 @@ class Router:
             pxn = self.pxn_default
         src = np.asarray(srcs, dtype=np.int64)
         dst = np.asarray(dsts, dtype=np.int64)
+        table = self._table(src, dst, pxn)
+        if table is None:
+            return [self.route(int(a), int(b), pxn=pxn) for a, b in zip(src.tolist(), dst.tolist())]
+        flat, lens = table
+        out = []
+        cache = self._cache
+        start = 0
+        for a, b, end in zip(src.tolist(), dst.tolist(), np.cumsum(lens).tolist()):
+            key = (a, b, pxn, 0)
+            r = cache.get(key)
+            if r is None:
+                r = cache[key] = Route(flat[start:end], _ones(end - start)) if end > start else _EMPTY
+            out.append(r)
+            start = end
+        return out
+
+    def routes_flat(self, srcs, dsts, *, pxn: bool | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The routes of many pairs laid end to end: their links, their coefficients and how
+        many links each has -- :meth:`routes` concatenated, without a :class:`Route` per pair
+        (what a plan over a thousand nodes or a job's pipeline transfers need)."""
+        if pxn is None:
+            pxn = self.pxn_default
+        src = np.asarray(srcs, dtype=np.int64)
+        dst = np.asarray(dsts, dtype=np.int64)
+        table = self._table(src, dst, pxn)
+        if table is not None:
+            return table[0], np.ones(table[0].size), table[1]
+        rs = self.routes(src, dst, pxn=pxn)
+        if not rs:
+            return np.empty(0, dtype=np.int64), np.empty(0), np.zeros(0, dtype=np.int64)
+        return (np.concatenate([r.links for r in rs]), np.concatenate([r.coefs for r in rs]),
+                np.array([r.links.size for r in rs], dtype=np.int64))
+
+    def _table(self, src: np.ndarray, dst: np.ndarray, pxn: bool) -> tuple[np.ndarray, np.ndarray] | None:
+        """The ``dmodk`` routes of many pairs, vectorised: every route's links row by row and
+        each route's length (coefficients all 1); None where :meth:`route` must answer pair
+        by pair (another policy, failures, few pairs, inputs it would reject)."""
         c = self.cluster
         n_gpu = c.num_gpus
         if (self.policy != "dmodk" or self.perturbed or src.size < 32 or src.shape != dst.shape or not c.nics_per_host
                 or src.min(initial=0) < 0 or dst.min(initial=0) < 0
                 or src.max(initial=0) >= n_gpu or dst.max(initial=0) >= n_gpu):
-            return [self.route(int(a), int(b), pxn=pxn) for a, b in zip(src.tolist(), dst.tolist())]
+            return None
         D, gph = c.nvlink_domain_size, c.gpus_per_host
-        nic = np.asarray(c._nic, dtype=np.int64)
+        nic = self.gpu_nic
         inter = src // D != dst // D
         if (nic[src[inter]] < 0).any():
-            return [self.route(int(a), int(b), pxn=pxn) for a, b in zip(src.tolist(), dst.tolist())]
+            return None
         relay = src
         if pxn and self.rail_optimized:
             rail = nic % c.nics_per_host
@@ -325,11 +364,11 @@ class Router:
         fab = inter & (sn != dn)
         la, lb = self.nic_leaf[sn], self.nic_leaf[dn]
         if (la[fab] < 0).any() or (lb[fab] < 0).any():
-            return [self.route(int(a), int(b), pxn=pxn) for a, b in zip(src.tolist(), dst.tolist())]
+            return None
         S, C = self.num_spines, self.num_cores
         cross = fab & (la != lb)
         if cross.any() and S == 0:
-            return [self.route(int(a), int(b), pxn=pxn) for a, b in zip(src.tolist(), dst.tolist())]
+            return None
         if not self.leaf_pod.size:          # no fabric at all (one host): nothing crosses it
             la = lb = np.zeros_like(la)
             pod, ls, sl = np.zeros(1, dtype=np.int64), np.full((1, 1), -1), np.full((1, 1), -1)
@@ -347,18 +386,7 @@ class Router:
                 (cross, sl[lb, sp]), (fab, self.nic_down[dn]), (inter, self.pcie_down[dst])]
         mask = np.stack([m for m, _ in cols], axis=1)
         flat = np.stack([v for _, v in cols], axis=1)[mask]        # every route's links, row by row
-        ends = np.cumsum(mask.sum(axis=1)).tolist()
-        out = []
-        cache = self._cache
-        start = 0
-        for a, b, end in zip(src.tolist(), dst.tolist(), ends):
-            key = (a, b, pxn, 0)
-            r = cache.get(key)
-            if r is None:
-                r = cache[key] = Route(flat[start:end], _ones(end - start)) if end > start else _EMPTY
-            out.append(r)
-            start = end
-        return out
+        return flat, mask.sum(axis=1)
 
     def domain_ports(self, gpus) -> np.ndarray | None:
         """The NVLink ports of GPUs that share one NVLink domain: ``nvl_up`` of each, then
@@ -405,3 +433,20 @@ class Router:
         if route.links.size == 0:
             return 0.0
         return float(np.dot(self.cluster.link_latency[route.links], route.coefs))
+
+    def path_latencies(self, links: np.ndarray, coefs: np.ndarray, lens: np.ndarray) -> np.ndarray:
+        """:meth:`path_latency` of each of many routes laid end to end (``lens[i]`` links
+        each, as :meth:`routes_flat` gives them), bit for bit: routes whose link latencies
+        and coefficients agree, in order, have the same ``np.dot``, so it runs once per
+        distinct sequence -- a handful, however many routes."""
+        out = np.zeros(lens.size)
+        lat = self.cluster.link_latency[links]
+        starts = np.cumsum(lens) - lens
+        for n in np.unique(lens[lens > 0]).tolist():
+            rows = np.flatnonzero(lens == n)
+            idx = starts[rows, None] + np.arange(n)
+            bits = np.concatenate([lat[idx], coefs[idx]], axis=1).view(np.uint64)
+            _, first, inv = np.unique(bits, axis=0, return_index=True, return_inverse=True)
+            dots = [float(np.dot(lat[idx[i]], coefs[idx[i]])) for i in first.tolist()]
+            out[rows] = np.array(dots)[inv.ravel()]
+        return out

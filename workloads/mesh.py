@@ -34,6 +34,8 @@ from __future__ import annotations
 import itertools
 from typing import Sequence
 
+import numpy as np
+
 from topologies import ConfigError
 
 from .parallel import ParallelConfig
@@ -142,14 +144,18 @@ class RankGrid:
     def groups(self, kind) -> list[tuple[int, ...]]:
         """Every group of kind ``kind``, in Megatron-Core's order (outer coordinates, innermost fastest)."""
         mesh, axes = self._axes(kind)
-        sizes = self.sizes[mesh]
-        fixed = [a for a in self.order if a not in axes]
-        out = []
-        for combo in itertools.product(*(range(sizes[a]) for a in reversed(fixed))):
-            base = {a: 0 for a in self.order}
-            base.update(zip(reversed(fixed), combo))
-            out.append(self._members(mesh, axes, base))
-        return out
+        starts = self._offsets(mesh, [a for a in self.order if a not in axes])
+        members = self._offsets(mesh, [a for a in self.order if a in axes])
+        return list(map(tuple, (starts[:, None] + members[None, :]).tolist()))
+
+    def _offsets(self, mesh: str, axes: list[str]) -> np.ndarray:
+        """Rank offsets of every combination of coordinates on ``axes`` (given inner first),
+        the first axis fastest: :meth:`_members` for all groups at once."""
+        sizes, strides = self.sizes[mesh], self.strides[mesh]
+        off = np.zeros(1, dtype=np.int64)
+        for a in reversed(axes):
+            off = (off[:, None] + np.arange(sizes[a], dtype=np.int64) * strides[a]).ravel()
+        return off
 
     def pp_neighbour(self, rank: int, step: int = 1) -> int | None:
         """The rank ``step`` stages downstream in the same pipeline (None past the end)."""

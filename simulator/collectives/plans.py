@@ -67,8 +67,11 @@ class Plan:
 
 def node_blocks(cluster: Cluster, members) -> list[list[int]]:
     """Members grouped by NVLink domain, domains in order of first appearance."""
-    blocks: dict[int, list[int]] = {}
     D = cluster.nvlink_domain_size          # cluster.domain_of, inline: groups of 10^3 GPUs
+    m = np.asarray(members, dtype=np.int64)
+    if m.size > 1 and np.unique(m // D).size == m.size:
+        return [[g] for g in m.tolist()]    # a member per domain (data parallelism across nodes)
+    blocks: dict[int, list[int]] = {}
     for g in members:
         blocks.setdefault(g // D, []).append(g)
     return list(blocks.values())
@@ -82,17 +85,15 @@ def _concat(cluster: Cluster, edges, pxn: bool = True):
     hit = cache.get((edges, pxn))
     if hit is not None:
         return hit
-    links, coefs, lat = [], [], 0.0
     if edges:
-        srcs, dsts = zip(*edges)
+        ends = np.array(edges, dtype=np.int64)
+        links, coefs, lens = cluster.router.routes_flat(ends[:, 0], ends[:, 1], pxn=pxn)
         D = cluster.nvlink_domain_size
-        for a, b, r in zip(srcs, dsts, cluster.router.routes(srcs, dsts, pxn=pxn)):
-            links.append(r.links)
-            coefs.append(r.coefs)
-            if a // D != b // D:
-                lat = max(lat, cluster.router.path_latency(r))
-    out = ((np.concatenate(links), np.concatenate(coefs), lat) if links
-           else (np.empty(0, dtype=np.int64), np.empty(0), 0.0))
+        inter = ends[:, 0] // D != ends[:, 1] // D
+        lat = max(cluster.router.path_latencies(links, coefs, lens)[inter].max(initial=0.0), 0.0)
+        out = (links, coefs, float(lat))
+    else:
+        out = (np.empty(0, dtype=np.int64), np.empty(0), 0.0)
     cache[(edges, pxn)] = out
     return out
 
@@ -111,10 +112,10 @@ def _channels(cluster: Cluster, blocks) -> list[list[int]]:
     block offers as many channels as its members have distinct rail-``r`` NICs -- one
     per rail in an 8-GPU server, one per compute tray in an NVL72 rack -- and the group
     gets the fewest any block offers.  Channels take the rails in turn, at most
-    :data:`MAX_RING_CHANNELS`.  One block, or hosts without NICs: one channel.
+    :data:`MAX_RING_CHANNELS`.  One block, blocks of one GPU, or hosts without NICs: one channel.
     """
-    if len(blocks) == 1 or cluster.nics_per_host == 0:
-        return [[b[0] for b in blocks]]
+    if len(blocks) == 1 or cluster.nics_per_host == 0 or all(len(b) == 1 for b in blocks):
+        return [[b[0] for b in blocks]]     # a block of one offers its member, the channel that follows
     offers = []                 # per block: rail -> entry GPUs, one per distinct NIC
     for b in blocks:
         by_rail: dict[int, list[int]] = {}
@@ -149,7 +150,10 @@ def ring_plan(cluster: Cluster, members, kind: str, root: int | None = None) -> 
            "broadcast": 1.0, "reduce": 1.0}[kind]
     flows, lat = [], 0.0
     for entries in channels:
-        order = [g for b, e in zip(blocks, entries) for g in (_rotate(b, e) if len(blocks) > 1 else b)]
+        if len(blocks) == n:                # blocks of one: the ring visits the entries
+            order = list(entries)
+        else:
+            order = [g for b, e in zip(blocks, entries) for g in (_rotate(b, e) if len(blocks) > 1 else b)]
         if kind in ("broadcast", "reduce"):
             r = order.index(root if root is not None else members[0])
             order = order[r:] + order[:r]

@@ -238,6 +238,13 @@ def _pair(a, b) -> np.ndarray:
     return _mix(_mix(np.asarray(a, dtype=np.uint64) + _K1) * _K1 + np.atleast_1d(np.asarray(b, dtype=np.uint64)))
 
 
+def _pair_table(n_colours: int, offset: int, n: int) -> np.ndarray:
+    """``_pair(c + offset, j)`` at ``[c, j]`` for colours ``c < n_colours`` and ``j < n``:
+    gathering from it gives each incidence's hash bit for bit, hashing every (colour,
+    coefficient) once instead of every one of millions of incidences."""
+    return _pair(np.arange(n_colours)[:, None] + offset, np.arange(n)[None, :])
+
+
 def _sum_into(n: int, idx: np.ndarray, vals: np.ndarray) -> np.ndarray:
     acc = np.zeros(n, dtype=np.uint64)
     np.add.at(acc, idx, vals)
@@ -245,19 +252,23 @@ def _sum_into(n: int, idx: np.ndarray, vals: np.ndarray) -> np.ndarray:
 
 
 def _relabel(old: np.ndarray, h: np.ndarray) -> np.ndarray:
-    """Colours that split ``old`` by ``h``, numbered in order of first occurrence."""
+    """Colours that split ``old`` by ``h``, numbered in order of first occurrence.
+
+    The distinct keys come from a hash table (few: one per colour), and each element finds
+    its key by binary search among them, which is cheaper than sorting the elements."""
     if old.size == 0:
         return old
-    _, first, inv = np.unique(_pair(old, h), return_index=True, return_inverse=True)
-    inv = inv.ravel()
-    order = np.argsort(first, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(order.size)
-    new = rank[inv].astype(np.int64)
+    key = _pair(old, h)
+    u = np.sort(np.unique(key))
+    inv = np.searchsorted(u, key)
+    first = np.full(u.size, key.size, dtype=np.int64)
+    np.minimum.at(first, inv, np.arange(key.size))
+    rank = np.empty(u.size, dtype=np.int64)
+    rank[np.argsort(first)] = np.arange(u.size)
     # a refinement never merges two old colours (only a 64-bit hash collision could)
-    if np.unique(new * (int(old.max()) + 1) + old).size != order.size:
+    if (old[first[inv]] != old).any():
         raise FoldError("colour refinement merged two colours (hash collision)")
-    return new
+    return rank[inv]
 
 
 def _labels(keys: list) -> np.ndarray:
@@ -302,19 +313,29 @@ def fold(prog, coll, *, network: bool = True, rank_colors=None, link_colors=None
 # -- the structure colour refinement runs on ---------------------------------------------------
 @dataclass
 class _Flows:
-    """The flows on the network, in order: the route of each (links and coefficients), its
-    initial label, and the group it belongs to (-1 for a pipeline transfer)."""
+    """The flows on the network, in order: the route of each (links and coefficients, in
+    chunks of routes laid end to end, ``lens`` links each), its initial label, and the group
+    it belongs to (-1 for a pipeline transfer)."""
 
     links: list = field(default_factory=list)
     coefs: list = field(default_factory=list)
+    lens: list = field(default_factory=list)
     label: list = field(default_factory=list)
     owner: list = field(default_factory=list)
 
+    def __len__(self) -> int:
+        return len(self.label)
+
     def add(self, links: np.ndarray, coefs: np.ndarray, label, owner: int) -> None:
+        self.add_many(links, coefs, np.array([links.size]), [label], owner)
+
+    def add_many(self, links: np.ndarray, coefs: np.ndarray, lens: np.ndarray, labels: list, owner: int) -> None:
+        """Flows whose routes lie end to end in ``links``/``coefs`` (``lens`` links each)."""
         self.links.append(links)
         self.coefs.append(coefs)
-        self.label.append(label)
-        self.owner.append(owner)
+        self.lens.append(lens)
+        self.label += labels
+        self.owner += [owner] * len(labels)
 
 
 @dataclass
@@ -374,14 +395,14 @@ def _structure(prog, coll, network: bool) -> tuple[_Graph, list, list]:
 
     flows = _Flows()
     group_label = _group_flows(prog, coll, network, groups, gkind, variants, sizes_mat, flows)
-    n_gflows = len(flows.links)
+    n_gflows = len(flows)
     pairs = _pipeline_pairs(prog, pipes)
     if network and pairs:
         _p2p_flows(coll, grid, pairs, flows)
-    nf = len(flows.links)
-    lens = np.array([x.size for x in flows.links], dtype=np.int64)
+    nf = len(flows)
+    lens = np.concatenate(flows.lens) if nf else np.empty(0, dtype=np.int64)
     inc_w = np.concatenate(flows.coefs) if nf else np.empty(0)
-    _, coef_id = np.unique(inc_w, return_inverse=True)
+    coef_id = np.searchsorted(np.sort(np.unique(inc_w)), inc_w)     # rank among the few distinct coefficients
     gr = _Graph(n=grid.world_size, nl=coll.cluster.num_links if network else 0, pipes=pipes,
                 groups=groups, gkind=gkind, mem_g=mem_g, mem_r=mem_r, mem_kind=mem_kind, pairs=pairs,
                 p_src=np.array([p[0] for p in pairs], dtype=np.int64),
@@ -389,7 +410,7 @@ def _structure(prog, coll, network: bool) -> tuple[_Graph, list, list]:
                 nf=nf, n_gflows=n_gflows, owner=np.array(flows.owner, dtype=np.int64),
                 inc_f=np.repeat(np.arange(nf), lens),
                 inc_l=np.concatenate(flows.links) if nf else np.empty(0, dtype=np.int64),
-                inc_w=inc_w, coef_id=coef_id.ravel())
+                inc_w=inc_w, coef_id=coef_id)
     return gr, group_label, flows.label
 
 
@@ -556,14 +577,17 @@ def _p2p_flows(coll, grid, pairs: list, flows: _Flows) -> None:
     # the route of every transfer (batch-routed), labelled by the latency its call waits
     gs = np.array([grid.gpu_of(s) for s, _ in pairs], dtype=np.int64)
     gd = np.array([grid.gpu_of(d) for _, d in pairs], dtype=np.int64)
-    inters = (gs // cluster.nvlink_domain_size != gd // cluster.nvlink_domain_size).tolist()   # domain_of
+    inter = gs // cluster.nvlink_domain_size != gd // cluster.nvlink_domain_size    # domain_of
+    links, coefs, lens = cluster.router.routes_flat(gs, gd, pxn=True)
+    path_lat = np.where(inter, cluster.router.path_latencies(links, coefs, lens), 0.0)
     lat_of: dict = {}
-    for a, b, inter, r in zip(gs.tolist(), gd.tolist(), inters, cluster.router.routes(gs, gd, pxn=True)):
-        key = (inter, cluster.router.path_latency(r) if inter else 0.0)
+    labels = []
+    for a, b, key in zip(gs.tolist(), gd.tolist(), zip(inter.tolist(), path_lat.tolist())):
         lat = lat_of.get(key)
         if lat is None:
             lat = lat_of[key] = coll.latency_s("send_recv", p2p_plan(cluster, a, b), "Simple", 1.0)
-        flows.add(r.links, r.coefs, ("p2p", lat, inter), -1)
+        labels.append(("p2p", lat, key[0]))
+    flows.add_many(links, coefs, lens, labels, -1)
 
 
 # -- colour refinement -------------------------------------------------------------------------
@@ -594,14 +618,17 @@ def _refine(gr: _Graph, rank_c, group_c, flow_c, link_c):
     mem_g, mem_r, mem_kind, p_src, p_dst = gr.mem_g, gr.mem_r, gr.mem_kind, gr.p_src, gr.p_dst
     n_gflows, gflow, pflow = gr.n_gflows, gr.gflow, gr.pflow
     p_of_flow = pflow - n_gflows
+    n_coef = _count(coef_id)
     iters = 0
     counts = None
     while True:
         iters += 1
         # links by the flow colours (and coefficients) that cross them
-        h_l = _sum_into(nl, inc_l, _pair(flow_c[inc_f], coef_id)) if nl else np.empty(0, np.uint64)
+        h_l = (_sum_into(nl, inc_l, _pair_table(_count(flow_c), 0, n_coef)[flow_c[inc_f], coef_id]) if nl
+               else np.empty(0, np.uint64))
         # flows by their links, their group, or their endpoints
-        h_f = _sum_into(nf, inc_f, _pair(link_c[inc_l] + 1, coef_id)) if nf else np.empty(0, np.uint64)
+        h_f = (_sum_into(nf, inc_f, _pair_table(_count(link_c), 1, n_coef)[link_c[inc_l], coef_id]) if nf
+               else np.empty(0, np.uint64))
         if n_gflows:
             h_f[gflow] += _pair(group_c[owner[gflow]], 7)
         if pflow.size:
@@ -667,14 +694,33 @@ def _p2p_cells(grid, gr: _Graph, rank_c: np.ndarray, flow_c: np.ndarray) -> tupl
         pmembers[c].append(i)
     p2p_cells = [P2PCell([pairs[i] for i in m], grid.gpu_of(pairs[m[0]][0]), grid.gpu_of(pairs[m[0]][1]))
                  for m in pmembers]
-    p2p_of: dict = {}
-    stage_of = {r: k for p in gr.pipes for k, r in enumerate(p)}
-    for i, (s, d) in enumerate(pairs):
-        c = int(pc[i])
-        for r, other, side in ((s, d, "send"), (d, s, "recv")):
-            dd = p2p_of.setdefault((int(rank_c[r]), int(stage_of[other]), side), {})
-            dd[c] = dd.get(c, 0) + 1
-    return p2p_cells, {k: sorted(v.items()) for k, v in p2p_of.items()}
+    return p2p_cells, _p2p_of(gr, rank_c, pc)
+
+
+def _p2p_of(gr: _Graph, rank_c: np.ndarray, pc: np.ndarray) -> dict:
+    """For each (rank cell, other stage, side) -- keys in order of first occurrence over
+    the transfers, each one's send side before its recv side -- the transfer cells ``pc``
+    its members' transfers fall in, with how many (counted in arrays: 10^5 transfers)."""
+    if not gr.pairs:
+        return {}
+    pipes = np.array(gr.pipes, dtype=np.int64)
+    stage = np.empty(gr.n, dtype=np.int64)
+    stage[pipes] = np.arange(pipes.shape[1])
+    # entry 2i: transfer i seen by its source (send), 2i + 1: by its destination (recv)
+    cell = np.stack([rank_c[gr.p_src], rank_c[gr.p_dst]], axis=1).ravel()
+    other = np.stack([stage[gr.p_dst], stage[gr.p_src]], axis=1).ravel()
+    side = np.tile(np.array([0, 1]), len(gr.pairs))
+    key = (cell * pipes.shape[1] + other) * 2 + side
+    ukey, first, kinv = np.unique(key, return_index=True, return_inverse=True)
+    n_pc = _count(pc)
+    ucount, count = np.unique(kinv.ravel() * n_pc + np.repeat(pc, 2), return_counts=True)
+    bounds = np.searchsorted(ucount // n_pc, np.arange(ukey.size + 1))
+    items = list(zip((ucount % n_pc).tolist(), count.tolist()))
+    out = {}
+    for k in np.argsort(first).tolist():
+        out[(int(cell[first[k]]), int(other[first[k]]), ("send", "recv")[int(side[first[k]])])] = \
+            items[bounds[k]:bounds[k + 1]]
+    return out
 
 
 def _link_quotient(link_c: np.ndarray, nl: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

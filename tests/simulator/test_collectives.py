@@ -378,3 +378,21 @@ def test_fold_labels_group_calls_once_per_domain_form(dgx2):
         # a group across domains has no form: labelled on its own every time
         fold._planned_calls(eng, (0, 8), vs, shared)
         assert len(shared) == forms + 1
+
+
+def test_node_blocks_and_channels_of_one_gpu_per_node():
+    """A group with one GPU per NVLink domain (data parallelism across nodes) takes the
+    short paths of ``node_blocks`` and ``_channels``: the same blocks as grouping member by
+    member, and one channel, as the general rail matching gives blocks of one."""
+    from simulator.collectives.plans import _channels, node_blocks
+
+    c = build_cluster({"preset": "dgx-h100", "num_nodes": 32})
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        nodes = rng.permutation(32)[: rng.integers(2, 33)]
+        members = [int(n) * 8 + int(rng.integers(0, 8)) for n in nodes]
+        assert node_blocks(c, members) == [[g] for g in members]
+        blocks = node_blocks(c, members)
+        # the general matching, on blocks that are not all of one GPU (a copy of the first block)
+        padded = _channels(c, blocks + [[blocks[0][0], blocks[0][0] ^ 1]])
+        assert _channels(c, blocks) == [[b[0] for b in blocks]] == [ch[:-1] for ch in padded][:1]

@@ -355,3 +355,55 @@ def test_large_data_parallel_job_folds_to_one_cell_per_stage(kw):
     assert folded.metrics["fold"]["rank_cells"] == kw["pp"]
     assert len(folded.timeline) * (128 // kw["pp"]) == len(unfolded.timeline)
     assert_same_run(folded, unfolded, _describe(kw))
+
+
+def test_refinement_helpers_equal_their_plain_forms():
+    """Colour refinement hashes incidences through a (colour, coefficient) table and
+    relabels through a hash table of keys; both give exactly what hashing every incidence
+    and sorting every key give."""
+    import importlib
+
+    F = importlib.import_module("simulator.engine.fold")
+    rng = np.random.default_rng(5)
+    for n, k in ((50_000, 300), (20_000, 15_000), (7, 3), (1, 1)):
+        old = rng.integers(0, k, n)
+        h = rng.integers(0, 4, n).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        _, first, inv = np.unique(F._pair(old, h), return_index=True, return_inverse=True)
+        rank = np.empty(first.size, dtype=np.int64)
+        rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+        assert np.array_equal(F._relabel(old, h), rank[inv.ravel()])
+        coef = rng.integers(0, 3, n)
+        for offset in (0, 1):
+            assert np.array_equal(F._pair_table(k, offset, 3)[old, coef], F._pair(old + offset, coef))
+    # colours 0 and 1 under keys that collide: a merge, refused
+    inner = [F._mix(np.uint64(c) + F._K1) * F._K1 for c in (0, 1)]      # arrays: they wrap silently
+    with pytest.raises(F.FoldError):
+        F._relabel(np.array([0, 1]), np.concatenate([np.zeros(1, np.uint64), inner[0] - inner[1]]))
+
+
+@pytest.mark.parametrize("kw", [{"schedule": "interleaved_1f1b", "nmb": 4}, {"ep": 2}])
+def test_transfer_cells_of_each_rank_cell_equal_a_plain_count(kw):
+    """Folding counts, per (rank cell, other stage, side), the transfer cells its members'
+    transfers fall in with numpy; a transfer-by-transfer count gives the same lists, keys
+    in the same order."""
+    import importlib
+
+    import simpy
+
+    from simulator.collectives import CollectiveEngine
+    from workloads.program import build_program
+
+    F = importlib.import_module("simulator.engine.fold")
+    sc = load_scenario(scenario(2, 4, 2, **kw))
+    prog = build_program(sc.model, sc.parallel, sc.cluster.gpu, moe_routing=sc.moe_routing, host=sc.host)
+    coll = CollectiveEngine(simpy.Environment(), sc.cluster)
+    gr, group_label, flow_label = F._structure(prog, coll, True)
+    rank_c, _, flow_c, _, _ = F._refine(gr, *F._initial_colours(prog, coll, True, group_label, flow_label, None, None))
+    pc = F._relabel(np.zeros(len(gr.pairs), dtype=np.int64), flow_c[gr.pflow].astype(np.uint64))
+    plain: dict = {}
+    stage_of = {r: k for p in gr.pipes for k, r in enumerate(p)}
+    for i, (s, d) in enumerate(gr.pairs):
+        for r, other, side in ((s, d, "send"), (d, s, "recv")):
+            dd = plain.setdefault((int(rank_c[r]), stage_of[other], side), {})
+            dd[int(pc[i])] = dd.get(int(pc[i]), 0) + 1
+    assert list(F._p2p_of(gr, rank_c, pc).items()) == [(k, sorted(v.items())) for k, v in plain.items()]
