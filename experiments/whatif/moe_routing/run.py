@@ -29,11 +29,13 @@ from _common import gantt_pair, load_config, merge, new_axes, out_dir, parse_arg
 
 def write_trace(path: Path, sc, alpha: float, seed: int) -> Path:
     """A per-expert load file for scenario ``sc``: for every MoE layer and micro-batch,
-    expert shares from Dirichlet(alpha), scaled to the tokens x top_k its EP group routes."""
-    from workloads.moe_routing import _largest_remainder
+    expert shares from Dirichlet(alpha), scaled to the tokens x top_k its EP group routes,
+    no expert above every token once."""
+    from workloads.moe_routing import _capped
     m, par = sc.model, sc.parallel
     tokens = par.micro_batch_size * par.seq_len // par.cp // (par.tp if par.sequence_parallel else 1)
-    total = par.expert_tp * par.ep * tokens * m.moe.top_k
+    pool = par.expert_tp * par.ep * tokens
+    total = pool * m.moe.top_k
     rng = np.random.default_rng(seed)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
@@ -42,7 +44,7 @@ def write_trace(path: Path, sc, alpha: float, seed: int) -> Path:
             if not m.is_moe_layer(layer):
                 continue
             for mb in range(par.num_microbatches):
-                load = _largest_remainder(rng.dirichlet(np.full(m.moe.num_experts, alpha)), total)
+                load = _capped(rng.dirichlet(np.full(m.moe.num_experts, alpha)), total, pool)
                 w.writerows([layer, mb, e, int(t)] for e, t in enumerate(load.tolist()))
     return path
 
