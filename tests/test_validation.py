@@ -1,7 +1,7 @@
 """Step-time accuracy regression test on the shared reference sets (marker ``validation``).
 
 Runs ``experiments/validate_all.py``'s sets the way CI can afford them (``make
-test-validation``, about 10 minutes on 2 cores): the whole vTrain multi-node set (109 rows),
+test-validation``, about 6 minutes on 2 cores with 2 workers): the whole vTrain multi-node set (109 rows),
 the deterministic H100 subset ``CI_MAX_GPUS`` (the 20 rows on at most 512 GPUs; the
 1,024-2,304-GPU rows are weak-scaling copies of them and take most of the set's time) and
 vTrain's 1,440 single-host runs (under a minute).
