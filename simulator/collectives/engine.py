@@ -524,7 +524,7 @@ class CollectiveEngine:
                 ii, jj = np.nonzero(~np.eye(n, dtype=bool))
                 nbytes = sizes[ii, jj]
                 if self.coupled_all_to_all:
-                    flows = self._coupled(group_id, mult, routes, nbytes)
+                    flows = self._coupled(group_id, mult, n, routes, nbytes)
                 else:
                     flows = self._merge([(*routes[p], float(nbytes[p]), 1.0, np.inf)
                                          for p in np.flatnonzero(nbytes > 0).tolist()])
@@ -545,7 +545,7 @@ class CollectiveEngine:
             algo, proto, lat, flows = prepared
             self._launch(call, group_id, seq, algo, proto, lat, flows, ckey)
 
-    def _coupled(self, group_id: int, mult: int, routes: list, nbytes: np.ndarray) -> list:
+    def _coupled(self, group_id: int, mult: int, n: int, routes: list, nbytes: np.ndarray) -> list:
         """An all-to-all as one coupled flow per source (the ``coupled_all_to_all``
         approximation), instead of one flow per (source, destination) pair.
 
@@ -561,8 +561,7 @@ class CollectiveEngine:
         """
         key = ("a2a per source", group_id, mult)
         csr = self._qcache.get(key)
-        n = int(round((1 + (1 + 4 * len(routes)) ** 0.5) / 2))      # routes: n (n - 1) pairs, row-major
-        if csr is None:
+        if csr is None:                                # routes: the n (n - 1) pairs, row-major
             lens = np.array([r[0].size for r in routes], dtype=np.int64)
             links = np.concatenate([r[0] for r in routes])
             coefs = np.concatenate([r[1] for r in routes])
