@@ -40,12 +40,13 @@ from simulator.validation import summary, validate  # noqa: E402
 REFERENCE = ROOT / "experiments" / "reference"
 SETS = {
     "h100": REFERENCE / "published_runs_h100.csv",
+    "blackwell": REFERENCE / "published_runs_blackwell.csv",
     "vtrain": REFERENCE / "vtrain" / "ground_truth_multi.csv",
     "vtrain_single": REFERENCE / "vtrain" / "ground_truth_single.csv",
 }
 """The reference sets of measured runs by name (experiments/reference/)."""
 
-CI_MAX_GPUS = {"h100": 512, "vtrain": None, "vtrain_single": None}
+CI_MAX_GPUS = {"h100": 512, "blackwell": 64, "vtrain": None, "vtrain_single": None}
 """The deterministic CI subset: every vTrain row, and the H100 rows on at most 512 GPUs (20
 of 34: GPT-3 175B on 128-512 and Llama 3.1 70B on 64-512 GPUs, the Llama 3.1 405B proxies
 on 32-192 GPUs, BF16 and FP8; about 5 minutes).  The 1,024-2,304-GPU rows take most of the H100 set's time and differ

@@ -25,7 +25,9 @@ FLOP convention (``flop_convention`` column) of a published-format row: a
 :data:`~workloads.FLOP_CONVENTIONS` name in ``tflops_definition``; else ``nemo_24`` when the
 definition describes NeMo's count (``12*l*h^2*(1+g/a+s/h)``, no causal halving); else
 ``palm_6n`` / ``narayanan_eq3`` by keyword; else the framework's (NeMo ``nemo_24``,
-otherwise ``megatron_core_2025``).  The published H100 runs' MFU is NeMo's formula, so their
+otherwise ``megatron_core_2025``).  A definition that counts the recomputed forward pass
+("4 passes", "includes recompute", hardware FLOPs) adds a third of the count but the logits
+(suffix ``+recompute_forward``): without it the derived step is 25 % short.  The published H100 runs' MFU is NeMo's formula, so their
 predicted MFU is ``model_flops_per_step(model, gbs, seq, 'nemo_24', vocab_size=<row's>)``
 over (predicted step x GPUs x dense peak of the recipe's GEMM dtype: 989 / 1,979 TFLOP/s on
 H100 BF16 / FP8, the publisher's peaks); the notes also give that formula's MFU at the
@@ -58,7 +60,7 @@ simulator's ``breakdown_s``; they sum to ``predicted_step_s``): what
 ``experiments/validation_residuals.py`` attributes the errors to."""
 
 #: Columns of the output table (``validate(..., out_csv=...)``).
-OUTPUT_COLUMNS = ("id", "source", "format", "model", "gpu", "num_gpus", "precision", "parallel", "measured_step_s",
+OUTPUT_COLUMNS = ("id", "source", "framework", "format", "model", "gpu", "num_gpus", "precision", "parallel", "measured_step_s",
                   "predicted_step_s", "error_pct", "measured_tflops_per_gpu", "predicted_tflops_per_gpu",
                   "measured_mfu_pct", "predicted_mfu_pct", *BREAKDOWN_COLUMNS, "flop_convention", "status",
                   "derivation", "notes", "wall_s")
@@ -69,8 +71,28 @@ NOTE_SEP = " | "
 
 
 # -- measurements ----------------------------------------------------------------------------------
+#: Suffix of a convention whose count includes the recomputed forward pass (:func:`source_convention`).
+RECOMPUTE_SUFFIX = "+recompute_forward"
+
+#: A ``tflops_definition`` that counts the recomputed forward pass: "4 passes", "includes
+#: recompute", hardware FLOPs.
+_RECOMPUTE_COUNT = re.compile(r"\b(4|four)\s*(forward\s*/?\s*backward\s*)?passes|incl\w*\.?\s+(the\s+)?"
+                              r"(activation\s+)?recomput|with\s+(activation\s+)?recomput|hardware\s+flops|\bhfu\b",
+                              re.IGNORECASE)
+
+
 def source_convention(row: dict) -> tuple[str, str]:
-    """``(FLOP convention, why)`` for a published-format row (see the module docstring)."""
+    """``(FLOP convention, why)`` for a published-format row (see the module docstring).  A
+    definition that counts the recomputed forward pass gets :data:`RECOMPUTE_SUFFIX` on its
+    base convention (unless the base, ``narayanan_eq3``, already counts it)."""
+    conv, why = _base_convention(row)
+    text = _cell(row, "tflops_definition")
+    if conv != "narayanan_eq3" and _RECOMPUTE_COUNT.search(text):
+        return conv + RECOMPUTE_SUFFIX, why + "; the count includes the recomputed forward pass (4 passes, not 3)"
+    return conv, why
+
+
+def _base_convention(row: dict) -> tuple[str, str]:
     from workloads import FLOP_CONVENTIONS
     text = _cell(row, "tflops_definition")
     low = text.lower()
@@ -89,11 +111,19 @@ def source_convention(row: dict) -> tuple[str, str]:
 
 
 def _flops(scenario: dict, row: dict, conv: str) -> float:
+    """Model FLOPs of one step in convention ``conv``.  With :data:`RECOMPUTE_SUFFIX`, the
+    recomputed forward pass is added: a third of everything but the logits (``6 s h V`` per
+    sequence, never recomputed) -- on GPT, exactly Narayanan et al.'s 72 -> 96 (eq. 3)."""
     from workloads import load_model, model_flops_per_step
     model = load_model(scenario["model"])
     par = scenario["parallel"]
     vocab = _int(row, "vocab_size")
-    return model_flops_per_step(model, par["global_batch_size"], par["seq_len"], conv, vocab_size=vocab)
+    base_conv, recompute = (conv[:-len(RECOMPUTE_SUFFIX)], True) if conv.endswith(RECOMPUTE_SUFFIX) else (conv, False)
+    flops = model_flops_per_step(model, par["global_batch_size"], par["seq_len"], base_conv, vocab_size=vocab)
+    if recompute:
+        logits = 6 * par["global_batch_size"] * par["seq_len"] * model.hidden_size * (vocab or model.vocab_size)
+        flops += (flops - logits) / 3
+    return flops
 
 
 def _peak(scenario: dict) -> float:
@@ -184,11 +214,16 @@ def _classify_config_error(e: ConfigError) -> str:
         return f"unsupported: {text}"
     return f"invalid: {text}"
 
-def _evaluate_all(rows: list[dict], run_fn, max_gpus, workers: int):
+def _evaluate_all(rows: list[dict], run_fn, max_gpus, workers: int, on_done=None):
     """Output rows in input order, from ``workers`` processes (largest jobs first, so the
-    long rows do not all land at the end)."""
+    long rows do not all land at the end); ``on_done(finished, total)`` as each row
+    finishes, in whatever order they do."""
     if workers == 1 or len(rows) < 2:
-        yield from (_evaluate(r, run_fn, max_gpus) for r in rows)
+        for i, r in enumerate(rows):
+            out = _evaluate(r, run_fn, max_gpus)
+            if on_done is not None:
+                on_done(i + 1, len(rows))
+            yield out
         return
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing
@@ -196,6 +231,16 @@ def _evaluate_all(rows: list[dict], run_fn, max_gpus, workers: int):
     ctx = multiprocessing.get_context("spawn")      # no forked copy of a caller's simpy or numpy state
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         futures = {i: pool.submit(_evaluate, rows[i], run_fn, max_gpus) for i in order}
+        if on_done is not None:
+            import threading
+            lock, finished = threading.Lock(), [0]
+
+            def tick(_future):
+                with lock:
+                    finished[0] += 1
+                    on_done(finished[0], len(rows))
+            for f in futures.values():
+                f.add_done_callback(tick)
         for i in range(len(rows)):
             yield futures[i].result()
 
@@ -241,10 +286,12 @@ def _output_row(row: dict, fmt: str | None) -> dict:
     out.update(id=_row_id(row), source=_source(row), format=fmt)
     if fmt == "vtrain":
         size = _cell(row, "Parameters (billion)")
-        out.update(model=f"GPT {size}B" if size else "GPT", gpu="A100", num_gpus=_cell(row, "# GPUs"),
+        out.update(framework="Megatron-DeepSpeed", model=f"GPT {size}B" if size else "GPT", gpu="A100",
+                   num_gpus=_cell(row, "# GPUs"),
                    precision="mixed")
     else:
-        out.update(model=_cell(row, "model"), gpu=_cell(row, "gpu_type") or _cell(row, "system"),
+        out.update(framework=_cell(row, "framework"), model=_cell(row, "model"),
+                   gpu=_cell(row, "gpu_type") or _cell(row, "system"),
                    num_gpus=_cell(row, "num_gpus"), precision=_cell(row, "precision"))
     return out
 
@@ -384,7 +431,7 @@ def write_csv(results: list[dict], path) -> None:
 
 
 def validate(path, out_csv=None, *, run_fn=None, max_gpus: int | None = None, progress=None,
-             select=None, limit: int | None = None, workers: int = 1) -> list[dict]:
+             select=None, limit: int | None = None, workers: int = 1, on_done=None) -> list[dict]:
     """Simulate every row of a runs table and compare with its measurement.
 
     Parameters
@@ -400,7 +447,10 @@ def validate(path, out_csv=None, *, run_fn=None, max_gpus: int | None = None, pr
         Rows on more GPUs are reported as ``unsupported: over --max-gpus`` (still mapped
         and checked, not simulated).
     progress
-        ``progress(index, total, result_row)`` after each row.
+        ``progress(index, total, result_row)`` after each row, in input order.
+    on_done
+        ``on_done(finished, total)`` as each row finishes (with workers, in the order they
+        finish, from a helper thread): for a progress bar.
     select
         ``select(row) -> bool`` on the loaded rows (:func:`load_runs`): only selected rows
         are evaluated and reported (a documented subset, e.g. for a CI test); None: all.
@@ -429,7 +479,7 @@ def validate(path, out_csv=None, *, run_fn=None, max_gpus: int | None = None, pr
     if run_fn is None:
         from ..engine import run as run_fn
     results = []
-    for i, out in enumerate(_evaluate_all(rows, run_fn, max_gpus, workers)):
+    for i, out in enumerate(_evaluate_all(rows, run_fn, max_gpus, workers, on_done)):
         results.append(out)
         if progress is not None:
             progress(i, len(rows), out)

@@ -99,10 +99,12 @@ def _int(row: dict, key: str, minimum: int = 1) -> int | None:
 
 
 def _bool(row: dict, key: str) -> bool | None:
-    """A yes/no cell; None when empty, :class:`InvalidRow` otherwise."""
+    """A yes/no cell; None when empty, :class:`InvalidRow` otherwise.  An annotation after the
+    word is allowed and ignored: ``yes (TP/SP)`` is True, ``no (pre-SP)`` False."""
     s = _cell(row, key).lower()
     if not s:
         return None
+    s = re.split(r"[\s(;,:]", s, maxsplit=1)[0] or s
     if s in ("true", "yes", "y", "1", "on", "enabled"):
         return True
     if s in ("false", "no", "n", "0", "off", "disabled", "none"):

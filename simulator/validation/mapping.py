@@ -157,6 +157,15 @@ FRAMEWORKS: dict[str, dict] = {
         "source": "pytorch/torchtitan (FSDP2, TP plan with sequence-sharded norms, activation_checkpoint.mode "
                   "selective)",
     },
+    "megatron_bridge": {
+        "label": "Megatron-Bridge runtime defaults",
+        "sequence_parallel": "tp>1", "zero_stage": 1, "distributed_optimizer": True, "recompute": "none",
+        "overlap": {"grad_reduce": True, "param_gather": True, "p2p": True, "tp_comm": False},
+        "convention": "megatron_core_2025",
+        "source": "NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/training/comm_overlap.py (dp > 1: grad-reduce and "
+                  "param-gather overlap; interleaved pp: overlapped p2p) and the performance recipes "
+                  "(distributed optimizer); the release's recipe overrides these (releases.py)",
+    },
     "default": {
         "label": "clustersim defaults (Megatron-Core as in NVIDIA recipes)",
         "sequence_parallel": "tp>1", "zero_stage": 1, "distributed_optimizer": True, "recompute": "selective",
@@ -239,12 +248,40 @@ def _model_keys() -> dict[str, str]:
     return keys
 
 
+#: Variant tags a model name may carry in parentheses, -> the variant's name (see :func:`model_variants`).
+_VARIANT_TAGS = (
+    (re.compile(r"\(\s*token\s*-?\s*drop(?:ping)?\s*\)", re.IGNORECASE), "tokendrop"),
+    (re.compile(r"\(\s*w/o\s*mtp\s*\)", re.IGNORECASE), "no_mtp"),
+    (re.compile(r"\(\s*w/\s*mtp\s*\)", re.IGNORECASE), "mtp"),
+)
+
+
+def model_variants(name: str) -> tuple[str, tuple[str, ...]]:
+    """``(name without its variant tags, the variants)``: Megatron-Bridge's tables mark a
+    token-dropping run ``(tokendrop)`` and DeepSeek-V3 with or without its multi-token
+    prediction module ``(w/ MTP)`` / ``(w/o MTP)``.
+
+    >>> model_variants("DeepSeekV3 (w/o MTP)")
+    ('DeepSeekV3', ('no_mtp',))
+    """
+    found = []
+    for pattern, variant in _VARIANT_TAGS:
+        if pattern.search(name):
+            name = pattern.sub("", name)
+            found.append(variant)
+    return name.strip(), tuple(found)
+
+
 def map_model(name: str) -> tuple[str, int | None]:
-    """``(model preset, proxy layer count or None)`` for a model name; :class:`Unsupported` otherwise.
+    """``(model preset, proxy layer count or None)`` for a model name (its variant tags,
+    :func:`model_variants`, ignored); :class:`Unsupported` otherwise.
 
     >>> map_model("Llama 3.1 405B PROXY (7 layers)")
     ('llama3.1-405b', 7)
+    >>> map_model("Qwen3_30B_a3B (tokendrop)")
+    ('qwen3-30b-a3b', None)
     """
+    name, _variants = model_variants(name)
     if not name.strip():
         raise Unsupported("model not stated")
     proxy = None
@@ -264,21 +301,39 @@ def map_model(name: str) -> tuple[str, int | None]:
     return preset, proxy
 
 
-def map_precision(text: str) -> tuple[str, list[str]]:
-    """``(precision recipe, notes)`` for a precision cell; :class:`Unsupported` otherwise."""
+def map_precision(text: str, framework: str | None = None) -> tuple[str, list[str]]:
+    """``(precision recipe, notes)`` for a precision cell; :class:`Unsupported` otherwise.
+
+    ``framework`` (a :data:`FRAMEWORKS` key) decides what a bare "FP8" means: Megatron-Bridge's
+    performance tables mean current (tensorwise) scaling, NeMo 1.x and Megatron-LM delayed
+    scaling (Transformer Engine's default recipe).
+
+    >>> map_precision("FP8-MX")[0], map_precision("FP8-CS")[0], map_precision("FP8", "megatron_bridge")[0]
+    ('mxfp8', 'fp8_tensorwise', 'fp8_tensorwise')
+    """
     s = text.strip().lower()
     k = _key(text)
     if not k:
         return "bf16", ["precision not stated: bf16"]
     if "nvfp4" in k or re.search(r"(?<!mx)fp4", k):
         return "nvfp4", [] if "nvfp4" in k else ["FP4 read as NVFP4"]
-    if "mxfp8" in k:
+    if "mxfp8" in k or re.search(r"(fp8|float8)\W*mx\b", s):
         return "mxfp8", []
-    if "fp8" in k:
+    if "fp8" in k or "float8" in k:
         if re.search(r"block|blk|deepseek", s):
             return "fp8_blockwise", []
         if re.search(r"current|tensorwise|\bcs\b", s):
             return "fp8_tensorwise", []
+        if "rowwise" in k:
+            return "fp8_tensorwise", [("float8 rowwise (torchao): GEMMs at the FP8 rate with per-row scales applied "
+                                       "in the epilogue; its casts costed as tensorwise scaling's (the extra per-row "
+                                       "amax is not modelled)")]
+        if "float8linear" in k or ("bf16" in k and "float8" in k):
+            return "fp8_tensorwise", ["Float8 linears (torchao's default recipe: tensorwise dynamic scaling); "
+                                      "attention and the rest in BF16 as in every FP8 recipe"]
+        if framework == "megatron_bridge":
+            return "fp8_tensorwise", ["FP8 -> fp8_tensorwise (Megatron-Bridge's performance tables: plain 'FP8' "
+                                      "is current scaling)"]
         return "fp8_delayed", [("FP8 -> fp8_delayed (NeMo's default FP8 recipe: Transformer Engine DelayedScaling, "
                                 "HYBRID format, amax history 1024)")]
     if "bf16" in k or "bfloat16" in k:
@@ -290,6 +345,8 @@ def map_precision(text: str) -> tuple[str, list[str]]:
 
 def _framework(text: str) -> tuple[str, list[str]]:
     t = text.lower()
+    if "bridge" in t:
+        return "megatron_bridge", []
     if "nemo" in t:
         return "nemo", []
     if "megatron" in t:
@@ -305,8 +362,8 @@ def _recompute(text: str) -> dict | None:
         return None
     if s in ("none", "no", "false", "off", "0", "disabled", "n/a"):
         return {"recompute": "none"}
-    if "selective" in s:
-        return {"recompute": "selective"}
+    if "selective" in s or re.search(r"\bsac\b", s):
+        return {"recompute": "selective"}     # "selective AC", "per-op SAC", "selective (attention core only)"
     if "full" in s or s in ("yes", "true", "on", "1", "all", "checkpointing"):
         out = {"recompute": "full"}
         if "block" in s:
@@ -322,10 +379,16 @@ def _zero(text: str) -> int | None:
     s = _key(text)
     if not s:
         return None
+    if s.startswith("ddp") or s.startswith("fsdp0") or s in ("0", "zero0", "none", "no", "false"):
+        return 0                                # "DDP (FSDP=0 per doc)"
     if "hsdp" in s or "hybrid" in s:
         raise Unsupported(f"zero_fsdp {text!r} (HSDP: sharding within a replica group)")
-    if "fsdp" in s or s in ("3", "zero3", "fullshard"):
-        return 3
+    if "fsdp" in s or s in ("3", "zero3", "zerostage3", "fullshard"):
+        return 3                                # FSDP2, Megatron-FSDP (optimizer, gradients and parameters)
+    if s in ("zerostage2",):
+        return 2
+    if s in ("zerostage1",):
+        return 1
     if s in ("2", "zero2"):
         return 2
     if s in ("1", "zero1", "distributedoptimizer", "distopt", "true", "yes"):
@@ -522,7 +585,99 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
     if prof.get("grad_reduce_dtype"):
         scenario["grad_reduce_dtype"] = prof["grad_reduce_dtype"]
         notes.append(f"grad_reduce_dtype={prof['grad_reduce_dtype']} ({prof['label']})")
+    if fw == "megatron_bridge":
+        notes += _bridge_recipe(row, scenario, base)
     return scenario, notes
+
+
+def _bridge_layout(record: dict, release: str, scenario: dict, base: dict) -> list[str]:
+    """Notes; sets ``parallel.pipeline_layout`` from the recipe when it has one for the row's
+    pp x vpp (else from the nearest release whose recipe has one for that stage count), with
+    the MTP layer taken out for a row run without it."""
+    from workloads.parallel import parse_pipeline_layout
+
+    from .releases import bridge_layout
+
+    par = scenario["parallel"]
+    stages = par["pp"] * par.get("vpp", 1)
+    layout, notes = record["knobs"].get("pipeline_layout"), []
+    if par["pp"] < 2 or layout is None and not (base.get("num_layers", 0) % stages):
+        return []
+    if layout is None or len(parse_pipeline_layout(layout)) != stages:
+        found = bridge_layout(record["recipe"], stages, release)
+        if found is None:
+            return [f"no Megatron-Bridge pipeline layout for {stages} virtual stages: the harness's split"]
+        layout, other = found
+        notes.append(f"pipeline layout {layout} from the {other['release']} recipe ({stages} virtual stages; this "
+                     f"release's variant has none for pp {par['pp']} x vpp {par.get('vpp', 1)})")
+    else:
+        notes.append(f"pipeline layout {layout} (recipe)")
+    model = scenario["model"]
+    mtp = model.get("mtp_layers", base.get("mtp_layers", 0)) if isinstance(model, dict) else base.get("mtp_layers", 0)
+    if "m" in layout and not mtp:
+        layout = layout.replace("m", "")
+        notes.append("MTP layer removed from the layout (the row runs without MTP)")
+    for k in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+              "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+        par.pop(k, None)
+    par["pipeline_layout"] = layout
+    return notes
+
+
+def _bridge_recipe(row: dict, scenario: dict, base: dict) -> list[str]:
+    """Notes; applies the Megatron-Bridge release's recipe (:mod:`.releases`) to ``scenario``.
+    The row's own cells win: sequence parallelism, sharding and recompute only where the
+    row leaves them empty; the degrees and batch always (a recipe variant that disagrees is
+    noted)."""
+    from .releases import BRIDGE_TAGS, bridge_recipe, bridge_release, bridge_settings
+
+    release = bridge_release(_cell(row, "framework"))
+    if release is None or release not in BRIDGE_TAGS:
+        return [f"Megatron-Bridge release not recognised in {_cell(row, 'framework')!r}: runtime defaults only"]
+    par = scenario["parallel"]
+    layout = {"tp": par["tp"], "pp": par["pp"], "cp": par["cp"], "vpp": par.get("vpp", 1),
+              "ep": par.get("ep", 1), "mbs": par["micro_batch_size"], "gbs": par["global_batch_size"]}
+    gpu = map_gpu(_cell(row, "gpu_type") or _cell(row, "system"))[1]
+    name, _variants = model_variants(_cell(row, "model"))
+    record, how = bridge_recipe(release, name, gpu, scenario["precision"], layout)
+    if record is None:
+        return [how + ": runtime defaults only"]
+    settings, notes = bridge_settings(record, par, base.get("moe") is not None)
+    notes.insert(0, f"release {release} = Megatron-Bridge {BRIDGE_TAGS[release]}; {how}")
+    # Megatron-Bridge's tables give only FSDP on or off ("DDP (FSDP=0 per doc)"): off leaves the
+    # recipe's distributed optimizer (ZeRO-1) in place; the row's word wins over a recipe variant
+    # that says otherwise
+    row_zero = _zero(_cell(row, "zero_fsdp"))
+    recipe_fsdp = settings["parallel"].get("zero_stage") == 3
+    if row_zero is not None and (row_zero == 3) != recipe_fsdp:
+        notes.append(f"the row says {'FSDP' if row_zero == 3 else 'no FSDP'}, its recipe variant the opposite: "
+                     "the row's")
+    if row_zero == 0:
+        dist = settings["parallel"].get("distributed_optimizer", True)
+        settings["parallel"].update(zero_stage=1 if dist else 0, distributed_optimizer=dist)
+    elif row_zero == 3:
+        settings["parallel"].update(zero_stage=3, distributed_optimizer=True)
+    stated = {"sequence_parallel": _bool(row, "sp") is not None, "recompute": bool(_cell(row, "activation_recompute"))}
+    for key, value in settings["parallel"].items():
+        if key.startswith("recompute") and stated["recompute"]:
+            continue
+        if stated.get(key):
+            continue
+        if key != "pipeline_layout":
+            par[key] = value
+    notes += _bridge_layout(record, release, scenario, base)
+    scenario["overlap"] = settings["overlap"]
+    if settings["cluster"]:
+        scenario["cluster"] = {**scenario["cluster"], **settings["cluster"]}
+    if settings.get("host"):
+        scenario["host"] = settings["host"]
+    if settings.get("grad_reduce_dtype"):
+        scenario["grad_reduce_dtype"] = settings["grad_reduce_dtype"]
+    if settings["moe"]:
+        model = scenario["model"] if isinstance(scenario["model"], dict) else {"preset": scenario["model"]}
+        model["moe"] = {**model.get("moe", {}), **settings["moe"]}
+        scenario["model"] = model
+    return notes
 
 
 def _published_cluster(row: dict, n: int) -> tuple[dict, list[str]]:
@@ -587,12 +742,13 @@ def _published_model(row: dict) -> tuple[dict, dict, str | None, list[str]]:
         base = load_preset_mapping(mpreset)
         model = {"preset": mpreset}
     layers = _int(row, "num_layers")
+    ffn, expert_ffn, (experts, shared) = _ffn_cell(row), _expert_ffn_cell(row), _experts_cell(row)
     if proxy is not None:
         if layers is not None and layers != proxy:
             raise InvalidRow(f"model name says {proxy} layers, num_layers says {layers}")
         layers = proxy
     fields = {"num_layers": layers, "hidden_size": _int(row, "hidden_size"),
-              "ffn_hidden_size": _int(row, "ffn_hidden_size"), "num_attention_heads": _int(row, "num_heads"),
+              "ffn_hidden_size": ffn, "num_attention_heads": _int(row, "num_heads"),
               "num_kv_heads": _int(row, "num_kv_heads")}
     for f, v in fields.items():
         if v is None:
@@ -603,24 +759,68 @@ def _published_model(row: dict) -> tuple[dict, dict, str | None, list[str]]:
         if v != ref:
             model[f] = v
             notes.append(f"{f} {v} (preset {mpreset}: {ref})")
-    experts, top_k = _int(row, "num_experts"), _int(row, "moe_top_k")
-    if experts is not None or top_k is not None:
+    top_k = _int(row, "moe_top_k")
+    if any(v is not None for v in (experts, top_k, expert_ffn, shared)):
         bmoe = base.get("moe")
         if bmoe is None:
-            if (experts or 1) > 1:
-                raise InvalidRow(f"num_experts {experts} given for the dense preset {mpreset}")
+            if (experts or 1) > 1 or expert_ffn is not None:
+                raise InvalidRow(f"num_experts {_cell(row, 'num_experts')!r} / ffn_hidden_size "
+                                 f"{_cell(row, 'ffn_hidden_size')!r} give experts for the dense preset {mpreset}")
         else:
             moe = {}
-            if experts is not None and experts != bmoe.get("num_experts"):
-                moe["num_experts"] = experts
-            if top_k is not None and top_k != bmoe.get("top_k"):
-                moe["top_k"] = top_k
+            for key, v in (("num_experts", experts), ("top_k", top_k), ("expert_ffn_hidden_size", expert_ffn),
+                           ("num_shared_experts", shared)):
+                if v is not None and v != bmoe.get(key, 0 if key == "num_shared_experts" else None):
+                    moe[key] = v
             if moe:
                 model["moe"] = moe
                 notes.append(f"moe {moe} (preset {mpreset})")
+    notes += _apply_variants(row, model, base, mpreset)
     if _cell(row, "moe_layer_pattern"):
         notes.append(f"moe_layer_pattern {_cell(row, 'moe_layer_pattern')!r} not read: the preset's pattern")
     return model, base, mpreset, notes
+
+
+def _ffn_cell(row: dict) -> int | None:
+    """The dense FFN width of the ``ffn_hidden_size`` cell (None when it gives an expert's)."""
+    if re.search(r"per\s*expert", _cell(row, "ffn_hidden_size"), re.IGNORECASE):
+        return None
+    return _int(row, "ffn_hidden_size")
+
+
+def _expert_ffn_cell(row: dict) -> int | None:
+    """An expert's FFN width from an ``ffn_hidden_size`` cell like ``2048 per expert``."""
+    m = re.fullmatch(r"([\d,]+)\s*per\s*expert", _cell(row, "ffn_hidden_size"), re.IGNORECASE)
+    return int(m.group(1).replace(",", "")) if m else None
+
+
+def _experts_cell(row: dict) -> tuple[int | None, int | None]:
+    """``(routed experts, shared experts)`` of a ``num_experts`` cell: ``64``, or
+    ``256 routed + 1 shared`` (shared None when the cell does not say)."""
+    text = _cell(row, "num_experts")
+    m = re.fullmatch(r"([\d,]+)\s*routed\s*\+\s*(\d+)\s*shared", text, re.IGNORECASE)
+    if m:
+        return int(m.group(1).replace(",", "")), int(m.group(2))
+    return _int(row, "num_experts"), None
+
+
+def _apply_variants(row: dict, model: dict, base: dict, mpreset: str | None) -> list[str]:
+    """Notes; applies the model name's variant tags (:func:`model_variants`) to ``model``."""
+    _name, variants = model_variants(_cell(row, "model"))
+    notes = []
+    if "no_mtp" in variants and base.get("mtp_layers"):
+        model["mtp_layers"] = 0
+        notes.append(f"'w/o MTP': mtp_layers 0 (preset {mpreset}: {base['mtp_layers']})")
+    if "mtp" in variants and not base.get("mtp_layers"):
+        raise Unsupported(f"model {_cell(row, 'model')!r}: MTP asked of preset {mpreset}, which has no MTP module")
+    if "tokendrop" in variants:
+        if base.get("moe") is None:
+            raise InvalidRow(f"model {_cell(row, 'model')!r}: a token-drop variant of the dense preset {mpreset}")
+        model.setdefault("moe", {})["capacity_factor"] = 1.0
+        notes.append("tokendrop: capacity_factor 1.0 (Megatron-Bridge's token-drop recipes), experts padded to "
+                     "capacity; under the forced-balanced routing of these benchmarks every expert receives exactly "
+                     "its capacity, so nothing is dropped and the step runs as the dropless one")
+    return notes
 
 
 def _published_layout(row: dict, n: int, model: dict, base: dict) -> tuple[dict, int, list[str]]:
@@ -645,11 +845,19 @@ def _published_layout(row: dict, n: int, model: dict, base: dict) -> tuple[dict,
         notes.append(f"dp {dp} excludes ep (tp*pp*cp*dp*ep = num_gpus): dense dp {dense}")
     else:
         raise InvalidRow(f"tp*pp*cp*dp = {tp}*{pp}*{cp}*{dp} = {tp * pp * cp * dp} != num_gpus {n}")
-    if dense % ep:
-        raise InvalidRow(f"ep {ep} does not divide the dense data-parallel degree {dense}")
-    par: dict = {"tp": tp, "pp": pp, "dp": dense // ep, "cp": cp, "ep": ep}
-    if ep > 1:
-        notes.append(f"dp {dense} includes ep {ep}: five-degree dp = {dense // ep}")
+    if dense % ep == 0:
+        par: dict = {"tp": tp, "pp": pp, "dp": dense // ep, "cp": cp, "ep": ep}
+        if ep > 1:
+            notes.append(f"dp {dense} includes ep {ep}: five-degree dp = {dense // ep}")
+    elif (tp * cp * dense) % ep == 0:
+        # MoE parallel folding: the expert mesh (etp, ep, edp) spans tp*cp*dp; with the default
+        # etp = tp it would not fit, so the run must have set expert_tensor_parallel_size
+        par = {"tp": tp, "pp": pp, "dp": dense, "cp": cp, "ep": ep, "etp": 1}
+        notes.append(f"ep {ep} does not fit in dp {dense}: MoE parallel folding with expert tensor parallel 1 "
+                     f"(expert mesh etp 1 x ep {ep} x edp {tp * cp * dense // ep} over tp*cp*dp = {tp * cp * dense})")
+    else:
+        raise InvalidRow(f"ep {ep} divides neither the dense data-parallel degree {dense} nor tp*cp*dp = "
+                         f"{tp * cp * dense}")
     if vpp > 1:
         if pp == 1:
             raise InvalidRow(f"vpp {vpp} needs pp > 1")
@@ -746,7 +954,16 @@ def _framework_defaults(row: dict, par: dict) -> tuple[str, dict, dict, list[str
 def _precision_and_recipe(row: dict, fw: str, mpreset: str | None, cluster: dict) -> tuple[str, dict, list[str]]:
     """``(precision recipe, cluster, notes)``: the row's precision, and the NeMo recipe's
     settings for its model (cluster overrides, or a not-modelled note)."""
-    precision, notes = map_precision(_cell(row, "precision"))
+    text = _cell(row, "precision")
+    notes: list[str] = []
+    if not text and fw == "megatron_bridge" and "fp8 quantization granularity" in _cell(row, "notes").lower():
+        # Megatron-Bridge 25.09's table states no precision; its footnotes give two FP8
+        # granularities per cell, and the next release's table names the primary one FP8-CS
+        text = "FP8-CS"
+        notes.append("precision not stated; the table's footnotes give two FP8 quantisation granularities, the primary "
+                     "read as current scaling (FP8-CS) as the next release's table names it")
+    precision, pnotes = map_precision(text, fw)
+    notes += pnotes
     if fw == "nemo":
         for prec, over, text in _NEMO_RECIPES.get(mpreset, []):
             if prec and not precision.startswith(prec):

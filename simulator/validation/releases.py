@@ -1,0 +1,274 @@
+"""Release profiles: which framework release produced a row, and what its recipe turned on.
+
+Benchmark tables give the model, the GPUs, the degrees, the batch and the throughput; the
+switches that decide how a step runs -- recompute, CUDA graphs, communication overlaps, FSDP,
+activation offload, the MoE dispatcher, the FP8 flavour -- are in the recipe the release
+shipped.  This module maps a row to that recipe and returns the scenario settings it implies,
+each with the file it came from.  A profile holds only switches present in the source; where
+the recipe is silent the framework's runtime default applies and the note says so.  No
+profile holds a numeric per-release factor.
+
+Megatron-Bridge
+---------------
+Rows whose ``framework`` reads ``Megatron-Bridge / NeMo <release>``.  The NeMo container
+release maps to a Megatron-Bridge tag (:data:`BRIDGE_TAGS`, from the repository's
+``docs/releases/software-versions.md`` and release notes).  The recipes of each tag
+(``scripts/performance/configs`` for 25.09-26.06.01, ``src/megatron/bridge/perf_recipes``
+for 26.08) were executed offline with the heavy imports stubbed, recording every value they
+set (``experiments/reference/megatron_bridge/``); ``data/megatron_bridge_recipes.json`` keeps
+the switches read here.  A row finds its recipe by release, model, GPU and precision; among
+a recipe's variants the one whose degrees and batch match the row, else the release's
+default variant (noted).
+
+What each switch becomes (:func:`bridge_settings`):
+
+=====================================  ==========================================================
+recipe                                 scenario
+=====================================  ==========================================================
+sequence_parallel                      ``parallel.sequence_parallel``
+recompute_granularity / _modules /     ``parallel.recompute`` (+ ``recompute_modules``; selective
+_method / _num_layers                  with no list: Megatron-Core's default ``core_attn``)
+enable_cuda_graph (25.09), cuda graph  ``host: cuda_graphs`` for whole-iteration or per-layer
+impl ``local`` / ``full_iteration``    graphs; Transformer Engine graphs of ``attn`` + ``mlp``
+                                       (the whole dense layer) too; scopes that leave experts or
+                                       dispatch eager stay ``eager`` (noted: not modelled)
+tp_comm_overlap                        ``overlap.tp_comm`` (Bridge turns it off when tp < 2 or
+                                       sequence parallelism is off)
+overlap_grad_reduce / _param_gather    ``overlap.grad_reduce`` / ``param_gather`` (dp > 1)
+pp > 1 with vpp > 1 / vpp = 1          ``overlap.p2p`` on / off (Bridge's runtime rule:
+                                       overlapped p2p when interleaved, batched otherwise)
+use_megatron_fsdp                      ``zero_stage: 3``
+grad_reduce_in_fp32 false              ``grad_reduce_dtype: bf16``
+NCCL_NVLS_ENABLE=0                     ``cluster.nvls: false``
+pipeline layout                        ``parallel.pipeline_layout``
+moe_expert_capacity_factor (+ pad)     ``moe.capacity_factor`` (token-drop rows)
+=====================================  ==========================================================
+
+Noted as not modelled: activation offload to the host, HybridEP / DeepEP dispatchers and the
+SMs they reserve, expert-parallel all-to-all overlap, FP8/FP4 parameter all-gathers, FP8
+attention, paged stashing, per-module CUDA-graph scopes, NVFP4 recipes that keep no BF16
+layers at the ends (clustersim's ``nvfp4`` keeps 2 + 8).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+from .ingest import _key
+
+__all__ = ["BRIDGE_TAGS", "bridge_layout", "bridge_recipe", "bridge_release", "bridge_settings", "NOT_MODELLED"]
+
+DATA = Path(__file__).parent / "data" / "megatron_bridge_recipes.json"
+_REPO = "NVIDIA-NeMo/Megatron-Bridge"
+
+#: NeMo container release -> Megatron-Bridge tag (docs/releases/software-versions.md at v0.6.0;
+#: 26.02.01 and 26.04.01 from the known-issues page and the docs' version list; 26.06.01 from
+#: the 0.5.1 docs commit; 26.08 from the Nemotron 3 Lightning README).
+BRIDGE_TAGS = {"25.09": "v0.1.0rc3", "25.11": "v0.2.0", "26.02": "v0.3.0", "26.02.01": "v0.3.1",
+               "26.04": "v0.4.0", "26.04.01": "v0.4.2", "26.06": "v0.5.0", "26.06.01": "v0.5.1",
+               "26.08": "v0.6.0"}
+
+#: Prefix of the notes naming a recipe feature clustersim does not model (the report counts them).
+NOT_MODELLED = "not modelled: "
+
+
+def bridge_release(framework: str) -> str | None:
+    """The NeMo release of a ``Megatron-Bridge / NeMo 26.04.01`` framework cell; None when the
+    cell names no Megatron-Bridge release.
+
+    >>> bridge_release("Megatron-Bridge / NeMo 26.04.01"), bridge_release("NeMo 24.09")
+    ('26.04.01', None)
+    """
+    if "bridge" not in framework.lower():
+        return None
+    m = re.search(r"\b(\d\d\.\d\d(?:\.\d\d)?)\b", framework)
+    return m.group(1) if m else None
+
+
+@lru_cache(maxsize=1)
+def _records() -> tuple[dict, ...]:
+    return tuple(json.loads(DATA.read_text()))
+
+
+def _recipe_precision(precision: str) -> str:
+    """The recipe's precision label of a clustersim precision recipe name."""
+    return {"bf16": "BF16", "fp8_tensorwise": "FP8-CS", "fp8_delayed": "FP8-CS", "mxfp8": "FP8-MX",
+            "nvfp4": "NVFP4"}.get(precision, precision.upper())
+
+
+def bridge_recipe(release: str, model: str, gpu: str, precision: str, layout: dict) -> tuple[dict | None, str]:
+    """``(record or None, how it was chosen)`` for a row: the recipe of ``release`` for the
+    model name (punctuation-blind against the recipe's name, variant tags removed), GPU
+    (``B200`` / ``GB200``; others have none), clustersim precision; among variants, the one
+    whose tp, pp, cp, ep, vpp, micro and global batch equal ``layout``'s, else the default."""
+    key = _key(model)
+    cands = [r for r in _records() if r["release"] == release and _key(r["recipe"]) == key and r["gpu"] == gpu
+             and r["precision"] == _recipe_precision(precision)]
+    if not cands:
+        return None, (f"no Megatron-Bridge {release} ({BRIDGE_TAGS.get(release, '?')}) performance recipe for "
+                      f"{model} on {gpu} in {_recipe_precision(precision)}")
+
+    def same(r):
+        k = r["knobs"]
+        return all((k.get(name) or 1) == layout.get(name, 1) for name in ("tp", "pp", "cp", "ep", "vpp", "mbs", "gbs"))
+    matching = [r for r in cands if same(r)]
+    if matching:
+        best = next((r for r in matching if r["default"]), matching[0])
+        return best, f"recipe variant '{best['variant']}' (its degrees and batch match the row)"
+    default = next((r for r in cands if r["default"]), cands[0])
+    k = default["knobs"]
+    theirs = " ".join(f"{n}{k.get(n) or 1}" for n in ("tp", "pp", "cp", "ep", "vpp", "mbs", "gbs"))
+    return default, f"default variant '{default['variant']}' ({theirs}; no variant matches the row's degrees)"
+
+
+def bridge_layout(recipe: str, stages: int, release: str) -> tuple[str, dict] | None:
+    """``(layout, record)``: a pipeline layout some release's recipe for ``recipe`` gives
+    ``stages`` virtual stages (pp x vpp), the release nearest ``release`` first; None when no
+    release has one.  Megatron-Bridge's DeepSeek-V3 layouts depend on pp x vpp only (its
+    ``_get_deepseek_v3_pipeline_layout`` maps (4, 4), (8, 2) and (16, 1) to one layout)."""
+    from workloads.parallel import parse_pipeline_layout
+    releases = list(BRIDGE_TAGS)
+    here = releases.index(release) if release in releases else 0
+    found = []
+    for r in _records():
+        layout = r["knobs"].get("pipeline_layout")
+        if r["recipe"] != recipe or not layout:
+            continue
+        if len(parse_pipeline_layout(layout)) == stages:
+            found.append((abs(releases.index(r["release"]) - here), not r["default"], layout, r))
+    if not found:
+        return None
+    best = min(found, key=lambda f: f[:2])
+    return best[2], best[3]
+
+
+def _link(r: dict) -> str:
+    return f"{_REPO} {r['source'].split(' + ')[0].split(' @ ')[0]} @ {r['bridge_ref']}"
+
+
+def bridge_settings(record: dict, par: dict, model_is_moe: bool) -> tuple[dict, list[str]]:
+    """``(settings, notes)``: what ``record``'s switches set in a scenario whose parallel
+    section is ``par`` (the row's degrees, which win over the recipe's).  ``settings`` has
+    the keys ``parallel``, ``overlap``, ``cluster``, ``model``, ``moe``, ``host`` and
+    ``grad_reduce_dtype`` (each only when set)."""
+    k = record["knobs"]
+    link = _link(record)
+    notes: list[str] = []
+    out: dict = {"parallel": {}, "overlap": {}, "cluster": {}, "model": {}, "moe": {}}
+    p = out["parallel"]
+    tp, pp, dp = par["tp"], par["pp"], par["dp"] * (par["ep"] if "etp" not in par else 1)
+    vpp = par.get("vpp", 1)
+    set_here = []
+
+    if "sequence_parallel" in k:
+        p["sequence_parallel"] = bool(k["sequence_parallel"]) and tp > 1
+        set_here.append(f"sequence_parallel={str(p['sequence_parallel']).lower()}")
+    gran = k.get("recompute_granularity")
+    if gran == "full":
+        p["recompute"] = "full"
+        if k.get("recompute_method"):
+            p["recompute_method"] = k["recompute_method"]
+        if k.get("recompute_num_layers"):
+            p["recompute_num_layers"] = int(k["recompute_num_layers"])
+        set_here.append(f"recompute full ({k.get('recompute_method')}, {k.get('recompute_num_layers')} layers)")
+    elif gran == "selective":
+        mods = list(k.get("recompute_modules") or ["core_attn"])
+        from workloads.parallel import RECOMPUTE_MODULES
+        unknown = [m for m in mods if m not in RECOMPUTE_MODULES]
+        mods = [m for m in mods if m in RECOMPUTE_MODULES]
+        if unknown:
+            notes.append(NOT_MODELLED + f"recompute of {', '.join(unknown)} (Megatron-Bridge recipe)")
+        p["recompute"] = "selective" if mods else "none"
+        if mods:
+            p["recompute_modules"] = mods
+        set_here.append(f"recompute selective {mods}")
+    else:
+        p["recompute"] = "none"
+        set_here.append("recompute none")
+
+    host, graph_note = _cuda_graphs(k, model_is_moe)
+    out["host"] = host
+    set_here.append(f"host {host}")
+    if graph_note:
+        notes.append(graph_note)
+
+    tpo = bool(k.get("tp_comm_overlap")) and tp > 1 and p.get("sequence_parallel", tp > 1)
+    out["overlap"]["tp_comm"] = tpo
+    out["overlap"]["grad_reduce"] = bool(k.get("overlap_grad_reduce", True)) and dp > 1
+    out["overlap"]["param_gather"] = bool(k.get("overlap_param_gather", True)) and dp > 1
+    out["overlap"]["p2p"] = bool(k.get("overlap_p2p_comm", pp > 1 and vpp > 1)) and pp > 1
+    set_here.append("overlap " + ", ".join(f"{n}={str(v).lower()}" for n, v in out["overlap"].items()))
+
+    if k.get("use_megatron_fsdp"):
+        p["zero_stage"] = 3
+        p["distributed_optimizer"] = True
+        set_here.append(f"Megatron-FSDP ({k.get('data_parallel_sharding_strategy', 'optim_grads_params')}) -> "
+                        "zero_stage 3")
+    elif "use_distributed_optimizer" in k:
+        p["distributed_optimizer"] = bool(k["use_distributed_optimizer"])
+        p["zero_stage"] = 1 if p["distributed_optimizer"] else 0
+        set_here.append(f"distributed_optimizer={str(p['distributed_optimizer']).lower()}")
+    if k.get("grad_reduce_in_fp32") is False:
+        out["grad_reduce_dtype"] = "bf16"
+        set_here.append("grad_reduce_in_fp32 false -> bf16 gradient reduction")
+    if str(k.get("NCCL_NVLS_ENABLE", "")) == "0":
+        out["cluster"]["nvls"] = False
+        set_here.append("NCCL_NVLS_ENABLE=0 -> nvls off")
+    if k.get("pipeline_layout") and pp > 1:
+        p["pipeline_layout"] = k["pipeline_layout"]
+        set_here.append(f"pipeline layout {k['pipeline_layout']}")
+    if model_is_moe and k.get("moe_expert_capacity_factor") is not None:
+        out["moe"]["capacity_factor"] = float(k["moe_expert_capacity_factor"])
+        set_here.append(f"moe capacity factor {k['moe_expert_capacity_factor']}"
+                        + (" padded to capacity" if k.get("moe_pad_expert_input_to_capacity") else ""))
+
+    notes.insert(0, f"Megatron-Bridge recipe ({link}): " + "; ".join(set_here))
+    notes += _not_modelled(k, model_is_moe, tp)
+    return out, notes
+
+
+def _cuda_graphs(k: dict, model_is_moe: bool) -> tuple[str, str | None]:
+    """``(host mode, note or None)`` of a recipe's CUDA-graph switches."""
+    impl = k.get("cuda_graph_impl")
+    scope = k.get("cuda_graph_scope") or k.get("cuda_graph_modules") or []
+    if isinstance(scope, str):
+        scope = [scope]
+    if k.get("enable_cuda_graph"):
+        return "cuda_graphs", ("per-layer CUDA graphs (enable_cuda_graph): run as cuda_graphs; the optimizer step, "
+                               "embedding and loss stay eager in the run (not modelled)")
+    if impl in ("local", "full_iteration") and (impl == "full_iteration" or "full_iteration" in scope):
+        return "cuda_graphs", None
+    if impl == "transformer_engine" and scope:
+        if not model_is_moe and {"attn", "mlp"} <= set(scope):
+            return "cuda_graphs", None
+        return "eager", NOT_MODELLED + f"partial CUDA graphs (scope {', '.join(scope)}): the rest is issued eagerly"
+    return "eager", None
+
+
+def _not_modelled(k: dict, model_is_moe: bool, tp: int) -> list[str]:
+    out = []
+    if k.get("cpu_offloading_num_layers"):
+        out.append(NOT_MODELLED + f"activation offload to the host ({k['cpu_offloading_num_layers']} layers)")
+    if k.get("fine_grained_activation_offloading"):
+        out.append(NOT_MODELLED + f"fine-grained activation offload ({', '.join(k.get('offload_modules') or [])})")
+    if model_is_moe:
+        if k.get("moe_token_dispatcher_type") == "flex":
+            out.append(NOT_MODELLED + f"{k.get('moe_flex_dispatcher_backend', 'flex')} dispatcher (SMs reserved for "
+                                      "the all-to-all; run as NCCL all-to-all)")
+        if k.get("overlap_moe_expert_parallel_comm"):
+            out.append(NOT_MODELLED + "expert-parallel all-to-all overlap (overlap_moe_expert_parallel_comm)")
+        if k.get("moe_paged_stash"):
+            out.append(NOT_MODELLED + "MoE paged stash")
+    if k.get("fp8_param_gather") and k.get("fp8"):
+        out.append(NOT_MODELLED + "FP8 parameter all-gather (fp8_param_gather; clustersim gathers BF16)")
+    if k.get("fp4_param_gather") and k.get("fp4"):
+        out.append(NOT_MODELLED + "FP4 parameter all-gather (fp4_param_gather; clustersim gathers BF16)")
+    if k.get("fp8_dot_product_attention"):
+        out.append(NOT_MODELLED + "FP8 attention (fp8_dot_product_attention)")
+    if k.get("fp4") and not k.get("num_layers_at_start_in_bf16") and not k.get("num_layers_at_end_in_bf16") \
+            and not k.get("first_last_layers_bf16"):
+        out.append(NOT_MODELLED + "NVFP4 with no BF16 layers at the ends (clustersim's nvfp4 keeps 2 + 8)")
+    return out
