@@ -180,7 +180,7 @@ FRAMEWORKS: dict[str, dict] = {
 # or '' for any, cluster overrides or None when clustersim cannot express it, note)).
 _NVLS_OFF = ({"nvls": False}, "NCCL_NVLS_ENABLE=0 in the recipe -> cluster.nvls: false (ring/tree on NVLink)")
 _NEMO_RECIPES = {
-    "gpt3-175b": [("fp8", None, "FP8 parameter all-gather (NeMo fp8_params: true; clustersim gathers BF16)")],
+    "gpt3-175b": [("fp8", None, "parameter all-gather in FP8 (NeMo fp8_params: true; clustersim gathers BF16)")],
     "llama3.1-70b": [("", *_NVLS_OFF)],
     "llama3.1-405b": [("", *_NVLS_OFF)],
 }
