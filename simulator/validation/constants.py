@@ -1,0 +1,422 @@
+"""The constants registry: every number that shapes a step-time prediction, where it comes from,
+and a way to perturb the ones nobody measured.
+
+Each :class:`Constant` names a module attribute (``workloads.costs.compute.HBM_EFFICIENCY``),
+or one field of every value of a table (``topologies.specs.GPU_SPECS[*].peak_flops``), and
+says which of four provenance classes it belongs to (:data:`PROVENANCES`):
+
+``datasheet``
+    a vendor or standards specification (peak FLOP/s, link rates, SM counts);
+``microbenchmark``
+    a measurement: ours (``experiments/microbench``), nccl-tests, mamf-finder, or a
+    benchmark figure in a paper;
+``framework source``
+    read from the code of Megatron-LM, NCCL, CUTLASS, FlashAttention or Transformer Engine;
+``assumption``
+    chosen by us, with no direct measurement behind the value.
+
+The class follows the constant's own comment in the code; where a comment gives no
+measurement, the constant is an assumption.  A table that mixes classes is filed under the
+class of most of its entries, and :attr:`Constant.source` names the exceptions.
+
+:func:`scaled` multiplies a constant by a factor inside a ``with`` block and puts the
+original objects back afterwards.  Dict-valued constants are changed in place, every
+numeric leaf scaled (nested dicts, tuples, named tuples and dataclasses included; booleans,
+strings and keys untouched), so every module holding a reference sees the change.  Scalar
+constants are replaced on their module and on every loaded module that imported the same
+object, and :attr:`Constant.bound` lists the dataclass field defaults that copied the value
+when the class was defined (``MemoryModel.efficiency = HBM_EFFICIENCY``); those are patched
+too.  The perturbation is process-local: simulate in the same process (``validate(...,
+workers=1)``).  Model objects built before the ``with`` block keep their values.
+
+>>> from workloads.costs import compute
+>>> with scaled("workloads.costs.compute.HBM_EFFICIENCY", 1.1):
+...     round(compute.MemoryModel(1e12).efficiency, 3)
+0.935
+>>> compute.MemoryModel(1e12).efficiency
+0.85
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import numbers
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["PROVENANCES", "Constant", "REGISTRY", "get", "assumptions", "resolve", "scaled", "scale_value",
+           "clear_caches", "registry_markdown"]
+
+PROVENANCES = ("datasheet", "microbenchmark", "framework source", "assumption")
+"""The provenance classes, from most to least grounded."""
+
+_WILDCARD = "[*]."
+
+
+@dataclass(frozen=True, slots=True)
+class Constant:
+    """One registered constant.
+
+    ``name`` is ``package.module.ATTR`` or ``package.module.TABLE[*].field`` (that field of
+    every value of the dict ``TABLE``).
+    """
+
+    name: str
+    value: str
+    """The value, shortened for a table."""
+    provenance: str
+    """One of :data:`PROVENANCES`."""
+    source: str
+    """Where the value comes from, as the code's own comment gives it."""
+    shapes: str
+    """What in a prediction it affects."""
+    bound: tuple[str, ...] = ()
+    """``package.module.Class.field``: dataclass field defaults that copy this value and
+    must be scaled with it."""
+
+    def perturb(self, factor: float):
+        """Context manager: this constant (and its :attr:`bound` defaults) times ``factor``."""
+        return scaled(self.name, factor)
+
+
+# -- resolution --------------------------------------------------------------------------------------
+def _split(name: str) -> tuple[str, str, str | None]:
+    """``(module, attribute, field or None)`` of a registry name."""
+    field = None
+    if _WILDCARD in name:
+        name, field = name.split(_WILDCARD, 1)
+    module, _, attr = name.rpartition(".")
+    if not module or not attr:
+        raise ValueError(f"not a module attribute: {name!r}")
+    return module, attr, field
+
+
+def resolve(name: str) -> Any:
+    """The current value named by ``name``; for ``TABLE[*].field``, ``{key: value.field}``.
+
+    Raises AttributeError / ModuleNotFoundError when the name does not exist.
+    """
+    module, attr, field = _split(name)
+    obj = getattr(importlib.import_module(module), attr)
+    if field is None:
+        return obj
+    return {k: getattr(v, field) for k, v in obj.items()}
+
+
+# -- scaling -----------------------------------------------------------------------------------------
+def scale_value(value: Any, factor: float) -> Any:
+    """A copy of ``value`` with every numeric leaf times ``factor``.
+
+    Numbers (not booleans) are multiplied; dicts (values only), tuples, named tuples and
+    dataclass instances are rebuilt with scaled contents; anything else is returned as is.
+
+    >>> scale_value({"a": (1, 2.0), "b": True, "c": "x"}, 2)
+    {'a': (2, 4.0), 'b': True, 'c': 'x'}
+    """
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, numbers.Real):
+        out = value * factor
+        return int(out) if isinstance(value, int) and float(out).is_integer() else out
+    if isinstance(value, dict):
+        return {k: scale_value(v, factor) for k, v in value.items()}
+    if isinstance(value, tuple):
+        items = [scale_value(v, factor) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: scale_value(getattr(value, f.name), factor) for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **changes)
+    return value
+
+
+def _scale_dict_in_place(d: dict, factor: float, undo: list) -> None:
+    for k, v in list(d.items()):
+        if isinstance(v, dict):
+            _scale_dict_in_place(v, factor, undo)
+        else:
+            undo.append((d, k, v))
+            d[k] = scale_value(v, factor)
+
+
+@contextmanager
+def _scaled_dict(d: dict, factor: float) -> Iterator[None]:
+    undo: list = []
+    try:
+        _scale_dict_in_place(d, factor, undo)
+        yield
+    finally:
+        for container, key, old in reversed(undo):
+            container[key] = old
+
+
+@contextmanager
+def _scaled_field(table: dict, field: str, factor: float) -> Iterator[None]:
+    """Every value of ``table`` (dataclass instances) with ``field`` scaled."""
+    old = dict(table)
+    try:
+        for k, v in old.items():
+            table[k] = dataclasses.replace(v, **{field: scale_value(getattr(v, field), factor)})
+        yield
+    finally:
+        table.clear()
+        table.update(old)
+
+
+@contextmanager
+def _replaced_attribute(module_name: str, attr: str, new: Any) -> Iterator[None]:
+    """``module.attr = new``, and the same on every loaded module that imported the same object."""
+    module = importlib.import_module(module_name)
+    old = getattr(module, attr)
+    holders = [module] + [m for m in list(sys.modules.values())
+                          if m is not None and m is not module and getattr(m, "__dict__", {}).get(attr) is old]
+    try:
+        for m in holders:
+            setattr(m, attr, new)
+        yield
+    finally:
+        for m in holders:
+            setattr(m, attr, old)
+
+
+@contextmanager
+def _dataclass_default(path: str, factor: float) -> Iterator[None]:
+    """The default of dataclass field ``package.module.Class.field`` times ``factor``.
+
+    A dataclass's generated ``__init__`` keeps its defaults as ordinary function defaults
+    (``__defaults__`` for positional parameters, ``__kwdefaults__`` for keyword-only ones);
+    both, and the field record, are patched and restored.
+    """
+    owner, _, field = path.rpartition(".")
+    module_name, _, cls_name = owner.rpartition(".")
+    cls = getattr(importlib.import_module(module_name), cls_name)
+    init = cls.__init__
+    code = init.__code__
+    positional = code.co_varnames[:code.co_argcount]
+    fld = cls.__dataclass_fields__[field]
+    old_defaults, old_kwdefaults, old_field_default = init.__defaults__, init.__kwdefaults__, fld.default
+    try:
+        if old_kwdefaults and field in old_kwdefaults:
+            kw = dict(old_kwdefaults)
+            kw[field] = scale_value(kw[field], factor)
+            init.__kwdefaults__ = kw
+        elif field in positional and old_defaults:
+            i = positional.index(field) - (len(positional) - len(old_defaults))
+            if i < 0:
+                raise ValueError(f"{path} has no default")
+            d = list(old_defaults)
+            d[i] = scale_value(d[i], factor)
+            init.__defaults__ = tuple(d)
+        else:
+            raise ValueError(f"{path} has no default in {cls_name}.__init__")
+        fld.default = scale_value(old_field_default, factor)
+        yield
+    finally:
+        init.__defaults__, init.__kwdefaults__ = old_defaults, old_kwdefaults
+        fld.default = old_field_default
+
+
+def _ensure_loaded() -> None:
+    """Import the simulator's modules, so that every module that imports a constant by name
+    is loaded before a scalar is replaced (and restored) on all of them."""
+    for m in ("topologies", "workloads", "workloads.costs", "simulator.collectives", "simulator.engine",
+              "simulator.validation"):
+        importlib.import_module(m)
+
+
+def clear_caches() -> None:
+    """Clear the functools caches of the cost and memory code (none of them depends on a
+    registered constant today; cleared anyway so a perturbed run can never see a value
+    cached under another one)."""
+    from workloads import memory, model
+    from workloads.costs import compute
+    for fn in (compute.expected_max_normal, memory._held, model._read_preset):
+        cache_clear: Callable[[], None] | None = getattr(fn, "cache_clear", None)
+        if cache_clear is not None:
+            cache_clear()
+
+
+@contextmanager
+def scaled(name: str, factor: float) -> Iterator[None]:
+    """Within the block, the constant ``name`` is ``factor`` times its value.
+
+    ``name`` need not be registered (any module attribute works); a registered constant's
+    :attr:`Constant.bound` dataclass defaults are scaled with it.  Caches are cleared on
+    entry and exit.
+    """
+    _ensure_loaded()
+    module, attr, field = _split(name)
+    obj = getattr(importlib.import_module(module), attr)
+    entry = _BY_NAME.get(name)
+    with ExitStack() as stack:
+        if field is not None:
+            stack.enter_context(_scaled_field(obj, field, factor))
+        elif isinstance(obj, dict):
+            stack.enter_context(_scaled_dict(obj, factor))
+        else:
+            stack.enter_context(_replaced_attribute(module, attr, scale_value(obj, factor)))
+        for path in (entry.bound if entry else ()):
+            stack.enter_context(_dataclass_default(path, factor))
+        clear_caches()
+        stack.callback(clear_caches)
+        yield
+
+
+# -- the registry ------------------------------------------------------------------------------------
+_C = "workloads.costs.compute."
+_F = "workloads.costs.flops."
+_N = "simulator.collectives.nccl."
+_S = "topologies.specs."
+_TUNING = "NVIDIA/nccl src/graph/tuning.cc (v2.27.7-1)"
+_MLE = "stas00/ml-engineering"
+
+REGISTRY: tuple[Constant, ...] = (
+    # compute: GEMMs
+    Constant(f"{_S}GPU_SPECS[*].peak_flops", "H100 989 / 1979 TFLOP/s BF16 / FP8; A100 312 BF16; B200 2250 BF16",
+             "datasheet", "NVIDIA datasheets (via stas00/ml-engineering, glennklockwood.com)",
+             "dense tensor-core peak: the scale of every GEMM and attention time"),
+    Constant(f"{_S}GPU_SPECS[*].mamf_flops", "H100 794.5 BF16, 1402.6 FP8; A100 271.2 BF16; B200 1745 BF16",
+             "microbenchmark", f"mamf-finder results ({_MLE})",
+             "best achievable GEMM rate: the ceiling of the GEMM model"),
+    Constant(f"{_C}MAMF_BEST_SHAPES", "e.g. H100 BF16 2048x2048x13312", "microbenchmark",
+             f"shapes where mamf-finder found the MAMF ({_MLE})",
+             "reference utilisation the tile/wave model is normalised to"),
+    Constant(f"{_C}MAMF_FALLBACK_FRACTION", "Hopper BF16 0.803, FP8 0.709; Blackwell 0.729", "microbenchmark",
+             "measured MAMF / peak of the same generation's measured GPU, reused for unmeasured GPUs",
+             "GEMM ceiling of GPUs / dtypes without a MAMF (H800, GB300, FP16)"),
+    Constant(f"{_C}_MAMF_DEFAULT_FRACTION", "0.70", "assumption",
+             "chosen below every measured MAMF fraction", "GEMM ceiling of dtypes never measured (FP4, TF32)"),
+    Constant(f"{_C}SM_COUNTS", "A100 108, H100 132, B200 148, B300 160", "datasheet",
+             "NVIDIA architecture whitepapers; B200 from cudaGetDeviceProperties reports",
+             "wave quantisation of GEMMs"),
+    Constant(f"{_C}GEMM_TILES", "128x256, 256x128, 128x128", "framework source",
+             "CUTLASS SM90 warp-specialised GEMM tiles and cuBLAS kernel names", "tile quantisation of GEMMs"),
+    Constant(f"{_C}GEMM_K_BLOCK", "64", "framework source", "K step of CUTLASS SM80/SM90 BF16 main loops",
+             "K padding of GEMMs"),
+    Constant(f"{_C}GEMM_K_OVERHEAD", "128 (units of K)", "assumption",
+             "per-tile prologue/epilogue cost, shaped like mamf-finder's small-K fall-off but not fitted",
+             "efficiency of small-K GEMMs (MoE wgrad, MLA down-projections)",
+             bound=(f"{_C}GemmModel.k_overhead",)),
+    Constant(f"{_C}SUSTAINED_FRACTION", "Hopper GEMM 0.938, attention 0.874; Blackwell 0.814; Ampere 0.926",
+             "microbenchmark",
+             f"all-8-GPU sustained vs burst matmul rates ({_MLE} accelerator benchmarks); Ampere from NVIDIA's "
+             "HPL sustained clock; H100 = H200 and FP8 = BF16 assumed",
+             "GEMM and attention rate under a full node's power limit"),
+    Constant(f"{_C}CHIP_SPREAD", "sigma 0.93 % Hopper, 0.88 % Blackwell", "microbenchmark",
+             f"median vs slowest GPU of a measured node ({_MLE}); Ampere's sigma assumed equal to Hopper's",
+             "slowest-chip derating growing with the number of GPUs"),
+    # compute: attention
+    Constant(f"{_C}FLASH_ATTENTION_EFFICIENCY", "Hopper BF16 F 0.72 / B 0.52; Ampere 0.70 / 0.55",
+             "microbenchmark",
+             "kernel benchmarks in the FlashAttention-2/3/4 papers; FP8 backward and Blackwell backward assumed",
+             "attention kernel time (FlashAttention runs)"),
+    Constant(f"{_C}FA_SEQ_HALF", "384 tokens", "assumption",
+             "sequence-length ramp fitted by eye to the FA2/FA3 papers' curves",
+             "attention efficiency at short per-rank sequences (CP shards)",
+             bound=(f"{_C}AttentionModel.seq_half",)),
+    Constant(f"{_F}ATTN_BLOCK_SIZE", "128", "framework source", "FA3 causal tile size for head dim 128",
+             "executed fraction of the causal attention FLOPs"),
+    # compute: memory-bound ops and launches
+    Constant(f"{_S}GPU_SPECS[*].hbm_bandwidth_bytes_per_s", "A100 2.04, H100 3.35, H200 4.8, B200 8 TB/s",
+             "datasheet", "NVIDIA datasheets", "time of memory-bound (element-wise) ops"),
+    Constant(f"{_C}HBM_EFFICIENCY", "0.85", "assumption",
+             "chosen a little below the 90-92 % a STREAM copy reaches on H100",
+             "time of every memory-bound op (norms, activations, casts, optimizer)",
+             bound=(f"{_C}MemoryModel.efficiency",)),
+    Constant(f"{_F}ACT_BYTES", "2", "framework source", "Megatron --bf16: BF16 activations between kernels",
+             "bytes of element-wise ops"),
+    Constant(f"{_F}_ADAM_BYTES_PER_PARAM", "30", "framework source",
+             "Megatron distributed-optimizer fused Adam: reads and writes of FP32 state and the BF16 copy",
+             "optimizer step time"),
+    Constant(f"{_F}_CE_BYTES_PER_LOGIT", "unfused 38 / 22, fused 6 / 6", "framework source",
+             "Megatron vocab-parallel cross entropy, pass by pass", "loss time over the vocabulary"),
+    Constant(f"{_F}_VOCAB_MULTIPLE", "128 (x tp)", "framework source",
+             "Megatron --make-vocab-size-divisible-by default", "padded vocabulary: output-layer GEMM size"),
+    Constant("workloads.costs.precision.DTYPE_BYTES", "fp32 4, bf16 2, fp8 1, fp4 0.5", "datasheet",
+             "number-format definitions (IEEE 754, OCP FP8 / MX)", "bytes moved by GEMMs, casts and collectives"),
+    Constant("workloads.costs.precision.PRECISION_RECIPES", "bf16, fp8_delayed, fp8_blockwise, mxfp8, nvfp4 ...",
+             "framework source",
+             "Transformer Engine recipes; cast bytes counted from their kernels (NVFP4's BF16 SP gather assumed)",
+             "GEMM dtypes, quantisation (cast) cost, FP8 weight copies"),
+    Constant(f"{_C}LAUNCH_OVERHEAD_S", "eager 3 us, CUDA graphs 0.5 us per kernel", "assumption",
+             "our estimate of the exposed launch cost (order of magnitude from NVIDIA's CUDA Graphs blog)",
+             "per-kernel cost added to every op"),
+    Constant(f"{_C}HOST_COSTS", "eager: 73.6 us/kernel, 227 us/call, 0.891 ms/checkpoint", "microbenchmark",
+             "experiments/microbench/gpu_bench.py on one H100 host; call cost reused for non-TP groups "
+             "(assumed), CUDA graphs zero (assumed)",
+             "host issue time the GPU may wait for (small layers, high TP, full recompute)"),
+    # communication
+    Constant("simulator.engine.simulate.COMM_SLOWDOWN", "1.189 (all generations)", "microbenchmark",
+             "Lee et al., arXiv 2507.03114: compute kernels 18.9 % slower on average under overlapping NCCL",
+             "compute slowed while a collective shares the GPU"),
+    Constant(f"{_S}GPU_SPECS[*].nvlink_bandwidth_bytes_per_s", "A100 300, H100 450, H800 200, B200 900 GB/s",
+             "datasheet", "NVIDIA datasheets; H800 from secondary spec pages and the DeepSeek-V3 report",
+             "intra-node collective bandwidth (TP, EP, CP, part of DP)"),
+    Constant(f"{_S}NIC_SPECS", "HDR 200, NDR 400, XDR 800 Gb/s", "datasheet", "InfiniBand generation rates",
+             "inter-node bandwidth (DP, PP, EP across nodes)"),
+    Constant(f"{_S}PCIE_BANDWIDTH", "Gen4 31.5, Gen5 63 GB/s", "datasheet", "PCI-SIG base specifications",
+             "GPU-NIC hop"),
+    Constant(f"{_S}LINK_LATENCY_S", "IB hop 0.15 us, cross-rack 2 us", "assumption",
+             "IB hop picked from the Quantum-2 brief's order of magnitude; cross-rack value assumed",
+             "latency of inter-node collectives and transfers",
+             bound=("topologies.cluster.ClusterSpec.xrack_latency_s",)),
+    Constant("simulator.collectives.calibration.CALIBRATIONS", "e.g. Hopper NVLink 0.816, IB 0.912, NVLS 0.840",
+             "microbenchmark",
+             "fits to nccl-tests: Azure A100 all_reduce (2-32 GPUs), H200 / P5en / P6-B200 bus bandwidths",
+             "achieved fraction of link rates, NVLS rate, A100 per-call latency"),
+    Constant(f"{_N}BASE_LAT_US", "ring Simple 8.4 us, tree LL 6.8 us ...", "framework source", _TUNING,
+             "per-call latency of collectives"),
+    Constant(f"{_N}HW_LAT_US", "per-step NVLink / PCIe / network latencies", "framework source", _TUNING,
+             "per-step latency of collectives; algorithm choice"),
+    Constant(f"{_N}TREE_CORRECTION", "0.4-1.0 by message size", "framework source", _TUNING,
+             "tree all-reduce bandwidth and the ring/tree choice"),
+    Constant(f"{_N}LL_MAX_BW_GBPS", "Hopper 141 / 39 / 20.4 GB/s", "framework source", _TUNING,
+             "LL protocol bandwidth cap (small messages)"),
+    Constant(f"{_N}RING_PLATEAU_FACTOR", "1.4", "framework source", _TUNING,
+             "latency of large multi-node ring all-reduces"),
+    Constant(f"{_N}NET_OVERHEAD_US", "1 us", "framework source", _TUNING, "per-step network post overhead"),
+    Constant(f"{_N}COLLNET_ARITY_US", "0.4 us", "framework source", _TUNING,
+             "CollNet (SHARP) all-reduce latency per local rank"),
+    Constant("simulator.collectives.plans.MAX_RING_CHANNELS", "32", "framework source", "NCCL MAXCHANNELS",
+             "channels a ring or tree can use across rails"),
+    Constant("simulator.collectives.engine.TINY_CALL_BYTES", "4096 bytes", "assumption",
+             "threshold chosen where the bandwidth term is under 1 % of the latency",
+             "calls timed analytically instead of on the flow network"),
+    # memory
+    Constant("workloads.memory.DEFAULT_RESERVE_BYTES", "3 GiB", "assumption",
+             "CUDA context measured (0.75 GiB); NCCL buffers and fragmentation assumed",
+             "memory-fit verdict only (not step time)",
+             bound=("workloads.memory.MemoryOptions.memory_reserve_bytes",)),
+)
+"""Every registered constant."""
+
+_BY_NAME = {c.name: c for c in REGISTRY}
+
+
+def get(name: str) -> Constant:
+    """The registered constant ``name`` (KeyError if not registered)."""
+    return _BY_NAME[name]
+
+
+def assumptions() -> tuple[Constant, ...]:
+    """The constants whose provenance is ``assumption``."""
+    return tuple(c for c in REGISTRY if c.provenance == "assumption")
+
+
+@functools.cache
+def _order() -> dict[str, int]:
+    return {p: i for i, p in enumerate(PROVENANCES)}
+
+
+def registry_markdown() -> str:
+    """The registry as a Markdown table, by provenance class then in registry order."""
+    rows = sorted(REGISTRY, key=lambda c: _order()[c.provenance])
+    lines = ["| constant | value | provenance | source | shapes |", "| --- | --- | --- | --- | --- |"]
+    for c in rows:
+        cells = (f"`{c.name}`", c.value, c.provenance, c.source, c.shapes)
+        lines.append("| " + " | ".join(s.replace("|", "/") for s in cells) + " |")
+    return "\n".join(lines) + "\n"
