@@ -1,9 +1,12 @@
-"""Step-time accuracy on both shared reference sets: predictions, the per-source table, a scatter plot.
+"""Step-time accuracy on the reference sets: predictions, the scoring tables, a scatter plot.
 
 Runs ``simulator.validation.validate`` on
 
 * ``h100``:   ``experiments/reference/published_runs_h100.csv`` (NVIDIA DGX Cloud benchmark
   runs, 32-2,304 H100, BF16 and FP8; 34 rows);
+* ``blackwell``: ``experiments/reference/published_runs_blackwell.csv`` (Megatron-Bridge
+  performance runs of NeMo releases 25.09-26.08 on 8-256 B200 and GB200; 117 rows; each row
+  runs with its release's recipe, ``simulator/validation/releases.py``);
 * ``vtrain``: ``experiments/reference/vtrain/ground_truth_multi.csv`` (vTrain's Megatron runs
   on 64-512 A100; 109 rows),
 * ``vtrain_single``: ``experiments/reference/vtrain/ground_truth_single.csv`` (the same
@@ -12,9 +15,11 @@ Runs ``simulator.validation.validate`` on
   launches, which clustersim does not model, so it shows that limit),
 
 writes ``predictions_<set>.csv`` (one row per input row: measured and predicted step time,
-signed error, status, notes) to the output directory, prints the per-source table
-(rows, simulated, coverage, median / p90 / max / mean absolute error and the median signed
-error) and writes ``scatter.png`` (predicted vs measured step time, log-log, +-10 % band,
+signed error, status, notes) to the output directory, prints the tables (per source, per GPU
+generation, per model family and per distinct configuration: rows, simulated, coverage,
+median / p90 / max / mean absolute error and the median signed error; then the paired-ratio
+and layout-ranking tests) into ``summary.txt``, the pairs into ``paired_ratios.csv``, and
+writes ``scatter.png`` (predicted vs measured step time, log-log, +-10 % band,
 one colour per source).
 
 Run: ``python experiments/validate_all.py [--set all|h100|vtrain] [--limit N] [--max-gpus N]
@@ -27,6 +32,7 @@ machine (its 1,152- and 2,304-GPU Llama 3.1 405B rows most of it), the vTrain se
 from __future__ import annotations
 
 import argparse
+import csv
 import sys
 import time
 from pathlib import Path
@@ -36,6 +42,7 @@ if str(ROOT) not in sys.path:                    # run as a script from any dire
     sys.path.insert(0, str(ROOT))
 
 from simulator.validation import summary, validate  # noqa: E402
+from simulator.validation.report import paired_ratios  # noqa: E402
 
 REFERENCE = ROOT / "experiments" / "reference"
 SETS = {
@@ -102,12 +109,21 @@ def main(argv=None) -> int:
         results += run_set(name, out_dir, limit=args.limit, max_gpus=args.max_gpus, subset=args.subset,
                            quiet=args.quiet, workers=args.workers)
     print()
-    print(summary(results))
+    text = summary(results)
+    print(text)
+    (out_dir / "summary.txt").write_text(text + "\n")
+    pairs = paired_ratios(results)
+    if pairs:
+        with open(out_dir / "paired_ratios.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(pairs[0]))
+            w.writeheader()
+            w.writerows(pairs)
     if not args.no_plot:
         from simulator.report import validation_scatter
         png = out_dir / "scatter.png"
         validation_scatter(results, png)
-        print(f"\npredictions: {', '.join(str(out_dir / f'predictions_{n}.csv') for n in names)}\nscatter: {png}")
+        print(f"\npredictions: {', '.join(str(out_dir / f'predictions_{n}.csv') for n in names)}\nscatter: {png}\n"
+              f"tables: {out_dir / 'summary.txt'}" + (f", {out_dir / 'paired_ratios.csv'}" if pairs else ""))
     return 0
 
 
