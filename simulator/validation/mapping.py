@@ -30,7 +30,9 @@ inter_node_network     ``<n>x ... <b> Gb/s`` overrides the preset's NICs per hos
 model                  a model preset by name, punctuation-blind (``GPT3-175B`` -> gpt3-175b,
                        ``Llama 3.1 70B`` -> llama3.1-70b, ``Mixtral 8x7B`` -> mixtral-8x7b);
                        ``... PROXY (<n> layers)`` -> the preset with ``num_layers = n`` (must
-                       agree with the num_layers cell).  Unknown model: built from the row's
+                       agree with the num_layers cell).  Variant tags (:func:`model_variants`):
+                       ``(tokendrop)`` -> capacity factor 1.0; ``(w/o MTP)`` -> no MTP module;
+                       ``(w/ MTP)`` -> the preset's (unsupported if it has none).  Unknown model: built from the row's
                        dimensions when it gives them (:func:`model_from_dimensions`; the MLP
                        kind from params_b), else unsupported.  The
                        NeMo 405B proxies split evenly (7 layers at pp 1; 21 = pp 3 x vpp 7 x 1;
@@ -48,22 +50,31 @@ size, ffn_hidden_size, vocabulary of the source's FLOP formula; the *executed* v
 num_heads, num_kv_     the row's, except rows whose notes name the GPT2BPETokenizer proxy (the
 heads, vocab_size,     NeMo 24.09 Llama 3.1 405B recipe): GPT-2's 50,257 padded to Megatron's
 num_experts, moe_top_k multiple of 128 x tp (51,200 at tp 8).
+(cells like ``2048 per  ``ffn_hidden_size`` ``<n> per expert`` is the expert width;
+expert``, ``256 routed ``num_experts`` ``<r> routed + <s> shared`` the routed and shared
++ 1 shared``)          expert counts.
 seq_len                ``parallel.seq_len`` (and the model's when it differs).
-tp, pp, cp, ep, vpp    the degrees; empty -> 1.  ``dp`` is Megatron's dense DP, which
+tp, pp, cp, ep, vpp    the degrees; empty -> 1; a tp or pp cell that gives a model-parallel
+                       size without its split (``8 (TP*PP)``) is unsupported.  An ep that does
+                       not fit in dp but in tp*cp*dp: MoE parallel folding with etp 1.  ``dp`` is Megatron's dense DP, which
                        *includes* EP: the five-degree scenario gets ``dp = dp / ep``.  A dp
                        with ``tp*pp*cp*dp*ep = num_gpus`` is read as excluding EP (noted).
                        Empty dp -> ``num_gpus / (tp*pp*cp)``.  Degrees that do not multiply to
                        num_gpus: invalid.
 micro_batch_size,      as given (empty micro-batch: 1, noted; empty global batch: invalid);
 global_batch_size      ``grad_accum`` is checked against ``gbs / (mbs * dense dp)`` (noted).
-sp, zero_fsdp,         as given (booleans; ZeRO stage 0-3 / FSDP = 3); empty -> the
-activation_recompute   framework's default below.
+sp, zero_fsdp,         as given (booleans may carry an annotation, ``yes (TP/SP)``; ZeRO stage
+activation_recompute   0-3, FSDP2 / Megatron-FSDP = 3, ``DDP ...`` = 0; recompute ``full AC``,
+                       ``selective AC``, ``per-op SAC``); empty -> the framework's default below.
 precision              ``BF16`` -> bf16; ``FP16`` -> bf16 (same tensor-core peak; noted);
                        ``FP8`` -> fp8_delayed: NeMo's and Transformer Engine's default FP8
                        recipe (``DelayedScaling``, HYBRID E4M3 forward / E5M2 backward,
                        amax history 1024 in the NeMo 24.09 recipes); ``FP8 current /
                        tensorwise`` -> fp8_tensorwise; ``FP8 block(wise)`` -> fp8_blockwise;
-                       ``MXFP8`` -> mxfp8; ``NVFP4`` / ``FP4`` -> nvfp4; others unsupported.
+                       ``MXFP8`` / ``FP8-MX`` -> mxfp8; ``NVFP4`` / ``FP4`` -> nvfp4;
+                       ``FP8-CS`` -> fp8_tensorwise, and a bare ``FP8`` too in Megatron-Bridge
+                       tables; torchao ``float8 rowwise`` / ``Float8 linears`` ->
+                       fp8_tensorwise (noted); others unsupported.
 schedule               interleaved_1f1b when vpp > 1, else 1f1b.
 =====================  ==========================================================================
 
@@ -79,6 +90,10 @@ Framework defaults for empty cells (echoed per row in ``notes``), :data:`FRAMEWO
   ``NCCL_NVLS_ENABLE=0`` (Llama 3.1 runs) -> ``cluster.nvls: false``,
   ``ub_tp_comm_overlap: true`` -> ``overlap.tp_comm: true`` and ``grad_sync_dtype: bf16``
   -> ``grad_reduce_dtype: bf16``.
+* **Megatron-Bridge** (contains "bridge"): the release's performance recipe
+  (:mod:`.releases`), and where it is silent Bridge's runtime defaults (distributed
+  optimizer; grad-reduce and param-gather overlap when dp > 1; overlapped p2p when
+  interleaved).
 * **Megatron-LM / Megatron-Core / Megatron-DeepSpeed** (contains "megatron"): the
   argument defaults of Megatron-LM: no sequence parallelism, no distributed optimizer
   (ZeRO-0, gradients all-reduced), recompute none, no grad-reduce or param-gather overlap,
@@ -827,6 +842,12 @@ def _published_layout(row: dict, n: int, model: dict, base: dict) -> tuple[dict,
     """``(parallel section, dense dp, notes)``: the five degrees (Megatron's dp includes EP),
     the schedule, and the pipeline split of a layer count that does not divide evenly."""
     notes: list[str] = []
+    for col in ("tp", "pp"):
+        m = re.fullmatch(r"(\d+)\s*\(?\s*(?:tp\s*[x*×]\s*pp|pp\s*[x*×]\s*tp|mp|model[\s-]*parallel\w*)\s*\)?",
+                         _cell(row, col), re.IGNORECASE)
+        if m:
+            raise Unsupported(f"model-parallel size {m.group(1)} given without the TP/PP split ({col} "
+                              f"{_cell(row, col)!r}): the split decides the step, and guessing it would hide that")
     tp, pp, cp, ep, vpp = (_int(row, k) for k in ("tp", "pp", "cp", "ep", "vpp"))
     filled = [k for k, v in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep), ("vpp", vpp)) if v is None]
     tp, pp, cp, ep, vpp = tp or 1, pp or 1, cp or 1, ep or 1, vpp or 1

@@ -141,6 +141,12 @@ def test_expert_parallelism_wider_than_dp_folds_with_expert_tp_1():
         row_to_scenario({**r, "ep": "128"})
 
 
+@pytest.mark.parametrize("cell", ["8 (TP*PP)", "8 (MP)", "16 model parallel", "8 (pp x tp)"])
+def test_a_model_parallel_size_without_its_split_says_so(cell):
+    with pytest.raises(Unsupported, match="without the TP/PP split"):
+        row_to_scenario(row(tp=cell, pp="", vpp=""))
+
+
 # -- FLOP definitions -----------------------------------------------------------------------------------
 def test_a_definition_that_counts_the_recomputed_forward_gives_four_passes():
     # SC'21-style rows: TFLOP/s with the recompute forward counted.  Reading them with the
