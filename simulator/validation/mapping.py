@@ -98,6 +98,9 @@ Framework defaults for empty cells (echoed per row in ``notes``), :data:`FRAMEWO
   argument defaults of Megatron-LM: no sequence parallelism, no distributed optimizer
   (ZeRO-0, gradients all-reduced), recompute none, no grad-reduce or param-gather overlap,
   p2p overlap on (``--no-overlap-p2p-communication`` is the opt-out).
+* **DeepSpeed** (contains "deepspeed" but not "megatron"): ZeRO off unless the row says;
+  ``overlap_comm`` (gradient reduce and parameter gather overlap) only at stage 3, its
+  default there; no sequence parallelism, no recompute, no p2p overlap.
 * **torchtitan**: FSDP2 (ZeRO-3), sequence parallelism with TP (its TP plan shards norms
   along the sequence), selective recompute (its default ``activation_checkpoint.mode``).
 * anything else: clustersim's own defaults (Megatron-Core as in NVIDIA's recipes:
@@ -180,6 +183,14 @@ FRAMEWORKS: dict[str, dict] = {
         "source": "NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/training/comm_overlap.py (dp > 1: grad-reduce and "
                   "param-gather overlap; interleaved pp: overlapped p2p) and the performance recipes "
                   "(distributed optimizer); the release's recipe overrides these (releases.py)",
+    },
+    "deepspeed": {
+        "label": "DeepSpeed config defaults",
+        "sequence_parallel": False, "zero_stage": 0, "distributed_optimizer": False, "recompute": "none",
+        "overlap": {"grad_reduce": "zero3", "param_gather": "zero3", "p2p": False, "tp_comm": False},
+        "convention": "megatron_core_2025",
+        "source": "microsoft/DeepSpeed deepspeed/runtime/zero/config.py (ZeRO off unless configured; overlap_comm "
+                  "defaults to True only at stage 3); its pipeline engine does not overlap p2p",
     },
     "default": {
         "label": "clustersim defaults (Megatron-Core as in NVIDIA recipes)",
@@ -349,6 +360,9 @@ def map_precision(text: str, framework: str | None = None) -> tuple[str, list[st
         if framework == "megatron_bridge":
             return "fp8_tensorwise", ["FP8 -> fp8_tensorwise (Megatron-Bridge's performance tables: plain 'FP8' "
                                       "is current scaling)"]
+        if framework == "torchtitan":
+            return "fp8_tensorwise", ["FP8 -> fp8_tensorwise (torchtitan's float8 converter: torchao Float8Linear, "
+                                      "tensorwise dynamic scaling unless a recipe name says rowwise)"]
         return "fp8_delayed", [("FP8 -> fp8_delayed (NeMo's default FP8 recipe: Transformer Engine DelayedScaling, "
                                 "HYBRID format, amax history 1024)")]
     if "bf16" in k or "bfloat16" in k:
@@ -366,6 +380,8 @@ def _framework(text: str) -> tuple[str, list[str]]:
         return "nemo", []
     if "megatron" in t:
         return "megatron", []
+    if "deepspeed" in t:
+        return "deepspeed", []
     if "torchtitan" in t:
         return "torchtitan", []
     return "default", [f"framework {text or 'not stated'!r} not recognised: {FRAMEWORKS['default']['label']}"]
@@ -966,6 +982,9 @@ def _framework_defaults(row: dict, par: dict) -> tuple[str, dict, dict, list[str
     par.update(sequence_parallel=sp, zero_stage=zero, distributed_optimizer=dist, **rc)
     overlap = {"grad_reduce": prof["overlap"]["grad_reduce"], "param_gather": prof["overlap"]["param_gather"],
                "tp_comm": prof["overlap"].get("tp_comm", False), "p2p": prof["overlap"]["p2p"]}
+    for k, v in overlap.items():
+        if v == "zero3":                            # DeepSpeed: overlap_comm on only at ZeRO stage 3
+            overlap[k] = zero == 3
     used.append("overlap " + ", ".join(f"{k}={str(v).lower()}" for k, v in overlap.items()))
     used.append(f"schedule={par['schedule']}")
     notes.append(f"defaults ({prof['label']}): " + "; ".join(used))

@@ -81,6 +81,18 @@ def test_precision_names_by_framework(text, fw, recipe):
         assert notes                      # every reading that is not literal is said
 
 
+def test_torchtitan_fp8_is_tensorwise_and_deepspeed_overlaps_only_at_zero3():
+    assert map_precision("FP8", "torchtitan")[0] == "fp8_tensorwise"
+    ds = row(framework="DeepSpeed 0.14", tp="1", pp="1", vpp="", cp="", dp="64", zero_fsdp="ZeRO-3")
+    sc, notes = row_to_scenario(ds)
+    assert sc["parallel"]["zero_stage"] == 3
+    assert sc["overlap"]["grad_reduce"] is True and sc["overlap"]["param_gather"] is True
+    sc, _ = row_to_scenario({**ds, "zero_fsdp": "ZeRO-2"})
+    assert sc["overlap"]["grad_reduce"] is False and sc["parallel"]["sequence_parallel"] is False
+    sc, _ = row_to_scenario({**ds, "framework": "Megatron-DeepSpeed", "zero_fsdp": ""})
+    assert sc["parallel"]["zero_stage"] == 0          # Megatron-DeepSpeed reads as Megatron-LM
+
+
 def test_model_variant_tags():
     assert model_variants("DeepSeekV3 (w/o MTP)") == ("DeepSeekV3", ("no_mtp",))
     assert model_variants("DeepSeekV3 (w/ MTP)") == ("DeepSeekV3", ("mtp",))
