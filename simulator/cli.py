@@ -312,7 +312,8 @@ def _search(args) -> int:
     print(f"{counts['candidates']} candidates: {counts['invalid']} invalid, {counts['oom']} out of memory, "
           f"{counts['ok']} feasible ({timing['screened_per_s']:.0f} screened/s); "
           f"{counts['simulated']} simulated in {timing['simulate_s']:.1f} s")
-    print(f"{'#':>3} {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>4} {'ep':>3} {'mbs':>3} {'schedule':<18} {'recompute':<9} "
+    print(f"{'#':>3} {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>4} {'ep':>3} {'etp':>3} {'mbs':>3} {'schedule':<18} "
+          f"{'recompute':<9} "
           f"{'zero':>4} {'mem GB':>7} {'est s':>8} {'sim s':>8} {'MFU':>6}  exposed comm")
     for i, (_, r) in enumerate(ok.iterrows(), 1):
         sched = r["schedule"] + (f" vpp{r['vpp']}" if r["vpp"] > 1 else "")
@@ -320,7 +321,8 @@ def _search(args) -> int:
         mfu = "" if math.isnan(r["sim_mfu"]) else f"{r['sim_mfu']:6.1%}"
         exp = r["exposed_comm_s"] if isinstance(r["exposed_comm_s"], dict) else {}
         exp_s = " ".join(f"{k} {v:.2f}s" for k, v in sorted(exp.items()) if v > 0.005)
-        print(f"{i:>3} {r['tp']:>3} {r['cp']:>3} {r['pp']:>3} {r['dp']:>4} {r['ep']:>3} {r['micro_batch_size']:>3} "
+        print(f"{i:>3} {r['tp']:>3} {r['cp']:>3} {r['pp']:>3} {r['dp']:>4} {r['ep']:>3} {r['etp']:>3} "
+              f"{r['micro_batch_size']:>3} "
               f"{sched:<18} {r['recompute']:<9} {r['zero_stage']:>4} {r['memory_gb']:>7.1f} {r['est_step_s']:>8.3f} "
               f"{sim:>8} {mfu:>6}  {exp_s}")
     if args.plot:

@@ -22,6 +22,10 @@ Knobs and the values tried (each restrictable with ``fixed`` / ``bounds``; any o
 ``pp``                 divisors of the layer count that divide the GPU count / (tp cp)
 ``dp``                 derived: GPUs / (tp cp pp)
 ``ep``                 MoE: divisors of the expert count; dense: 1
+``etp``                MoE: ``tp`` or 1 (expert tensor parallelism), with ``etp * ep`` dividing
+                       ``tp * cp * dp`` (MoE parallel folding: ``dp`` is the dense degree and
+                       the expert data-parallel degree is ``tp * cp * dp / (etp * ep)``);
+                       dense: ``tp``
 ``micro_batch_size``   1, 2, 4, 8 (dividing the batch per replica)
 ``schedule``           gpipe, 1f1b, interleaved_1f1b (``vpp`` 2 or 4), zb_h1, dualpipe
 ``recompute``          none, selective, full
@@ -55,7 +59,7 @@ from ..scenario import load_scenario
 
 __all__ = ["SearchSpec", "candidates", "screen", "search", "plot_search", "KNOBS", "pareto_mask"]
 
-KNOBS = ("tp", "cp", "pp", "dp", "ep", "micro_batch_size", "schedule", "vpp", "recompute", "zero_stage")
+KNOBS = ("tp", "cp", "pp", "dp", "ep", "etp", "micro_batch_size", "schedule", "vpp", "recompute", "zero_stage")
 _SCENARIO_KEYS = ("precision", "overlap", "moe_routing", "num_steps", "grad_reduce_dtype", "seed", "host")
 _SPEC_KEYS = {"model", "cluster", "global_batch_size", "seq_len", "fixed", "bounds", "simulate", "name",
               "description", *_SCENARIO_KEYS}
@@ -96,8 +100,8 @@ class SearchSpec:
             if k not in par_fields:
                 raise ConfigError(f"search.fixed.{k}", fixed[k], f"not a parallel knob; knobs: {', '.join(KNOBS)}")
         for k, v in bounds.items():
-            if k not in ("tp", "cp", "pp", "dp", "ep", "micro_batch_size", "vpp", "zero_stage"):
-                raise ConfigError(f"search.bounds.{k}", v, "bounds apply to numeric knobs: tp, cp, pp, dp, ep, "
+            if k not in ("tp", "cp", "pp", "dp", "ep", "etp", "micro_batch_size", "vpp", "zero_stage"):
+                raise ConfigError(f"search.bounds.{k}", v, "bounds apply to numeric knobs: tp, cp, pp, dp, ep, etp, "
                                                           "micro_batch_size, vpp, zero_stage")
             if (not isinstance(v, (list, tuple)) or len(v) != 2 or not all(isinstance(x, int) for x in v)
                     or v[0] > v[1]):
@@ -170,7 +174,12 @@ def candidates(spec: SearchSpec, cluster=None, model=None) -> list[dict]:
                 dp = n // (tp * cp * pp)
                 if dp not in allowed("dp", [dp]):
                     continue
-                for ep in eps:
+                # MoE parallel folding (Megatron-Core): the expert layers run their own mesh
+                # etp x ep x edp over the same tp x cp x dp ranks; etp is tp (Megatron's default)
+                # or 1, and dp here is the dense degree, which includes ep
+                for ep, etp in [(e, t) for e in eps for t in (allowed("etp", sorted({1, tp})) if model.moe is not None
+                                                              else [tp])
+                                if (tp * cp * dp) % (t * e) == 0]:
                     for mbs in mbss:
                         if spec.global_batch_size % (mbs * dp):
                             continue
@@ -180,7 +189,7 @@ def candidates(spec: SearchSpec, cluster=None, model=None) -> list[dict]:
                                     # without data parallelism the ZeRO stages are one layout
                                     single = dp * cp == 1 and model.moe is None
                                     for z in (zeros[:1] if single else zeros):
-                                        out.append({"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep,
+                                        out.append({"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, "etp": etp,
                                                     "micro_batch_size": mbs, "schedule": sched, "vpp": vpp,
                                                     "recompute": rec, "zero_stage": z,
                                                     "distributed_optimizer": z >= 1,
@@ -201,7 +210,7 @@ def screen(spec: SearchSpec, cands: list[dict], estimator: Estimator | None = No
         from tqdm import tqdm
         it = tqdm(cands, desc="screen", unit="cand")
     for par in it:
-        row = {**{k: par[k] for k in KNOBS}, "status": "ok", "reason": "", "memory_gb": math.nan,
+        row = {**{k: par[k] for k in KNOBS if k != "etp"}, "etp": par.get("etp", par["tp"]), "status": "ok", "reason": "", "memory_gb": math.nan,
                "est_step_s": math.nan, "est_mfu": math.nan}
         try:
             cfg = spec.scenario_for(par)

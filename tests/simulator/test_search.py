@@ -167,3 +167,24 @@ def test_cli_search_bad_input_is_one_line(tmp_path, capsys):
     assert main(["search", str(spec)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "search.bounds.tp" in err[0]
+
+
+def test_a_moe_search_finds_feasible_expert_parallel_layouts():
+    # Mixtral 8x7B on 4 DGX H100 hosts: every ep > 1 candidate used to be refused
+    # ("tp*cp*dp*pp = 64 must equal the number of GPUs, 32"): the candidate's dp is the dense
+    # degree, which includes ep (MoE parallel folding), so it must reach the scenario as such
+    spec = SearchSpec.from_dict({"model": "mixtral-8x7b", "cluster": {"preset": "dgx-h100", "num_nodes": 4},
+                                 "global_batch_size": 64, "seq_len": 4096,
+                                 "fixed": {"micro_batch_size": 1, "schedule": "1f1b", "recompute": "full",
+                                           "zero_stage": 1}})
+    cands = candidates(spec)
+    assert {c["ep"] for c in cands} == {1, 2, 4, 8}
+    assert all((c["tp"] * c["cp"] * c["dp"]) % (c["etp"] * c["ep"]) == 0 for c in cands)
+    assert all(c["etp"] in (1, c["tp"]) for c in cands)
+    table = screen(spec, cands)
+    moe = table[table["ep"] > 1]
+    assert not moe["reason"].str.contains("must equal the number of GPUs").any()
+    feasible = moe[moe["status"] == "ok"]
+    assert len(feasible) > 0 and {2, 4, 8} <= set(feasible["ep"])
+    assert (feasible["etp"] == 1).any() and (feasible["etp"] > 1).any()     # both foldings tried
+    assert (feasible["est_step_s"] > 0).all()
