@@ -110,6 +110,16 @@ def _contention_demo(cluster) -> None:
           f"shares the NICs ({times['with all-to-all'] / times['alone']:.2f}x)")
 
 
+def _memory_line(m: dict) -> str:
+    """The fit verdict after the peak memory: fits with its margin, or short by how much."""
+    if "memory_fits" not in m:
+        return ""
+    margin = m["memory_margin_bytes"] / 1e9
+    if m["memory_fits"]:
+        return f"   fits ({margin:.1f} GB to spare on {m['memory_worst_stage']})"
+    return f"   DOES NOT FIT: {m['memory_worst_stage']} is {-margin:.1f} GB over HBM"
+
+
 def summary_table(res) -> str:
     """The stdout summary of a run."""
     m, sc = res.metrics, res.scenario
@@ -119,7 +129,7 @@ def summary_table(res) -> str:
              f"  MFU              {m['mfu']:.1%}   (bf16 peak {m['mfu_bf16_peak']:.1%}, HFU {m['hfu']:.1%})",
              f"  TFLOP/s per GPU  {m['tflops_per_gpu']:.1f}",
              f"  tokens/s         {m['tokens_per_s']:,.0f}",
-             f"  peak memory      {m['peak_memory_bytes'] / 1e9:.1f} GB",
+             f"  peak memory      {m['peak_memory_bytes'] / 1e9:.1f} GB" + _memory_line(m),
              "  breakdown (the cell that finishes last):"]
     for k, v in sorted(m["breakdown_s"].items(), key=lambda kv: -kv[1]):
         lines.append(f"    {k:<14} {v:9.4f} s  {v / m['step_time_s']:6.1%}")
@@ -171,6 +181,12 @@ def _run(args) -> int:
                 print(f"  {label}: {path}")
     if args.profile:
         print(profile_table(res.profile, res.wall_time_s), file=sys.stderr)
+    if res.metrics.get("memory_fits") is False:
+        print(f"warning: the memory model says this layout does not fit: {res.metrics['memory_worst_stage']} needs "
+              f"{-res.metrics['memory_margin_bytes'] / 1e9:.1f} GB more than the GPU's HBM "
+              f"(`clustersim memory` for the terms)" + ("; --strict: exit 3" if args.strict else ""), file=sys.stderr)
+        if args.strict:
+            return 3
     return 0
 
 
@@ -408,6 +424,9 @@ def _add_simulate(sub) -> None:
                    help="turn on an opt-in approximation (repeatable): coupled_all_to_all")
     p.add_argument("--profile", action="store_true",
                    help="print where the wall time went (graph, program, folding, event loop, solver) on stderr")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 3 when the memory model says the layout does not fit the GPU's HBM (the run still "
+                        "reports its step time; a warning goes to stderr either way)")
     p.add_argument("--per-rank", action="store_true",
                    help="expand the timeline to every rank (a folded run keeps one row per rank cell): the "
                         "Gantt chart and trace then show every rank, --out adds timeline_ranks.csv; large at scale")

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from simulator.cli import main
 
 
@@ -110,3 +112,30 @@ def test_validate_command_reports_every_row(tmp_path, capsys):
     import csv
     rows = list(csv.DictReader(out.open()))
     assert len(rows) == 34 and all(r["status"].startswith("unsupported: over --max-gpus") for r in rows)
+
+
+OOM = {"model": "llama3-70b", "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+       "parallel": {"tp": 8, "pp": 1, "dp": 1, "micro_batch_size": 1, "global_batch_size": 2, "seq_len": 4096,
+                    "recompute": "none"}}
+
+
+def test_run_says_whether_memory_fits_and_strict_exits_3(tmp_path, capsys):
+    import yaml
+    bad = tmp_path / "oom.yaml"
+    bad.write_text(yaml.safe_dump(OOM))
+    assert main(["run", str(bad), "--quiet"]) == 0                   # still reports its step time
+    cap = capsys.readouterr()
+    assert "DOES NOT FIT: pipeline stage 0" in cap.out and "GB over HBM" in cap.out
+    assert "warning: the memory model says this layout does not fit" in cap.err
+    assert main(["run", str(bad), "--quiet", "--strict"]) == 3
+    assert "--strict: exit 3" in capsys.readouterr().err
+    assert main(["run", str(bad), "--quiet", "--json"]) == 0
+    m = json.loads(capsys.readouterr().out)
+    assert m["memory_fits"] is False and m["memory_margin_bytes"] < 0
+    # 70B over 8 GPUs needs 173 GB per GPU at tp 8: the margin is the shortfall
+    assert m["memory_margin_bytes"] == pytest.approx(80 * 2**30 - m["peak_memory_bytes"], rel=0.05)
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(yaml.safe_dump({**OOM, "model": "llama3-8b"}))
+    assert main(["run", str(ok), "--quiet", "--strict"]) == 0
+    cap = capsys.readouterr()
+    assert "fits (" in cap.out and "GB to spare on" in cap.out and "warning" not in cap.err

@@ -22,7 +22,9 @@ that crosses the step boundary is where it runs.  Definitions (each used once):
 ``exposed_comm_s``    the breakdown's ``exposed_<axis>`` terms by axis.
 ``bubble_fraction``   ``breakdown_s["bubble"] / step_time_s``.
 ``link_utilization``  per tier: bytes carried in the step / (tier capacity x step time).
-``peak_memory_bytes`` the memory model's largest stage total.
+``peak_memory_bytes`` the memory model's largest stage total; ``memory_fits`` whether every
+stage fits its GPU's HBM, ``memory_margin_bytes`` the HBM left on the tightest stage
+(negative: short by that much) and ``memory_worst_stage`` which stage that is.
 """
 
 from __future__ import annotations
@@ -126,7 +128,20 @@ def summarize(res, snap_a=None, snap_b=None) -> dict:
         "breakdown_s": bd,
         "link_utilization": util,
         "peak_memory_bytes": max(e.total_bytes for e in res.memory) if res.memory else 0.0,
+        **_memory_verdict(res.memory),
         "num_gpus": n,
         "model_flops_per_step": mf,
         "last_cell": last_cell,
     }
+
+
+def _memory_verdict(memory) -> dict:
+    """``memory_fits`` (every stage within HBM under the memory model), ``memory_margin_bytes``
+    (HBM minus the worst stage's total: negative when it does not fit) and
+    ``memory_worst_stage`` (that stage's description)."""
+    if not memory or memory[0].hbm_bytes is None:
+        return {}
+    worst = max(memory, key=lambda e: e.total_bytes - e.hbm_bytes)
+    return {"memory_fits": all(e.fits() for e in memory),
+            "memory_margin_bytes": float(worst.hbm_bytes - worst.total_bytes),
+            "memory_worst_stage": worst.where}
