@@ -652,7 +652,7 @@ def _attention_params(model: ModelSpec, t: int) -> tuple[float, float]:
         o_gemm = heads * m.v_head_dim * h / t
         gemm += kv_gemm + o_gemm
         p += kv_gemm + norm * m.kv_lora_rank + o_gemm + ((kv_down + kv_up / t + h) if bias else 0)
-        return p, gemm
+        return p + (heads / t if model.attention_sinks else 0), gemm
     q = heads * model.head_dim
     kv = 2 * max(1, model.num_kv_heads // t) * model.head_dim     # replicated when tp > KV heads
     gemm = h * q / t + h * kv + q * h / t
@@ -663,6 +663,8 @@ def _attention_params(model: ModelSpec, t: int) -> tuple[float, float]:
         p += h                                  # row-parallel output bias, replicated
     if model.qk_norm:
         p += 2 * norm * model.head_dim
+    if model.attention_sinks:
+        p += heads / t                          # one sink logit per local query head
     return p, gemm
 
 

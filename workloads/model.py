@@ -15,9 +15,21 @@ style multi-token-prediction (MTP) modules.  Each layer is
 
 ``mlp`` is ``"gelu"`` (two matrices, ``h -> f -> h``) or ``"swiglu"`` (three: gate and up
 ``h -> f``, down ``f -> h``); ``norm`` is ``"layernorm"`` (weight and bias, ``2h``) or
-``"rmsnorm"`` (weight, ``h``).  Nothing else is modelled: no encoder, no cross-attention,
-no sliding-window or linear-attention layers (a sliding window changes FLOPs, not
-parameters), no Qwen2-MoE shared-expert gate (``h`` parameters per layer).
+``"rmsnorm"`` (weight, ``h``).
+
+Sliding-window attention (Mistral 7B, gpt-oss) is a per-layer property: with
+``sliding_window = w`` a query attends to the ``w`` most recent tokens, itself included
+(Hugging Face's ``sliding_window``; Megatron-Core's ``window_size = (w - 1, 0)``), in the
+layers :meth:`ModelSpec.attention_window` names; the others attend causally to the whole
+sequence.  Which layers are windowed follows Megatron-Core: every layer, or all but every
+``window_attn_skip_freq``-th (1-based: ``2`` makes layers 1, 3, 5, ... full, gpt-oss's
+alternation), or an explicit per-layer ``window_layer_pattern``.  A window changes the
+work of core attention (:mod:`workloads.costs.flops`), not the parameters.
+``attention_sinks`` adds gpt-oss's learned per-head sink logit (Megatron's learnable
+``softmax_offset``): ``H`` parameters per layer.
+
+Nothing else is modelled: no encoder, no cross-attention, no linear-attention layers, no
+Qwen2-MoE shared-expert gate (``h`` parameters per layer).
 
 Parameter counts
 ----------------
@@ -26,7 +38,7 @@ dimension, ``f`` an MLP width, ``V`` the vocabulary, ``s`` the sequence length,
 ``n(x)`` the parameters of a norm of width ``x`` and ``m`` = 2 (gelu) or 3 (swiglu)::
 
     attention (GQA)  h*H*d + 2*h*K*d + H*d*h   [+ H*d + 2*K*d  qkv biases]  [+ h  output bias]
-                     [+ 2*n(d)  q/k norms]
+                     [+ 2*n(d)  q/k norms]  [+ H  attention sinks]
     attention (MLA)  q:  h*q_lora + n(q_lora) + q_lora*H*(nope+rope)   (or h*H*(nope+rope) without q_lora)
                      kv: h*(kv_lora+rope) + n(kv_lora) + kv_lora*H*(nope+v)
                      out: H*v*h
@@ -36,8 +48,8 @@ dimension, ``f`` an MLP width, ``V`` the vocabulary, ``s`` the sequence length,
     model            V*h (embedding) [+ s*h learned positions] + layers + n(h) (final norm)
                      [+ V*h output layer unless tied]
 
-``[...]`` terms depend on ``add_bias_linear``, ``qkv_bias``, ``qk_norm``, ``router_bias``,
-``position_embedding`` and ``tied_embeddings``.  Megatron-LM's GPT (gelu, LayerNorm,
+``[...]`` terms depend on ``add_bias_linear``, ``qkv_bias``, ``qk_norm``, ``attention_sinks``,
+``router_bias``, ``position_embedding`` and ``tied_embeddings``.  Megatron-LM's GPT (gelu, LayerNorm,
 biases, learned positions, tied embeddings) thus has ``12 l h^2 + 13 l h + (V + s) h + 2h``
 parameters: Narayanan et al. (SC'21) eq. for P plus the final LayerNorm, which their
 formula leaves out.
@@ -55,7 +67,8 @@ holds in memory.
 Active parameters per token count every dense part, the router, the shared experts and
 ``top_k`` routed experts of each MoE layer.  Publishers disagree on the input embedding:
 Mistral (Mixtral 12.9B) and Qwen (Qwen3 3.3B / 22B) count it; DeepSeek's 36.6B ("37B")
-does not (it counts the output head); hence ``num_active_params(include_embedding=...)``.
+and OpenAI's gpt-oss 5.13B / 3.61B do not (they count the output head); hence
+``num_active_params(include_embedding=...)``.
 
 Defaults
 --------
@@ -316,6 +329,22 @@ class ModelSpec:
     """Biases on the q, k, v projections only (Qwen2; Megatron's ``--add-qkv-bias``)."""
     qk_norm: bool = False
     """A norm over each head's query and key (Qwen3; Megatron's ``--qk-layernorm``): ``2 n(d)``."""
+    sliding_window: int | None = None
+    """Tokens a query attends to in a windowed layer, itself included (Hugging Face's
+    ``sliding_window``; Megatron-Core's ``window_size = (sliding_window - 1, 0)``); None: every
+    layer attends causally to the whole sequence.  Which layers are windowed:
+    ``window_attn_skip_freq`` / ``window_layer_pattern``; :meth:`attention_window`."""
+    window_attn_skip_freq: int | None = None
+    """With ``sliding_window``: every ``N``-th layer, counted from 1, is full (causal)
+    attention and the others are windowed (Megatron-Core's integer ``window_attn_skip_freq``;
+    gpt-oss: 2, layers 1, 3, 5, ... of 0-based indices full).  None: every layer windowed."""
+    window_layer_pattern: tuple[int, ...] | None = None
+    """Explicit per-layer flags, 1 = windowed, 0 = full attention (Megatron-Core's list form
+    of ``window_attn_skip_freq``; Hugging Face's ``layer_types``); overrides the frequency,
+    which must then be None."""
+    attention_sinks: bool = False
+    """A learned sink logit per query head in every layer's softmax (gpt-oss ``sinks``;
+    Megatron-Core's ``softmax_type="learnable"`` ``softmax_offset``): ``H`` parameters per layer."""
     dropout: float = 0.0
     """Hidden (residual) dropout probability, after attention and MLP; 0 disables it."""
     flash_attention: bool = True
@@ -341,7 +370,7 @@ class ModelSpec:
             raise ConfigError(f"{w}.source", self.source, "must be a string")
         for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_len"):
             _set(self, key, _int(w, key, getattr(self, key)))
-        for key in ("tied_embeddings", "add_bias_linear", "qkv_bias", "qk_norm"):
+        for key in ("tied_embeddings", "add_bias_linear", "qkv_bias", "qk_norm", "attention_sinks"):
             _bool(w, key, getattr(self, key))
         _choice(w, "mlp", self.mlp, MLP_KINDS)
         _choice(w, "norm", self.norm, NORM_KINDS)
@@ -392,6 +421,7 @@ class ModelSpec:
             raise ConfigError(f"{w}.flash_attention", False, "unfused attention is modelled for multi-head / "
                                                              "grouped-query attention only, not mla")
         _set(self, "mtp_layers", _int(w, "mtp_layers", self.mtp_layers, minimum=0))
+        self._check_window(w)
 
         if self.moe is not None:
             moe = self.moe
@@ -409,6 +439,36 @@ class ModelSpec:
                 key = "moe_layer_pattern" if moe.moe_layer_pattern is not None else "first_k_dense"
                 raise ConfigError(f"{w}.moe.{key}", getattr(moe, key) if key != "moe_layer_pattern"
                                   else list(moe.moe_layer_pattern), f"leaves no MoE layer among {n} layers")
+
+    def _check_window(self, w: str) -> None:
+        """Validate and normalise the sliding-window fields (``__post_init__``)."""
+        window = _int(w, "sliding_window", self.sliding_window, optional=True)
+        _set(self, "sliding_window", window)
+        freq, pat = self.window_attn_skip_freq, self.window_layer_pattern
+        if window is None:
+            for key, v in (("window_attn_skip_freq", freq), ("window_layer_pattern", pat)):
+                if v is not None:
+                    raise ConfigError(f"{w}.{key}", list(v) if key == "window_layer_pattern" else v,
+                                      "needs sliding_window (the window's size in tokens)")
+            return
+        if pat is not None:
+            rule = f"must be a list of 0/1 flags (1 = windowed), one per layer ({self.num_layers})"
+            if isinstance(pat, (str, bytes)) or not hasattr(pat, "__iter__"):
+                raise ConfigError(f"{w}.window_layer_pattern", pat, rule)
+            pat = tuple(pat)
+            if len(pat) != self.num_layers or any(isinstance(x, bool) or not isinstance(x, numbers.Integral)
+                                                  or x not in (0, 1) for x in pat):
+                raise ConfigError(f"{w}.window_layer_pattern", list(pat), rule)
+            if freq is not None:
+                raise ConfigError(f"{w}.window_layer_pattern", list(pat),
+                                  "give either window_layer_pattern or window_attn_skip_freq, not both")
+            if not any(pat):
+                raise ConfigError(f"{w}.window_layer_pattern", list(pat),
+                                  "has no windowed layer; leave sliding_window out instead")
+            _set(self, "window_layer_pattern", tuple(int(x) for x in pat))
+        elif freq is not None:
+            # 1 would make every layer full attention: a window no layer uses
+            _set(self, "window_attn_skip_freq", _int(w, "window_attn_skip_freq", freq, minimum=2))
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -437,6 +497,8 @@ class ModelSpec:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["moe"] = None if self.moe is None else self.moe.to_dict()
         out["mla"] = None if self.mla is None else self.mla.to_dict()
+        if self.window_layer_pattern is not None:
+            out["window_layer_pattern"] = list(self.window_layer_pattern)
         return out
 
     # -- structure ---------------------------------------------------------------------------
@@ -449,6 +511,29 @@ class ModelSpec:
     def num_moe_layers(self) -> int:
         """Decoder layers with a MoE block (MTP modules not included)."""
         return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    def attention_window(self, i: int) -> int | None:
+        """Tokens a query of layer ``i`` attends to, itself included, or None for full causal
+        attention.  ``i`` is 0-based; ``num_layers + k`` names MTP module ``k``'s layer,
+        shaped like the last main layer.
+
+        >>> m = ModelSpec(num_layers=4, hidden_size=64, num_attention_heads=4, vocab_size=100,
+        ...               seq_len=512, sliding_window=128, window_attn_skip_freq=2)
+        >>> [m.attention_window(i) for i in range(4)]
+        [128, None, 128, None]
+        """
+        if not 0 <= i < self.num_layers + self.mtp_layers:
+            raise IndexError(f"layer {i} out of range for {self.num_layers} layers + {self.mtp_layers} MTP")
+        if self.sliding_window is None:
+            return None
+        i = min(i, self.num_layers - 1)
+        if self.window_layer_pattern is not None:
+            windowed = bool(self.window_layer_pattern[i])
+        elif self.window_attn_skip_freq is not None:
+            windowed = (i + 1) % self.window_attn_skip_freq != 0     # Megatron counts layers from 1
+        else:
+            windowed = True
+        return self.sliding_window if windowed else None
 
     # -- parameter counts --------------------------------------------------------------------
     def _norm(self, width: int) -> int:
@@ -472,7 +557,7 @@ class ModelSpec:
             p += h * kv_down + self._norm(m.kv_lora_rank) + m.kv_lora_rank * kv_up
             p += heads * m.v_head_dim * h
             p += (kv_down + kv_up + h) if bias else 0
-            return p
+            return p + (heads if self.attention_sinks else 0)
         q, kv = heads * self.head_dim, 2 * self.num_kv_heads * self.head_dim
         p = h * q + h * kv + q * h
         if bias or self.qkv_bias:
@@ -481,6 +566,8 @@ class ModelSpec:
             p += h
         if self.qk_norm:
             p += 2 * self._norm(self.head_dim)
+        if self.attention_sinks:
+            p += heads
         return p
 
     def layer_param_breakdown(self, i: int, *, active: bool = False) -> dict[str, int]:

@@ -184,3 +184,20 @@ def test_nvfp4_keeps_its_bf16_layers_in_every_stage():
         assert fp4[layer] < 0.7 * bf16[layer], layer
     wq = [sum(o.duration_s for o in c.ops if o.name == "weight_quantize") for c in p4.classes]
     assert wq[0] / wq[1] == pytest.approx((L // 2 - 2) / (L // 2 - 8), rel=0.01)   # 14 vs 8 quantised layers
+
+
+def test_windowed_and_full_layers_run_their_own_attention():
+    # gpt-oss-style alternation on tiny-moe: layers 0 and 2 windowed, 1 and 3 full.  The
+    # program reuses one layer's ops for every layer of the same kind; the window is part of
+    # the kind (a cache keyed on MoE-ness alone gave every layer layer 0's attention)
+    from workloads.costs.flops import layer_ops, sum_flops
+    model = load_model({"preset": "tiny-moe", "sliding_window": 32, "window_attn_skip_freq": 2})
+    par = ParallelConfig(tp=1, pp=1, dp=1, micro_batch_size=1, global_batch_size=1, seq_len=512, recompute="none")
+    p = build_program(model, par, H100)
+    flops = collections.Counter()
+    for op in p.classes[0].ops:
+        if op.microbatch == 0 and op.layer >= 0:
+            flops[op.layer] += op.flops
+    want = [sum_flops(layer_ops(model, par, i)) for i in range(4)]
+    assert [flops[i] for i in range(4)] == pytest.approx(want, rel=1e-12)
+    assert want[0] == want[2] < want[1] == want[3]

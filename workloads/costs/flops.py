@@ -55,6 +55,15 @@ FlashAttention's own benchmark uses (Dao-AILab/flash-attention
 ``benchmarks/benchmark_flash_attention.py``: ``bwd = 2.5 * fwd``), which is also what its
 papers' efficiencies are relative to.  Core attention has no ``W`` phase.
 
+**Sliding-window layers** (:meth:`ModelSpec.attention_window` set, e.g. gpt-oss's even
+layers with a 128-token window) execute only the key blocks the band ``[q - w + 1, q]``
+touches, each in full: :func:`window_executed_fraction` replaces the causal fraction
+(``2 n - 1`` of ``n^2`` blocks for ``w <= B + 1``: 6.2 % of the full work at s = 4096
+instead of 51.6 %).  The bytes are those of a causal layer (every key and value is still
+read), the CP split keeps ``1 / cp`` of the work per rank, and the efficiency model is the
+causal one: a band of mostly diagonal tiles probably runs below it.  Unfused attention
+computes the full ``s x s`` scores whatever the mask, window or not.
+
 With ``ModelSpec.flash_attention = False`` (Megatron-LM's unfused ``CoreAttention``) core
 attention is ``core_attn.qk`` / ``core_attn.pv`` batched GEMMs over the *full* ``s x s``
 scores (``2 s^2 d`` FLOPs each per head; the backward runs four: ``dp, dv, dq, dk``) and
@@ -104,7 +113,7 @@ from ..parallel import ParallelConfig
 __all__ = ["ComputeOp", "OP_CLASSES", "PHASES", "GEMM_ROLES", "ACT_BYTES", "ATTN_BLOCK_SIZE",
            "layer_ops", "embedding_ops", "output_ops", "optimizer_ops", "gemm_role", "sum_flops",
            "balanced_tokens_per_expert", "capacity_tokens_per_expert", "padded_vocab_size",
-           "causal_executed_fraction", "FLOP_CONVENTIONS", "DEFAULT_FLOP_CONVENTION",
+           "causal_executed_fraction", "window_executed_fraction", "FLOP_CONVENTIONS", "DEFAULT_FLOP_CONVENTION",
            "get_flop_convention", "model_flops_per_step", "model_flops_per_token"]
 
 OP_CLASSES = ("gemm", "attention", "elementwise")
@@ -193,6 +202,36 @@ def sum_flops(ops: Iterable[ComputeOp], phase: str | None = None, op_class: str 
     return float(sum(o.flops for o in ops if (phase is None or o.phase == phase)
                      and (op_class is None or o.op_class == op_class)
                      and (recompute is None or o.recompute == recompute)))
+
+
+def window_executed_fraction(seq_len: int, window: int | None, block: int = ATTN_BLOCK_SIZE) -> float:
+    """Executed fraction of the full ``s x s`` attention work under a causal sliding window.
+
+    Query ``q`` attends to keys ``[q - window + 1, q]`` (``window`` tokens, itself included;
+    Hugging Face's ``sliding_window``).  FlashAttention skips every key block outside the band
+    and computes the blocks the band touches in full: query block ``i`` (rows ``[i B, i B +
+    r_i)``) runs the key blocks that intersect ``[i B - window + 1, i B + r_i - 1]``, i.e.
+    the columns from ``B * floor(max(0, i B - window + 1) / B)`` to the end of its own block.
+    With ``n = s / B`` blocks and ``window <= B + 1`` that is ``2 n - 1`` of ``n^2`` blocks (the
+    diagonal and the one left of it, none left of block 0).  ``window >= s`` (or None) is
+    :func:`causal_executed_fraction`.
+
+    >>> window_executed_fraction(4096, 128, 128) == (2 * 32 - 1) / 32 ** 2
+    True
+    """
+    s, bs = int(seq_len), int(block)
+    if window is None or window >= s:
+        return causal_executed_fraction(s, bs)
+    w = int(window)
+    if w < 1:
+        raise ConfigError("model.sliding_window", window, "must be an integer >= 1")
+    entries = 0
+    for i in range(-(-s // bs)):
+        start = i * bs
+        rows = min(bs, s - start)
+        first_key_block = max(0, start - w + 1) // bs
+        entries += rows * (start + rows - first_key_block * bs)
+    return entries / (s * s)
 
 
 def causal_executed_fraction(seq_len: int, block: int = ATTN_BLOCK_SIZE) -> float:
@@ -305,9 +344,14 @@ def _activation(name: str, layer: int, tokens: float, width: int, mlp: str):
 
 
 def _attention(name: str, layer: int, sh: _Shard, heads: int, kv_heads: int, d_qk: int, d_v: int,
-               causal: bool, block: int) -> tuple[ComputeOp, ComputeOp]:
+               causal: bool, block: int, window: int | None = None) -> tuple[ComputeOp, ComputeOp]:
     s, cp = sh.s, sh.cp
-    frac = causal_executed_fraction(s, block) if causal else 1.0
+    if not causal:
+        frac = 1.0
+    elif window is not None:
+        frac = window_executed_fraction(s, window, block)
+    else:
+        frac = causal_executed_fraction(s, block)
     fwd = 2.0 * sh.b * heads * (d_qk + d_v) * s * s * frac / cp
     sq = s // cp
     # F: read Q, K, V (this rank's queries against all keys, K/V exchanged over CP), write O
@@ -538,6 +582,7 @@ def _attention_block(model: ModelSpec, sh: _Shard, L: int, causal: bool, block: 
     output projection, residual."""
     h, tp, T, Tn = model.hidden_size, sh.tp, sh.T, sh.Tn
     heads = model.num_attention_heads // tp
+    window = model.attention_window(L)       # None: full causal attention
     ops.pair(_norm("attn_norm", L, Tn, h))
     if model.mla is not None:
         m = model.mla
@@ -553,7 +598,7 @@ def _attention_block(model: ModelSpec, sh: _Shard, L: int, causal: bool, block: 
         ops.linear("kv_up_proj", T, heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
         a = ACT_BYTES * rope_elems
         ops.pair(_ew_pair("rope", L, 2 * a, 2 * a, 2, 2))
-        ops.pair(_attention("core_attn", L, sh, heads, heads, m.qk_head_dim, m.v_head_dim, causal, block))
+        ops.pair(_attention("core_attn", L, sh, heads, heads, m.qk_head_dim, m.v_head_dim, causal, block, window))
         ops.linear("out_proj", T, h, heads * m.v_head_dim)
     else:
         d = model.head_dim
@@ -567,7 +612,7 @@ def _attention_block(model: ModelSpec, sh: _Shard, L: int, causal: bool, block: 
             a = ACT_BYTES * T * (heads + kv_local) * d      # rotate q and k in place: read + write
             ops.pair(_ew_pair("rope", L, 2 * a, 2 * a, 2, 2))
         if model.flash_attention:
-            ops.pair(_attention("core_attn", L, sh, heads, kv_local, d, d, causal, block))
+            ops.pair(_attention("core_attn", L, sh, heads, kv_local, d, d, causal, block, window))
         else:
             _unfused_attention(L, sh, heads, d, model.dropout, ops)
         ops.linear("out_proj", T, h, heads * d)
@@ -728,7 +773,15 @@ def megatron_core_2025(model: ModelSpec, seq_len: int, vocab_size: int | None = 
 
     The ``+ 1`` terms are Megatron's count of the MLA latent norms.  Not counted (as in
     Megatron): the router GEMM, norms, element-wise ops, FlashAttention's backward
-    recomputation of ``Q K^T``.  Earlier Megatron-LM versions (2024) counted the full
+    recomputation of ``Q K^T``.
+
+    Sliding-window layers (:meth:`ModelSpec.attention_window` ``= w < s``) replace the
+    ``s / 2`` keys per query of the two core-attention terms by the mean number of keys a
+    query attends to under the window, ``(w (w + 1) / 2 + (s - w) w) / s``: the useful
+    work of the layer (gpt-oss-120b at s = 4096, w = 128: 126.0 keys instead of 2048).
+    This is our extension; Megatron-LM's own count may ignore windows and count every
+    layer causally, so MFU quoted from a windowed model's Megatron run may be higher than
+    this convention's.  A window ``w >= s`` is no window (``s / 2``).  Earlier Megatron-LM versions (2024) counted the full
     ``s^2`` attention (the :func:`nemo_24` form); the causal halving is what names this
     convention.  ``V`` is ``vocab_size`` if given, else the model's (Megatron uses its
     padded vocabulary).
@@ -747,6 +800,15 @@ def megatron_core_2025(model: ModelSpec, seq_len: int, vocab_size: int | None = 
     else:
         q, g = model.head_dim * H, model.head_dim * model.num_kv_heads
         attn = 6 * (h * (q + 2 * g) + q * s / 2 * 2 + q * h)
+    # sliding-window layers: the two core-attention terms (QK^T with q_k = H d_qk, PV with
+    # q_v = H d_v; 6 x 2 ... per key) see kbar keys per query instead of s / 2
+    window_terms = 0.0
+    if model.sliding_window is not None and model.sliding_window < s:
+        w = model.sliding_window
+        kbar = (w * (w + 1) / 2 + (s - w) * w) / s
+        qkv_width = H * (m.qk_head_dim + m.v_head_dim) if model.mla is not None else 2 * model.head_dim * H
+        n_windowed = sum(model.attention_window(i) is not None for i in range(L + mtp))
+        window_terms = 6 * qkv_width * (kbar - s / 2) * n_windowed
     mm = _mlp_matrices(model)
     n_moe = model.num_moe_layers()
     n_dense = L - n_moe
@@ -760,6 +822,8 @@ def megatron_core_2025(model: ModelSpec, seq_len: int, vocab_size: int | None = 
         routed, shared = _moe_widths(model)
         mlp += 6 * mm * h * (routed + shared) * n_moe
     per_token = mlp + attn * (L + mtp) + 6 * mtp * (3 * h + 2 * h * h) + 6 * h * V * (1 + mtp)
+    if window_terms:
+        per_token += window_terms
     return float(per_token * s)
 
 
@@ -775,7 +839,8 @@ def nemo_24(model: ModelSpec, seq_len: int, vocab_size: int | None = None) -> fl
     ``f`` = ``top_k fe + S fs`` (NeMo's mixtral form).  The attention term assumes
     ``H d = h`` and counts the full ``s^2`` score work.  Check: GPT-3 175B (vocab 51,200,
     s = 2048) gives 2.2047e15 per sequence, the ``GBS x 2.20e15`` of the published MFU
-    notes.  MLA is not covered by this formula (ConfigError); MTP modules are ignored.
+    notes.  MLA is not covered by this formula (ConfigError); MTP modules are ignored, and so
+    are sliding windows (every layer counts the full ``s^2``).
     """
     if model.mla is not None:
         raise ConfigError("flop_convention", "nemo_24", "defines no count for multi-head latent attention; "
@@ -800,7 +865,7 @@ def megatron_2021(model: ModelSpec, seq_len: int, vocab_size: int | None = None)
     plus the logits, ``6 s h V``.  It is the paper's eq. (3) (:func:`narayanan_eq3`)
     without the recomputed forward pass (96 -> 72 on the transformer part; the logits,
     never recomputed, stay ``6 s h V``).  Architecture-blind: it sees only ``h, L, s, V``
-    (GQA, SwiGLU, MoE and MLA are not reflected).
+    (GQA, SwiGLU, MoE, MLA and sliding windows are not reflected).
     """
     h, s, L = model.hidden_size, seq_len, model.num_layers
     V = model.vocab_size if vocab_size is None else vocab_size
@@ -812,7 +877,8 @@ def narayanan_eq3(model: ModelSpec, seq_len: int, vocab_size: int | None = None)
 
     ``96 s L h^2 (1 + s / (6h) + V / (16 L h))``: the GPT count *with* full activation
     recomputation (an extra forward pass of every layer), which the paper uses for its
-    reported TFLOP/s.  Architecture-blind like :func:`megatron_2021`.
+    reported TFLOP/s.  Architecture-blind like :func:`megatron_2021` (sliding windows
+    ignored).
     """
     h, s, L = model.hidden_size, seq_len, model.num_layers
     V = model.vocab_size if vocab_size is None else vocab_size
@@ -830,7 +896,8 @@ def palm_6n(model: ModelSpec, seq_len: int, vocab_size: int | None = None) -> fl
     PaLM-style reports).  ``N`` = active parameters without the input embedding
     (:meth:`ModelSpec.num_active_params` with ``include_embedding=False``: dense parts,
     router, shared and ``top_k`` routed experts, the output layer; MTP excluded).  With
-    ``d_qk != d_v`` (MLA) the attention term is ``6 L H (d_qk + d_v) s``.
+    ``d_qk != d_v`` (MLA) the attention term is ``6 L H (d_qk + d_v) s``.  Sliding windows
+    are ignored: every layer keeps PaLM's full ``s`` keys per query.
     """
     s, L = seq_len, model.num_layers
     n = model.num_active_params(include_embedding=False)
