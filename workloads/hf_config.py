@@ -2,8 +2,8 @@
 
 Covers the decoder-only families whose configs share Llama's keys: ``llama``,
 ``mistral``, ``mixtral``, ``qwen2``, ``qwen2_moe``, ``qwen3``, ``qwen3_moe``,
-``deepseek_v2`` and ``deepseek_v3``.  All of them use SwiGLU MLPs, RMSNorm and rotary
-positions; what differs is read from the keys:
+``deepseek_v2``, ``deepseek_v3`` and ``gpt_oss``.  All of them use SwiGLU MLPs, RMSNorm
+and rotary positions; what differs is read from the keys:
 
 =============================  ===========================================================
 ModelSpec                      config.json
@@ -18,8 +18,15 @@ vocab_size                     ``vocab_size``
 seq_len                        the ``seq_len`` argument, else ``max_position_embeddings``
 tied_embeddings                ``tie_word_embeddings`` (default false, as in these families)
 qkv_bias                       always for qwen2 / qwen2_moe; else ``attention_bias``
-add_bias_linear                ``attention_bias`` and ``mlp_bias`` both true
+add_bias_linear                ``attention_bias`` and ``mlp_bias`` both true; gpt_oss:
+                               ``attention_bias`` (its experts always carry biases)
 qk_norm                        always for qwen3 / qwen3_moe
+sliding_window                 ``sliding_window`` unless ``use_sliding_window`` is false
+                               (Qwen2/3) or no layer is windowed
+window_attn_skip_freq /        ``layer_types`` (``sliding_attention`` = windowed); else
+window_layer_pattern           Qwen2's ``max_window_layers`` with ``use_sliding_window``;
+                               else every layer windowed (Mistral 7B)
+attention_sinks                always for gpt_oss (per-head ``sinks``)
 moe.num_experts                ``num_local_experts`` | ``n_routed_experts`` | ``num_experts``
 moe.top_k                      ``num_experts_per_tok``
 moe.expert_ffn_hidden_size     ``moe_intermediate_size``, else ``intermediate_size`` (Mixtral)
@@ -27,14 +34,14 @@ moe.num_shared_experts         ``n_shared_experts`` (DeepSeek, each ``moe_interm
                                1 of ``shared_expert_intermediate_size`` (Qwen2-MoE)
 moe layer pattern              ``first_k_dense_replace`` + ``moe_layer_freq`` (DeepSeek);
                                ``decoder_sparse_step`` + ``mlp_only_layers`` (Qwen MoE)
-moe.router_bias                deepseek_v3 (``e_score_correction_bias``)
+moe.router_bias                deepseek_v3 (``e_score_correction_bias``); gpt_oss (router bias)
 mla                            ``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``,
                                ``qk_rope_head_dim``, ``v_head_dim``
 mtp_layers                     ``num_nextn_predict_layers``
 =============================  ===========================================================
 
-Keys not listed (rope scaling, sliding windows, dtypes, token ids, quantisation) are
-ignored, so configs of unknown families load as Llama-like models when they carry the
+Keys not listed (rope scaling, gpt-oss's ``swiglu_limit``, dtypes, token ids,
+quantisation) are ignored, so configs of unknown families load as Llama-like models when they carry the
 required keys.  Not represented exactly: Llama's ``attention_bias`` without
 ``mlp_bias`` (read as q/k/v biases; the output-projection bias, ``h`` per layer, is left
 out), DeepSeek's ``attention_bias`` with MLA (left out), and Qwen2-MoE's shared-expert
@@ -56,7 +63,10 @@ __all__ = ["HF_MODEL_TYPES", "model_from_hf_config"]
 
 #: Families whose configs this importer knows; others load as Llama-like models.
 HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-                  "deepseek_v2", "deepseek_v3")
+                  "deepseek_v2", "deepseek_v3", "gpt_oss")
+_ROUTER_BIAS_TYPES = ("deepseek_v3", "gpt_oss")
+_SINK_TYPES = ("gpt_oss",)
+_LAYER_TYPES = {"sliding_attention": 1, "full_attention": 0}
 _QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")
 _QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 _GATED_ACTIVATIONS = ("silu", "swish")
@@ -120,7 +130,7 @@ def _moe(cfg: dict, num_layers: int, model_type: str, where: str) -> MoESpec | N
             kw["moe_layer_pattern"] = tuple(pattern)
     else:
         kw.update(first_k_dense=first_k, moe_layer_freq=freq)
-    if model_type == "deepseek_v3" or cfg.get("topk_method") == "noaux_tc":
+    if model_type in _ROUTER_BIAS_TYPES or cfg.get("topk_method") == "noaux_tc":
         kw["router_bias"] = True
     try:
         return MoESpec(**kw)
@@ -130,6 +140,36 @@ def _moe(cfg: dict, num_layers: int, model_type: str, where: str) -> MoESpec | N
                 "moe_layer_pattern": "mlp_only_layers"}
         key = e.field.split(".", 1)[-1]
         raise ConfigError(f"{where}.{keys.get(key, key)}", e.value, e.rule) from None
+
+
+def _window(cfg: dict, num_layers, where: str) -> dict:
+    """ModelSpec's sliding-window fields from ``sliding_window``, ``layer_types`` and Qwen2's
+    ``use_sliding_window`` / ``max_window_layers`` (empty: no windowed layer)."""
+    window = cfg.get("sliding_window")
+    if not window or cfg.get("use_sliding_window") is False:
+        return {}
+    if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
+        return {}                          # ModelSpec reports num_hidden_layers
+    types = cfg.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != num_layers or any(t not in _LAYER_TYPES for t in types):
+            raise ConfigError(f"{where}.layer_types", types,
+                              f"must list {num_layers} entries (num_hidden_layers), each one of "
+                              f"{', '.join(_LAYER_TYPES)}")
+        flags = [_LAYER_TYPES[t] for t in types]
+    elif cfg.get("use_sliding_window") and cfg.get("max_window_layers") is not None:
+        # transformers' Qwen2: layer i is windowed when i >= max_window_layers
+        flags = [int(i >= cfg["max_window_layers"]) for i in range(num_layers)]
+    else:
+        flags = [1] * num_layers          # Mistral 7B: every layer
+    if not any(flags):
+        return {}
+    if all(flags):
+        return {"sliding_window": window}
+    for freq in range(2, num_layers + 1):  # Megatron's compact form: every freq-th layer (1-based) full
+        if flags == [int((i + 1) % freq != 0) for i in range(num_layers)]:
+            return {"sliding_window": window, "window_attn_skip_freq": freq}
+    return {"sliding_window": window, "window_layer_pattern": tuple(flags)}
 
 
 def model_from_hf_config(path_or_dict, *, name: str | None = None, seq_len: int | None = None,
@@ -185,9 +225,11 @@ def model_from_hf_config(path_or_dict, *, name: str | None = None, seq_len: int 
         mlp="swiglu",
         norm="rmsnorm",
         position_embedding="rope",
-        add_bias_linear=attention_bias and mlp_bias,
-        qkv_bias=model_type in _QKV_BIAS_TYPES or (attention_bias and not mlp_bias),
+        add_bias_linear=attention_bias and (mlp_bias or model_type == "gpt_oss"),
+        qkv_bias=model_type in _QKV_BIAS_TYPES or (attention_bias and not mlp_bias and model_type != "gpt_oss"),
         qk_norm=model_type in _QK_NORM_TYPES,
+        attention_sinks=model_type in _SINK_TYPES,
+        **_window(cfg, num_layers, where),
         mtp_layers=cfg.get("num_nextn_predict_layers") or 0,
         source=source,
     )

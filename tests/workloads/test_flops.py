@@ -8,7 +8,8 @@ from topologies import ConfigError
 from workloads.costs.flops import (ATTN_BLOCK_SIZE, FLOP_CONVENTIONS, ComputeOp, balanced_tokens_per_expert,
                                    capacity_tokens_per_expert, causal_executed_fraction, embedding_ops,
                                    gemm_role, get_flop_convention, layer_ops, model_flops_per_step,
-                                   model_flops_per_token, optimizer_ops, output_ops, padded_vocab_size, sum_flops)
+                                   model_flops_per_token, optimizer_ops, output_ops, padded_vocab_size, sum_flops,
+                                   window_executed_fraction)
 from workloads.model import load_model
 from workloads.parallel import ParallelConfig
 
@@ -136,6 +137,77 @@ def test_causal_attention_is_half_within_one_percent():
     assert causal / full == pytest.approx(0.5 + ATTN_BLOCK_SIZE / (2 * 16384), rel=1e-12)
     assert causal_executed_fraction(8192, 128) == pytest.approx(0.5 * (1 + 128 / 8192), rel=1e-12)
     assert causal_executed_fraction(100, 64) == pytest.approx((64 * 64 + 36 * 100) / 100 ** 2)
+
+
+def test_window_executed_fraction_closed_forms():
+    # s = 4096 in n = 32 tiles of 128: a 128-token window [q - 127, q] of a query block's
+    # rows reaches back into the previous key block only, so every query block but the first
+    # runs 2 key blocks: 1 + 2 x 31 = 2n - 1 of n^2 blocks
+    assert window_executed_fraction(4096, 128, 128) == (2 * 32 - 1) / 32 ** 2
+    # w <= B + 1 gives the same blocks; w = B + 2 reaches two blocks back from block 2 on
+    assert window_executed_fraction(4096, 1, 128) == 32 / 32 ** 2                    # the diagonal only
+    assert window_executed_fraction(4096, 129, 128) == (2 * 32 - 1) / 32 ** 2
+    assert window_executed_fraction(4096, 130, 128) == (1 + 2 + 3 * 30) / 32 ** 2
+    # w = k B + 1 reaches k blocks back: (k + 1) n - k (k + 1) / 2 blocks
+    k, n = 4, 32
+    assert window_executed_fraction(4096, k * 128 + 1, 128) == ((k + 1) * n - k * (k + 1) / 2) / n ** 2
+    # no effective window: the causal fraction, exactly
+    for s, block in ((4096, 128), (100, 64), (8192, 128)):
+        for w in (s, s + 1, 10 ** 6, None):
+            assert window_executed_fraction(s, w, block) == causal_executed_fraction(s, block)
+    # a partial last block of r rows sees the band's key blocks up to and including itself:
+    # s = 100, B = 64, w = 10: block 0 runs its 64 x 64 tile, block 1 (36 rows from key 64,
+    # window start 55 in key block 0) the keys 0 .. 99
+    assert window_executed_fraction(100, 10, 64) == (64 * 64 + 36 * 100) / 100 ** 2
+    # monotone in the window, between the diagonal and the causal fraction
+    fr = [window_executed_fraction(4096, w, 128) for w in (1, 128, 256, 1000, 2048, 4095)]
+    assert fr == sorted(fr) and fr[-1] <= causal_executed_fraction(4096)
+    with pytest.raises(ConfigError, match="sliding_window"):
+        window_executed_fraction(4096, 0, 128)
+
+
+def test_windowed_core_attention_runs_the_band_only():
+    m = load_model("gpt-oss-120b")             # layer 0 windowed (128 tokens), layer 1 full
+    s = 4096
+    assert (m.attention_window(0), m.attention_window(1)) == (128, None)
+    win = [o for o in layer_ops(m, NO_RECOMPUTE, 0, 1, s) if o.name == "core_attn"]
+    full = [o for o in layer_ops(m, NO_RECOMPUTE, 1, 1, s) if o.name == "core_attn"]
+    fw, ff = (next(o for o in ops if o.phase == "F") for ops in (win, full))
+    assert fw.flops / ff.flops == pytest.approx(window_executed_fraction(s, 128) / causal_executed_fraction(s),
+                                                rel=1e-12)
+    assert fw.flops == 2 * 64 * (64 + 64) * s * s * 63 / 1024
+    assert fw.mem_bytes == ff.mem_bytes                       # every key and value is still read
+    # the backward keeps 2.5 x the forward; everything else in the two layers is the same
+    assert sum_flops(win, "B") == pytest.approx(2.5 * fw.flops)
+    rest = [sum_flops([o for o in layer_ops(m, NO_RECOMPUTE, i, 1, s) if o.name != "core_attn"]) for i in (0, 1)]
+    assert rest[0] == rest[1]
+    # without the causal mask the window is not applied either (the full s^2 is counted)
+    assert sum_flops(layer_ops(m, NO_RECOMPUTE, 0, 1, s, causal=False), "F", "attention") \
+        == sum_flops(layer_ops(m, NO_RECOMPUTE, 1, 1, s, causal=False), "F", "attention")
+
+
+def test_megatron_core_2025_counts_the_keys_a_window_sees():
+    m = load_model("gpt-oss-120b")
+    plain = dataclasses.replace(m, sliding_window=None, window_attn_skip_freq=None)
+    s, w, H, d, gbs = 4096, 128, 64, 64, 8
+    # mean keys per query under the window: w (w + 1) / 2 for the first w queries, w after
+    kbar = (w * (w + 1) / 2 + (s - w) * w) / s
+    assert kbar == 126.015625
+    # per token and windowed layer, QK^T and PV (2 H d each per key, x3 for F, dgrad, wgrad)
+    # see kbar keys instead of s / 2; 18 of the 36 layers are windowed
+    expected = gbs * s * 18 * 6 * 2 * H * d * (s / 2 - kbar)
+    assert model_flops_per_step(plain, gbs, s) - model_flops_per_step(m, gbs, s) == pytest.approx(expected,
+                                                                                                 rel=1e-12)
+    # a window at least the sequence is no window; other conventions ignore windows
+    assert model_flops_per_step(m, gbs, w) == model_flops_per_step(plain, gbs, w)
+    for conv in ("nemo_24", "palm_6n", "megatron_2021", "narayanan_eq3"):
+        assert model_flops_per_step(m, gbs, s, conv) == model_flops_per_step(plain, gbs, s, conv)
+    # executed vs model FLOPs, whole model: within 1 % (the diagonal tiles, the router GEMM)
+    total = sum(3 * sum_flops([o for o in layer_ops(m, NO_RECOMPUTE, i, 1, s) if o.name != "router"], "F")
+                for i in (0, 1)) * 18
+    vp = padded_vocab_size(m.vocab_size)
+    total += 3 * sum_flops(output_ops(m, NO_RECOMPUTE, 1, s), "F") - 6 * s * m.hidden_size * (vp - m.vocab_size)
+    assert rel(total, model_flops_per_step(m, 1, s)) < 0.01
 
 
 def test_attention_backward_is_two_and_a_half_forward_and_has_no_w():

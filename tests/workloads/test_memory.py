@@ -269,7 +269,7 @@ def test_effective_zero_stage():
 
 
 def test_per_rank_params_match_model_counts():
-    for name in ("llama3-8b", "tiny-moe", "deepseek-v3", "qwen3-30b-a3b", "gpt3-175b"):
+    for name in ("llama3-8b", "tiny-moe", "deepseek-v3", "qwen3-30b-a3b", "gpt3-175b", "gpt-oss-120b"):
         model = load_model(name)
         par = ParallelConfig(tp=1, pp=1, seq_len=model.seq_len)
         est = memory_estimate(model, par, make_vocab_size_divisible_by=1)

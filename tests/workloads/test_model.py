@@ -48,7 +48,15 @@ PUBLISHED = {
     "megatron-gpt-310.1b": ("310.1", None, "Narayanan et al. SC'21, Table 1"),
     "megatron-gpt-529.6b": ("529.6", None, "Narayanan et al. SC'21, Table 1"),
     "megatron-gpt-1t": ("1008.0", None, "Narayanan et al. SC'21, Table 1"),
+    # gpt-oss: OpenAI's model card (arXiv:2508.10925) Table 1.  Its "Active Parameters"
+    # exclude the input embedding and include the unembedding (the output layer), like
+    # DeepSeek's; the totals include the biases of attention and experts, the router bias
+    # and the per-head attention sinks (all counted here; they make 8.7 M of 116.83 B).
+    "gpt-oss-120b": ("116.83", "5.13", "OpenAI gpt-oss model card, arXiv:2508.10925, Table 1"),
+    "gpt-oss-20b": ("20.91", "3.61", "OpenAI gpt-oss model card, arXiv:2508.10925, Table 1"),
 }
+#: presets whose published active figure leaves out the input embedding
+ACTIVE_WITHOUT_INPUT_EMBEDDING = ("deepseek-v3", "gpt-oss-120b", "gpt-oss-20b")
 TEST_PRESETS = ("tiny-dense", "tiny-moe")
 # the only figures that need their printed precision rather than 1 % (see the comments above)
 PRECISION_ONLY = {("megatron-gpt-1.7b", "total"), ("megatron-gpt-3.6b", "total"), ("qwen3-30b-a3b", "active")}
@@ -80,7 +88,7 @@ def test_total_params_match_published(name):
 @pytest.mark.parametrize("name", sorted(k for k, v in PUBLISHED.items() if v[1] is not None))
 def test_active_params_match_published(name):
     m = load_model(name)
-    active = m.num_active_params(include_embedding=name != "deepseek-v3")
+    active = m.num_active_params(include_embedding=name not in ACTIVE_WITHOUT_INPUT_EMBEDDING)
     check_against(name, "active", active, PUBLISHED[name][1])
     assert m.num_active_params() < m.num_params()
 
@@ -92,6 +100,48 @@ def test_specific_counts():
     assert load_model("llama3.1-405b").num_params() == pytest.approx(405.9 * B, rel=1e-3)
     assert load_model("mixtral-8x7b").num_params() == pytest.approx(46.7 * B, rel=1e-3)
     assert load_model("mixtral-8x7b").num_active_params() == pytest.approx(12.9 * B, rel=2e-3)
+
+
+@pytest.mark.parametrize("name,layers,experts,mlp,attention,total,active", [
+    # model card Table 1 (B): MLP, Attention, Embed + Unembed 1.16, Active, Total
+    ("gpt-oss-120b", 36, 128, "114.71", "0.96", 116_829_156_672, 5_132_849_472),
+    ("gpt-oss-20b", 24, 32, "19.12", "0.64", 20_914_757_184, 3_608_307_264),
+])
+def test_gpt_oss_counts_by_component_match_the_model_card(name, layers, experts, mlp, attention, total, active):
+    m = load_model(name)
+    b = m.param_breakdown()
+    # MLP: the router (weight and bias) and the experts (gate/up 2880 -> 2 x 2880, down, biases)
+    assert b["routed_experts"] == layers * experts * (3 * 2880 * 2880 + 2 * 2880 + 2880)
+    assert b["router"] == layers * (2880 * experts + experts)
+    check_against(name, "mlp", b["router"] + b["routed_experts"], mlp)
+    # attention: q 64 x 64, k and v 8 x 64, o, their biases and 64 sinks per layer
+    assert b["attention"] == layers * (2 * 2880 * 4096 + 2 * 2880 * 512 + 4096 + 1024 + 2880 + 64)
+    check_against(name, "attention", b["attention"], attention)
+    check_against(name, "embed+unembed", b["embedding"] + b["output_layer"], "1.16")
+    # exact anchors: the counts above with the 2 x 2880 norms per layer and the final norm
+    assert m.num_params() == total
+    assert m.num_active_params(include_embedding=False) == active
+    assert b["norms"] == (2 * layers + 1) * 2880
+
+
+def test_sliding_window_layers():
+    m = load_model("gpt-oss-120b")
+    # Hugging Face layer_types: sliding at even 0-based layers (Megatron: skip freq 2, 1-based)
+    assert [m.attention_window(i) for i in range(4)] == [128, None, 128, None]
+    assert sum(m.attention_window(i) is not None for i in range(m.num_layers)) == 18
+    with pytest.raises(IndexError):
+        m.attention_window(36)
+    every = ModelSpec(**GOOD, sliding_window=8)                        # Mistral 7B style: every layer
+    assert [every.attention_window(i) for i in range(2)] == [8, 8]
+    pat = ModelSpec(**{**GOOD, "num_layers": 3}, sliding_window=8, window_layer_pattern=[0, 1, 1], mtp_layers=1)
+    assert [pat.attention_window(i) for i in range(4)] == [None, 8, 8, 8]     # MTP: like the last layer
+    assert pat.window_layer_pattern == (0, 1, 1)
+    assert ModelSpec.from_dict(pat.to_dict()) == pat and pat.to_dict()["window_layer_pattern"] == [0, 1, 1]
+    assert all(load_model("llama3-8b").attention_window(i) is None for i in range(32))
+    # a window changes no parameter; sinks add one per head per layer
+    no_window = dataclasses.replace(m, sliding_window=None, window_attn_skip_freq=None)
+    assert no_window.num_params() == m.num_params()
+    assert dataclasses.replace(m, attention_sinks=False).num_params() == m.num_params() - 36 * 64
 
 
 def test_qwen3_non_embedding_counts_of_the_model_cards():
@@ -285,6 +335,17 @@ GOOD = dict(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=100,
                                  "v_head_dim": 16}}, "model.num_kv_heads"),
     ({"qk_norm": True, "mla": {"kv_lora_rank": 8, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
                                "v_head_dim": 16}}, "model.qk_norm"),
+    ({"sliding_window": 0}, "model.sliding_window"),
+    ({"sliding_window": 128.0}, "model.sliding_window"),
+    ({"window_attn_skip_freq": 2}, "model.window_attn_skip_freq"),                 # no sliding_window
+    ({"sliding_window": 16, "window_attn_skip_freq": 1}, "model.window_attn_skip_freq"),
+    ({"window_layer_pattern": [1, 0]}, "model.window_layer_pattern"),              # no sliding_window
+    ({"sliding_window": 16, "window_layer_pattern": [1, 0, 1]}, "model.window_layer_pattern"),
+    ({"sliding_window": 16, "window_layer_pattern": [0, 0]}, "model.window_layer_pattern"),
+    ({"sliding_window": 16, "window_layer_pattern": [1, 2]}, "model.window_layer_pattern"),
+    ({"sliding_window": 16, "window_layer_pattern": [1, 0], "window_attn_skip_freq": 2},
+     "model.window_layer_pattern"),
+    ({"attention_sinks": 1}, "model.attention_sinks"),
 ])
 def test_bad_values_name_the_field(change, field):
     with pytest.raises(ConfigError) as e:
@@ -364,6 +425,25 @@ DEEPSEEK_V3_HF = {
 }
 
 
+# openai/gpt-oss-120b config.json (quantization_config left out: the MXFP4 checkpoint format)
+GPT_OSS_120B_HF = {
+    "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+    "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880,
+    "initial_context_length": 4096, "initializer_range": 0.02, "intermediate_size": 2880,
+    "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(36)],
+    "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64,
+    "num_experts_per_tok": 4, "num_hidden_layers": 36, "num_key_value_heads": 8, "num_local_experts": 128,
+    "output_router_logits": False, "pad_token_id": 199999, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+                     "rope_type": "yarn", "truncate": False},
+    "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
+    "tie_word_embeddings": False, "use_cache": True, "vocab_size": 201088,
+}
+# openai/gpt-oss-20b config.json differs in depth and experts only
+GPT_OSS_20B_HF = {**GPT_OSS_120B_HF, "num_hidden_layers": 24, "num_local_experts": 32,
+                  "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(24)]}
+
+
 def same_model(a: ModelSpec, b: ModelSpec) -> bool:
     return dataclasses.replace(a, name="x", source="") == dataclasses.replace(b, name="x", source="")
 
@@ -384,6 +464,42 @@ def test_hf_llama3_8b_from_a_file_matches_the_preset(tmp_path):
 def test_hf_moe_configs_match_the_presets(cfg, preset):
     m = model_from_hf_config(cfg, seq_len=4096)
     assert same_model(m, load_model(preset))
+
+
+@pytest.mark.parametrize("cfg,preset", [(GPT_OSS_120B_HF, "gpt-oss-120b"), (GPT_OSS_20B_HF, "gpt-oss-20b")])
+def test_hf_gpt_oss_configs_match_the_presets(cfg, preset, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    m = model_from_hf_config(path, seq_len=4096)
+    assert same_model(m, load_model(preset))
+    assert (m.sliding_window, m.window_attn_skip_freq, m.window_layer_pattern) == (128, 2, None)
+    assert m.add_bias_linear and not m.qkv_bias and m.attention_sinks and m.moe.router_bias
+    assert m.moe.expert_ffn_hidden_size == 2880 and m.moe.top_k == 4
+
+
+def test_hf_sliding_window_variants():
+    # Mistral 7B v0.1: a window on every layer
+    m = model_from_hf_config({**LLAMA3_8B_HF, "model_type": "mistral", "sliding_window": 4096})
+    assert (m.sliding_window, m.window_attn_skip_freq, m.window_layer_pattern) == (4096, None, None)
+    # Qwen2/3 carry a sliding_window they do not use
+    m = model_from_hf_config({**QWEN3_30B_A3B_HF, "sliding_window": 4096, "use_sliding_window": False})
+    assert m.sliding_window is None
+    # layer_types that no frequency describes become an explicit pattern; all-full is no window
+    types = ["sliding_attention"] * 30 + ["full_attention"] * 2
+    m = model_from_hf_config({**LLAMA3_8B_HF, "sliding_window": 512, "layer_types": types})
+    assert m.window_layer_pattern == (1,) * 30 + (0, 0) and m.attention_window(31) is None
+    m = model_from_hf_config({**LLAMA3_8B_HF, "sliding_window": 512, "layer_types": ["full_attention"] * 32})
+    assert m.sliding_window is None
+    # Qwen2 with use_sliding_window: layers from max_window_layers on are windowed
+    m = model_from_hf_config({**LLAMA3_8B_HF, "model_type": "qwen2", "sliding_window": 512,
+                              "use_sliding_window": True, "max_window_layers": 28})
+    assert m.window_layer_pattern == (0,) * 28 + (1,) * 4
+    with pytest.raises(ConfigError) as e:
+        model_from_hf_config({**GPT_OSS_120B_HF, "layer_types": ["sliding_attention"] * 35})
+    assert e.value.field == "hf_config.layer_types"
+    with pytest.raises(ConfigError) as e:
+        model_from_hf_config({**GPT_OSS_120B_HF, "sliding_window": -1})
+    assert e.value.field == "hf_config.sliding_window"
 
 
 def test_hf_small_moe_with_sparse_step_and_shared_expert():
