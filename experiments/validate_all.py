@@ -54,7 +54,8 @@ SETS = {
 """The reference sets of measured runs by name (experiments/reference/)."""
 
 CI_MAX_GPUS = {"h100": 512, "blackwell": 64, "vtrain": None, "vtrain_single": None}
-"""The deterministic CI subset: every vTrain row, and the H100 rows on at most 512 GPUs (20
+"""The deterministic CI subset: every vTrain row, the Blackwell rows on at most 64 GPUs (70 of
+117), and the H100 rows on at most 512 GPUs (20
 of 34: GPT-3 175B on 128-512 and Llama 3.1 70B on 64-512 GPUs, the Llama 3.1 405B proxies
 on 32-192 GPUs, BF16 and FP8; about 5 minutes).  The 1,024-2,304-GPU rows take most of the H100 set's time and differ
 from the kept ones only in data-parallel degree (weak scaling: same per-GPU work)."""
