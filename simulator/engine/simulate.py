@@ -269,7 +269,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     clock = _Clock()
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     clock.lap("load")
-    prog = build_program(sc.model, sc.parallel, sc.cluster.gpu, precision=sc.precision,
+    prog = build_program(sc.model, sc.parallel, sc.cluster.gpu, precision=sc.recipe_or_name,
                          moe_routing=sc.moe_routing, seed=sc.seed, grad_reduce_dtype=sc.grad_reduce_dtype,
                          p2p_overlap=sc.overlap.get("p2p", False),
                          grad_reduce_overlap=sc.overlap.get("grad_reduce", True), host=sc.host)

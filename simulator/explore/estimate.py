@@ -57,7 +57,7 @@ def _fewest_microbatches_program(sc, schedule: str):
     par = sc.parallel
     m_small = min(par.num_microbatches, max(1, min_microbatches(schedule, par.pp, par.vpp)))
     small = dataclasses.replace(par, schedule=schedule, global_batch_size=m_small * par.micro_batch_size * par.dp)
-    return build_program(sc.model, small, sc.cluster.gpu, precision=sc.precision, moe_routing="balanced",
+    return build_program(sc.model, small, sc.cluster.gpu, precision=sc.recipe_or_name, moe_routing="balanced",
                          seed=sc.seed, grad_reduce_dtype=sc.grad_reduce_dtype,
                          p2p_overlap=sc.overlap.get("p2p", False),
                          grad_reduce_overlap=sc.overlap.get("grad_reduce", True), host=sc.host)
@@ -101,7 +101,7 @@ class Estimator:
         table is that of its slowest program class."""
         par = sc.parallel
         canon = "1f1b" if par.schedule in _ONE_CHUNK else par.schedule
-        key = (sc.model, dataclasses.replace(par, global_batch_size=0, schedule=canon), sc.precision,
+        key = (sc.model, dataclasses.replace(par, global_batch_size=0, schedule=canon), sc.recipe_or_name,
                sc.grad_reduce_dtype, tuple(sorted(sc.overlap.items())), host_costs(sc.host), sc.host == "cuda_graphs")
         hit = self._tables.get(key)
         if hit is not None:

@@ -1,7 +1,7 @@
 """`Scenario`: model + cluster + parallel layout + precision + options, validated together.
 
 A scenario (docs/scenarios.md) is a YAML file (or a mapping) with the
-sections ``model``, ``cluster``, ``parallel``, ``precision``, ``overlap``, ``whatif``,
+sections ``model``, ``cluster``, ``parallel``, ``precision`` (and ``precision_options``), ``overlap``, ``whatif``,
 ``num_steps``, ``seed``, ``moe_routing``, ``host`` and ``approximations``.  :func:`load_scenario` resolves presets,
 fills ``dp: -1``, and applies every rule that needs two sections at once (world size vs
 GPU count, heads vs tp, experts vs ep, the schedule's micro-batch minimum, the precision
@@ -28,7 +28,12 @@ __all__ = ["Scenario", "load_scenario", "read_yaml", "OVERLAP_DEFAULTS", "APPROX
 #: Megatron-Core defaults for the overlap switches (docs/design.md, "Streams and overlap").
 OVERLAP_DEFAULTS = {"grad_reduce": True, "param_gather": True, "tp_comm": False, "p2p": False, "cp_comm": True,
                     "fsdp_prefetch": True, "comm_slowdown": True, "fb_overlap": True}
-_KEYS = {"name", "description", "model", "cluster", "parallel", "precision", "grad_reduce_dtype", "overlap", "whatif",
+#: Keys of ``precision_options``: overrides of the named precision recipe
+#: (:func:`workloads.costs.precision.get_recipe`).
+PRECISION_OPTIONS = ("bf16_first_layers", "bf16_last_layers", "fp8_param_gather")
+
+_KEYS = {"name", "description", "model", "cluster", "parallel", "precision", "precision_options", "grad_reduce_dtype",
+         "overlap", "whatif",
          "num_steps", "seed", "moe_routing", "host", "approximations"}
 
 #: Opt-in approximations, by name, with what each gives up (docs/performance.md measures each
@@ -65,6 +70,17 @@ class Scenario:
     see :data:`workloads.costs.compute.HOST_COSTS`."""
     approximations: tuple[str, ...] = ()
     """Opt-in approximations in force (names of :data:`APPROXIMATIONS`); empty: exact."""
+    precision_options: dict = field(default_factory=dict)
+    """Overrides of the precision recipe (:data:`PRECISION_OPTIONS`): ``bf16_first_layers``,
+    ``bf16_last_layers``, ``fp8_param_gather``; empty: the recipe as named."""
+
+    @property
+    def recipe_or_name(self):
+        """What the program builders take as ``precision``: the recipe's name, or the
+        recipe with :attr:`precision_options` applied when there are any."""
+        if not self.precision_options:
+            return self.precision
+        return get_recipe(self.precision, **self.precision_options)
 
 
 def read_yaml(path: str | Path, where: str, what: str = "a mapping") -> dict:
@@ -117,7 +133,12 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
     par.check_schedule()
     precision = data.get("precision", "bf16")
     grad_dtype = data.get("grad_reduce_dtype")
-    get_recipe(precision, gpu=cspec.gpu, grad_reduce_dtype=grad_dtype)
+    popts = data.get("precision_options") or {}
+    if not isinstance(popts, dict):
+        raise ConfigError("scenario.precision_options", popts, "expected a mapping of "
+                                                               f"{', '.join(PRECISION_OPTIONS)}")
+    check_keys(popts, PRECISION_OPTIONS, "precision_options")
+    get_recipe(precision, gpu=cspec.gpu, grad_reduce_dtype=grad_dtype, **popts)
     overlap = dict(OVERLAP_DEFAULTS)
     ov = data.get("overlap") or {}
     if not isinstance(ov, dict):
@@ -144,7 +165,8 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
     approx = _approximations(data.get("approximations", []))
     return Scenario(model=model, cluster=cluster, parallel=par, precision=precision, overlap=overlap, whatif=whatif,
                     num_steps=num_steps, seed=seed, moe_routing=routing, name=str(data.get("name", name)),
-                    grad_reduce_dtype=grad_dtype, source=data, host=host, approximations=approx)
+                    grad_reduce_dtype=grad_dtype, source=data, host=host, approximations=approx,
+                    precision_options=dict(popts))
 
 
 def _approximations(value) -> tuple[str, ...]:

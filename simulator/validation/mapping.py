@@ -704,6 +704,8 @@ def _bridge_recipe(row: dict, scenario: dict, base: dict) -> list[str]:
         scenario["host"] = settings["host"]
     if settings.get("grad_reduce_dtype"):
         scenario["grad_reduce_dtype"] = settings["grad_reduce_dtype"]
+    if settings.get("precision_options"):
+        scenario["precision_options"] = settings["precision_options"]
     if settings["moe"]:
         model = scenario["model"] if isinstance(scenario["model"], dict) else {"preset": scenario["model"]}
         model["moe"] = {**model.get("moe", {}), **settings["moe"]}

@@ -40,14 +40,16 @@ pp > 1 with vpp > 1 / vpp = 1          ``overlap.p2p`` on / off (Bridge's runtim
 use_megatron_fsdp                      ``zero_stage: 3``
 grad_reduce_in_fp32 false              ``grad_reduce_dtype: bf16``
 NCCL_NVLS_ENABLE=0                     ``cluster.nvls: false``
+first_last_layers_bf16 / num_layers_   ``precision_options.bf16_first_layers`` / ``_last_layers``
+at_start/_end_in_bf16                  (0 + 0 when the recipe keeps none: its FP8-CS and NVFP4)
+fp8_param_gather (FP8 recipes)         ``precision_options.fp8_param_gather``
 pipeline layout                        ``parallel.pipeline_layout``
 moe_expert_capacity_factor (+ pad)     ``moe.capacity_factor`` (token-drop rows)
 =====================================  ==========================================================
 
 Noted as not modelled: activation offload to the host, HybridEP / DeepEP dispatchers and the
-SMs they reserve, expert-parallel all-to-all overlap, FP8/FP4 parameter all-gathers, FP8
-attention, paged stashing, per-module CUDA-graph scopes, NVFP4 recipes that keep no BF16
-layers at the ends (clustersim's ``nvfp4`` keeps 2 + 8).
+SMs they reserve, expert-parallel all-to-all overlap, FP4 parameter all-gathers, FP8
+attention, paged stashing, per-module CUDA-graph scopes.
 """
 
 from __future__ import annotations
@@ -81,11 +83,10 @@ DECLARED_NOT_MODELLED = {
     "activation offload": "activations copied to host memory and back (cpu_offloading, fine-grained offload)",
     "dispatcher": "HybridEP / DeepEP token dispatch and the SMs it reserves (run as NCCL all-to-all)",
     "expert-parallel all-to-all overlap": "dispatch/combine overlapped with the other micro-batch's compute",
-    "parameter all-gather": "FP8 / FP4 parameter all-gathers (clustersim gathers BF16)",
+    "parameter all-gather": "FP4 parameter all-gathers (clustersim gathers BF16; FP8 ones are modelled)",
     "FP8 attention": "attention in FP8 (fp8_dot_product_attention)",
     "MoE paged stash": "paged activation stash for experts",
     "partial CUDA graphs": "per-module CUDA-graph scopes that leave experts and dispatch eager",
-    "NVFP4 end layers": "NVFP4 end layers: the recipe keeps none in BF16 (clustersim's nvfp4 keeps 2 + 8)",
 }
 DECLARED_CAP = 10
 
@@ -240,6 +241,16 @@ def bridge_settings(record: dict, par: dict, model_is_moe: bool) -> tuple[dict, 
         set_here.append(f"moe capacity factor {k['moe_expert_capacity_factor']}"
                         + (" padded to capacity" if k.get("moe_pad_expert_input_to_capacity") else ""))
 
+    popts = {}
+    if (k.get("fp8") or k.get("fp4")) and "first_last_layers_bf16" in k:
+        keep = bool(k["first_last_layers_bf16"])
+        popts["bf16_first_layers"] = int(k.get("num_layers_at_start_in_bf16") or 0) if keep else 0
+        popts["bf16_last_layers"] = int(k.get("num_layers_at_end_in_bf16") or 0) if keep else 0
+        set_here.append(f"BF16 layers at the ends {popts['bf16_first_layers']} + {popts['bf16_last_layers']}")
+    if k.get("fp8") and k.get("fp8_param_gather"):
+        popts["fp8_param_gather"] = True
+        set_here.append("fp8_param_gather (FP8 parameter all-gather)")
+    out["precision_options"] = popts
     notes.insert(0, f"Megatron-Bridge recipe ({link}): " + "; ".join(set_here))
     notes += _not_modelled(k, model_is_moe, tp)
     return out, notes
@@ -277,13 +288,8 @@ def _not_modelled(k: dict, model_is_moe: bool, tp: int) -> list[str]:
             out.append(NOT_MODELLED + "expert-parallel all-to-all overlap (overlap_moe_expert_parallel_comm)")
         if k.get("moe_paged_stash"):
             out.append(NOT_MODELLED + "MoE paged stash")
-    if k.get("fp8_param_gather") and k.get("fp8"):
-        out.append(NOT_MODELLED + "parameter all-gather in FP8 (fp8_param_gather; clustersim gathers BF16)")
     if k.get("fp4_param_gather") and k.get("fp4"):
         out.append(NOT_MODELLED + "parameter all-gather in FP4 (fp4_param_gather; clustersim gathers BF16)")
     if k.get("fp8_dot_product_attention"):
         out.append(NOT_MODELLED + "FP8 attention (fp8_dot_product_attention)")
-    if k.get("fp4") and not k.get("num_layers_at_start_in_bf16") and not k.get("num_layers_at_end_in_bf16") \
-            and not k.get("first_last_layers_bf16"):
-        out.append(NOT_MODELLED + "NVFP4 end layers: the recipe keeps none in BF16 (clustersim's nvfp4 keeps 2 + 8)")
     return out

@@ -122,3 +122,15 @@ def test_ddp_in_the_table_keeps_the_recipes_distributed_optimizer(row_id, zero, 
     rows = {r["row_id"]: r for r in load_runs(BLACKWELL)}
     sc, _ = row_to_scenario(rows[row_id])
     assert (sc["parallel"]["zero_stage"], sc["parallel"]["distributed_optimizer"]) == (zero, dist)
+
+
+def test_recipe_precision_details_reach_the_scenario():
+    rows = {r["row_id"]: r for r in load_runs(BLACKWELL)}
+    sc, notes = row_to_scenario(rows["131"])                 # 405B NVFP4, 26.06: no BF16 layers at the ends
+    assert sc["precision"] == "nvfp4"
+    assert sc["precision_options"] == {"bf16_first_layers": 0, "bf16_last_layers": 0}
+    s = load_scenario(sc)
+    assert s.recipe_or_name.bf16_first_layers == 0 and s.recipe_or_name.bf16_last_layers == 0
+    sc, _ = row_to_scenario(rows["130"])                     # 405B MXFP8: FP8 parameter all-gather
+    assert sc["precision_options"]["fp8_param_gather"] is True
+    assert load_scenario(sc).recipe_or_name.param_gather_bytes_per_param < 2.0

@@ -107,3 +107,24 @@ def test_approximations_are_opt_in_and_echoed(tmp_path, capsys):
     assert main(["run", str(path), "--quiet", "--approx", "coupled_all_to_all"]) == 0
     assert "approximations   coupled_all_to_all" in capsys.readouterr().out
     assert main(["run", str(path), "--quiet", "--approx", "nope"]) == 2
+
+
+def test_precision_options_override_the_recipe_and_say_what_is_wrong():
+    import pytest as _pytest
+    from simulator.scenario import load_scenario as _load
+    from topologies import ConfigError as _CE
+    base = {"model": "tiny-dense", "cluster": {"preset": "dgx-b200", "num_nodes": 1},
+            "parallel": {"tp": 1, "pp": 1, "dp": 8, "micro_batch_size": 1, "global_batch_size": 8, "seq_len": 1024},
+            "precision": "nvfp4"}
+    plain = _load(base)
+    assert plain.recipe_or_name == "nvfp4"                     # no options: the name, as before
+    sc = _load({**base, "precision_options": {"bf16_first_layers": 0, "bf16_last_layers": 0}})
+    r = sc.recipe_or_name
+    assert (r.bf16_first_layers, r.bf16_last_layers) == (0, 0)
+    assert all(r.is_low_precision_layer(i, 4) for i in range(4))
+    with _pytest.raises(_CE, match="precision_options.bf16_last_layers"):
+        _load({**base, "precision_options": {"bf16_last_layers": -1}})
+    with _pytest.raises(_CE, match="precision_options"):
+        _load({**base, "precision_options": {"fp4_everything": True}})
+    with _pytest.raises(_CE, match="fp8_param_gather"):
+        _load({**base, "precision": "bf16", "precision_options": {"fp8_param_gather": True}})

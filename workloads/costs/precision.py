@@ -255,7 +255,8 @@ _WEIGHT_SCALE_BYTES_PER_PARAM = {"tensor_delayed": 0.0, "tensor_current": 0.0, "
 
 def get_recipe(name: str | PrecisionRecipe, *, grad_reduce_dtype: str | None = None,
                fp8_param_gather: bool = False, gpu: GPUSpec | None = None,
-               field: str = "precision") -> PrecisionRecipe:
+               field: str = "precision", bf16_first_layers: int | None = None,
+               bf16_last_layers: int | None = None) -> PrecisionRecipe:
     """A precision recipe by name, with the scenario's overrides.
 
     Parameters
@@ -270,6 +271,10 @@ def get_recipe(name: str | PrecisionRecipe, *, grad_reduce_dtype: str | None = N
     gpu
         When given, ConfigError unless the GPU's generation runs the recipe (MXFP8 and
         NVFP4 need Blackwell; per-tensor and block FP8 need Hopper or later).
+    bf16_first_layers, bf16_last_layers
+        Leading / trailing decoder layers whose GEMMs stay BF16 (Transformer Engine's
+        ``num_layers_at_start_in_bf16`` / ``_at_end_in_bf16``); None: the recipe's
+        (``nvfp4`` keeps 2 + 8, the others none).  Low-precision recipes only.
 
     Raises
     ------
@@ -293,6 +298,15 @@ def get_recipe(name: str | PrecisionRecipe, *, grad_reduce_dtype: str | None = N
             raise ConfigError("fp8_param_gather", True, f"needs an FP8 recipe; precision is {recipe.name}")
         recipe = dataclasses.replace(
             recipe, param_gather_bytes_per_param=1.0 + _WEIGHT_SCALE_BYTES_PER_PARAM[recipe.scaling])
+    for key, value in (("bf16_first_layers", bf16_first_layers), ("bf16_last_layers", bf16_last_layers)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"precision_options.{key}", value, "must be an integer >= 0")
+        if recipe.fprop_dtype == "bf16" and value:
+            raise ConfigError(f"precision_options.{key}", value, f"needs a low-precision recipe; precision is "
+                                                                 f"{recipe.name}")
+        recipe = dataclasses.replace(recipe, **{key: value})
     if gpu is not None:
         recipe.check_gpu(gpu, field)
     return recipe
