@@ -91,7 +91,9 @@ def test_cli_sweep_bad_file_is_one_line(tmp_path, capsys):
 
 
 def _rows(db):
-    con = sqlite3.connect(db)
+    # wait out the writer's lock rather than read it as "no rows" (a poll that kept failing
+    # on a locked database let a CI run's sweep finish before it was interrupted)
+    con = sqlite3.connect(db, timeout=10)
     try:
         return con.execute("SELECT hash, status FROM points").fetchall()
     except sqlite3.OperationalError:          # the client has not created the table yet
@@ -130,6 +132,7 @@ def test_a_killed_sweep_resumes_without_duplicates_or_gaps(tmp_path, sig):
         if db.exists() and 2 <= len(_rows(db)) < n:
             break
         time.sleep(0.05)
+    assert proc.poll() is None, "the sweep finished before the test could interrupt it"
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     first = len(_rows(db))
