@@ -91,9 +91,7 @@ def test_cli_sweep_bad_file_is_one_line(tmp_path, capsys):
 
 
 def _rows(db):
-    # wait out the writer's lock rather than read it as "no rows" (a poll that kept failing
-    # on a locked database let a CI run's sweep finish before it was interrupted)
-    con = sqlite3.connect(db, timeout=10)
+    con = sqlite3.connect(db, timeout=10)     # wait out the writer's lock rather than read "no rows"
     try:
         return con.execute("SELECT hash, status FROM points").fetchall()
     except sqlite3.OperationalError:          # the client has not created the table yet
@@ -126,7 +124,11 @@ def test_a_killed_sweep_resumes_without_duplicates_or_gaps(tmp_path, sig):
     db = tmp_path / "sw.sqlite"
     cmd = [sys.executable, "-m", "simulator.cli", "sweep", str(sweep), "--db", str(db), "--workers", "1",
            "--no-progress"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # SIGINT as a terminal's Ctrl-C delivers it: a test run started in the background of a
+    # non-interactive shell inherits SIGINT ignored, and Python then never raises
+    # KeyboardInterrupt, so the child gets the default disposition back
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while time.time() < deadline:
         if db.exists() and 2 <= len(_rows(db)) < n:
