@@ -1,10 +1,10 @@
-"""Consolidate per-ref extraction outputs into /work/research/megatron_bridge_recipes.json."""
+"""Consolidate per-ref extraction outputs into $MB_RECIPES (default ./megatron_bridge_recipes.json)."""
 import glob
 import json
 import os
 import re
 
-OUT = "/work/research/megatron_bridge_recipes.json"
+OUT = os.environ.get("MB_RECIPES", "megatron_bridge_recipes.json")
 RELEASES = [("25.09", "v0.1.0rc3"), ("25.11", "v0.2.0"), ("26.02", "v0.3.0"), ("26.02.01", "v0.3.1"),
             ("26.04", "v0.4.0"), ("26.04.01", "v0.4.2"), ("26.06", "v0.5.0"), ("26.06.01", "v0.5.1"),
             ("26.08", "v0.6.0")]
@@ -135,7 +135,7 @@ def src_files(ref, rec):
 def main():
     out = []
     for rel, ref in RELEASES:
-        recs = json.load(open(f"/work/research/tools/out/{ref}.json"))
+        recs = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "out", f"{ref}.json")))
         # default variant per (recipe,gpu,prec)
         groups = {}
         for r in recs:

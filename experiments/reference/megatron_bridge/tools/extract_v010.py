@@ -2,19 +2,17 @@
 import copy
 import importlib
 import json
+import os
 import sys
 import traceback
 import types
 
 import yaml
 
-sys.path.insert(0, "/work/research/tools")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import stubrec as S  # noqa: E402
 
-ref, out = sys.argv[1], sys.argv[2]
-root = f"/tmp/mb/{ref}"
-perf = f"{root}/scripts/performance"
-sys.path.insert(0, perf)
+ref, out, root, perf = S.release_tree(sys.argv)
 REAL = ("megatron.bridge.training.mixed_precision",
         "megatron.bridge.training.comm_overlap")
 SECTIONS = ("model", "ddp", "comm_overlap", "mixed_precision", "optimizer", "train", "dist", "rng")

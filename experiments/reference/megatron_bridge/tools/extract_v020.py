@@ -2,17 +2,15 @@
 import dataclasses
 import importlib
 import json
+import os
 import sys
 import traceback
 import types
 
-sys.path.insert(0, "/work/research/tools")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import stubrec as S  # noqa: E402
 
-ref, out = sys.argv[1], sys.argv[2]
-root = f"/tmp/mb/{ref}"
-perf = f"{root}/scripts/performance"
-sys.path.insert(0, perf)
+ref, out, root, perf = S.release_tree(sys.argv)
 REAL = ("megatron.bridge.training.mixed_precision", "megatron.bridge.training.flex_dispatcher_backend",
         "megatron.bridge.training.utils.moe_token_drop", "megatron.bridge.training.comm_overlap")
 MODELS = [("llama3", "8b", "llama3_8b"), ("llama3", "70b", "llama3_70b"), ("llama31", "405b", "llama31_405b"),

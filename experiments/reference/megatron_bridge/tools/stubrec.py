@@ -303,3 +303,14 @@ def set_gpu(gpu):
     setattr(cuda, "get_device_name", staticmethod(lambda *a, **k: name))
     setattr(cuda, "get_device_capability", staticmethod(lambda *a, **k: (major, 0)))
     setattr(cuda, "is_available", staticmethod(lambda *a, **k: True))
+
+
+def release_tree(argv):
+    """``(ref, out, root, perf)`` of an extraction run ``extract_*.py REF OUT.json``: the tag,
+    the output file, the tag's unpacked tree (``$MB_TREES/<ref>``, default ``/tmp/mb``, made
+    with ``git archive``) and its ``scripts/performance`` folder, put on ``sys.path``."""
+    ref, out = argv[1], argv[2]
+    root = os.path.join(os.environ.get("MB_TREES", "/tmp/mb"), ref)
+    perf = os.path.join(root, "scripts", "performance")
+    sys.path.insert(0, perf)
+    return ref, out, root, perf

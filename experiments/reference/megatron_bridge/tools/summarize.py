@@ -1,8 +1,9 @@
 """Produce compact per-release knob strings + change lists for the markdown summary."""
 import json
+import os
 from collections import OrderedDict
 
-R = json.load(open("/work/research/megatron_bridge_recipes.json"))
+R = json.load(open(os.environ.get("MB_RECIPES", "megatron_bridge_recipes.json")))
 RELS = ["25.09", "26.02", "25.11", "26.02.01", "26.04", "26.04.01", "26.06", "26.06.01", "26.08"]
 RELS = ["25.09", "25.11", "26.02", "26.02.01", "26.04", "26.04.01", "26.06", "26.06.01", "26.08"]
 
