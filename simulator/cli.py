@@ -451,10 +451,10 @@ def _add_inspect(sub) -> None:
     p.add_argument("--sizes", default="1MiB,64MiB,1GiB", help="comma-separated message sizes")
     p.add_argument("--json", action="store_true", help="print JSON rows")
     p = sub.add_parser("schedule", help="print a pipeline schedule's action table and bubble")
-    p.add_argument("--schedule", default="1f1b", help="gpipe | 1f1b | interleaved_1f1b | zb_h1 | dualpipe")
+    p.add_argument("--schedule", default="1f1b", help="gpipe | 1f1b | interleaved_1f1b | zb_h1 | dualpipe | zb_v")
     p.add_argument("--pp", type=int, default=4, help="pipeline stages")
     p.add_argument("--microbatches", type=int, default=8, help="micro-batches per step")
-    p.add_argument("--vpp", type=int, default=1, help="model chunks per stage (interleaved_1f1b)")
+    p.add_argument("--vpp", type=int, default=1, help="model chunks per stage (interleaved_1f1b; 2 for zb_v)")
     p.add_argument("--costs", default="1,1,1", metavar="F,B,W",
                    help="per-chunk forward, input-gradient and weight-gradient costs for the bubble")
     p.add_argument("--list", action="store_true", help="one line of actions per stage instead of the timed table")

@@ -739,6 +739,8 @@ def _placement(model: ModelSpec, parallel: ParallelConfig) -> list[list[_Chunk]]
         start += per_vs[k]
     if bidirectional:
         return [[chunks[s], chunks[pp - 1 - s]] for s in range(pp)]
+    if parallel.schedule == "zb_v":             # the V: stage s holds model chunks s and 2pp-1-s
+        return [[chunks[s], chunks[2 * pp - 1 - s]] for s in range(pp)]
     return [[chunks[c * pp + s] for c in range(vpp)] for s in range(pp)]
 
 

@@ -67,7 +67,7 @@ class ParallelConfig:
     seq_len: int | None = None
     """Tokens per sequence; None means the model's default."""
     schedule: str = "1f1b"
-    """Pipeline schedule: gpipe | 1f1b | interleaved_1f1b | zb_h1 | dualpipe."""
+    """Pipeline schedule: gpipe | 1f1b | interleaved_1f1b | zb_h1 | dualpipe | zb_v (with vpp 2)."""
     vpp: int = 1
     """Model chunks (virtual stages) per pipeline rank; > 1 only with interleaved_1f1b."""
     zero_stage: int = 1

@@ -119,6 +119,19 @@ class Program:
     def num_ops(self) -> int:
         return sum(len(c.ops) for c in self.classes)
 
+    @property
+    def async_sends(self) -> bool:
+        """Whether the schedule's runtime posts pipeline sends without waiting for them.
+
+        PyTorch pipelining's runtime (the one ZB-V comes from) issues each send as a batched
+        ``isend`` and waits on the handles only at the end of the step
+        (``_PipelineScheduleRuntime._step_microbatches``); with rendezvous sends ZB-V's
+        order deadlocks (stage s sends a chunk-0 activation down while stage s+1 sends a
+        chunk-1 activation up).  Megatron-Core's schedules post sends and receives as one
+        batch instead, which the engine models as rendezvous unless ``overlap.p2p``.
+        """
+        return getattr(self.schedule, "layout", None) == "v"
+
     def rank_ops(self, rank: int) -> list[Op]:
         """The op list of one rank (its class's ops)."""
         return self.classes[int(self.class_of_rank[rank])].ops
@@ -686,7 +699,9 @@ def _step_end(ctx: _Ctx, em: _Emitter, st: _Stage) -> None:
     par, model, sched = ctx.par, ctx.model, ctx.sched
     first_stage = st.index == 0 or (sched.layout == "bidirectional")
     last_stage = st.index == par.pp - 1 or (sched.layout == "bidirectional")
-    if model.tied_embeddings and par.pp > 1 and (first_stage or last_stage):
+    # ZB-V's V puts the embedding and the output layer both on stage 0: a tied embedding's
+    # two copies are one, and nothing is all-reduced between stages
+    if model.tied_embeddings and par.pp > 1 and (first_stage or last_stage) and sched.layout != "v":
         emb = model.vocab_size * model.hidden_size / par.tp * st.buckets.grad_bytes
         em.coll(Stream.DP, Coll.ALL_REDUCE, Group.EMBEDDING, emb, OpName.TIED_EMBEDDING_GRAD, phase=Phase.S)
     em.coll(Stream.DP, Coll.ALL_REDUCE, Group.WORLD, 8.0, OpName.GRAD_NORM, phase=Phase.S)

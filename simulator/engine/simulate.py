@@ -333,8 +333,9 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     fb_overlap = sc.overlap.get("fb_overlap", True)
     # Sends are rendezvous: a batch of transfers completes once every peer has posted its side
     # (workloads.schedules.comm places the batches as Megatron-Core and DualPipe do); with
-    # overlap.p2p sends never block.
-    nonblocking_sends = sc.overlap.get("p2p", False)
+    # overlap.p2p sends never block, nor do they under a runtime that posts them asynchronously
+    # (Program.async_sends: PyTorch pipelining's, for ZB-V).
+    nonblocking_sends = sc.overlap.get("p2p", False) or prog.async_sends
 
     def actor(cid):
         cls = prog.classes[folding.cell_class[cid]]

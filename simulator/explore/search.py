@@ -27,7 +27,7 @@ Knobs and the values tried (each restrictable with ``fixed`` / ``bounds``; any o
                        the expert data-parallel degree is ``tp * cp * dp / (etp * ep)``);
                        dense: ``tp``
 ``micro_batch_size``   1, 2, 4, 8 (dividing the batch per replica)
-``schedule``           gpipe, 1f1b, interleaved_1f1b (``vpp`` 2 or 4), zb_h1, dualpipe
+``schedule``           gpipe, 1f1b, interleaved_1f1b (``vpp`` 2 or 4), zb_h1, dualpipe, zb_v (``vpp`` 2)
 ``recompute``          none, selective, full
 ``zero_stage``         0, 1, 2, 3 (``distributed_optimizer`` for stages >= 1)
 =====================  ==============================================================
@@ -184,7 +184,7 @@ def candidates(spec: SearchSpec, cluster=None, model=None) -> list[dict]:
                         if spec.global_batch_size % (mbs * dp):
                             continue
                         for sched in (scheds if pp > 1 else ["1f1b"]):
-                            for vpp in (vpps if sched == "interleaved_1f1b" else [1]):
+                            for vpp in {"interleaved_1f1b": vpps, "zb_v": [2]}.get(sched, [1]):
                                 for rec in recs:
                                     # without data parallelism the ZeRO stages are one layout
                                     single = dp * cp == 1 and model.moe is None

@@ -86,7 +86,8 @@ def _batched_longest_path(sched, cost, orders):
                                                          ("interleaved_1f1b", 2, 2, 4, True),
                                                          ("interleaved_1f1b", 2, 2, 4, False),
                                                          ("interleaved_1f1b", 2, 4, 8, False),
-                                                         ("zb_h1", 1, 4, 8, False), ("dualpipe", 1, 4, 8, False)])
+                                                         ("zb_h1", 1, 4, 8, False), ("dualpipe", 1, 4, 8, False),
+                                                         ("zb_v", 2, 4, 8, False), ("zb_v", 2, 2, 4, False)])
 def test_free_communication_step_equals_the_schedule_longest_path(schedule, vpp, pp, gbs, p2p):
     from workloads.schedules.comm import p2p_order
     par = {"tp": 1, "pp": pp, "dp": 8 // pp, "global_batch_size": gbs * (8 // pp), "seq_len": 512,

@@ -51,7 +51,7 @@ def scenario(tp, pp, dp, *, cp=1, ep=1, nmb=2, schedule="1f1b", preset="dgx-h100
     and 8 KV heads (so TP up to 8 divides them).  The interleaved schedule runs with ``vpp=2``
     and, unless ``p2p`` says otherwise, ``overlap.p2p`` on.
     """
-    vpp = 2 if schedule == "interleaved_1f1b" else 1
+    vpp = 2 if schedule in ("interleaved_1f1b", "zb_v") else 1
     world = tp * cp * dp * pp
     assert world % 8 == 0, f"{world} GPUs do not fill 8-GPU hosts"
     model = {"preset": "tiny-moe" if ep > 1 else "tiny-dense", "num_layers": 2 * pp * vpp, "num_kv_heads": 8}
@@ -222,12 +222,16 @@ def test_folded_run_equals_unfolded_run(kw):
     pytest.param(dict(tp=2, pp=2, dp=2, nmb=4, schedule="interleaved_1f1b", p2p=False), id="interleaved-blocking"),
     pytest.param(dict(tp=2, pp=2, dp=2, nmb=4, schedule="dualpipe"), id="dualpipe"),
     pytest.param(dict(tp=2, pp=4, dp=2, nmb=8, schedule="dualpipe"), id="dualpipe-pp4"),
+    pytest.param(dict(tp=2, pp=4, dp=2, nmb=8, schedule="zb_v", p2p=False), id="zb_v-pp4"),
 ])
 def test_schedules_that_used_to_deadlock_fold_exactly(kw):
     """The interleaved 1F1B schedule with ``overlap.p2p`` off and DualPipe: with blocking
     sends their programs deadlocked (stage 0 blocked in ``send_grad`` to stage 1 while stage 1
     blocked in ``send_grad`` to stage 0, each matching receive posted in a later batch), so
-    the engine never blocks sends for these schedules.  Both now finish, folded == unfolded."""
+    the engine never blocks sends for these schedules.  Both now finish, folded == unfolded.
+    ZB-V with rendezvous sends deadlocks as well (stage s sends a chunk-0 activation down
+    while stage s+1 sends a chunk-1 activation up); its runtime posts sends asynchronously
+    (``Program.async_sends``), so it finishes with ``overlap.p2p`` off."""
     sc = scenario(**kw)
     unfolded = run(sc, fold=False)
     assert_same_run(run(sc), unfolded, _describe(kw))

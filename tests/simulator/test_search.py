@@ -35,8 +35,9 @@ def test_candidates_cover_every_factorisation_and_respect_fixed_and_bounds():
     assert all(c["sequence_parallel"] == (c["tp"] > 1) for c in cands)
     bounded = candidates(SearchSpec.from_dict({**TINY8, "bounds": {"tp": [2, 4], "pp": [2, 2]}}))
     assert {c["tp"] for c in bounded} == {2, 4} and {c["pp"] for c in bounded} == {2}
-    assert {c["schedule"] for c in bounded} == {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "dualpipe"}
+    assert {c["schedule"] for c in bounded} == {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "dualpipe", "zb_v"}
     assert {c["vpp"] for c in bounded if c["schedule"] == "interleaved_1f1b"} == {2, 4}
+    assert {c["vpp"] for c in bounded if c["schedule"] == "zb_v"} == {2}
 
 
 @pytest.mark.parametrize("bad, field", [({"fixed": {"warp": 2}}, "search.fixed.warp"),

@@ -449,3 +449,19 @@ def test_mla_and_mtp():
                          stage=3)
     assert "q" not in up.activations and "kv" not in up.activations
     assert math.isfinite(mid.total_bytes)
+
+
+def test_zb_v_stage_0_holds_the_embedding_and_the_loss():
+    # the V: stage s holds model chunks s and 2pp-1-s, so stage 0 has the first and the last
+    model, pp, m = dense_model(16), 4, 12
+    par = ParallelConfig(pp=pp, vpp=2, global_batch_size=m, seq_len=1024, schedule="zb_v")
+    est = memory_estimates(model, par)
+    assert [e.in_flight_microbatches for e in est] == [2 * pp] * pp      # 2pp half-stage chunk sets
+    assert est[0].logits_bytes > 0 and all(e.logits_bytes == 0 for e in est[1:])
+    one = memory_estimates(model, dataclasses.replace(par, schedule="1f1b", vpp=1))
+    assert one[-1].logits_bytes == est[0].logits_bytes and one[0].logits_bytes == 0
+    assert all(e.num_layers == 16 // pp for e in est)
+    # the embedding and the output layer both sit on stage 0: its parameters exceed a middle stage's
+    # by both, where 1F1B splits them over the first and the last stage
+    edge = est[0].num_params - est[1].num_params
+    assert edge == pytest.approx((one[0].num_params - one[1].num_params) + (one[-1].num_params - one[1].num_params))

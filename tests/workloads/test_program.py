@@ -65,7 +65,7 @@ def test_gradient_buckets_and_parameter_gathers_cover_the_local_parameters():
 
 @pytest.mark.parametrize("schedule, vpp, pp, gbs", [("1f1b", 1, 2, 8), ("gpipe", 1, 2, 8),
                                                     ("interleaved_1f1b", 2, 2, 8), ("zb_h1", 1, 2, 8),
-                                                    ("dualpipe", 1, 2, 8)])
+                                                    ("dualpipe", 1, 2, 8), ("zb_v", 2, 2, 8)])
 def test_every_send_has_its_receive(schedule, vpp, pp, gbs):
     p = prog(schedule=schedule, vpp=vpp, pp=pp, global_batch_size=gbs, dp=2)
     sends = collections.Counter(op.tag for c in p.classes for op in c.ops if op.kind == "send")
@@ -201,3 +201,18 @@ def test_windowed_and_full_layers_run_their_own_attention():
     want = [sum_flops(layer_ops(model, par, i)) for i in range(4)]
     assert [flops[i] for i in range(4)] == pytest.approx(want, rel=1e-12)
     assert want[0] == want[2] < want[1] == want[3]
+
+
+def test_zb_v_keeps_a_tied_embedding_on_one_stage():
+    # ZB-V puts the embedding and the output layer both on stage 0: no embedding-group
+    # all-reduce between stages (1F1B has one on its first and last stage)
+    tied = {"preset": "tiny-dense", "tied_embeddings": True}
+    from workloads import load_model as lm
+    model = lm(tied)
+    kw = dict(tp=1, pp=2, dp=1, micro_batch_size=1, global_batch_size=4, seq_len=256)
+    v = build_program(model, ParallelConfig(schedule="zb_v", vpp=2, **kw), H100)
+    one = build_program(model, ParallelConfig(schedule="1f1b", **kw), H100)
+    names = lambda p: [op.name for c in p.classes for op in c.ops]      # noqa: E731
+    assert names(one).count("tied_embedding_grad") == 2
+    assert names(v).count("tied_embedding_grad") == 0
+    assert v.async_sends and not one.async_sends

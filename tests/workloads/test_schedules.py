@@ -11,11 +11,20 @@ The closed forms are written out here from their sources (not imported from the 
   ``(PP-1)(F + B - 2W)`` with ``B`` the full backward.  1F1B: ``(PP-1)(F + B)``.
 * DualPipe (DeepSeek-V3 Table 2 / deepseek-ai/DualPipe README): ``(PP/2-1)(F&B + B - 3W)``,
   ``B`` the full backward, ``F&B`` an overlapped forward + backward pair.
+* ZB-V (Qi et al. §6): with per-chunk ``T_F = T_B = T_W`` and ``m >= 2p-1`` no stage idles
+  between its first and last action; the worst stage's idle time is the ``(p-1) T_F`` it
+  waits for the first forward to reach it (the last stage), a lower bound for any order on
+  this placement.  The paper's "zero bubble" leaves that fill out.
+
+The action orders of ZB-V and of ZB-H1 are also checked against PyTorch pipelining's own
+generators (``golden/pytorch_zero_bubble_orders.json``, written by
+``experiments/reference/pytorch_pipelining/make_orders.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -52,7 +61,7 @@ GOLDEN = Path(__file__).parent / "golden"
 
 def build(name: str, pp: int, m: int, vpp: int | None = None) -> Schedule:
     if vpp is None:
-        vpp = 2 if name == "interleaved_1f1b" else 1
+        vpp = 2 if name in ("interleaved_1f1b", "zb_v") else 1
     return get_schedule(name)(pp, m, vpp)
 
 
@@ -61,13 +70,14 @@ GRID = ([("gpipe", p, m, 1) for p in (1, 2, 3, 4) for m in (1, 2, 5, 8)]
         + [("1f1b", p, m, 1) for p in (1, 2, 3, 4, 8) for m in (1, 2, 3, 8, 13)]
         + [("interleaved_1f1b", p, m, v) for p in (2, 3, 4) for v in (2, 3, 4) for m in (p, 2 * p, 3 * p)]
         + [("zb_h1", p, m, 1) for p in (1, 2, 3, 4, 8) for m in (p, p + 1, 2 * p, 3 * p + 1)]
-        + [("dualpipe", p, m, 1) for p in (2, 4, 6, 8) for m in (2 * p, 2 * p + 2, 4 * p)])
+        + [("dualpipe", p, m, 1) for p in (2, 4, 6, 8) for m in (2 * p, 2 * p + 2, 4 * p)]
+        + [("zb_v", p, m, 2) for p in (1, 2, 3, 4, 8) for m in (p, 2 * p - 1, 2 * p, 3 * p + 1)])
 
 
 # -- registry and text form -------------------------------------------------------------------
 
 def test_registry_names_match_the_user_contract():
-    assert tuple(SCHEDULES) == SCHEDULE_NAMES == ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "dualpipe")
+    assert tuple(SCHEDULES) == SCHEDULE_NAMES == ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "dualpipe", "zb_v")
     for name in SCHEDULE_NAMES:
         assert get_schedule(name) is SCHEDULES[name]
 
@@ -400,7 +410,7 @@ def test_in_flight_dualpipe(pp, m_extra):
 # -- golden tables ---------------------------------------------------------------------------
 
 GOLDEN_CASES = [("gpipe", 4, 4, 1), ("1f1b", 4, 8, 1), ("interleaved_1f1b", 2, 4, 2), ("interleaved_1f1b", 4, 8, 2),
-                ("zb_h1", 4, 8, 1), ("dualpipe", 4, 8, 1), ("dualpipe", 8, 20, 1)]
+                ("zb_h1", 4, 8, 1), ("dualpipe", 4, 8, 1), ("dualpipe", 8, 20, 1), ("zb_v", 4, 8, 2)]
 
 
 @pytest.mark.parametrize("name, pp, m, vpp", GOLDEN_CASES)
@@ -562,7 +572,7 @@ def test_validator_skips_none_and_communication():
 # -- configuration rules ----------------------------------------------------------------------
 
 def test_min_microbatches():
-    assert [min_microbatches(n, 4) for n in SCHEDULE_NAMES] == [1, 1, 4, 4, 8]
+    assert [min_microbatches(n, 4) for n in SCHEDULE_NAMES] == [1, 1, 4, 4, 8, 4]
     assert min_microbatches("interleaved_1f1b", 8, 2) == 8
     assert min_microbatches("dualpipe", 6) == 12
 
@@ -576,6 +586,9 @@ def test_min_microbatches():
     ("gpipe", 4, 8, 2, "parallel.vpp", "interleaved_1f1b"),
     ("zb_h1", 4, 8, 2, "parallel.vpp", "interleaved_1f1b"),
     ("dualpipe", 4, 8, 2, "parallel.vpp", "interleaved_1f1b"),
+    ("zb_v", 4, 8, 1, "parallel.vpp", "exactly 2"),
+    ("zb_v", 4, 8, 4, "parallel.vpp", "exactly 2"),
+    ("zb_v", 4, 3, 2, "parallel.num_microbatches", ">= 4"),
     ("interleaved_1f1b", 4, 8, 1, "parallel.vpp", "vpp >= 2"),
     ("interleaved_1f1b", 1, 8, 2, "parallel.pp", "pp >= 2"),
     ("interleaved_1f1b", 4, 2, 2, "parallel.num_microbatches", "at least 4"),
@@ -619,9 +632,78 @@ def test_validate_schedule_config_group_size_and_prefix():
 @pytest.mark.parametrize("name", SCHEDULE_NAMES)
 def test_minimum_is_accepted(name):
     pp = 4
-    vpp = 2 if name == "interleaved_1f1b" else 1
+    vpp = 2 if name in ("interleaved_1f1b", "zb_v") else 1
     m = min_microbatches(name, pp, vpp)
     validate(get_schedule(name)(pp, m, vpp))
     if m > 1:
         with pytest.raises(ConfigError):
             validate_schedule_config(name, pp, m - 1, vpp)
+
+
+# -- zero-bubble orders against PyTorch pipelining -------------------------------------------
+
+_PYTORCH = json.loads((GOLDEN / "pytorch_zero_bubble_orders.json").read_text())
+
+
+def _pytorch_cases(table: str):
+    for key, rows in sorted(_PYTORCH[table].items()):
+        pp, m = (int(x) for x in key[2:].split("_m"))
+        yield pytest.param(pp, m, rows, id=key)
+
+
+@pytest.mark.parametrize("pp, m, rows", [c for c in _pytorch_cases("zb_v") if c.values[1] >= c.values[0]])
+def test_zb_v_matches_pytorch_schedule_zbv_zero_bubble(pp, m, rows):
+    s = build("zb_v", pp, m)
+    assert [" ".join(str(a) for a in stage if a is not None) for stage in s.actions] == rows
+
+
+@pytest.mark.parametrize("pp, m, rows", list(_pytorch_cases("zb_interleaved_one_stage")))
+def test_zb_h1_matches_pytorch_interleaved_zero_bubble_with_one_stage_per_rank(pp, m, rows):
+    s = build("zb_h1", pp, m)
+    assert [" ".join(str(a) for a in stage if a is not None) for stage in s.actions] == rows
+
+
+def test_the_oracle_file_covers_the_shapes_that_matter():
+    # the V's warm-up differs per stage, so several pp; m below, at and above 2pp - 1
+    keys = set(_PYTORCH["zb_v"])
+    for pp in (2, 4, 8):
+        assert {f"pp{pp}_m{pp}", f"pp{pp}_m{2 * pp - 1}", f"pp{pp}_m{3 * pp + 1}"} <= keys
+
+
+@pytest.mark.parametrize("pp", [2, 3, 4, 6, 8])
+@pytest.mark.parametrize("extra", [0, 1, 5])
+def test_bubble_zb_v_equal_costs_is_the_first_forwards_fill(pp, extra):
+    m = 2 * pp - 1 + extra
+    t = schedule_timing(build("zb_v", pp, m), ActionCosts(1, 1, 1))
+    assert t.bubble_time == pp - 1                      # (p-1) T_F per chunk
+    # every stage is busy from its first action to its last
+    for s in range(pp):
+        starts = [x for x, a in zip(t.start[s], build("zb_v", pp, m).actions[s], strict=True) if a is not None]
+        ends = [x for x, a in zip(t.end[s], build("zb_v", pp, m).actions[s], strict=True) if a is not None]
+        assert max(ends) - min(starts) == 3 * 2 * m      # 2 chunks x (F + B + W) per micro-batch
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8])
+def test_zb_v_halves_zb_h1s_bubble_at_the_same_stage_cost(pp):
+    # a ZB-V chunk is half a stage: F = B = W = 1 per chunk is 2 per stage for ZB-H1, whose
+    # bubble is then (p-1)(2 + 2 - 2) = 2(p-1): twice ZB-V's (p-1)
+    m = 3 * pp
+    v = schedule_timing(build("zb_v", pp, m), ActionCosts(1, 1, 1)).bubble_time
+    h1 = schedule_timing(build("zb_h1", pp, m), ActionCosts(2, 2, 2)).bubble_time
+    assert h1 == 2 * (pp - 1) == 2 * v
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8])
+def test_zb_v_keeps_1f1b_peak_memory(pp):
+    # 2pp chunk activation sets of half a stage each = pp stages' worth, 1F1B's stage-0 peak
+    assert peak_in_flight(build("zb_v", pp, 3 * pp)) == [2 * pp] * pp
+    assert peak_in_flight(build("1f1b", pp, 3 * pp))[0] == pp
+
+
+def test_zb_v_places_chunks_in_a_v():
+    s = build("zb_v", 4, 8)
+    assert [(model_chunk(s, st, 0), model_chunk(s, st, 1)) for st in range(4)] == [(0, 7), (1, 6), (2, 5), (3, 4)]
+    assert route(s, 3) == ((0, 0), (1, 0), (2, 0), (3, 0), (3, 1), (2, 1), (1, 1), (0, 1))
+    position = route_position(s)
+    assert [position(st, c, 3) for st, c in route(s, 3)] == list(range(8))
+    assert s.num_model_chunks == 8

@@ -47,6 +47,7 @@ __all__ = [
     "ActionKind",
     "Schedule",
     "ScheduleError",
+    "LAYOUTS",
     "format_action",
     "format_table",
     "model_chunk",
@@ -85,6 +86,10 @@ class ActionKind(StrEnum):
 
 COMPUTE_KINDS = frozenset({ActionKind.F, ActionKind.B, ActionKind.W, ActionKind.BW, ActionKind.FB})
 COMM_KINDS = frozenset({ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B})
+
+
+LAYOUTS = ("interleaved", "bidirectional", "v")
+"""Chunk placements a :class:`Schedule` can have (see :func:`model_chunk`)."""
 
 
 class Action(NamedTuple):
@@ -204,13 +209,14 @@ class Schedule:
     layout: str = "interleaved"
     """Where model chunks live, see :func:`model_chunk`: ``"interleaved"`` (stage s, chunk c
     holds model chunk ``c*pp + s``; with one chunk per stage this is plain 1F1B placement)
-    or ``"bidirectional"`` (DualPipe: stage s holds chunks s and ``pp-1-s``)."""
+    , ``"bidirectional"`` (DualPipe: stage s holds chunks s and ``pp-1-s``) or ``"v"``
+    (ZB-V: stage s holds model chunks s and ``2*pp-1-s``)."""
 
     def __post_init__(self) -> None:
-        if self.layout not in ("interleaved", "bidirectional"):
-            raise ValueError(f"Schedule.layout must be 'interleaved' or 'bidirectional', got {self.layout!r}")
-        if self.layout == "bidirectional" and self.num_chunks != 2:
-            raise ValueError(f"a bidirectional schedule holds 2 chunks per stage, got num_chunks={self.num_chunks}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"Schedule.layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        if self.layout in ("bidirectional", "v") and self.num_chunks != 2:
+            raise ValueError(f"a {self.layout} schedule holds 2 chunks per stage, got num_chunks={self.num_chunks}")
 
     def __len__(self) -> int:
         return len(self.actions)
@@ -241,9 +247,16 @@ def model_chunk(schedule: Schedule, stage: int, chunk: int) -> int:
       holds ``pp - 1 - stage``, so each rank keeps two parameter copies' worth of layers
       and every model chunk is stored on two ranks (DeepSeek-V3 report §3.2.1;
       deepseek-ai/DualPipe ``examples/example_dualpipe.py``).
+    * ``v`` layout (ZB-V): the model is cut into ``2*pp`` chunks; chunk 0 of stage s holds
+      model chunk ``s`` and chunk 1 holds ``2*pp - 1 - s``, so a micro-batch runs down the
+      stages and back up, and stage 0 holds both the embedding and the loss (Qi et al.,
+      "Zero Bubble Pipeline Parallelism", §6; PyTorch pipelining's
+      ``generate_stage_to_rank_mapping(style="v")``).
     """
     if schedule.layout == "bidirectional":
         return stage if chunk == 0 else schedule.pp - 1 - stage
+    if schedule.layout == "v":
+        return stage if chunk == 0 else 2 * schedule.pp - 1 - stage
     return chunk * schedule.pp + stage
 
 
@@ -259,6 +272,8 @@ def route(schedule: Schedule, microbatch: int) -> tuple[tuple[int, int], ...]:
         if microbatch < schedule.num_microbatches // 2:
             return tuple((k, 0) for k in range(pp))
         return tuple((pp - 1 - k, 1) for k in range(pp))
+    if schedule.layout == "v":
+        return tuple((k, 0) for k in range(pp)) + tuple((pp - 1 - k, 1) for k in range(pp))
     return tuple((k % pp, k // pp) for k in range(pp * schedule.num_chunks))
 
 
@@ -280,6 +295,11 @@ def route_position(schedule: Schedule) -> Callable[[int, int, int], int | None]:
             if chunk != direction:
                 return None
             return stage if direction == 0 else pp - 1 - stage
+    elif schedule.layout == "v":
+        def position(stage: int, chunk: int, microbatch: int) -> int | None:
+            if not (0 <= stage < pp and 0 <= chunk < 2 and 0 <= microbatch < m):
+                return None
+            return stage if chunk == 0 else 2 * pp - 1 - stage
     else:
         def position(stage: int, chunk: int, microbatch: int) -> int | None:
             if not (0 <= stage < pp and 0 <= chunk < num_chunks and 0 <= microbatch < m):

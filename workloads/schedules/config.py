@@ -12,7 +12,7 @@ from topologies import ConfigError
 
 __all__ = ["SCHEDULE_NAMES", "min_microbatches", "validate_schedule_config"]
 
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "dualpipe")
+SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "dualpipe", "zb_v")
 """Registry keys, the scenario's ``parallel.schedule`` values (docs/scenarios.md)."""
 
 _MB_HINT = " (num_microbatches = global_batch_size / (micro_batch_size * dp))"
@@ -52,6 +52,11 @@ def min_microbatches(name: str, pp: int, vpp: int = 1, *, where: str = "parallel
     ``dualpipe``        ``2*pp``  deepseek-ai/DualPipe ``dualpipe.py`` ``step()`` asserts
                                   ``num_chunks % 2 == 0 and num_chunks >= num_ranks * 2`` (half the
                                   micro-batches enter from each end) and ``num_ranks % 2 == 0``
+    ``zb_v``            ``pp``    PyTorch's ``ScheduleZBVZeroBubble`` builds its table for
+                                  ``max(m, 2*pp - 1)`` micro-batches and drops the extra ones, so
+                                  any m runs; below ``pp`` the V's warm-up is not even full and
+                                  the schedule is pointless, as ZB-H1's is.  Zero bubble needs
+                                  ``m >= 2*pp - 1``
     ==================  ========  ==================================================================
 
     ``vpp`` is accepted for symmetry with the other functions; no current rule depends on it.
@@ -91,7 +96,8 @@ def validate_schedule_config(name: str, pp: int, num_microbatches: int, vpp: int
     -----
     Rules beyond :func:`min_microbatches`:
 
-    * ``vpp > 1`` needs ``interleaved_1f1b``; ``interleaved_1f1b`` needs ``vpp >= 2``
+    * ``vpp > 1`` needs ``interleaved_1f1b`` or ``zb_v``; ``interleaved_1f1b`` needs ``vpp >= 2``;
+      ``zb_v`` needs ``vpp = 2`` (its two chunks per stage form the V)
       (Megatron-Core runs the non-interleaved schedule when no virtual size is set).
     * ``interleaved_1f1b`` needs ``pp >= 2`` (Megatron-Core uses the interleaved schedule
       only when ``pp > 1``; Megatron-LM's ``arguments.py`` further asks for ``pp > 2``
@@ -106,7 +112,10 @@ def validate_schedule_config(name: str, pp: int, num_microbatches: int, vpp: int
     if name == "interleaved_1f1b":
         _check_interleaved(pp, num_microbatches, vpp, microbatch_group_size, where)
         return
-    _check_one_chunk(name, vpp, microbatch_group_size, where)
+    if name == "zb_v":
+        _check_v(vpp, microbatch_group_size, where)
+    else:
+        _check_one_chunk(name, vpp, microbatch_group_size, where)
     if name == "dualpipe":
         _check_dualpipe(pp, num_microbatches, where)
     need = min_microbatches(name, pp, vpp, where=where)
@@ -122,6 +131,17 @@ def _check_one_chunk(name: str, vpp: int, microbatch_group_size: int | None, whe
         raise ConfigError(f"{where}.vpp", vpp,
                           "virtual pipeline stages (vpp > 1) need schedule 'interleaved_1f1b'; "
                           f"'{name}' runs vpp = 1")
+    if microbatch_group_size is not None:
+        raise ConfigError(f"{where}.microbatch_group_size", microbatch_group_size,
+                          "applies to schedule 'interleaved_1f1b' only")
+
+
+def _check_v(vpp: int, microbatch_group_size: int | None, where: str) -> None:
+    """ZB-V holds exactly two model chunks per stage (PyTorch's ``ScheduleZBVZeroBubble``
+    raises "ZBV requires exactly 2 stages per rank") and has no micro-batch groups."""
+    if vpp != 2:
+        raise ConfigError(f"{where}.vpp", vpp,
+                          "schedule 'zb_v' runs exactly 2 model chunks per stage (the V); set vpp = 2")
     if microbatch_group_size is not None:
         raise ConfigError(f"{where}.microbatch_group_size", microbatch_group_size,
                           "applies to schedule 'interleaved_1f1b' only")

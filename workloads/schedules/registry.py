@@ -12,7 +12,7 @@ from .dualpipe import dualpipe
 from .gpipe import gpipe
 from .interleaved import interleaved_1f1b
 from .one_f_one_b import one_f_one_b
-from .zero_bubble import zb_h1
+from .zero_bubble import zb_h1, zb_v
 
 __all__ = ["SCHEDULES", "get_schedule"]
 
@@ -22,6 +22,7 @@ SCHEDULES: dict[str, Callable[..., Schedule]] = {
     "interleaved_1f1b": interleaved_1f1b,
     "zb_h1": zb_h1,
     "dualpipe": dualpipe,
+    "zb_v": zb_v,
 }
 """Schedule generators by ``parallel.schedule`` name; each is a pure function
 ``(pp, num_microbatches, vpp=1) -> Schedule`` that validates its arguments."""
