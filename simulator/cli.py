@@ -115,9 +115,10 @@ def _memory_line(m: dict) -> str:
     if "memory_fits" not in m:
         return ""
     margin = m["memory_margin_bytes"] / 1e9
+    kept = f", {m['hbm_headroom']:.0%} of HBM kept free" if m.get("hbm_headroom") else ""
     if m["memory_fits"]:
-        return f"   fits ({margin:.1f} GB to spare on {m['memory_worst_stage']})"
-    return f"   DOES NOT FIT: {m['memory_worst_stage']} is {-margin:.1f} GB over HBM"
+        return f"   fits ({margin:.1f} GB to spare on {m['memory_worst_stage']}{kept})"
+    return f"   DOES NOT FIT: {m['memory_worst_stage']} is {-margin:.1f} GB over {'usable ' if kept else ''}HBM{kept}"
 
 
 def summary_table(res) -> str:
@@ -126,7 +127,8 @@ def summary_table(res) -> str:
     lines = [f"{sc.name}: {sc.model.name} on {sc.cluster.num_gpus} x {sc.cluster.gpu.name}, {sc.parallel.describe()}, "
              f"{sc.parallel.schedule}, {sc.precision}",
              f"  step time        {m['step_time_s']:.4f} s   (step {len(res.step_bounds)} of {len(res.step_bounds)})",
-             f"  MFU              {m['mfu']:.1%}   (bf16 peak {m['mfu_bf16_peak']:.1%}, HFU {m['hfu']:.1%})",
+             f"  MFU              {m['mfu']:.1%}   (bf16 peak {m['mfu_bf16_peak']:.1%}, HFU {m['hfu']:.1%}; "
+             f"{m.get('flop_convention', 'megatron_core_2025')} FLOPs)",
              f"  TFLOP/s per GPU  {m['tflops_per_gpu']:.1f}",
              f"  tokens/s         {m['tokens_per_s']:,.0f}",
              f"  peak memory      {m['peak_memory_bytes'] / 1e9:.1f} GB" + _memory_line(m),
@@ -205,20 +207,18 @@ def profile_table(profile: dict, total_s: float) -> str:
 
 
 def _print_memory(args) -> int:
-    from workloads import get_recipe, memory_estimates
-
     from .scenario import load_scenario
 
     sc = load_scenario(args.scenario)
-    recipe = get_recipe(sc.precision, gpu=sc.cluster.gpu)
-    ests = memory_estimates(sc.model, sc.parallel, gpu_hbm_bytes=sc.cluster.gpu.hbm_bytes,
-                            fp8_weight_copy_bytes_per_param=recipe.extra_weight_bytes_per_param)
+    ests = sc.memory_estimates()
     if args.json:
         print(json.dumps([e.to_dict() for e in ests], indent=1, default=str))
         return 0
-    hbm = sc.cluster.gpu.hbm_bytes
+    hbm = sc.usable_hbm_bytes
+    head = "" if not sc.hbm_headroom else f", {sc.hbm_headroom:.0%} kept free: {hbm / 2**30:.0f} GiB usable"
     print(f"{sc.name}: {sc.model.name} on {sc.cluster.num_gpus} x {sc.cluster.gpu.name} "
-          f"({hbm / 2**30:.0f} GiB), {sc.parallel.describe()}, {sc.parallel.schedule}, {sc.precision}\n")
+          f"({sc.cluster.gpu.hbm_bytes / 2**30:.0f} GiB{head}), {sc.parallel.describe()}, {sc.parallel.schedule}, "
+          f"{sc.precision}, {sc.memory_accounting} accounting\n")
     for e in ests:
         print(e.format_table())
         print("  -> " + e.verdict(hbm) + "\n")

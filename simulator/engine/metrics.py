@@ -5,8 +5,9 @@ that crosses the step boundary is where it runs.  Definitions (each used once):
 
 ``step_time_s``       end of the last step minus end of the step before (0 for one step):
                       the latest finishing cell sets both ends.
-``tflops_per_gpu``    model FLOPs per step (the model's convention, default
-                      ``megatron_core_2025``) / step time / GPUs / 1e12.
+``tflops_per_gpu``    model FLOPs per step (the scenario's ``flop_convention``, default
+                      ``megatron_core_2025``, echoed as ``flop_convention``) / step time /
+                      GPUs / 1e12.
 ``mfu``               model FLOPs / (step time x GPUs x dense peak of the recipe's GEMM dtype).
 ``mfu_bf16_peak``     the same over the BF16 peak (comparable across precisions).
 ``hfu``               executed FLOPs (every compute op of the step, recompute included, over
@@ -24,7 +25,8 @@ that crosses the step boundary is where it runs.  Definitions (each used once):
 ``link_utilization``  per tier: bytes carried in the step / (tier capacity x step time).
 ``peak_memory_bytes`` the memory model's largest stage total; ``memory_fits`` whether every
 stage fits its GPU's HBM, ``memory_margin_bytes`` the HBM left on the tightest stage
-(negative: short by that much) and ``memory_worst_stage`` which stage that is.
+(negative: short by that much) and ``memory_worst_stage`` which stage that is, under the
+scenario's ``memory_accounting`` and against ``(1 - hbm_headroom) x HBM`` (both echoed).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import numpy as np
 
 from topologies.specs import TIERS
 from workloads import get_recipe
+from workloads.costs import DEFAULT_FLOP_CONVENTION, model_flops_per_step
 from workloads.ops import Phase, Stream
 
 __all__ = ["summarize", "breakdown"]
@@ -114,6 +117,8 @@ def summarize(res, snap_a=None, snap_b=None) -> dict:
                                         [t.value for t in TIERS])
         util = {k: v["utilization"] for k, v in summ.items()}
     mf = prog.model_flops_per_step
+    if sc.flop_convention != DEFAULT_FLOP_CONVENTION:
+        mf = model_flops_per_step(sc.model, sc.parallel.batch_size, seq, convention=sc.flop_convention)
     bd = {k: float(v) for k, v in bd.items()}
     exposed = {k: float(v) for k, v in exposed.items()}
     return {
@@ -131,6 +136,9 @@ def summarize(res, snap_a=None, snap_b=None) -> dict:
         **_memory_verdict(res.memory),
         "num_gpus": n,
         "model_flops_per_step": mf,
+        "flop_convention": sc.flop_convention,
+        "memory_accounting": sc.memory_accounting,
+        "hbm_headroom": sc.hbm_headroom,
         "last_cell": last_cell,
     }
 

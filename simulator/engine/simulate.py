@@ -73,7 +73,7 @@ import numpy as np
 import simpy
 
 from topologies import ConfigError
-from workloads import build_program, memory_estimates
+from workloads import build_program
 from workloads.ops import (COLL_ALL_GATHER, COLL_ALL_TO_ALL, GROUP_CP, GROUP_TP, KIND_COLLECTIVE, KIND_COMPUTE,
                            KIND_SEND, PHASE_F, STREAM_COMPUTE, STREAM_PP, Group, is_ep_combine, is_fsdp_gather,
                            is_grad_bucket, is_grad_norm, is_p2p, is_param_gather, is_step_sync)
@@ -630,7 +630,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         prev = end
     from .metrics import summarize
     res = Result(tl, {}, prog, sc, bounds, waits, net, folding=folding)
-    res.memory = memory_estimates(sc.model, sc.parallel, gpu_hbm_bytes=sc.cluster.gpu.hbm_bytes)
+    res.memory = sc.memory_estimates()
     res.metrics = summarize(res, snaps[-2], snaps[-1])
     clock.lap("timeline_metrics")
     res.profile = clock.laps

@@ -35,7 +35,7 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Callable
 
-from workloads import build_program, memory_estimates
+from workloads import build_program
 from workloads.costs import model_flops_per_step
 from workloads.costs.compute import host_costs
 from workloads.schedules import get_schedule, min_microbatches, schedule_timing
@@ -230,7 +230,7 @@ class Estimator:
         worst = stage_end.index(step)
         busy = timing.busy[worst]
         if mem is None:
-            mem = memory_estimates(sc.model, par, gpu_hbm_bytes=sc.cluster.gpu.hbm_bytes)
+            mem = sc.memory_estimates(par)
         peak_mem = max(e.total_bytes for e in mem)
         gpu = sc.cluster.gpu
         from workloads import get_recipe

@@ -11,13 +11,19 @@ The search file (``clustersim search SEARCH.yaml``)::
     fixed: {tp: 8, recompute: full}    # optional: knob -> value
     bounds: {pp: [1, 8]}               # optional: knob -> [min, max] (numeric knobs)
     simulate: 10                       # optional: simulate the best k by estimate ("all": every one)
+    placement:                         # optional: the placement rules, here with their defaults
+      tp_within_nvlink_domain: true    #   a TP group stays inside one NVLink domain
+      cp_across_nvlink_domains: true   #   a CP group may span domains (only with cp_comm_type p2p / a2a+p2p)
+    hbm_headroom: 0.0                  # optional: fraction of HBM kept free (also flop_convention,
+                                       # memory_accounting: the scenario keys)
 
 Knobs and the values tried (each restrictable with ``fixed`` / ``bounds``; any other
 ``ParallelConfig`` field may be fixed):
 
 =====================  ==============================================================
-``tp``                 powers of two up to the NVLink domain (at most 16) dividing the
-                       attention heads
+``tp``                 powers of two up to 16 (or the NVLink domain, if larger) dividing the
+                       attention heads; with ``tp_within_nvlink_domain`` (the default) a TP
+                       group wider than the domain, or not dividing it, is rejected
 ``cp``                 1, and 2 / 4 / 8 when the sequence is at least 32k tokens
 ``pp``                 divisors of the layer count that divide the GPU count / (tp cp)
 ``dp``                 derived: GPUs / (tp cp pp)
@@ -33,9 +39,21 @@ Knobs and the values tried (each restrictable with ``fixed`` / ``bounds``; any o
 =====================  ==============================================================
 
 ``sequence_parallel`` follows ``tp > 1``; a dense layout without data parallelism tries
-only the first ZeRO stage allowed (the stages do not differ there).  A candidate is ``invalid`` when the
-configuration rules reject it (the reason recorded), ``oom`` when a stage exceeds HBM
-under the memory model (the biggest terms recorded), else ``ok`` with its estimate
+only the first ZeRO stage allowed (the stages do not differ there).
+
+Placement rules (``placement``; each rejection names its rule): a group occupies the block
+of ranks spanned by its axis and the axes inside it in ``mesh_order`` (TP innermost by
+default), and stays in one NVLink domain when that block divides the domain.  TP
+collectives are on the critical path of every layer, so by default TP must stay inside a
+domain (``tp_within_nvlink_domain: false`` lifts the rule).  CP may cross domains, as
+ring attention (``p2p``) and the hierarchical ``a2a+p2p`` hide its transfers behind
+attention, but not with ``all_gather`` or ``a2a``, whose exposed collectives would cross
+the scale-out network; ``cp_across_nvlink_domains: false`` keeps every CP group inside a
+domain.
+
+A candidate is ``invalid`` when the configuration or placement rules reject it (the reason
+recorded), ``oom`` when a stage exceeds the usable HBM (``(1 - hbm_headroom) x HBM``) under
+the memory model (the biggest terms recorded), else ``ok`` with its estimate
 (:mod:`simulator.explore.estimate`).  The ``simulate`` best are run with the engine through the
 sweep machinery (:mod:`simulator.explore.sweep`: local processes or Dask, SQLite, resumable).
 """
@@ -50,19 +68,25 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from topologies import ConfigError, build_cluster
-from workloads import ParallelConfig, load_model, memory_estimates
+from workloads import ParallelConfig, load_model
 from workloads.parallel import RECOMPUTE_KINDS
 from workloads.schedules import SCHEDULE_NAMES
 
 from .estimate import Estimator
 from ..scenario import load_scenario
 
-__all__ = ["SearchSpec", "candidates", "screen", "search", "plot_search", "KNOBS", "pareto_mask"]
+__all__ = ["SearchSpec", "candidates", "screen", "search", "plot_search", "KNOBS", "pareto_mask", "placement_violation",
+           "PLACEMENT_DEFAULTS"]
 
 KNOBS = ("tp", "cp", "pp", "dp", "ep", "etp", "micro_batch_size", "schedule", "vpp", "recompute", "zero_stage")
-_SCENARIO_KEYS = ("precision", "overlap", "moe_routing", "num_steps", "grad_reduce_dtype", "seed", "host")
+_SCENARIO_KEYS = ("precision", "overlap", "moe_routing", "num_steps", "grad_reduce_dtype", "seed", "host",
+                  "precision_options", "flop_convention", "memory_accounting", "hbm_headroom")
 _SPEC_KEYS = {"model", "cluster", "global_batch_size", "seq_len", "fixed", "bounds", "simulate", "name",
-              "description", *_SCENARIO_KEYS}
+              "description", "placement", *_SCENARIO_KEYS}
+#: Placement rules and their defaults (see the module docstring).
+PLACEMENT_DEFAULTS = {"tp_within_nvlink_domain": True, "cp_across_nvlink_domains": True}
+#: CP communication types whose transfers overlap attention, so a CP group may span domains.
+_CP_SPANNING = ("p2p", "a2a+p2p")
 
 
 @dataclass
@@ -75,6 +99,7 @@ class SearchSpec:
     bounds: dict = field(default_factory=dict)
     simulate: int | None = 10               # None: every ok candidate
     scenario: dict = field(default_factory=dict)   # precision, overlap, moe_routing, num_steps, ...
+    placement: dict = field(default_factory=lambda: dict(PLACEMENT_DEFAULTS))
 
     @classmethod
     def from_dict(cls, d: dict) -> "SearchSpec":
@@ -111,8 +136,16 @@ class SearchSpec:
             sim = None
         elif isinstance(sim, bool) or not isinstance(sim, int) or sim < 0:
             raise ConfigError("search.simulate", sim, "must be a non-negative integer or 'all'")
+        placement = d.get("placement") or {}
+        if not isinstance(placement, dict):
+            raise ConfigError("search.placement", placement, f"expected a mapping of {', '.join(PLACEMENT_DEFAULTS)}")
+        for k, v in placement.items():
+            if k not in PLACEMENT_DEFAULTS:
+                raise ConfigError(f"search.placement.{k}", v, f"unknown rule; rules: {', '.join(PLACEMENT_DEFAULTS)}")
+            if not isinstance(v, bool):
+                raise ConfigError(f"search.placement.{k}", v, "must be true or false")
         return cls(d["model"], d["cluster"], gbs, d.get("seq_len"), dict(fixed), dict(bounds), sim,
-                   {k: d[k] for k in _SCENARIO_KEYS if k in d})
+                   {k: d[k] for k in _SCENARIO_KEYS if k in d}, {**PLACEMENT_DEFAULTS, **placement})
 
     def scenario_for(self, parallel: dict) -> dict:
         """The scenario mapping of one candidate."""
@@ -155,7 +188,7 @@ def candidates(spec: SearchSpec, cluster=None, model=None) -> list[dict]:
         return [v for v in values if lo <= v <= hi]
 
     heads = model.num_attention_heads
-    tps = allowed("tp", [t for t in _pow2_upto(min(cluster.nvlink_domain_size, 16)) if heads % t == 0])
+    tps = allowed("tp", [t for t in _pow2_upto(max(cluster.nvlink_domain_size, 16)) if heads % t == 0 and t <= n])
     cps = allowed("cp", [1, 2, 4, 8] if seq >= 32768 else [1])
     pps = allowed("pp", _divisors(model.num_layers))
     eps = allowed("ep", _divisors(model.moe.num_experts) if model.moe is not None else [1])
@@ -218,7 +251,12 @@ def screen(spec: SearchSpec, cands: list[dict], estimator: Estimator | None = No
                 cfg["model"] = model
             sc = load_scenario(cfg, cluster=cluster)
             cluster = sc.cluster
-            mem = memory_estimates(sc.model, sc.parallel, gpu_hbm_bytes=sc.cluster.gpu.hbm_bytes)
+            broken = placement_violation(sc.parallel, cluster.nvlink_domain_size, spec.placement)
+            if broken:
+                row["status"], row["reason"] = "invalid", broken
+                rows.append(row)
+                continue
+            mem = sc.memory_estimates()
             worst = max(mem, key=lambda e: e.total_bytes)
             row["memory_gb"] = worst.total_bytes / 1e9
             if not all(e.fits() for e in mem):
@@ -236,6 +274,38 @@ def screen(spec: SearchSpec, cands: list[dict], estimator: Estimator | None = No
             row["reason"] = str(err)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _block(par: ParallelConfig, axis: str) -> int:
+    """Consecutive ranks one ``axis`` group spans: the product of the degrees of ``axis`` and
+    of the axes inside it in ``mesh_order`` (dense groups: ep counts 1, it is carved out of dp)."""
+    sizes = {"tp": par.tp, "cp": par.cp, "ep": 1, "dp": par.dp, "pp": par.pp}
+    order = par.mesh_order.split("-")
+    return math.prod(sizes[a] for a in order[:order.index(axis) + 1])
+
+
+def placement_violation(par: ParallelConfig, domain: int, rules: dict | None = None) -> str | None:
+    """The placement rule ``par`` breaks on NVLink domains of ``domain`` GPUs, as a sentence
+    naming the rule, or None (see the module docstring)."""
+    rules = {**PLACEMENT_DEFAULTS, **(rules or {})}
+
+    def inside(axis: str) -> bool:
+        b = _block(par, axis)
+        return b <= domain and domain % b == 0
+
+    if par.tp > 1 and rules["tp_within_nvlink_domain"] and not inside("tp"):
+        return (f"placement: the TP group of {par.tp} spans {_block(par, 'tp')} consecutive ranks, which do not fit "
+                f"one NVLink domain of {domain} GPUs (rule search.placement.tp_within_nvlink_domain)")
+    if par.cp > 1 and not inside("cp"):
+        cp_type = getattr(par, "cp_comm_type", "p2p")
+        if not rules["cp_across_nvlink_domains"]:
+            return (f"placement: the CP group (cp = {par.cp}) spans {_block(par, 'cp')} ranks across NVLink domains of "
+                    f"{domain} GPUs (rule search.placement.cp_across_nvlink_domains is false)")
+        if cp_type not in _CP_SPANNING:
+            return (f"placement: the CP group (cp = {par.cp}) spans NVLink domains of {domain} GPUs, and cp_comm_type "
+                    f"'{cp_type}' would put its exposed collectives on the scale-out network; only "
+                    f"{' or '.join(_CP_SPANNING)} may span domains (rule search.placement.cp_across_nvlink_domains)")
+    return None
 
 
 def pareto_mask(df: pd.DataFrame, x: str, y: str) -> pd.Series:

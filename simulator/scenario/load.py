@@ -2,7 +2,8 @@
 
 A scenario (docs/scenarios.md) is a YAML file (or a mapping) with the
 sections ``model``, ``cluster``, ``parallel``, ``precision`` (and ``precision_options``), ``overlap``, ``whatif``,
-``num_steps``, ``seed``, ``moe_routing``, ``host`` and ``approximations``.  :func:`load_scenario` resolves presets,
+``num_steps``, ``seed``, ``moe_routing``, ``host`` and ``approximations``, and the accounting keys
+``flop_convention``, ``memory_accounting`` and ``hbm_headroom``.  :func:`load_scenario` resolves presets,
 fills ``dp: -1``, and applies every rule that needs two sections at once (world size vs
 GPU count, heads vs tp, experts vs ep, the schedule's micro-batch minimum, the precision
 recipe vs the GPU).  YAML is loaded with ``yaml.safe_load`` (no object-building tags).
@@ -18,8 +19,10 @@ import yaml
 from topologies import Cluster, ConfigError, build_cluster
 from topologies.cluster import checked_spec
 from topologies.errors import check_keys
-from workloads import ModelSpec, ParallelConfig, get_recipe, load_model
+from workloads import ModelSpec, ParallelConfig, get_recipe, load_model, memory_estimates
+from workloads.costs import DEFAULT_FLOP_CONVENTION, get_flop_convention
 from workloads.costs.compute import host_costs
+from workloads.memory import get_static_accounting
 
 from .whatif import WhatIf
 
@@ -34,7 +37,11 @@ PRECISION_OPTIONS = ("bf16_first_layers", "bf16_last_layers", "fp8_param_gather"
 
 _KEYS = {"name", "description", "model", "cluster", "parallel", "precision", "precision_options", "grad_reduce_dtype",
          "overlap", "whatif",
-         "num_steps", "seed", "moe_routing", "host", "approximations"}
+         "num_steps", "seed", "moe_routing", "host", "approximations",
+         "flop_convention", "memory_accounting", "hbm_headroom"}
+
+#: Largest ``hbm_headroom`` accepted: keeping more than half the HBM free is a typo, not a policy.
+MAX_HBM_HEADROOM = 0.5
 
 #: Opt-in approximations, by name, with what each gives up (docs/performance.md measures each
 #: against the exact path).  None is on unless a scenario names it.
@@ -73,6 +80,14 @@ class Scenario:
     precision_options: dict = field(default_factory=dict)
     """Overrides of the precision recipe (:data:`PRECISION_OPTIONS`): ``bf16_first_layers``,
     ``bf16_last_layers``, ``fp8_param_gather``; empty: the recipe as named."""
+    flop_convention: str = DEFAULT_FLOP_CONVENTION
+    """Which model-FLOP count MFU and TFLOP/s use: a key of :data:`workloads.FLOP_CONVENTIONS`."""
+    memory_accounting: str = "megatron"
+    """Bytes per parameter of the memory model: a key of :data:`workloads.memory.STATIC_ACCOUNTINGS`."""
+    hbm_headroom: float = 0.0
+    """Fraction of each GPU's HBM the memory verdict keeps free: a stage fits when its total
+    is at most ``(1 - hbm_headroom) x HBM``.  0 by default: the memory model already holds
+    3 GiB per GPU for the CUDA context, NCCL buffers and fragmentation."""
 
     @property
     def recipe_or_name(self):
@@ -81,6 +96,21 @@ class Scenario:
         if not self.precision_options:
             return self.precision
         return get_recipe(self.precision, **self.precision_options)
+
+    @property
+    def usable_hbm_bytes(self) -> float:
+        """HBM per GPU the memory verdict may fill: ``(1 - hbm_headroom) x HBM``."""
+        return self.cluster.gpu.hbm_bytes * (1.0 - self.hbm_headroom)
+
+    def memory_estimates(self, parallel: ParallelConfig | None = None) -> list:
+        """Per-stage :class:`workloads.memory.MemoryEstimate` of this scenario (or of
+        ``parallel`` on it): the scenario's accounting, the precision recipe's FP8 weight
+        copies, judged against :attr:`usable_hbm_bytes`.  ``run``, the estimator, the search
+        and ``clustersim memory`` all take their memory from here."""
+        recipe = get_recipe(self.precision, gpu=self.cluster.gpu, **self.precision_options)
+        return memory_estimates(self.model, parallel or self.parallel, gpu_hbm_bytes=self.usable_hbm_bytes,
+                                accounting=self.memory_accounting,
+                                fp8_weight_copy_bytes_per_param=recipe.extra_weight_bytes_per_param)
 
 
 def read_yaml(path: str | Path, where: str, what: str = "a mapping") -> dict:
@@ -163,10 +193,37 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
     host = data.get("host", "eager")
     host_costs(host, "scenario.host")
     approx = _approximations(data.get("approximations", []))
+    accounting = _accounting(data)
     return Scenario(model=model, cluster=cluster, parallel=par, precision=precision, overlap=overlap, whatif=whatif,
                     num_steps=num_steps, seed=seed, moe_routing=routing, name=str(data.get("name", name)),
                     grad_reduce_dtype=grad_dtype, source=data, host=host, approximations=approx,
-                    precision_options=dict(popts))
+                    precision_options=dict(popts), **accounting)
+
+
+def _accounting(data: dict) -> dict:
+    """``flop_convention``, ``memory_accounting`` and ``hbm_headroom``, checked."""
+    out = {}
+    if "flop_convention" in data:
+        conv = data["flop_convention"]
+        try:
+            get_flop_convention(conv)
+        except ConfigError as err:
+            raise ConfigError("scenario.flop_convention", conv, err.rule) from None
+        out["flop_convention"] = conv
+    if "memory_accounting" in data:
+        acc = data["memory_accounting"]
+        try:
+            get_static_accounting(acc)
+        except ConfigError as err:
+            raise ConfigError("scenario.memory_accounting", acc, err.rule) from None
+        out["memory_accounting"] = acc
+    if "hbm_headroom" in data:
+        h = data["hbm_headroom"]
+        if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 <= h <= MAX_HBM_HEADROOM:
+            raise ConfigError("scenario.hbm_headroom", h,
+                              f"must be a fraction of HBM between 0 and {MAX_HBM_HEADROOM} (e.g. 0.05 keeps 5 % free)")
+        out["hbm_headroom"] = float(h)
+    return out
 
 
 def _approximations(value) -> tuple[str, ...]:

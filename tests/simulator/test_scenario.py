@@ -128,3 +128,38 @@ def test_precision_options_override_the_recipe_and_say_what_is_wrong():
         _load({**base, "precision_options": {"fp4_everything": True}})
     with _pytest.raises(_CE, match="fp8_param_gather"):
         _load({**base, "precision": "bf16", "precision_options": {"fp8_param_gather": True}})
+
+
+def test_accounting_keys_are_chosen_in_the_scenario_and_echoed():
+    from simulator import run
+    from workloads import FLOP_CONVENTIONS, load_model
+    from workloads.costs import model_flops_per_step
+
+    sc = {**BASE, "parallel": {"tp": 2, "pp": 2, "dp": -1, "global_batch_size": 8}, "num_steps": 1}
+    base = run(load_scenario(sc)).metrics
+    assert (base["flop_convention"], base["memory_accounting"], base["hbm_headroom"]) == \
+        ("megatron_core_2025", "megatron", 0.0)
+    palm = run(load_scenario({**sc, "flop_convention": "palm_6n"})).metrics
+    assert palm["flop_convention"] == "palm_6n" and "palm_6n" in FLOP_CONVENTIONS
+    # the same step; MFU scales with the chosen FLOP count
+    assert palm["step_time_s"] == base["step_time_s"]
+    ratio = model_flops_per_step(load_model("tiny-dense"), 8, None, "palm_6n") / base["model_flops_per_step"]
+    assert ratio != 1 and palm["mfu"] == pytest.approx(base["mfu"] * ratio, rel=1e-12)
+    # ZeRO's paper counts 2-byte gradients where Megatron keeps fp32 main grads: less memory
+    zero = run(load_scenario({**sc, "memory_accounting": "zero_paper"})).metrics
+    assert zero["memory_accounting"] == "zero_paper" and zero["peak_memory_bytes"] < base["peak_memory_bytes"]
+    # headroom: the margin shrinks by the fraction of HBM kept free
+    head = run(load_scenario({**sc, "hbm_headroom": 0.1})).metrics
+    hbm = load_scenario(sc).cluster.gpu.hbm_bytes
+    assert head["memory_margin_bytes"] == pytest.approx(base["memory_margin_bytes"] - 0.1 * hbm)
+
+
+@pytest.mark.parametrize("patch, field", [({"flop_convention": "6nd"}, "scenario.flop_convention"),
+                                          ({"memory_accounting": "deepspeed"}, "scenario.memory_accounting"),
+                                          ({"hbm_headroom": 0.9}, "scenario.hbm_headroom"),
+                                          ({"hbm_headroom": -0.1}, "scenario.hbm_headroom"),
+                                          ({"hbm_headroom": True}, "scenario.hbm_headroom")])
+def test_bad_accounting_keys_name_the_field(patch, field):
+    with pytest.raises(ConfigError) as err:
+        load_scenario({**BASE, **patch})
+    assert err.value.field == field

@@ -56,7 +56,10 @@ def test_screen_marks_invalid_and_out_of_memory_with_reasons():
                                  "seq_len": 4096, "fixed": {"micro_batch_size": 1, "schedule": "1f1b",
                                                             "recompute": "full", "zero_stage": 1}})
     table = screen(spec, candidates(spec))
-    assert set(table["status"]) == {"ok", "oom"}
+    assert set(table["status"]) == {"ok", "oom", "invalid"}
+    # TP 16 (64 heads divide it) is tried and rejected by the placement rule, naming it
+    bad = table[table["status"] == "invalid"]
+    assert set(bad["tp"]) == {16} and bad["reason"].str.contains("tp_within_nvlink_domain").all()
     oom = table[table["status"] == "oom"]
     assert (oom["memory_gb"] > 80 * 2**30 / 1e9).all() and oom["reason"].str.len().min() > 0
     # tp=1 pp=1 holds the whole 70B model per GPU: out of memory
@@ -189,3 +192,49 @@ def test_a_moe_search_finds_feasible_expert_parallel_layouts():
     assert len(feasible) > 0 and {2, 4, 8} <= set(feasible["ep"])
     assert (feasible["etp"] == 1).any() and (feasible["etp"] > 1).any()     # both foldings tried
     assert (feasible["est_step_s"] > 0).all()
+
+
+def test_placement_rules_name_the_rule_they_apply():
+    from simulator.explore.search import placement_violation
+    from workloads import ParallelConfig
+
+    def par(**kw):
+        return ParallelConfig(**{"global_batch_size": 64, **kw}).resolve(64)
+
+    # TP 16 on 8-GPU domains: rejected unless the rule is lifted; TP 8 fits
+    assert "tp_within_nvlink_domain" in placement_violation(par(tp=16, dp=-1), 8)
+    assert placement_violation(par(tp=16, dp=-1), 8, {"tp_within_nvlink_domain": False}) is None
+    assert placement_violation(par(tp=8, dp=-1), 8) is None
+    # a TP group of 8 strided by dp (mesh order dp first) spans 64 ranks: outside a domain
+    assert "spans 64" in placement_violation(par(tp=8, dp=-1, mesh_order="dp-tp-cp-ep-pp"), 8)
+    # TP 16 inside a 72-GPU NVL72 domain does not divide it: groups would straddle two
+    assert placement_violation(par(tp=16, dp=-1), 72) is not None
+    assert placement_violation(par(tp=8, dp=-1), 72) is None              # 72 = 9 x 8
+    # CP across domains: allowed with the default ring (p2p), refused when the rule is off
+    cross = par(tp=8, cp=2, dp=-1)
+    assert placement_violation(cross, 8) is None
+    assert "cp_across_nvlink_domains" in placement_violation(cross, 8, {"cp_across_nvlink_domains": False})
+    assert placement_violation(par(tp=4, cp=2, dp=-1), 8, {"cp_across_nvlink_domains": False}) is None
+
+
+def test_hbm_headroom_turns_tight_layouts_out_of_memory():
+    base = {"model": "llama3-70b", "cluster": CASE, "global_batch_size": 128, "seq_len": 4096,
+            "fixed": {"micro_batch_size": 1, "schedule": "1f1b", "recompute": "full", "zero_stage": 1, "tp": 8}}
+    loose = screen(SearchSpec.from_dict(base), candidates(SearchSpec.from_dict(base)))
+    tight_spec = SearchSpec.from_dict({**base, "hbm_headroom": 0.3})
+    tight = screen(tight_spec, candidates(tight_spec))
+    assert (tight["status"] == "oom").sum() > (loose["status"] == "oom").sum()
+    # a stage fits when its total is at most 70 % of 80 GiB
+    ok = tight[tight["status"] == "ok"]
+    assert (ok["memory_gb"] <= 0.7 * 80 * 2**30 / 1e9).all()
+    newly = tight[(tight["status"] == "oom") & (loose["status"] == "ok")]
+    assert len(newly) and (newly["memory_gb"] > 0.7 * 80 * 2**30 / 1e9).all()
+
+
+@pytest.mark.parametrize("bad, field", [({"placement": {"tp_inside": True}}, "search.placement.tp_inside"),
+                                        ({"placement": {"tp_within_nvlink_domain": "yes"}},
+                                         "search.placement.tp_within_nvlink_domain"),
+                                        ({"placement": [1]}, "search.placement")])
+def test_bad_placement_rules_name_the_field(bad, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        SearchSpec.from_dict({**TINY8, **bad})
