@@ -108,9 +108,14 @@ class Scenario:
         copies, judged against :attr:`usable_hbm_bytes`.  ``run``, the estimator, the search
         and ``clustersim memory`` all take their memory from here."""
         recipe = get_recipe(self.precision, gpu=self.cluster.gpu, **self.precision_options)
+        # Transformer Engine saves a quantised GEMM's input for the weight gradient in the
+        # quantised format (the same bytes per element, scales included, as its sequence-
+        # parallel gather), not in BF16
+        quantised = recipe.fprop_format != "BF16"
         return memory_estimates(self.model, parallel or self.parallel, gpu_hbm_bytes=self.usable_hbm_bytes,
                                 accounting=self.memory_accounting,
-                                fp8_weight_copy_bytes_per_param=recipe.extra_weight_bytes_per_param)
+                                fp8_weight_copy_bytes_per_param=recipe.extra_weight_bytes_per_param,
+                                linear_input_bytes=recipe.tp_gather_bytes_per_element if quantised else None)
 
 
 def read_yaml(path: str | Path, where: str, what: str = "a mapping") -> dict:

@@ -163,3 +163,18 @@ def test_bad_accounting_keys_name_the_field(patch, field):
     with pytest.raises(ConfigError) as err:
         load_scenario({**BASE, **patch})
     assert err.value.field == field
+
+
+def test_one_memory_path_counts_the_recipes_fp8_copies_and_fp8_saved_gemm_inputs():
+    # run, estimate, search and `clustersim memory` take memory from Scenario.memory_estimates:
+    # an FP8 recipe adds its weight copies and saves GEMM inputs for the weight gradient in
+    # FP8 (1 byte per element), not BF16; norm inputs and the SwiGLU input stay BF16
+    sc = {"model": "llama3-8b", "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+          "parallel": {"tp": 2, "pp": 2, "dp": -1, "global_batch_size": 8, "seq_len": 2048}}
+    bf16 = load_scenario(sc).memory_estimates()[0]
+    fp8 = load_scenario({**sc, "precision": "fp8_delayed"}).memory_estimates()[0]
+    assert bf16.fp8_weight_copies_bytes == 0 < fp8.fp8_weight_copies_bytes
+    for term in ("attn_input", "attn_output", "ffn_input", "mlp_fc2_input"):
+        assert fp8.activations[term] == pytest.approx(bf16.activations[term] / 2), term
+    for term in ("norm_inputs", "mlp_fc1_output"):
+        assert fp8.activations[term] == bf16.activations[term], term
