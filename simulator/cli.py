@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -512,6 +513,11 @@ def main(argv: list[str] | None = None) -> int:
         # a what-if failure the job does not survive: the result is the stop itself
         print(f"clustersim: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # the reader went away (`clustersim ... --json | head`): end quietly, as Unix tools
+        # do; stdout is pointed at devnull so the interpreter's final flush cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141                          # 128 + SIGPIPE, what a shell reports for a killed writer
 
 
 if __name__ == "__main__":

@@ -139,3 +139,39 @@ def test_run_says_whether_memory_fits_and_strict_exits_3(tmp_path, capsys):
     assert main(["run", str(ok), "--quiet", "--strict"]) == 0
     cap = capsys.readouterr()
     assert "fits (" in cap.out and "GB to spare on" in cap.out and "warning" not in cap.err
+
+
+def test_a_closed_pipe_ends_quietly():
+    # `clustersim collectives --json | head`: the reader is gone before the writer writes
+    sizes = ",".join(str(2 ** i) for i in range(10, 40))
+    p = subprocess.Popen([sys.executable, "-m", "simulator.cli", "collectives", "dgx-h100", "--json", "--sizes", sizes],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    rc = p.wait(timeout=120)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    assert rc in (0, 141)
+
+
+def test_bad_yaml_names_line_and_column(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: tiny-dense\ncluster: {preset: dgx-h100\nparallel: [\n")
+    assert main(["run", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "not valid YAML" in err and "line 3, column 9" in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_unknown_key_suggests_the_nearest(tmp_path, capsys):
+    bad = tmp_path / "typo.yaml"
+    bad.write_text("model: tiny-dense\ncluster: dgx-h100\nparalel: {tp: 2}\n")
+    assert main(["run", str(bad)]) == 2
+    assert "did you mean 'parallel'?" in capsys.readouterr().err
+
+
+def test_a_preset_takes_the_users_size_in_either_form():
+    from topologies import build_cluster
+    assert build_cluster({"preset": "dgx-h100", "num_gpus": 16}).num_gpus == 16
+    assert build_cluster({"preset": "dgx-h100", "num_nodes": 3}).num_gpus == 24
+    from topologies import ConfigError
+    with pytest.raises(ConfigError, match="not both"):
+        build_cluster({"preset": "dgx-h100", "num_gpus": 16, "num_nodes": 2})

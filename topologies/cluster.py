@@ -132,6 +132,10 @@ def spec_from_mapping(cfg: dict | str) -> ClusterSpec:
         check_keys(base, _SPEC_KEYS - {"preset"}, f"preset {cfg['preset']}")
         merged.update(base)
         merged.setdefault("name", cfg["preset"])
+        # the user's size replaces the preset's, in whichever form the user gives it
+        for mine, theirs in (("num_gpus", "num_nodes"), ("num_nodes", "num_gpus")):
+            if mine in cfg and theirs not in cfg:
+                merged.pop(theirs, None)
     merged.update({k: v for k, v in cfg.items() if k != "preset"})
     d = merged
     if "gpu" not in d:

@@ -6,6 +6,8 @@ CLI prints it on one line and exits 2.
 
 from __future__ import annotations
 
+import difflib
+
 __all__ = ["ConfigError"]
 
 
@@ -28,5 +30,7 @@ def check_keys(mapping: dict, allowed, where: str) -> None:
     allowed = set(allowed)
     for key in mapping:
         if key not in allowed:
+            near = difflib.get_close_matches(str(key), sorted(map(str, allowed)), n=1, cutoff=0.6)
+            hint = f"did you mean '{near[0]}'? " if near else ""
             raise ConfigError(f"{where}.{key}" if where else str(key), mapping[key],
-                              f"unknown key; valid keys: {', '.join(sorted(allowed))}")
+                              f"unknown key; {hint}valid keys: {', '.join(sorted(allowed))}")

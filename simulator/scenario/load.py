@@ -128,10 +128,19 @@ def read_yaml(path: str | Path, where: str, what: str = "a mapping") -> dict:
         try:
             data = yaml.safe_load(f)
         except yaml.YAMLError as e:
-            raise ConfigError(where, str(path), f"not valid YAML ({e.__class__.__name__})") from None
+            raise ConfigError(where, str(path), f"not valid YAML: {_yaml_problem(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(where, type(data).__name__, f"expected {what}")
     return data
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """What PyYAML found wrong and where, 1-based: 'expected ..., line 3, column 9'."""
+    mark = getattr(e, "problem_mark", None)
+    what = getattr(e, "problem", None) or e.__class__.__name__
+    if mark is None:
+        return what
+    return f"{what} at line {mark.line + 1}, column {mark.column + 1}"
 
 
 def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
