@@ -49,6 +49,18 @@ def _load_cluster(arg: str, overrides: list[str]):
     return build_cluster(cfg)
 
 
+def _apply_sets(scenario: dict, items: list[str]) -> None:
+    """``--set parallel.pp=8 --set cluster.oversubscription=4``: dotted scenario keys (the
+    sweep's), values read as YAML."""
+    from .explore.sweep import set_dotted
+
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError("--set", item, "expected dotted.key=value, e.g. parallel.pp=8")
+        set_dotted(scenario, key.strip(), yaml.safe_load(value))
+
+
 def collective_table(cluster, sizes, calibration=None) -> list[dict]:
     """Predicted-and-simulated times of typical groups' collectives on an idle cluster."""
     import simpy
@@ -151,10 +163,12 @@ def _run(args) -> int:
     from .engine import run
 
     scenario = args.scenario
-    if args.approx:
+    if args.approx or args.set:
         from .scenario import read_yaml
         scenario = read_yaml(args.scenario, "scenario", "a mapping of sections")
         scenario.setdefault("name", Path(args.scenario).stem)
+        _apply_sets(scenario, args.set)
+    if args.approx:
         given = scenario.get("approximations", [])
         scenario["approximations"] = (given if isinstance(given, list) else [given]) + args.approx
     res = run(scenario, fold=not args.no_fold, progress=not args.quiet)
@@ -415,6 +429,8 @@ def _add_simulate(sub) -> None:
     p = sub.add_parser("run", help="simulate a scenario and print its summary")
     p.add_argument("scenario", help="scenario YAML")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario field by its dotted key (parallel.pp=8, cluster.num_nodes=4); repeatable")
     p.add_argument("--gantt", metavar="PNG", help="write a Gantt chart of the reported step")
     p.add_argument("--trace", metavar="JSON", help="write a Chrome/Perfetto trace")
     p.add_argument("--out", metavar="DIR", help="write metrics.json, timeline.csv, gantt.png, trace.json here")

@@ -175,3 +175,17 @@ def test_a_preset_takes_the_users_size_in_either_form():
     from topologies import ConfigError
     with pytest.raises(ConfigError, match="not both"):
         build_cluster({"preset": "dgx-h100", "num_gpus": 16, "num_nodes": 2})
+
+
+def test_run_set_overrides_dotted_keys(tmp_path, capsys):
+    sc = tmp_path / "s.yaml"
+    sc.write_text("model: tiny-dense\ncluster: dgx-h100\nparallel: {tp: 2, pp: 2, dp: -1, global_batch_size: 8}\n"
+                  "num_steps: 1\n")
+    assert main(["run", str(sc), "--json", "--quiet", "--set", "parallel.pp=1", "--set", "parallel.tp=4",
+                 "--set", "cluster.num_nodes=2"]) == 0
+    m = json.loads(capsys.readouterr().out)
+    assert m["num_gpus"] == 16                      # the preset name became {preset: dgx-h100, num_nodes: 2}
+    assert main(["run", str(sc), "--quiet", "--set", "parallel.pp=1", "--set", "parallel.tp=4"]) == 0
+    assert "tp=4 cp=1 dp=2 pp=1" in capsys.readouterr().out
+    assert main(["run", str(sc), "--set", "parallel"]) == 2
+    assert "--set = 'parallel': expected dotted.key=value" in capsys.readouterr().err

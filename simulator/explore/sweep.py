@@ -50,7 +50,10 @@ METRIC_KEYS = ("step_time_s", "mfu", "mfu_bf16_peak", "hfu", "tflops_per_gpu", "
 
 
 # -- the sweep file ---------------------------------------------------------------------------
-def _set(d: dict, dotted: str, value) -> None:
+def set_dotted(d: dict, dotted: str, value) -> None:
+    """Set ``d[a][b][c] = value`` for ``dotted = "a.b.c"``, creating mappings on the way; a
+    ``model`` or ``cluster`` given as a preset name becomes ``{preset: name}`` first.  The
+    sweep's grid keys and ``clustersim run --set`` both use it."""
     keys = dotted.split(".")
     cur = d
     for k in keys[:-1]:
@@ -109,7 +112,7 @@ def expand(spec: dict) -> list[dict]:
     for p in points:
         sc = copy.deepcopy(base)
         for k, v in p.items():
-            _set(sc, str(k), v)
+            set_dotted(sc, str(k), v)
         out.append(sc)
     return out
 
