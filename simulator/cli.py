@@ -1,6 +1,6 @@
 """The ``clustersim`` command: one subcommand per question (``clustersim --help`` lists them).
 
-``run`` simulates a scenario; ``memory`` gives its memory per stage; ``search`` and ``sweep``
+``run`` simulates a scenario; ``compare`` runs several side by side; ``memory`` gives its memory per stage; ``search`` and ``sweep``
 explore layouts; ``validate`` predicts measured runs; ``topo``, ``collectives`` and
 ``schedule`` look at a cluster, its collectives and a pipeline schedule on their own;
 ``presets`` lists what can be named; ``demo`` shows a cluster's collectives and contention.
@@ -419,13 +419,90 @@ def _schedule(args) -> int:
     return 0
 
 
-COMMANDS = {"run": _run, "validate": _validate, "presets": _presets, "topo": _topo, "collectives": _collectives,
+def _compare(args) -> int:
+    """``clustersim compare A.yaml [B.yaml ...] [--set k=v ...] [--out DIR]``: every scenario,
+    plus the first with the ``--set`` overrides when there are any, run and compared."""
+    import copy
+
+    import pandas as pd
+
+    from .engine import run
+    from .report.compare import aligned_gantts, breakdown_comparison, comparison_table, critical_path_table
+    from .scenario import read_yaml
+
+    specs, names = [], []
+    for path in args.scenarios:
+        sc = read_yaml(path, "scenario", "a mapping of sections")
+        sc.setdefault("name", Path(path).stem)
+        specs.append(sc)
+        names.append(str(sc["name"]))
+    if args.set:
+        variant = copy.deepcopy(specs[0])
+        _apply_sets(variant, args.set)
+        variant["name"] = f"{names[0]} + {', '.join(args.set)}"
+        specs.append(variant)
+        names.append(variant["name"])
+    if len(specs) < 2:
+        raise ConfigError("compare", args.scenarios, "needs two scenarios, or one with --set overrides")
+    if len(set(names)) < len(names):
+        names = [f"{i + 1}: {n}" for i, n in enumerate(names)]
+    results = []
+    for spec, name in zip(specs, names):
+        if not args.quiet:
+            print(f"running {name} ...", file=sys.stderr)
+        results.append(run(spec, progress=not args.quiet))
+    table = comparison_table(results, names)
+    crit = critical_path_table(results, names)
+    if args.json:
+        print(json.dumps({"runs": table.to_dict(orient="records"),
+                          "critical_path_s": {k: v for k, v in crit.to_dict(orient="index").items()}}, indent=1,
+                         default=float))
+    else:
+        for i, (n, r) in enumerate(zip(names, results)):
+            print(f"[{i + 1}] {n}: {r.scenario.model.name} on {r.metrics['num_gpus']} x {r.scenario.cluster.gpu.name}, "
+                  f"{_layout(r)}")
+        cols = [f"[{i + 1}]" for i in range(len(names))]
+        shown = table.drop(columns=["scenario", "layout"]).T
+        shown.columns = cols
+        crit_shown = crit.drop(columns=[c for c in crit.columns if c.startswith("delta_")])
+        crit_shown.columns = cols
+        with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.4g}".format):
+            print("\n" + shown.to_string())
+            print("\nthe critical path (the compute stream of the cell that finishes last), seconds per op "
+                  "and per idle reason, largest change first:")
+            print(crit_shown.to_string())
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(out / "compare.csv", index=False)
+        crit.to_csv(out / "critical_path.csv")
+        breakdown_comparison(results, names, out / "breakdown.png")
+        aligned_gantts(results, names, out / "gantt.png")
+        for i, r in enumerate(results):
+            (out / f"metrics_{i + 1}.json").write_text(json.dumps(r.metrics, indent=1, default=float))
+        print(f"\nwrote {out}/compare.csv, critical_path.csv, breakdown.png, gantt.png, metrics_*.json", file=sys.stderr)
+    return 0
+
+
+def _layout(res) -> str:
+    from .report.compare import layout_label
+    return layout_label(res)
+
+
+COMMANDS = {"run": _run, "compare": _compare, "validate": _validate, "presets": _presets, "topo": _topo, "collectives": _collectives,
             "memory": _print_memory, "schedule": _schedule, "sweep": _sweep, "search": _search, "demo": _demo}
 """Subcommand -> its handler (returns the exit status)."""
 
 
 def _add_simulate(sub) -> None:
-    """The commands that simulate: a scenario, or a table of measured runs."""
+    """The commands that simulate: a scenario, several side by side, or a table of measured runs."""
+    c = sub.add_parser("compare", help="run several scenarios (or one and its --set variant) and compare them")
+    c.add_argument("scenarios", nargs="+", help="scenario YAMLs; the first is the reference")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="add a variant of the first scenario with these dotted-key overrides; repeatable")
+    c.add_argument("--out", metavar="DIR", help="write compare.csv, critical_path.csv, breakdown.png, gantt.png")
+    c.add_argument("--json", action="store_true", help="print the table and the critical path as JSON")
+    c.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p = sub.add_parser("run", help="simulate a scenario and print its summary")
     p.add_argument("scenario", help="scenario YAML")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")

@@ -189,3 +189,39 @@ def test_run_set_overrides_dotted_keys(tmp_path, capsys):
     assert "tp=4 cp=1 dp=2 pp=1" in capsys.readouterr().out
     assert main(["run", str(sc), "--set", "parallel"]) == 2
     assert "--set = 'parallel': expected dotted.key=value" in capsys.readouterr().err
+
+
+def test_compare_runs_a_scenario_against_its_set_variant(tmp_path, capsys):
+    sc = tmp_path / "base.yaml"
+    sc.write_text("model: tiny-dense\ncluster: dgx-h100\nparallel: {tp: 2, pp: 2, dp: -1, global_batch_size: 8}\n"
+                  "num_steps: 1\nhost: none\n")
+    out = tmp_path / "cmp"
+    assert main(["compare", str(sc), "--set", "parallel.pp=1", "--set", "parallel.tp=4", "--out", str(out),
+                 "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "[2] base + parallel.pp=1, parallel.tp=4" in text and "TP4 PP1 DP2" in text
+    assert "vs_first" in text and "the critical path" in text
+    for f in ("compare.csv", "critical_path.csv", "breakdown.png", "gantt.png", "metrics_1.json", "metrics_2.json"):
+        assert (out / f).stat().st_size > 0, f
+    import pandas as pd
+    table = pd.read_csv(out / "compare.csv")
+    assert table["vs_first"].iloc[0] == 1.0
+    m1, m2 = (json.loads((out / f"metrics_{i}.json").read_text()) for i in (1, 2))
+    assert table["step_s"].tolist() == [m1["step_time_s"], m2["step_time_s"]]
+    assert table["vs_first"].iloc[1] == pytest.approx(m2["step_time_s"] / m1["step_time_s"])
+    # the critical path's rows add up to each run's step (busy per op + idle per reason)
+    crit = pd.read_csv(out / "critical_path.csv", index_col=0)
+    assert crit["base"].sum() == pytest.approx(m1["step_time_s"], rel=1e-9)
+    # one scenario without --set has nothing to compare
+    assert main(["compare", str(sc)]) == 2
+    assert "needs two scenarios" in capsys.readouterr().err
+
+
+def test_compare_json_lists_every_run(tmp_path, capsys):
+    a = tmp_path / "a.yaml"
+    a.write_text("model: tiny-dense\ncluster: dgx-h100\nparallel: {tp: 2, dp: -1, global_batch_size: 8}\nnum_steps: 1\n")
+    b = tmp_path / "b.yaml"
+    b.write_text("model: tiny-dense\ncluster: dgx-h100\nparallel: {tp: 8, dp: -1, global_batch_size: 8}\nnum_steps: 1\n")
+    assert main(["compare", str(a), str(b), "--json", "--quiet"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [r["scenario"] for r in d["runs"]] == ["a", "b"] and "critical_path_s" in d

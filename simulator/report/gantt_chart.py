@@ -70,7 +70,7 @@ _COLUMNS = ("rank", "stream", "kind", "name", "layer", "microbatch", "chunk", "p
 def gantt(timeline: pd.DataFrame, path: str | Path | None = None, *, by: str = "rank",
           ranks: Sequence[int] | None = None, max_rows: int = 64, title: str | None = None,
           step: int | None = None, stage_of: Mapping[int, int] | Callable[[int], int] | None = None,
-          dpi: int = 100):
+          dpi: int = 100, span_s: float | None = None):
     """Gantt chart of a timeline: one row per rank (or pipeline stage), a lane per stream.
 
     Parameters
@@ -99,6 +99,9 @@ def gantt(timeline: pd.DataFrame, path: str | Path | None = None, *, by: str = "
     dpi
         Resolution of the PNG (the figure is 15 inches wide; its height grows with the
         number of lanes up to a cap of about 32 inches).
+    span_s
+        Seconds the time axis spans from the first op's start (at least the ops' own span):
+        charts of several runs drawn with the same ``span_s`` share one time scale.
 
     Returns
     -------
@@ -109,7 +112,7 @@ def gantt(timeline: pd.DataFrame, path: str | Path | None = None, *, by: str = "
     n_ops_all = len(df)
     df = df[df["rank"].isin(rows.ranks)]
     lanes, op_lane = _lay_out_lanes(df, rows)
-    tx = _time_axis(df)
+    tx = _time_axis(df, span_s)
     ops = _op_arrays(df, op_lane, tx)
 
     handles = _legend_handles(ops)
@@ -325,10 +328,11 @@ class _TimeAxis:
     scale: float
 
 
-def _time_axis(df: pd.DataFrame) -> _TimeAxis:
-    """From the first op's start to the last op's end, in a unit that suits the span."""
+def _time_axis(df: pd.DataFrame, span_s: float | None = None) -> _TimeAxis:
+    """From the first op's start to the last op's end (or ``span_s`` after the start, if
+    longer), in a unit that suits the span."""
     t0 = float(df["start_s"].min())
-    span_s = max(float(df["end_s"].max()) - t0, 1e-12)
+    span_s = max(float(df["end_s"].max()) - t0, span_s or 0.0, 1e-12)
     unit, scale = time_unit(span_s)
     return _TimeAxis(t0, span_s * scale, unit, scale)
 
