@@ -138,14 +138,15 @@ def summary_table(res) -> str:
     """The stdout summary of a run."""
     m, sc = res.metrics, res.scenario
     lines = [f"{sc.name}: {sc.model.name} on {sc.cluster.num_gpus} x {sc.cluster.gpu.name}, {sc.parallel.describe()}, "
-             f"{sc.parallel.schedule}, {sc.precision}",
-             f"  step time        {m['step_time_s']:.4f} s   (step {len(res.step_bounds)} of {len(res.step_bounds)})",
+             f"{sc.parallel.schedule}, {sc.precision}"]
+    lines += [f"  what-if          {w}" for w in m.get("whatif", [])]
+    lines += [f"  step time        {m['step_time_s']:.4f} s   (step {len(res.step_bounds)} of {len(res.step_bounds)})",
              f"  MFU              {m['mfu']:.1%}   (bf16 peak {m['mfu_bf16_peak']:.1%}, HFU {m['hfu']:.1%}; "
              f"{m.get('flop_convention', 'megatron_core_2025')} FLOPs)",
              f"  TFLOP/s per GPU  {m['tflops_per_gpu']:.1f}",
              f"  tokens/s         {m['tokens_per_s']:,.0f}",
              f"  peak memory      {m['peak_memory_bytes'] / 1e9:.1f} GB" + _memory_line(m),
-             "  breakdown (the cell that finishes last):"]
+             f"  breakdown (the cell that finishes last: {m.get('last_ranks', m['last_cell'])}):"]
     for k, v in sorted(m["breakdown_s"].items(), key=lambda kv: -kv[1]):
         lines.append(f"    {k:<14} {v:9.4f} s  {v / m['step_time_s']:6.1%}")
     util = ", ".join(f"{k} {v:.1%}" for k, v in m["link_utilization"].items())
@@ -184,8 +185,10 @@ def _run(args) -> int:
     trace_path = args.trace or (str(out / "trace.json") if out else None)
     if gantt_path:
         from .report import gantt
-        gantt(last, gantt_path, title=f"{res.scenario.name}: step {len(res.step_bounds)}, "
-                                      f"{res.metrics['step_time_s']:.3f} s, MFU {res.metrics['mfu']:.1%}")
+        whatif = "; ".join(res.metrics.get("whatif", []))
+        gantt(last, gantt_path, title=f"{res.scenario.name}: {res.metrics.get('layout', '')}, step {len(res.step_bounds)}, "
+                                      f"{res.metrics['step_time_s']:.3f} s, MFU {res.metrics['mfu']:.1%}"
+                                      + (f"\nwhat-if: {whatif}" if whatif else ""))
     if trace_path:
         from .report import to_chrome_trace
         to_chrome_trace(tl, trace_path, metadata={"scenario": res.scenario.name})

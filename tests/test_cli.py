@@ -225,3 +225,18 @@ def test_compare_json_lists_every_run(tmp_path, capsys):
     assert main(["compare", str(a), str(b), "--json", "--quiet"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert [r["scenario"] for r in d["runs"]] == ["a", "b"] and "critical_path_s" in d
+
+
+def test_a_whatif_run_says_what_it_perturbed_and_who_finished_last(tmp_path, capsys):
+    sc = tmp_path / "w.yaml"
+    sc.write_text("model: tiny-dense\ncluster: dgx-h100\nparallel: {tp: 2, pp: 2, dp: -1, global_batch_size: 8}\n"
+                  "num_steps: 1\nhost: none\nwhatif: {slow_gpus: {5: 1.5}}\n")
+    assert main(["run", str(sc), "--json", "--quiet"]) == 0
+    m = json.loads(capsys.readouterr().out)
+    assert m["layout"] == "TP2 PP2 DP2 1f1b, bf16"
+    # GPU 5 holds rank 5: stage 1 (ranks 4-7), TP pair [4, 5], DP pair [5, 7]
+    assert m["whatif"] == ["GPU 5 computes 1.5x slower: rank 5, pipeline stage 1, TP group [4, 5], DP group [5, 7]"]
+    assert m["last_ranks"] == "rank 5 (pipeline stage 1)"       # the slow GPU's cell finishes last
+    assert main(["run", str(sc), "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "what-if          GPU 5 computes 1.5x slower" in text and "finishes last: rank 5 (pipeline stage 1)" in text

@@ -25,6 +25,10 @@ that crosses the step boundary is where it runs.  Definitions (each used once):
 ``link_utilization``  per tier: bytes carried in the step / (tier capacity x step time).
 ``peak_memory_bytes`` the memory model's largest stage total; ``memory_fits`` whether every
 stage fits its GPU's HBM, ``memory_margin_bytes`` the HBM left on the tightest stage
+``layout``            the parallel layout in one line (``TP8 PP4 DP2 1f1b, bf16``).
+``whatif``            one sentence per perturbation the run applied, naming for a slow GPU or
+                      rank its rank, pipeline stage and groups (empty: none).
+``last_ranks``        the ranks of the cell that finishes the step last and their stage.
 (negative: short by that much) and ``memory_worst_stage`` which stage that is, under the
 scenario's ``memory_accounting`` and against ``(1 - hbm_headroom) x HBM`` (both echoed).
 """
@@ -40,7 +44,7 @@ from workloads import get_recipe
 from workloads.costs import DEFAULT_FLOP_CONVENTION, model_flops_per_step
 from workloads.ops import Phase, Stream
 
-__all__ = ["summarize", "breakdown"]
+__all__ = ["summarize", "breakdown", "layout_label", "describe_whatif"]
 
 
 def breakdown(timeline, waits: list, t0: float, t1: float, cell: int) -> dict[str, float]:
@@ -136,6 +140,9 @@ def summarize(res, snap_a=None, snap_b=None) -> dict:
         **_memory_verdict(res.memory),
         "num_gpus": n,
         "model_flops_per_step": mf,
+        "layout": layout_label(sc),
+        "whatif": describe_whatif(sc, prog.grid),
+        "last_ranks": _ranks_label(res.folding.cells[last_cell], prog.grid),
         "flop_convention": sc.flop_convention,
         "memory_accounting": sc.memory_accounting,
         "hbm_headroom": sc.hbm_headroom,
@@ -153,3 +160,77 @@ def _memory_verdict(memory) -> dict:
     return {"memory_fits": all(e.fits() for e in memory),
             "memory_margin_bytes": float(worst.hbm_bytes - worst.total_bytes),
             "memory_worst_stage": worst.where}
+
+
+def layout_label(sc) -> str:
+    """``TP8 PP4 DP2 1f1b, bf16`` (CP, VPP and EP named when above 1)."""
+    par = sc.parallel
+    parts = [f"TP{par.tp}"] + ([f"CP{par.cp}"] if par.cp > 1 else []) + [f"PP{par.pp}"]
+    parts += ([f"VPP{par.vpp}"] if par.vpp > 1 else []) + [f"DP{par.dp}"] + ([f"EP{par.ep}"] if par.ep > 1 else [])
+    return f"{' '.join(parts)} {par.schedule}, {sc.precision}"
+
+
+def _span(ranks) -> str:
+    r = sorted(int(x) for x in ranks)
+    if len(r) > 2 and r == list(range(r[0], r[-1] + 1)):
+        return f"{r[0]}-{r[-1]}"
+    if len(r) > 6:
+        return f"{', '.join(map(str, r[:3]))}, ... {r[-1]} ({len(r)})"
+    return ", ".join(map(str, r))
+
+
+def _ranks_label(ranks, grid) -> str:
+    stages = sorted({grid.stage_of(int(r)) for r in ranks})
+    where = f"pipeline stage {stages[0]}" if len(stages) == 1 else f"pipeline stages {_span(stages)}"
+    return f"rank{'s' if len(ranks) > 1 else ''} {_span(ranks)} ({where})"
+
+
+def _rank_sentence(grid, rank: int) -> str:
+    """Where ``rank`` sits: its stage and the groups with more than one member."""
+    out = [f"pipeline stage {grid.stage_of(rank)}"]
+    for kind, label in (("tp", "TP"), ("cp", "CP"), ("dp", "DP"), ("ep", "EP")):
+        try:
+            g = grid.group(kind, rank)
+        except Exception:                       # noqa: BLE001 (a kind this layout has no mesh axis for)
+            continue
+        if len(g) > 1:
+            out.append(f"{label} group [{_span(g)}]")
+    return ", ".join(out)
+
+
+def describe_whatif(sc, grid) -> list[str]:
+    """One sentence per perturbation of ``sc.whatif``, for the summary, JSON and charts."""
+    w = sc.whatif
+    if w.empty:
+        return []
+    gpu_to_rank = {grid.gpu_of(r): r for r in range(grid.world_size)}
+    out = []
+    for g, f in sorted(w.slow_gpus.items()):
+        r = gpu_to_rank.get(g)
+        where = f": rank {r}, {_rank_sentence(grid, r)}" if r is not None else " (no rank on it)"
+        out.append(f"GPU {g} computes {f:g}x slower{where}")
+    for r, f in sorted(w.slow_ranks.items()):
+        out.append(f"rank {r} (GPU {grid.gpu_of(r)}) computes {f:g}x slower: {_rank_sentence(grid, r)}")
+    for g, f in sorted(w.slow_nics.items()):
+        out.append(f"GPU {g}'s NIC runs at 1/{f:g} of its bandwidth")
+    for j in w.jitter:
+        on = "every GPU" if j.gpus is None else f"GPUs {_span(j.gpus)}"
+        out.append(f"jitter {j.dist}{tuple(j.params)} drawn per {j.scope.replace('_', ' ')} on {on}")
+    for t in w.thermal:
+        on = "every GPU" if t.gpus is None else f"GPUs {_span(t.gpus)}"
+        when = (f" from {t.start_s:g} s" if t.start_s is not None else
+                f" from step {t.start_step}" if t.start_step is not None else "")
+        out.append(f"thermal throttling: {on} {t.factor:g}x slower{when}")
+    for c in w.degraded_links:
+        out.append(f"link {c.nodes[0]} - {c.nodes[1]} at {c.bandwidth_factor:g}x bandwidth"
+                   + (f", +{c.extra_latency_s * 1e6:g} us" if c.extra_latency_s else ""))
+    for n in w.failed_links:
+        out.append(f"link {n[0]} - {n[1]} failed")
+    for c in w.degraded_nics:
+        out.append(f"NIC {c.nic} at {c.bandwidth_factor:g}x bandwidth"
+                   + (f", +{c.extra_latency_s * 1e6:g} us" if c.extra_latency_s else ""))
+    for n in w.failed_nics:
+        out.append(f"NIC {n.nic} fails at {n.at_s:g} s (failover: {w.nic_failover})")
+    if w.placement is not None:
+        out.append("ranks placed on GPUs by a custom placement")
+    return out
