@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..engine.metrics import layout_label as _layout_of
 from .charts import _breakdown_color
 from .style import time_unit
 
@@ -26,18 +27,8 @@ __all__ = ["comparison_table", "critical_path_table", "breakdown_comparison", "a
 
 
 def layout_label(res) -> str:
-    """``TP8 PP4 DP2 (CP, EP when > 1) 1F1B, bf16``: the run's layout in one line."""
-    par = res.scenario.parallel
-    parts = [f"TP{par.tp}"]
-    if par.cp > 1:
-        parts.append(f"CP{par.cp}")
-    parts.append(f"PP{par.pp}")
-    if par.vpp > 1:
-        parts.append(f"VPP{par.vpp}")
-    parts.append(f"DP{par.dp}")
-    if par.ep > 1:
-        parts.append(f"EP{par.ep}")
-    return f"{' '.join(parts)} {par.schedule}, {res.scenario.precision}"
+    """``TP8 PP4 DP2 1f1b, bf16``: the run's layout in one line (its ``layout`` metric)."""
+    return res.metrics.get("layout") or _layout_of(res.scenario)
 
 
 def comparison_table(results: Sequence, names: Sequence[str]) -> pd.DataFrame:
