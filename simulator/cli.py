@@ -307,7 +307,17 @@ def _sweep(args) -> int:
         [c for c in ("status", "step_time_s", "mfu") if c in df.columns]
     if not df.empty:
         print(df[show].to_string(index=False))
-    return 0 if counts["failed"] == 0 else 1
+    # why each failed point failed, and the same exit status on a first run and on a resume:
+    # what decides it is the points' recorded status, not what ran this time
+    bad = df[df["status"] != "ok"] if not df.empty else df
+    if len(bad):
+        print(f"\n{len(bad)} of {len(df)} points did not run:", file=sys.stderr)
+        for _, r in bad.iterrows():
+            where = ", ".join(f"{c}={r[c]}" for c in varying if not c.startswith(("step_time", "mfu")))
+            print(f"  [{r['status']}] {where or r['hash'][:10]}: {r['error']}", file=sys.stderr)
+        if counts["skipped"] and not args.retry_failed:
+            print("  (recorded by an earlier run; --retry-failed runs them again)", file=sys.stderr)
+    return 0 if len(bad) == 0 else 1
 
 
 def _search(args) -> int:

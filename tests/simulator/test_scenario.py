@@ -10,10 +10,48 @@ from topologies import ConfigError
 CONFIGS = Path(__file__).resolve().parents[2] / "experiments" / "configs"
 
 
-@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.stem)
+SCENARIOS = sorted(p for p in CONFIGS.glob("*.yaml") if not p.stem.startswith(("sweep-", "search-")))
+SWEEPS = sorted(CONFIGS.glob("sweep-*.yaml"))
+SEARCHES = sorted(CONFIGS.glob("search-*.yaml"))
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_canonical_scenarios_load(path):
     sc = load_scenario(path)
     assert sc.parallel.world_size == sc.cluster.num_gpus
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
+def test_example_sweeps_expand_to_valid_points(path, monkeypatch):
+    from simulator.explore.sweep import load_sweep
+    monkeypatch.chdir(CONFIGS.parents[1])
+    points = load_sweep(path)
+    assert len(points) >= 4
+    for sc in points:                   # every point of an example is valid: none fails on a first run
+        load_scenario(sc)
+
+
+@pytest.mark.parametrize("path", SEARCHES, ids=lambda p: p.stem)
+def test_example_searches_parse(path):
+    from simulator.explore.search import SearchSpec, candidates
+    from simulator.scenario import read_yaml
+    spec = SearchSpec.from_dict(read_yaml(path, "search"))
+    assert candidates(spec)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", SWEEPS + SEARCHES, ids=lambda p: p.stem)
+def test_example_sweeps_and_searches_run(path, tmp_path, monkeypatch, capsys):
+    from simulator.cli import main
+    monkeypatch.chdir(CONFIGS.parents[1])
+    if path.stem.startswith("sweep-"):
+        rc = main(["sweep", str(path), "--workers", "1", "--db", str(tmp_path / "s.sqlite"), "--no-progress"])
+        assert rc == 0, capsys.readouterr().err
+        assert "0 failed now" in capsys.readouterr().out
+    else:
+        rc = main(["search", str(path), "--workers", "1", "--top", "3"])
+        assert rc == 0
+        assert "1 " in capsys.readouterr().out         # a ranked table with a first row
 
 
 BASE = {"model": "tiny-dense", "cluster": {"preset": "dgx-h100", "num_nodes": 1},

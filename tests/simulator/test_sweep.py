@@ -167,3 +167,16 @@ def test_rows_from_other_code_are_run_again(tmp_path):
     again = run_points(pts, Store(tmp_path / "s.sqlite"), LocalExecutor(1), progress=False)
     assert again == {"total": 2, "skipped": 1, "ok": 1, "failed": 0}
     assert len(Store(tmp_path / "s.sqlite").rows()) == 2
+
+
+def test_cli_sweep_says_why_points_failed_and_exits_the_same_on_resume(tmp_path, capsys):
+    sweep = tmp_path / "sw.yaml"
+    sweep.write_text(yaml.safe_dump({"base": BASE, "grid": {"parallel.schedule": ["1f1b", "interleaved_1f1b"]}}))
+    argv = ["sweep", str(sweep), "--db", str(tmp_path / "sw.sqlite"), "--workers", "1", "--no-progress"]
+    assert main(argv) == 1
+    first = capsys.readouterr().err
+    assert "1 of 2 points did not run" in first
+    assert "parallel.schedule=interleaved_1f1b" in first and "needs vpp >= 2" in first
+    assert main(argv) == 1                      # resumed: nothing ran, the recorded failure still counts
+    again = capsys.readouterr().err
+    assert "needs vpp >= 2" in again and "--retry-failed" in again
