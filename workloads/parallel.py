@@ -100,6 +100,10 @@ class ParallelConfig:
     ``E`` (embedding), ``t`` (transformer layer), ``m`` (MTP layer), ``L`` (loss), with
     repetition ``t*3`` and ``(tt|)*2``."""
 
+    degree_form: str = dataclasses.field(default="folded", compare=False, repr=False)
+    """How the degrees were written: ``folded`` (Megatron's: ``dp`` is the dense degree, EP
+    folded into it) or ``five-degree`` (``ep`` carved out of ``dp``); errors say which."""
+
     # -- derived ---------------------------------------------------------------------------
     @property
     def expert_tp(self) -> int:
@@ -131,7 +135,7 @@ class ParallelConfig:
         """From a YAML mapping; see the module docstring for the two ways to give degrees."""
         if not isinstance(d, dict):
             raise ConfigError(where, d, "expected a mapping")
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = {f.name for f in dataclasses.fields(cls)} - {"degree_form"}
         check_keys(d, names, where)
         kw = dict(d)
         if "recompute_modules" in kw and isinstance(kw["recompute_modules"], list):
@@ -153,6 +157,7 @@ class ParallelConfig:
             kw["dp"] = dp * ep
             kw["etp"] = kw.get("tp", 1)
             kw["edp"] = dp * cp
+            kw["degree_form"] = "five-degree"
         cfg = cls(**kw)
         cfg.check(where)
         return cfg
@@ -172,6 +177,24 @@ class ParallelConfig:
         cfg.check()
         return cfg
 
+    def _form_hint(self, num_gpus: int) -> str:
+        """For an MoE layout whose degrees miss the GPU count: which form was read, and the
+        dp each form needs (``""`` without EP)."""
+        if self.ep <= 1:
+            return ""
+        rest = self.tp * self.cp * self.pp
+        folded = num_gpus // rest if num_gpus % rest == 0 else None
+        five = num_gpus // (rest * self.ep) if num_gpus % (rest * self.ep) == 0 else None
+        if self.degree_form == "five-degree":
+            read = (f"; read as the five-degree form (ep carved out of dp: dense dp = dp x ep = {self.dp})")
+            other = (f"; for this GPU count write dp: {five} with ep: {self.ep}" if five else "") + \
+                (f", or Megatron's folded form dp: {folded}, ep: {self.ep}, etp: {self.expert_tp}" if folded else "")
+        else:
+            read = f"; read as Megatron's folded form (dp = {self.dp} is the dense degree, ep folded into it)"
+            other = (f"; for this GPU count write dp: {folded}" if folded else "") + \
+                (f", or the five-degree form dp: {five}, ep: {self.ep} without etp/edp" if five else "")
+        return read + other
+
     def resolve(self, num_gpus: int) -> "ParallelConfig":
         """Fill ``dp = -1`` from the GPU count and check the world size."""
         cfg = self
@@ -184,7 +207,8 @@ class ParallelConfig:
             cfg.check()
         if cfg.world_size != num_gpus:
             raise ConfigError("parallel", cfg.describe(),
-                              f"tp*cp*dp*pp = {cfg.world_size} must equal the number of GPUs, {num_gpus}")
+                              f"tp*cp*dp*pp = {cfg.world_size} must equal the number of GPUs, {num_gpus}"
+                              + cfg._form_hint(num_gpus))
         return cfg
 
     def describe(self) -> str:

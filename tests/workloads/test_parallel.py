@@ -112,3 +112,25 @@ def test_schedule_rules_through_the_config(d, field):
     with pytest.raises(ConfigError) as e:
         ParallelConfig.from_dict(d).check_schedule()
     assert e.value.field == field
+
+
+def test_a_moe_layout_that_misses_the_gpu_count_says_which_form_it_read():
+    five = ParallelConfig.from_dict({"tp": 2, "pp": 2, "dp": 8, "ep": 8})
+    with pytest.raises(ConfigError) as err:
+        five.resolve(32)
+    rule = err.value.rule
+    assert "five-degree form" in rule and "dense dp = dp x ep = 64" in rule
+    assert "write dp: 1 with ep: 8" in rule and "folded form dp: 8, ep: 8, etp: 2" in rule
+    folded = ParallelConfig.from_dict({"tp": 2, "pp": 2, "dp": 4, "ep": 8, "etp": 1})
+    with pytest.raises(ConfigError) as err:
+        folded.resolve(32)
+    rule = err.value.rule
+    assert "folded form (dp = 4 is the dense degree" in rule and "write dp: 8" in rule
+    assert "five-degree form dp: 1, ep: 8" in rule
+    # each suggestion resolves
+    ParallelConfig.from_dict({"tp": 2, "pp": 2, "dp": 1, "ep": 8}).resolve(32)
+    ParallelConfig.from_dict({"tp": 2, "pp": 2, "dp": 8, "ep": 8, "etp": 2}).resolve(32)
+    ParallelConfig.from_dict({"tp": 2, "pp": 2, "dp": 8, "ep": 8, "etp": 1}).resolve(32)
+    # the marker is not a key users can write
+    with pytest.raises(ConfigError, match="unknown key"):
+        ParallelConfig.from_dict({"degree_form": "folded"})
