@@ -64,7 +64,8 @@ from .costs.compute import HostCosts, host_costs
 from .costs.precision import weight_quantize_op, with_quantize_ops
 from .mesh import RankGrid
 from .model import ModelSpec
-from .moe_routing import dispatch_matrix, expert_load, parse_routing
+from .moe_routing import (_trace_has_sources, apply_rank_budget, apply_source_capacity, dispatch_matrix, expert_load,
+                          parse_routing, source_dispatch_matrix, source_loads)
 from .ops import Coll, Group, Op, OpKind, OpName, Phase, Stream, is_p2p
 from .parallel import ParallelConfig, split_layers
 from .schedules import ActionKind, get_schedule, model_chunk, route
@@ -112,6 +113,10 @@ class Program:
     model_flops_per_step: float
     a2a_sizes: dict = field(default_factory=dict)
     memory: list | None = None
+    moe_drops: dict | None = None
+    """With token dropping (``moe.capacity_factor`` or HybridEP's rank budget): ``routed`` and
+    ``dropped`` token-expert assignments of one EP group over the step's MoE layers and
+    micro-batches (every EP group sees the same sampled routing), and ``fraction``."""
     _groups: dict | None = None
     _gindex: dict | None = None
 
@@ -214,6 +219,8 @@ class _Ctx:
     seed: int
     seg_cache: dict = field(default_factory=dict)
     param_cache: dict = field(default_factory=dict)
+    a2a_scale: dict = field(default_factory=dict)      #: (layer, mb) -> assignments sent / routed (dropping, padding)
+    drops: list = field(default_factory=lambda: [0, 0])   #: [routed, dropped] assignments of one EP group
     p2p_overlap: bool = False
     grad_overlap: bool = True
     host: HostCosts = HostCosts(0.0, 0.0, 0.0)
@@ -336,6 +343,9 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     classes, class_of_rank = _rank_classes(ctx, grid, a2a_sizes)
     prog = Program(model, par, sched, grid, classes, class_of_rank,
                    model_flops_per_step(model, par.batch_size, seq), a2a_sizes)
+    if _drops_tokens(ctx):
+        routed, dropped = ctx.drops
+        prog.moe_drops = {"routed": routed, "dropped": dropped, "fraction": dropped / routed if routed else 0.0}
     _check_matching(prog)
     if with_memory:
         from .memory import memory_estimate     # noqa: PLC0415 (optional, heavier)
@@ -399,18 +409,47 @@ def _moe_signature(ctx: _Ctx, e: int, a2a_sizes: dict, loads: dict):
     local = E // par.ep
     bytes_per_token = m.hidden_size * 2.0
     table = {}
+    per_source = _drops_tokens(ctx) or _trace_has_sources(ctx.routing)
     for layer in range(m.num_layers):
         if not m.is_moe_layer(layer):
             continue
         for mb in range(par.num_microbatches):
             load = loads.get((layer, mb))
             if load is None:
-                load = loads[(layer, mb)] = expert_load(ctx.routing, pool, E, k, layer=layer, microbatch=mb,
-                                                        seed=ctx.seed)
+                if per_source:
+                    load = loads[(layer, mb)] = _routed_per_source(ctx, tn, layer, mb, a2a_sizes, bytes_per_token)
+                else:
+                    load = loads[(layer, mb)] = expert_load(ctx.routing, pool, E, k, layer=layer, microbatch=mb,
+                                                            seed=ctx.seed)
             table[(layer, mb)] = tuple(int(x) for x in load[e * local:(e + 1) * local])
             if (layer, mb) not in a2a_sizes and par.ep > 1:
                 a2a_sizes[(layer, mb)] = dispatch_matrix(load, par.ep, bytes_per_token)
     return tuple(sorted(table.items())), table
+
+
+def _drops_tokens(ctx) -> bool:
+    moe = ctx.model.moe
+    return moe is not None and (moe.capacity_factor is not None or moe.expert_rank_capacity_factor is not None)
+
+
+def _routed_per_source(ctx, tn: int, layer: int, mb: int, a2a_sizes: dict, bytes_per_token: float) -> np.ndarray:
+    """Tokens each expert computes on in (layer, mb), routed per source rank: each of the
+    ``ep x etp`` source ranks routes its ``tn`` local tokens, keeps at most the capacity per
+    expert (Megatron-Core's per-router-call capacity), HybridEP's rank budget trims what an EP
+    rank receives; the all-to-all carries what is kept (or the padded capacity).  Records the
+    dispatch matrix, the bytes' scale for the expert-TP collectives and the drop counts."""
+    m, par = ctx.model, ctx.par
+    E, k, moe = m.moe.num_experts, m.moe.top_k, m.moe
+    sources = par.ep * par.expert_tp
+    routed = source_loads(ctx.routing, tn, sources, E, k, layer=layer, microbatch=mb, seed=ctx.seed)
+    kept, dropped = apply_source_capacity(routed, tn, k, moe.capacity_factor, moe.pad_expert_input_to_capacity)
+    kept, over = apply_rank_budget(kept, par.ep, tn, k, moe.expert_rank_capacity_factor)
+    ctx.drops[0] += int(routed.sum())
+    ctx.drops[1] += dropped + over
+    ctx.a2a_scale[(layer, mb)] = float(kept.sum()) / float(sources * tn * k)
+    if par.ep > 1:
+        a2a_sizes[(layer, mb)] = source_dispatch_matrix(kept, par.ep, bytes_per_token)
+    return kept.sum(axis=0)
 
 
 def _layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
@@ -537,9 +576,13 @@ def _expert_tp(ctx, em, coll, name, layer, mb, chunk, phase):
 
 
 def _a2a_total(ctx, layer, mb) -> float:
+    """Bytes one rank dispatches in (layer, mb) at the mean load: its tokens x top-k x hidden
+    (BF16), scaled by what token dropping keeps (or padding adds)."""
     par, m = ctx.par, ctx.model
     tn = ctx.mbs * ctx.seq // (par.cp * par.tp) if par.sequence_parallel or par.tp == 1 else ctx.mbs * ctx.seq // par.cp
-    return float(tn * m.moe.top_k * m.hidden_size * 2.0)
+    total = float(tn * m.moe.top_k * m.hidden_size * 2.0)
+    scale = ctx.a2a_scale.get((layer, mb))
+    return total if scale is None else total * scale
 
 
 def _recompute_kind(par: ParallelConfig, index_in_stage: int, layers_in_stage: int) -> str:
