@@ -75,7 +75,7 @@ import simpy
 from topologies import ConfigError
 from workloads import build_program
 from workloads.ops import (COLL_ALL_GATHER, COLL_ALL_TO_ALL, GROUP_CP, GROUP_TP, KIND_COLLECTIVE, KIND_COMPUTE,
-                           KIND_SEND, PHASE_F, STREAM_COMPUTE, STREAM_PP, Group, is_ep_combine, is_fsdp_gather,
+                           KIND_SEND, PHASE_F, STREAM_COMPUTE, STREAM_PP, Group, ep_a2a_matrix, is_fsdp_gather,
                            is_grad_bucket, is_grad_norm, is_p2p, is_param_gather, is_step_sync)
 from workloads.program import Program
 
@@ -411,7 +411,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         def sizes_of(op):
             if op.coll == COLL_ALL_TO_ALL and op.tag in prog.a2a_sizes:
                 sizes = prog.a2a_sizes[op.tag]            # dispatch: [src, dst] by EP coordinate
-                return sizes.T if is_ep_combine(op) else sizes
+                return ep_a2a_matrix(op, sizes)
             return None
 
         def on_stream(op, step, seq, axis):
