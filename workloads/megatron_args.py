@@ -26,7 +26,7 @@ from topologies import ConfigError
 from .model import ModelSpec
 from .parallel import ParallelConfig
 
-__all__ = ["from_megatron_args"]
+__all__ = ["from_megatron_args", "overlap_from_megatron_args"]
 
 # Flags taking a value, mapped to (section, key, type).  section "model" | "moe" | "mla" | "parallel" | "other".
 _VALUE_FLAGS: dict[str, tuple[str, str, type]] = {
@@ -93,6 +93,8 @@ _SWITCHES: dict[str, tuple[str, str, object]] = {
     "--account-for-loss-in-pipeline-split": ("parallel", "account_for_loss_in_pipeline_split", True),
     "--moe-router-enable-expert-bias": ("moe", "router_bias", True),
     "--moe-pad-expert-input-to-capacity": ("moe", "pad_expert_input_to_capacity", True),
+    "--overlap-moe-expert-parallel-comm": ("overlap", "moe_ep_comm", True),
+    "--delay-wgrad-compute": ("other", "delay_wgrad_compute", True),
 }
 # Flags that change the step but have no meaning in clustersim yet.
 _UNSUPPORTED = {"--num-experts-per-layer", "--encoder-num-layers", "--decoder-num-layers"}
@@ -122,10 +124,17 @@ def from_megatron_args(argv: str | Sequence[str], num_gpus: int,
     return model, cfg
 
 
+def overlap_from_megatron_args(argv: str | Sequence[str]) -> dict[str, bool]:
+    """The scenario's ``overlap`` switches the arguments set: ``--overlap-moe-expert-parallel-comm``
+    is ``moe_ep_comm`` (``--delay-wgrad-compute`` goes with it: the delayed weight gradients
+    are part of the modelled F&B pair, so alone it changes nothing)."""
+    return dict(_sections(_tokens(argv))["overlap"])
+
+
 def _sections(toks: list[str]) -> dict[str, dict]:
     """The flags' values by section (see ``_VALUE_FLAGS``); an unknown flag is skipped with
     its values, an unsupported one or a stray value is an error."""
-    sec: dict[str, dict] = {"model": {}, "moe": {}, "mla": {}, "parallel": {}, "other": {}}
+    sec: dict[str, dict] = {"model": {}, "moe": {}, "mla": {}, "parallel": {}, "other": {}, "overlap": {}}
     i = 0
     while i < len(toks):
         flag = toks[i]

@@ -119,3 +119,12 @@ def test_megatron_flags_set_dropping_and_the_dispatcher():
     with pytest.raises(ConfigError) as e:
         from_megatron_args(MIXTRAL + " --moe-token-drop-policy random", num_gpus=64)
     assert e.value.field.endswith("token_drop_policy")
+
+
+def test_megatron_overlap_flag_sets_the_moe_overlap_switch():
+    from tests.workloads.test_megatron_args import MIXTRAL
+    from workloads.megatron_args import from_megatron_args, overlap_from_megatron_args
+    argv = MIXTRAL + " --overlap-moe-expert-parallel-comm --delay-wgrad-compute"
+    assert overlap_from_megatron_args(argv) == {"moe_ep_comm": True}
+    assert overlap_from_megatron_args(MIXTRAL) == {}
+    from_megatron_args(argv, num_gpus=64)         # the model and layout still parse
