@@ -147,6 +147,9 @@ def summary_table(res) -> str:
              f"  tokens/s         {m['tokens_per_s']:,.0f}",
              f"  peak memory      {m['peak_memory_bytes'] / 1e9:.1f} GB" + _memory_line(m),
              f"  breakdown (the cell that finishes last: {m.get('last_ranks', m['last_cell'])}):"]
+    if "moe_dropped_fraction" in m:
+        lines.insert(-1, f"  dropped tokens   {m['moe_dropped_tokens']:,} of {m['moe_routed_tokens']:,} token-expert "
+                         f"assignments ({m['moe_dropped_fraction']:.2%}; capacity {sc.model.moe.capacity_factor})")
     for k, v in sorted(m["breakdown_s"].items(), key=lambda kv: -kv[1]):
         lines.append(f"    {k:<14} {v:9.4f} s  {v / m['step_time_s']:6.1%}")
     util = ", ".join(f"{k} {v:.1%}" for k, v in m["link_utilization"].items())

@@ -8,7 +8,9 @@ data-parallel degree is implicit and includes expert parallelism
 
 Defaults follow Megatron-LM's argument parser where the flag is absent: GELU MLP,
 LayerNorm, learned absolute positions, biases on linear layers, tied embeddings
-(``--untie-embeddings-and-output-weights`` unties them).  Flags that do not change the
+(``--untie-embeddings-and-output-weights`` unties them).  One exception: without
+``--moe-token-dispatcher-type`` the dispatcher is clustersim's default ``alltoall`` (what
+MoE training recipes set), not Megatron-Core's ``allgather``.  Flags that do not change the
 work of a training step (logging, checkpointing, data paths, learning rate...) are
 ignored; flags that would and that clustersim does not model are an error, so nothing
 is silently dropped.
@@ -24,7 +26,7 @@ from topologies import ConfigError
 from .model import ModelSpec
 from .parallel import ParallelConfig
 
-__all__ = ["from_megatron_args"]
+__all__ = ["from_megatron_args", "overlap_from_megatron_args"]
 
 # Flags taking a value, mapped to (section, key, type).  section "model" | "moe" | "mla" | "parallel" | "other".
 _VALUE_FLAGS: dict[str, tuple[str, str, type]] = {
@@ -49,6 +51,11 @@ _VALUE_FLAGS: dict[str, tuple[str, str, type]] = {
     "--moe-shared-expert-intermediate-size": ("other", "shared_total", int),
     "--moe-layer-freq": ("other", "moe_layer_freq", str),
     "--moe-expert-capacity-factor": ("moe", "capacity_factor", float),
+    "--moe-token-drop-policy": ("moe", "token_drop_policy", str),
+    "--moe-expert-rank-capacity-factor": ("moe", "expert_rank_capacity_factor", float),
+    "--moe-token-dispatcher-type": ("moe", "token_dispatcher", str),
+    "--moe-flex-dispatcher-backend": ("moe", "flex_dispatcher_backend", str),
+    "--moe-flex-dispatcher-num-sms": ("moe", "flex_dispatcher_num_sms", int),
     "--q-lora-rank": ("mla", "q_lora_rank", int),
     "--kv-lora-rank": ("mla", "kv_lora_rank", int),
     "--qk-head-dim": ("mla", "qk_nope_head_dim", int),
@@ -85,7 +92,9 @@ _SWITCHES: dict[str, tuple[str, str, object]] = {
     "--account-for-embedding-in-pipeline-split": ("parallel", "account_for_embedding_in_pipeline_split", True),
     "--account-for-loss-in-pipeline-split": ("parallel", "account_for_loss_in_pipeline_split", True),
     "--moe-router-enable-expert-bias": ("moe", "router_bias", True),
-    "--moe-pad-expert-input-to-capacity": ("other", "pad_to_capacity", True),
+    "--moe-pad-expert-input-to-capacity": ("moe", "pad_expert_input_to_capacity", True),
+    "--overlap-moe-expert-parallel-comm": ("overlap", "moe_ep_comm", True),
+    "--delay-wgrad-compute": ("other", "delay_wgrad_compute", True),
 }
 # Flags that change the step but have no meaning in clustersim yet.
 _UNSUPPORTED = {"--num-experts-per-layer", "--encoder-num-layers", "--decoder-num-layers"}
@@ -115,10 +124,17 @@ def from_megatron_args(argv: str | Sequence[str], num_gpus: int,
     return model, cfg
 
 
+def overlap_from_megatron_args(argv: str | Sequence[str]) -> dict[str, bool]:
+    """The scenario's ``overlap`` switches the arguments set: ``--overlap-moe-expert-parallel-comm``
+    is ``moe_ep_comm`` (``--delay-wgrad-compute`` goes with it: the delayed weight gradients
+    are part of the modelled F&B pair, so alone it changes nothing)."""
+    return dict(_sections(_tokens(argv))["overlap"])
+
+
 def _sections(toks: list[str]) -> dict[str, dict]:
     """The flags' values by section (see ``_VALUE_FLAGS``); an unknown flag is skipped with
     its values, an unsupported one or a stray value is an error."""
-    sec: dict[str, dict] = {"model": {}, "moe": {}, "mla": {}, "parallel": {}, "other": {}}
+    sec: dict[str, dict] = {"model": {}, "moe": {}, "mla": {}, "parallel": {}, "other": {}, "overlap": {}}
     i = 0
     while i < len(toks):
         flag = toks[i]

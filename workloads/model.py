@@ -184,6 +184,26 @@ class MoESpec:
     router_bias: bool = False
     """A per-expert bias on the router scores (DeepSeek-V3's auxiliary-loss-free balancing bias,
     ``e_score_correction_bias``): ``num_experts`` extra parameters per MoE layer."""
+    token_drop_policy: str = "probs"
+    """Which tokens an over-full expert drops (Megatron-Core's ``--moe-token-drop-policy``):
+    ``probs`` (lowest routing probability) or ``position`` (latest in the sequence).  The number
+    dropped, and so the step, is the same for both."""
+    pad_expert_input_to_capacity: bool = False
+    """Every (source rank, expert) pair sends exactly its capacity, padding what routing left
+    short (``--moe-pad-expert-input-to-capacity``); needs ``capacity_factor``."""
+    expert_rank_capacity_factor: float | None = None
+    """HybridEP's per-EP-rank token budget, as a multiple of one rank's ``local tokens x
+    top_k`` (``moe_expert_rank_capacity_factor``); tokens above it are dropped.  Needs the
+    ``flex`` dispatcher with the ``hybridep`` backend.  None: no budget."""
+    token_dispatcher: str = "alltoall"
+    """``alltoall`` | ``allgather`` | ``flex`` (``--moe-token-dispatcher-type``; clustersim's
+    default is ``alltoall``, Megatron-Core's own default is ``allgather``)."""
+    flex_dispatcher_backend: str = "deepep"
+    """With ``token_dispatcher: flex``: ``deepep`` or ``hybridep``
+    (``--moe-flex-dispatcher-backend``)."""
+    flex_dispatcher_num_sms: int | None = None
+    """SMs the flex dispatcher's kernels hold (``moe_flex_dispatcher_num_sms``); None: the
+    backend's default (DeepEP 20, HybridEP 16: ``workloads.moe_routing`` cites both)."""
 
     def __post_init__(self):
         w = "moe"
@@ -215,6 +235,39 @@ class MoESpec:
                 raise ConfigError(f"{w}.capacity_factor", cf, "must be a positive number, or null for dropless")
             _set(self, "capacity_factor", float(cf))
         _bool(w, "router_bias", self.router_bias)
+        self._check_dropping_and_dispatch(w)
+
+    def _check_dropping_and_dispatch(self, w: str) -> None:
+        """Megatron-Core's rules (transformer_config.py ``__post_init__``) for token dropping
+        and the dispatcher, as ConfigErrors."""
+        from .moe_routing import DISPATCHERS, DROP_POLICIES, FLEX_BACKENDS    # noqa: PLC0415 (cycle)
+        if self.token_drop_policy not in DROP_POLICIES:
+            raise ConfigError(f"{w}.token_drop_policy", self.token_drop_policy, f"must be one of {', '.join(DROP_POLICIES)}")
+        _bool(w, "pad_expert_input_to_capacity", self.pad_expert_input_to_capacity)
+        if self.pad_expert_input_to_capacity and self.capacity_factor is None:
+            raise ConfigError(f"{w}.pad_expert_input_to_capacity", True, "padding to capacity needs capacity_factor")
+        if self.token_dispatcher not in DISPATCHERS:
+            raise ConfigError(f"{w}.token_dispatcher", self.token_dispatcher, f"must be one of {', '.join(DISPATCHERS)}")
+        if self.flex_dispatcher_backend not in FLEX_BACKENDS:
+            raise ConfigError(f"{w}.flex_dispatcher_backend", self.flex_dispatcher_backend,
+                              f"must be one of {', '.join(FLEX_BACKENDS)}")
+        flex = self.token_dispatcher == "flex"
+        if flex and self.flex_dispatcher_backend == "deepep" and self.pad_expert_input_to_capacity:
+            raise ConfigError(f"{w}.pad_expert_input_to_capacity", True,
+                              "the flex dispatcher's deepep backend does not pad to capacity (Megatron-Core refuses it)")
+        _set(self, "flex_dispatcher_num_sms", _int(w, "flex_dispatcher_num_sms", self.flex_dispatcher_num_sms,
+                                                   optional=True))
+        if self.flex_dispatcher_num_sms is not None and not flex:
+            raise ConfigError(f"{w}.flex_dispatcher_num_sms", self.flex_dispatcher_num_sms,
+                              "only the flex dispatcher reserves SMs (set token_dispatcher: flex)")
+        rcf = self.expert_rank_capacity_factor
+        if rcf is not None:
+            if isinstance(rcf, bool) or not isinstance(rcf, numbers.Real) or not rcf > 0:
+                raise ConfigError(f"{w}.expert_rank_capacity_factor", rcf, "must be a positive number, or null")
+            if not (flex and self.flex_dispatcher_backend == "hybridep"):
+                raise ConfigError(f"{w}.expert_rank_capacity_factor", rcf,
+                                  "the per-rank budget needs token_dispatcher: flex with flex_dispatcher_backend: hybridep")
+            _set(self, "expert_rank_capacity_factor", float(rcf))
 
     def is_moe_layer(self, i: int) -> bool:
         """Whether decoder layer ``i`` (0-based) has a MoE block (no range check)."""

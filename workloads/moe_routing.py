@@ -16,9 +16,17 @@ micro-batch from the scenario seed, so runs are reproducible:
 ``trace``             counts read from a CSV (columns ``layer, microbatch, expert, tokens``);
                       layers and micro-batches missing from the trace fall back to balanced.
 
-Capacity: with ``capacity_factor`` c an expert accepts ``ceil(c x tokens x top_k / experts)``
-tokens and drops the excess (Megatron-Core's token dropping); with ``pad_to_capacity``
-every expert computes on exactly its capacity (padding).  Dropless (``None``) keeps all.
+A trace may carry a ``source`` column: the EP source rank (``0 .. ep x etp - 1``, EP
+coordinate ``source % ep``) whose router sent the tokens.  Without it (and for the sampled
+kinds) the group's load is split evenly over its source ranks (:func:`split_sources`).
+
+Capacity (Megatron-Core's token dropping, ``moe_utils.apply_router_token_dropping``): every
+router call sees one rank's *local* tokens, so the capacity is per source rank and expert,
+``ceil(local_tokens x top_k / experts x capacity_factor)`` (:func:`source_capacity`), and a
+source rank drops what it routes to an expert above that -- not the pooled load of the EP
+group, which under-drops when source ranks disagree (:func:`apply_source_capacity`).  With
+``pad_to_capacity`` every (source, expert) pair sends exactly its capacity (at most the
+local tokens).  Dropless (``None``) keeps all.
 """
 
 from __future__ import annotations
@@ -33,7 +41,17 @@ import numpy as np
 
 from topologies import ConfigError
 
-__all__ = ["MoERouting", "parse_routing", "expert_load", "rank_load", "dispatch_matrix"]
+__all__ = ["MoERouting", "parse_routing", "expert_load", "rank_load", "dispatch_matrix", "split_sources",
+           "source_loads", "source_capacity", "apply_source_capacity", "apply_rank_budget", "source_dispatch_matrix",
+           "DROP_POLICIES"]
+
+#: Megatron-Core's ``--moe-token-drop-policy``: which tokens an over-full expert drops (the
+#: lowest routing probabilities, or the latest positions).  The count is the same either way.
+DROP_POLICIES = ("probs", "position")
+#: Megatron-Core's ``--moe-token-dispatcher-type`` and ``--moe-flex-dispatcher-backend``
+#: (transformer_config.py; the ``ncclep`` backend is not modelled).
+DISPATCHERS = ("alltoall", "allgather", "flex")
+FLEX_BACKENDS = ("deepep", "hybridep")
 
 _SPEC = re.compile(r"^(skew|zipf)\(\s*([0-9.eE+-]+)\s*\)$")
 
@@ -82,9 +100,14 @@ def _load_trace(path, where: str) -> dict:
         need = {"layer", "microbatch", "expert", "tokens"}
         if not need <= set(reader.fieldnames or ()):
             raise ConfigError(f"{where}.trace", str(path), f"needs columns {', '.join(sorted(need))}")
+        has_source = "source" in (reader.fieldnames or ())
         for row in reader:
             key = (int(row["layer"]), int(row["microbatch"]))
-            out.setdefault(key, {})[int(row["expert"])] = int(row["tokens"])
+            if has_source:
+                # per source rank: {(source, expert): tokens}
+                out.setdefault(key, {})[(int(row["source"]), int(row["expert"]))] = int(row["tokens"])
+            else:
+                out.setdefault(key, {})[int(row["expert"])] = int(row["tokens"])
     return out
 
 
@@ -145,6 +168,9 @@ def expert_load(routing: MoERouting, num_tokens: int, num_experts: int, top_k: i
         counts = routing.trace.get((layer, microbatch))
         if counts is None:
             return _largest_remainder(np.ones(num_experts), total)
+        if counts and isinstance(next(iter(counts)), tuple):
+            raise ConfigError("moe_routing.trace", "source", "a trace with a source column gives per-source loads "
+                              "(source_loads), not one pooled load")
         out = np.zeros(num_experts, dtype=np.int64)
         for e, t in counts.items():
             if not 0 <= e < num_experts:
@@ -186,3 +212,115 @@ def dispatch_matrix(load: np.ndarray, ep: int, bytes_per_token: float) -> np.nda
     """
     per_rank = rank_load(load, ep).astype(float)
     return np.tile(per_rank / ep * bytes_per_token, (ep, 1))
+
+
+def _trace_has_sources(routing: MoERouting) -> bool:
+    return routing.kind == "trace" and any(c and isinstance(next(iter(c)), tuple) for c in routing.trace.values())
+
+
+def split_sources(load: np.ndarray, num_sources: int) -> np.ndarray:
+    """``[source, expert]`` tokens: the group's ``load`` split evenly over its source ranks
+    (each source rank routes its own tokens with the group's distribution).  An expert's
+    remainder goes one token each to the sources after ``expert mod num_sources``, so no source
+    rank is favoured."""
+    load = np.asarray(load, dtype=np.int64)
+    base, rem = np.divmod(load, num_sources)
+    out = np.tile(base, (num_sources, 1))
+    s = np.arange(num_sources)[:, None]
+    e = np.arange(load.size)[None, :]
+    out += ((s - e) % num_sources < rem[None, :]).astype(np.int64)
+    return out
+
+
+def source_loads(routing: MoERouting, tokens_per_source: int, num_sources: int, num_experts: int, top_k: int, *,
+                 layer: int = 0, microbatch: int = 0, seed: int = 0) -> np.ndarray:
+    """``[source, expert]`` tokens each source rank's router sends to each expert, before capacity.
+
+    A trace with a ``source`` column gives them directly (a source it does not name routes
+    balanced); otherwise the group's load (:func:`expert_load` over ``num_sources x
+    tokens_per_source`` tokens) is split evenly (:func:`split_sources`)."""
+    if _trace_has_sources(routing):
+        counts = routing.trace.get((layer, microbatch))
+        bal = _largest_remainder(np.ones(num_experts), tokens_per_source * top_k)
+        out = np.tile(bal, (num_sources, 1))
+        if counts:
+            named = sorted({s for s, _ in counts})
+            for s in named:
+                if not 0 <= s < num_sources:
+                    raise ConfigError("moe_routing.trace", s, f"source rank must be in [0, {num_sources}) "
+                                      "(ep x etp source ranks)")
+                out[s] = 0
+            for (s, e), t in counts.items():
+                if not 0 <= e < num_experts:
+                    raise ConfigError("moe_routing.trace", e, f"expert id must be in [0, {num_experts})")
+                if not 0 <= t <= tokens_per_source:
+                    raise ConfigError("moe_routing.trace", t, f"layer {layer} micro-batch {microbatch} source {s} "
+                                      f"expert {e}: tokens must be in [0, {tokens_per_source}] (a source rank's "
+                                      "tokens pick an expert at most once)")
+                out[s, e] = t
+        return out
+    load = expert_load(routing, tokens_per_source * num_sources, num_experts, top_k, layer=layer,
+                       microbatch=microbatch, seed=seed)
+    return split_sources(load, num_sources)
+
+
+def source_capacity(tokens_per_source: int, num_experts: int, top_k: int, capacity_factor: float) -> int:
+    """Tokens one router call keeps per expert: Megatron-Core's ``get_capacity`` on the
+    call's ``local_tokens x top_k`` assignments, ``ceil(local_tokens x top_k / experts x
+    capacity_factor)`` (source: megatron/core/transformer/moe/moe_utils.py, ``get_capacity``
+    and ``apply_router_token_dropping``)."""
+    return math.ceil((tokens_per_source * top_k / num_experts) * capacity_factor)
+
+
+def apply_source_capacity(routed: np.ndarray, tokens_per_source: int, top_k: int, capacity_factor: float | None,
+                          pad_to_capacity: bool = False) -> tuple[np.ndarray, int]:
+    """``([source, expert]`` tokens sent and computed, assignments dropped``)`` under
+    Megatron-Core's per-router-call capacity: each source rank keeps at most
+    :func:`source_capacity` tokens per expert.  With ``pad_to_capacity`` every pair carries
+    exactly the capacity -- all the local tokens when the capacity exceeds them, as the
+    reference's capacity mask is then all ones."""
+    routed = np.asarray(routed, dtype=np.int64)
+    if capacity_factor is None:
+        return routed, 0
+    cap = source_capacity(tokens_per_source, routed.shape[1], top_k, capacity_factor)
+    kept = np.minimum(routed, cap)
+    dropped = int(routed.sum() - kept.sum())
+    if pad_to_capacity:
+        kept = np.full_like(routed, min(cap, tokens_per_source))
+    return kept, dropped
+
+
+def apply_rank_budget(kept: np.ndarray, ep: int, tokens_per_source: int, top_k: int,
+                      rank_capacity_factor: float | None) -> tuple[np.ndarray, int]:
+    """HybridEP's per-EP-rank budget (Megatron-Core's ``moe_expert_rank_capacity_factor``,
+    token_dispatcher.py ``_HybridEPManager.setup_metadata``): a rank receives at most
+    ``int(local_tokens x top_k x factor)`` token-expert assignments and HybridEP drops the
+    rest.  Which ones it drops is HybridEP's internal order; the model takes the excess from
+    every (source, expert) pair of the over-full rank in proportion to what it sent (an
+    assumption), and leaves out the quantisation alignment of the budget."""
+    kept = np.asarray(kept, dtype=np.int64)
+    if rank_capacity_factor is None:
+        return kept, 0
+    budget = int(tokens_per_source * top_k * rank_capacity_factor)
+    out = kept.copy()
+    local = kept.shape[1] // ep
+    for j in range(ep):
+        block = out[:, j * local:(j + 1) * local]
+        got = int(block.sum())
+        if got > budget:
+            flat = block.reshape(-1)
+            block[...] = _largest_remainder(flat.astype(float), budget).reshape(block.shape) if budget else 0
+    return out, int(kept.sum() - out.sum())
+
+
+def source_dispatch_matrix(kept: np.ndarray, ep: int, bytes_per_token: float) -> np.ndarray:
+    """All-to-all dispatch bytes ``[i, j]`` from EP rank i to EP rank j, from per-source
+    tokens: source rank ``s`` sits on EP coordinate ``s mod ep`` (its expert-TP peers add to the
+    same row, as in :func:`dispatch_matrix`), EP rank j holds experts ``[j E/ep, (j+1) E/ep)``."""
+    kept = np.asarray(kept, dtype=np.int64)
+    if kept.shape[1] % ep:
+        raise ConfigError("parallel.ep", ep, f"must divide the number of experts ({kept.shape[1]})")
+    rows = np.zeros((ep, kept.shape[1]), dtype=np.int64)
+    for s in range(kept.shape[0]):
+        rows[s % ep] += kept[s]
+    return rows.reshape(ep, ep, -1).sum(axis=2).astype(float) * bytes_per_token

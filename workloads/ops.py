@@ -53,8 +53,8 @@ from enum import StrEnum
 from typing import NamedTuple
 
 __all__ = ["Op", "OpKind", "Stream", "Coll", "Group", "Phase", "OpName", "is_p2p", "is_collective",
-           "is_grad_bucket", "is_param_gather", "is_fsdp_gather", "is_grad_norm", "is_ep_combine", "is_step_sync",
-           "GRAD_BUCKETS", "PARAM_GATHERS", "FSDP_GATHERS", "EP_COMBINES", "STEP_SYNC_GROUPS"]
+           "is_grad_bucket", "is_param_gather", "is_fsdp_gather", "is_grad_norm", "is_ep_combine", "ep_a2a_matrix", "is_step_sync",
+           "GRAD_BUCKETS", "PARAM_GATHERS", "FSDP_GATHERS", "EP_COMBINES", "EP_TO_SOURCE", "STEP_SYNC_GROUPS"]
 
 
 class OpKind(StrEnum):
@@ -210,6 +210,11 @@ GRAD_BUCKETS = frozenset({OpName.GRAD_DENSE, OpName.GRAD_EXPERT})
 PARAM_GATHERS = frozenset({OpName.PARAM_GATHER_DENSE, OpName.PARAM_GATHER_EXPERT})
 FSDP_GATHERS = frozenset({OpName.FSDP_GATHER, OpName.FSDP_GATHER_BWD})
 EP_COMBINES = frozenset({OpName.EP_COMBINE, OpName.EP_COMBINE_BWD})
+#: The expert-parallel all-to-alls whose data flows from the experts' ranks back to the
+#: tokens' source ranks: the forward combine (outputs) and the backward of the dispatch
+#: (input gradients).  The forward dispatch and the backward of the combine (output
+#: gradients to the experts) flow source -> experts.
+EP_TO_SOURCE = frozenset({OpName.EP_COMBINE, OpName.EP_DISPATCH_BWD})
 STEP_SYNC_GROUPS = frozenset({Group.WORLD, Group.EMBEDDING, Group.DP_CP, Group.EDP})
 """Groups whose collectives end an overlapped exchange: the data-parallel and step-end
 reductions wait for a CP / TP collective still overlapping the last compute op."""
@@ -257,14 +262,18 @@ def is_grad_norm(op: "Op | OpName") -> bool:
 
 
 def is_ep_combine(op: "Op | OpName") -> bool:
-    """An expert-parallel combine all-to-all, forward or backward: its per-peer sizes are the
-    transpose of the dispatch matrix (:attr:`workloads.program.Program.a2a_sizes`).
-
-    The backward of the combine carries gradients the way the forward dispatch carried
-    tokens, and the backward of the dispatch the way the combine did, so by direction the
-    backward pair is the other way round; the engine has always transposed both combines,
-    and this predicate keeps that behaviour (a change of results, left to the MoE work)."""
+    """An expert-parallel combine all-to-all, forward or backward (by name; which way its
+    data flows is :func:`ep_a2a_matrix`'s business)."""
     return _name(op) in EP_COMBINES
+
+
+def ep_a2a_matrix(op: "Op | OpName", dispatch):
+    """The per-peer sizes ``[src, dst]`` of an expert-parallel all-to-all from the dispatch
+    matrix (:attr:`workloads.program.Program.a2a_sizes`): by direction, the forward combine
+    and the backward of the dispatch send from the experts' ranks back to the sources (the
+    transpose); the forward dispatch and the backward of the combine (the output gradients
+    go to the experts that made the outputs) send as the dispatch does."""
+    return dispatch.T if _name(op) in EP_TO_SOURCE else dispatch
 
 
 def is_step_sync(op: Op) -> bool:

@@ -64,7 +64,8 @@ from .costs.compute import HostCosts, host_costs
 from .costs.precision import weight_quantize_op, with_quantize_ops
 from .mesh import RankGrid
 from .model import ModelSpec
-from .moe_routing import dispatch_matrix, expert_load, parse_routing
+from .moe_routing import (_trace_has_sources, apply_rank_budget, apply_source_capacity, dispatch_matrix, expert_load,
+                          parse_routing, source_dispatch_matrix, source_loads)
 from .ops import Coll, Group, Op, OpKind, OpName, Phase, Stream, is_p2p
 from .parallel import ParallelConfig, split_layers
 from .schedules import ActionKind, get_schedule, model_chunk, route
@@ -112,6 +113,10 @@ class Program:
     model_flops_per_step: float
     a2a_sizes: dict = field(default_factory=dict)
     memory: list | None = None
+    moe_drops: dict | None = None
+    """With token dropping (``moe.capacity_factor`` or HybridEP's rank budget): ``routed`` and
+    ``dropped`` token-expert assignments of one EP group over the step's MoE layers and
+    micro-batches (every EP group sees the same sampled routing), and ``fraction``."""
     _groups: dict | None = None
     _gindex: dict | None = None
 
@@ -214,8 +219,11 @@ class _Ctx:
     seed: int
     seg_cache: dict = field(default_factory=dict)
     param_cache: dict = field(default_factory=dict)
+    a2a_scale: dict = field(default_factory=dict)      #: (layer, mb) -> assignments sent / routed (dropping, padding)
+    drops: list = field(default_factory=lambda: [0, 0])   #: [routed, dropped] assignments of one EP group
     p2p_overlap: bool = False
     grad_overlap: bool = True
+    moe_ep_overlap: bool = False
     host: HostCosts = HostCosts(0.0, 0.0, 0.0)
 
 
@@ -290,7 +298,8 @@ class _Emitter:
 def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, num_gpus: int | None = None,
                   precision: str = "bf16", compute_model=None, moe_routing="balanced", seed: int = 0,
                   with_memory: bool = False, grad_reduce_dtype: str | None = None,
-                  p2p_overlap: bool = False, grad_reduce_overlap: bool = True, host="eager") -> Program:
+                  p2p_overlap: bool = False, grad_reduce_overlap: bool = True, host="eager",
+                  moe_ep_overlap: bool = False) -> Program:
     """The class-level program of one training step.
 
     Parameters
@@ -304,6 +313,10 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     p2p_overlap : Megatron's ``overlap_p2p_comm`` (the scenario's ``overlap.p2p``): the
         interleaved schedule posts each transfer asynchronously next to its compute action
         instead of in Megatron's per-step batches (:mod:`workloads.schedules.comm`)
+    moe_ep_overlap : Megatron-Core's ``overlap_moe_expert_parallel_comm`` (with
+        ``delay_wgrad_compute``; the scenario's ``overlap.moe_ep_comm``): adjacent forward and
+        backward actions of different micro-batches run as an F&B pair, so one's EP
+        all-to-alls overlap the other's compute (:func:`_moe_pairs`)
     grad_reduce_overlap : the scenario's ``overlap.grad_reduce``: gradient buckets are
         issued as their last micro-batch's backward fills them (Megatron-Core's
         ``overlap_grad_reduce``); off, all of them are issued after the stage's last
@@ -320,6 +333,9 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     par = parallel.resolve(num_gpus) if num_gpus is not None else parallel
     par.check_model(model)
     par.check_schedule()
+    if model.moe is not None and model.moe.token_dispatcher == "allgather" and par.expert_tp > 1:
+        raise ConfigError("model.moe.token_dispatcher", "allgather", f"with expert tensor parallelism (etp = "
+                          f"{par.expert_tp}) is not modelled: use alltoall or flex, or etp 1")
     recipe = get_recipe(precision, gpu=gpu, grad_reduce_dtype=grad_reduce_dtype)
     compute = compute_model or RooflineComputeModel(gpu, precision, cuda_graphs=(host == "cuda_graphs"),
                                                     num_layers=model.num_layers,
@@ -330,12 +346,18 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     ctx = _Ctx(model, par, compute, recipe, par.micro_batch_size, seq, _chunk_layers(model, par, sched), sched,
                parse_routing(moe_routing), seed)
     ctx.p2p_overlap = p2p_overlap
+    if moe_ep_overlap:
+        _check_moe_overlap(model, par, sched, p2p_overlap)
+    ctx.moe_ep_overlap = moe_ep_overlap
     ctx.grad_overlap = grad_reduce_overlap
     ctx.host = hc
     a2a_sizes: dict = {}
     classes, class_of_rank = _rank_classes(ctx, grid, a2a_sizes)
     prog = Program(model, par, sched, grid, classes, class_of_rank,
                    model_flops_per_step(model, par.batch_size, seq), a2a_sizes)
+    if _drops_tokens(ctx):
+        routed, dropped = ctx.drops
+        prog.moe_drops = {"routed": routed, "dropped": dropped, "fraction": dropped / routed if routed else 0.0}
     _check_matching(prog)
     if with_memory:
         from .memory import memory_estimate     # noqa: PLC0415 (optional, heavier)
@@ -399,18 +421,47 @@ def _moe_signature(ctx: _Ctx, e: int, a2a_sizes: dict, loads: dict):
     local = E // par.ep
     bytes_per_token = m.hidden_size * 2.0
     table = {}
+    per_source = _drops_tokens(ctx) or _trace_has_sources(ctx.routing)
     for layer in range(m.num_layers):
         if not m.is_moe_layer(layer):
             continue
         for mb in range(par.num_microbatches):
             load = loads.get((layer, mb))
             if load is None:
-                load = loads[(layer, mb)] = expert_load(ctx.routing, pool, E, k, layer=layer, microbatch=mb,
-                                                        seed=ctx.seed)
+                if per_source:
+                    load = loads[(layer, mb)] = _routed_per_source(ctx, tn, layer, mb, a2a_sizes, bytes_per_token)
+                else:
+                    load = loads[(layer, mb)] = expert_load(ctx.routing, pool, E, k, layer=layer, microbatch=mb,
+                                                            seed=ctx.seed)
             table[(layer, mb)] = tuple(int(x) for x in load[e * local:(e + 1) * local])
             if (layer, mb) not in a2a_sizes and par.ep > 1:
                 a2a_sizes[(layer, mb)] = dispatch_matrix(load, par.ep, bytes_per_token)
     return tuple(sorted(table.items())), table
+
+
+def _drops_tokens(ctx) -> bool:
+    moe = ctx.model.moe
+    return moe is not None and (moe.capacity_factor is not None or moe.expert_rank_capacity_factor is not None)
+
+
+def _routed_per_source(ctx, tn: int, layer: int, mb: int, a2a_sizes: dict, bytes_per_token: float) -> np.ndarray:
+    """Tokens each expert computes on in (layer, mb), routed per source rank: each of the
+    ``ep x etp`` source ranks routes its ``tn`` local tokens, keeps at most the capacity per
+    expert (Megatron-Core's per-router-call capacity), HybridEP's rank budget trims what an EP
+    rank receives; the all-to-all carries what is kept (or the padded capacity).  Records the
+    dispatch matrix, the bytes' scale for the expert-TP collectives and the drop counts."""
+    m, par = ctx.model, ctx.par
+    E, k, moe = m.moe.num_experts, m.moe.top_k, m.moe
+    sources = par.ep * par.expert_tp
+    routed = source_loads(ctx.routing, tn, sources, E, k, layer=layer, microbatch=mb, seed=ctx.seed)
+    kept, dropped = apply_source_capacity(routed, tn, k, moe.capacity_factor, moe.pad_expert_input_to_capacity)
+    kept, over = apply_rank_budget(kept, par.ep, tn, k, moe.expert_rank_capacity_factor)
+    ctx.drops[0] += int(routed.sum())
+    ctx.drops[1] += dropped + over
+    ctx.a2a_scale[(layer, mb)] = float(kept.sum()) / float(sources * tn * k)
+    if par.ep > 1:
+        a2a_sizes[(layer, mb)] = source_dispatch_matrix(kept, par.ep, bytes_per_token)
+    return kept.sum(axis=0)
 
 
 def _layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
@@ -445,14 +496,12 @@ def _layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
     if is_moe:
         em.compute(OpName.MOE_PRE, layer, mb, chunk, phase, *seg.get(f"{src}:pre", _NOSEG))
         if par.ep > 1:
-            em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), OpName.EP_DISPATCH, layer, mb, chunk, phase,
-                    tag=(layer, mb))
+            _ep_comm(ctx, em, OpName.EP_DISPATCH, layer, mb, chunk, phase)
         _expert_tp(ctx, em, Coll.ALL_GATHER, OpName.ETP_AG, layer, mb, chunk, phase)
         em.compute(OpName.EXPERTS, layer, mb, chunk, phase, *seg.get(f"{src}:mlp", _NOSEG))
         _expert_tp(ctx, em, Coll.REDUCE_SCATTER, OpName.ETP_RS, layer, mb, chunk, phase)
         if par.ep > 1:
-            em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), OpName.EP_COMBINE, layer, mb, chunk, phase,
-                    tag=(layer, mb))
+            _ep_comm(ctx, em, OpName.EP_COMBINE, layer, mb, chunk, phase)
         em.compute(OpName.MOE_POST, layer, mb, chunk, phase, *seg.get(f"{src}:post", _NOSEG))
     else:
         tp_in()
@@ -488,14 +537,12 @@ def _layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bool):
     if is_moe:
         em.compute(OpName.MOE_POST_BWD, layer, mb, chunk, Phase.B, *seg.get("B:post", _NOSEG))
         if par.ep > 1:
-            em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), OpName.EP_COMBINE_BWD, layer, mb, chunk, Phase.B,
-                    tag=(layer, mb))
+            _ep_comm(ctx, em, OpName.EP_COMBINE_BWD, layer, mb, chunk, Phase.B)
         _expert_tp(ctx, em, Coll.ALL_GATHER, OpName.ETP_AG_BWD, layer, mb, chunk, Phase.B)
         em.compute(OpName.EXPERTS_BWD, layer, mb, chunk, Phase.B, *seg.get("B:mlp", _NOSEG))
         _expert_tp(ctx, em, Coll.REDUCE_SCATTER, OpName.ETP_RS_BWD, layer, mb, chunk, Phase.B)
         if par.ep > 1:
-            em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), OpName.EP_DISPATCH_BWD, layer, mb, chunk, Phase.B,
-                    tag=(layer, mb))
+            _ep_comm(ctx, em, OpName.EP_DISPATCH_BWD, layer, mb, chunk, Phase.B)
         em.compute(OpName.MOE_PRE_BWD, layer, mb, chunk, Phase.B, *seg.get("B:pre", _NOSEG))
     else:
         block((OpName.MLP,), OpName.MLP_BWD)
@@ -524,6 +571,33 @@ def _kv_bytes(ctx) -> float:
     return 2 * kv_heads * m.head_dim * 2.0
 
 
+#: The allgather dispatcher's collective for each EP communication point: tokens are
+#: gathered before the experts and the outputs reduce-scattered after them; the backward of
+#: an all-gather is a reduce-scatter and the other way round.
+_ALLGATHER_COLL = {OpName.EP_DISPATCH: Coll.ALL_GATHER, OpName.EP_COMBINE: Coll.REDUCE_SCATTER,
+                   OpName.EP_COMBINE_BWD: Coll.ALL_GATHER, OpName.EP_DISPATCH_BWD: Coll.REDUCE_SCATTER}
+
+
+def _ep_comm(ctx, em, name, layer, mb, chunk, phase):
+    """One expert-parallel communication point, as the dispatcher moves tokens.
+
+    ``alltoall`` and ``flex`` (DeepEP, HybridEP): an all-to-all with per-peer sizes from the
+    routing (``Program.a2a_sizes``; the flex kernels' bandwidth and SM use are the engine's,
+    :mod:`simulator.collectives.ep_dispatch`).  ``allgather`` (Megatron-Core's
+    ``MoEAllGatherTokenDispatcher``): every rank all-gathers the EP group's tokens (not
+    multiplied by top-k: each rank picks the tokens of its own experts from the gathered
+    buffer), and the expert outputs are reduce-scattered back, ``ep x local tokens x hidden``
+    BF16 each way."""
+    par, m = ctx.par, ctx.model
+    if m.moe.token_dispatcher == "allgather":
+        tn = ctx.mbs * ctx.seq // (par.cp * par.tp) if par.sequence_parallel or par.tp == 1 else ctx.mbs * ctx.seq // par.cp
+        em.coll(Stream.EP, _ALLGATHER_COLL[name], Group.EP, float(par.ep * tn * m.hidden_size * 2.0), name, layer, mb,
+                chunk, phase)
+        return
+    em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), name, layer, mb, chunk, phase,
+            tag=(layer, mb))
+
+
 def _expert_tp(ctx, em, coll, name, layer, mb, chunk, phase):
     """Expert tensor parallelism around the experts (Megatron-Core's
     ``MoEAlltoAllTokenDispatcher``): after the dispatch all-to-all the expert-TP group
@@ -537,9 +611,13 @@ def _expert_tp(ctx, em, coll, name, layer, mb, chunk, phase):
 
 
 def _a2a_total(ctx, layer, mb) -> float:
+    """Bytes one rank dispatches in (layer, mb) at the mean load: its tokens x top-k x hidden
+    (BF16), scaled by what token dropping keeps (or padding adds)."""
     par, m = ctx.par, ctx.model
     tn = ctx.mbs * ctx.seq // (par.cp * par.tp) if par.sequence_parallel or par.tp == 1 else ctx.mbs * ctx.seq // par.cp
-    return float(tn * m.moe.top_k * m.hidden_size * 2.0)
+    total = float(tn * m.moe.top_k * m.hidden_size * 2.0)
+    scale = ctx.a2a_scale.get((layer, mb))
+    return total if scale is None else total * scale
 
 
 def _recompute_kind(par: ParallelConfig, index_in_stage: int, layers_in_stage: int) -> str:
@@ -676,7 +754,14 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
         em.compute(OpName.WEIGHT_QUANTIZE, -1, -1, 0, Phase.F, 0.0, float(np.sum(ctx.compute.op_times_s([wq]))),
                    *_host_of(ctx, [wq]))
     order = p2p_order(sched, stage, overlap_p2p=ctx.p2p_overlap)
-    for act in (order if order is not None else [a for a in sched.actions[stage] if a is not None]):
+    acts = order if order is not None else [a for a in sched.actions[stage] if a is not None]
+    for act in (_moe_pairs(acts) if ctx.moe_ep_overlap else acts):
+        if isinstance(act, _MoEPair):       # an MoE overlap pair: two halves, as DualPipe's F&B
+            for lane, a in enumerate(act.halves, start=1):
+                em.lane = lane
+                _emit_action(ctx, em, st, a, p2p=order is None)
+            em.lane = 0
+            continue
         kind = act.kind
         if kind in COMM_KINDS:
             _emit_transfer(ctx, em, act, act_p2p)
@@ -691,6 +776,52 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
     st.buckets.issue_deferred()
     _step_end(ctx, em, st)
     return _one_issue_per_p2p_batch(em.ops)
+
+
+def _check_moe_overlap(model, par, sched, p2p_overlap: bool) -> None:
+    """Megatron-Core's conditions for ``overlap_moe_expert_parallel_comm``
+    (transformer_config.py ``__post_init__``), as ConfigErrors."""
+    key = "overlap.moe_ep_comm"
+    if model.moe is None or par.ep == 1:
+        raise ConfigError(key, True, "needs expert parallelism (a MoE model with ep > 1)")
+    if model.moe.token_dispatcher not in ("alltoall", "flex"):
+        raise ConfigError(key, True, f"needs the alltoall or flex dispatcher, not {model.moe.token_dispatcher}")
+    if par.recompute == "full":
+        raise ConfigError(key, True, "needs recompute other than full (Megatron-Core refuses full recomputation)")
+    if sched.layout == "bidirectional":
+        raise ConfigError(key, True, "DualPipe already pairs forward and backward (overlap.fb_overlap)")
+    if par.pp > 1 and sched.name != "interleaved_1f1b":
+        raise ConfigError(key, True, "with pipeline parallelism needs the interleaved 1F1B schedule (Megatron-Core "
+                          "requires a virtual pipeline size)")
+    if par.pp > 1 and p2p_overlap:
+        raise ConfigError(key, True, "together with overlap.p2p is not modelled")
+
+
+class _MoEPair(NamedTuple):
+    halves: tuple
+
+
+def _moe_pairs(acts: list) -> list:
+    """Megatron-Core's combined 1F1B (``overlap_moe_expert_parallel_comm``): a forward and a
+    full backward that follow each other with no transfer between them, of different
+    (chunk, micro-batch), become one pair (:class:`_MoEPair`) whose halves run as two
+    threads (the engine's F&B pair, as DualPipe's): in the interleaved steady state the step's
+    forward and backward; without a pipeline the backward of micro-batch i with the forward
+    of i+1.  ``delay_wgrad_compute`` is inside the pair: the backward half's weight gradients
+    are compute the forward half's all-to-alls can overlap."""
+    out, i = [], 0
+    compute = (ActionKind.F, ActionKind.BW)
+    while i < len(acts):
+        a = acts[i]
+        b = acts[i + 1] if i + 1 < len(acts) else None
+        if (b is not None and a.kind in compute and b.kind in compute and a.kind != b.kind
+                and (a.chunk, a.microbatch) != (b.chunk, b.microbatch)):
+            out.append(_MoEPair((a, b)))
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
 
 
 def _step_end(ctx: _Ctx, em: _Emitter, st: _Stage) -> None:

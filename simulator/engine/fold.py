@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from workloads.ops import Coll, OpKind, is_ep_combine, is_p2p
+from workloads.ops import Coll, OpKind, ep_a2a_matrix, is_p2p
 
 from ..collectives.engine import PORT_ALGOS, TINY_CALL_BYTES
 from ..collectives.plans import p2p_plan
@@ -428,7 +428,7 @@ def _call_variants(prog) -> tuple[dict[tuple[int, str], set], list[np.ndarray]]:
             skey = -1
             if op.coll == Coll.ALL_TO_ALL and op.tag in prog.a2a_sizes:
                 m = prog.a2a_sizes[op.tag]
-                m = m.T if is_ep_combine(op) else m
+                m = ep_a2a_matrix(op, m)
                 m = np.ascontiguousarray(m, dtype=float)
                 skey = sizes_id.setdefault(m.tobytes() + bytes(str(m.shape), "ascii"), len(sizes_mat))
                 if skey == len(sizes_mat):

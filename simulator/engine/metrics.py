@@ -31,6 +31,11 @@ stage fits its GPU's HBM, ``memory_margin_bytes`` the HBM left on the tightest s
 ``last_ranks``        the ranks of the cell that finishes the step last and their stage.
 (negative: short by that much) and ``memory_worst_stage`` which stage that is, under the
 scenario's ``memory_accounting`` and against ``(1 - hbm_headroom) x HBM`` (both echoed).
+``moe_dropped_fraction``  only with token dropping (``model.moe.capacity_factor`` or a rank
+                      budget): dropped / routed token-expert assignments over the step's MoE
+                      layers; ``moe_routed_tokens`` (global batch x sequence x top-k x MoE
+                      layers) and ``moe_dropped_tokens`` (fraction x routed) count them for
+                      the whole job (a token dropped by one of its k experts counts once).
 """
 
 from __future__ import annotations
@@ -138,6 +143,7 @@ def summarize(res, snap_a=None, snap_b=None) -> dict:
         "link_utilization": util,
         "peak_memory_bytes": max(e.total_bytes for e in res.memory) if res.memory else 0.0,
         **_memory_verdict(res.memory),
+        **_moe_drops(prog, sc.parallel.batch_size * seq),
         "num_gpus": n,
         "model_flops_per_step": mf,
         "layout": layout_label(sc),
@@ -148,6 +154,17 @@ def summarize(res, snap_a=None, snap_b=None) -> dict:
         "hbm_headroom": sc.hbm_headroom,
         "last_cell": last_cell,
     }
+
+
+def _moe_drops(prog, tokens: int) -> dict:
+    """Dropped token-expert assignments of the step (only when the run drops tokens)."""
+    d = getattr(prog, "moe_drops", None)
+    if d is None:
+        return {}
+    m = prog.model
+    routed = tokens * m.moe.top_k * sum(1 for i in range(m.num_layers) if m.is_moe_layer(i))
+    return {"moe_routed_tokens": routed, "moe_dropped_tokens": int(round(d["fraction"] * routed)),
+            "moe_dropped_fraction": float(d["fraction"])}
 
 
 def _memory_verdict(memory) -> dict:

@@ -75,11 +75,12 @@ import simpy
 from topologies import ConfigError
 from workloads import build_program
 from workloads.ops import (COLL_ALL_GATHER, COLL_ALL_TO_ALL, GROUP_CP, GROUP_TP, KIND_COLLECTIVE, KIND_COMPUTE,
-                           KIND_SEND, PHASE_F, STREAM_COMPUTE, STREAM_PP, Group, is_ep_combine, is_fsdp_gather,
+                           KIND_SEND, PHASE_F, STREAM_COMPUTE, STREAM_PP, Group, ep_a2a_matrix, is_fsdp_gather,
                            is_grad_bucket, is_grad_norm, is_p2p, is_param_gather, is_step_sync)
 from workloads.program import Program
 
 from ..collectives import CollectiveEngine
+from ..collectives.ep_dispatch import flex_bytes_scale, flex_compute_slowdown
 from ..network import FlowNetwork, NetworkSnapshot
 from ..scenario import Scenario, WhatIf, load_scenario
 from .fold import Folding, fold as fold_program
@@ -271,7 +272,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     clock.lap("load")
     prog = build_program(sc.model, sc.parallel, sc.cluster.gpu, precision=sc.recipe_or_name,
                          moe_routing=sc.moe_routing, seed=sc.seed, grad_reduce_dtype=sc.grad_reduce_dtype,
-                         p2p_overlap=sc.overlap.get("p2p", False),
+                         p2p_overlap=sc.overlap.get("p2p", False), moe_ep_overlap=sc.overlap.get("moe_ep_comm", False),
                          grad_reduce_overlap=sc.overlap.get("grad_reduce", True), host=sc.host)
     grid = prog.grid
     scale = {int(r): float(f) for r, f in (compute_scale or {}).items()}
@@ -331,6 +332,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     tp_overlap = sc.overlap.get("tp_comm", False)
     fsdp_prefetch = sc.overlap.get("fsdp_prefetch", True)
     fb_overlap = sc.overlap.get("fb_overlap", True)
+    flex = None if free_comm else _flex_dispatch(sc, prog, cluster, coll)   # (bytes scale, compute slowdown)
     # Sends are rendezvous: a batch of transfers completes once every peer has posted its side
     # (workloads.schedules.comm places the batches as Megatron-Core and DualPipe do); with
     # overlap.p2p sends never block, nor do they under a runtime that posts them asynchronously
@@ -354,6 +356,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         stream_tail: dict[str, simpy.Event] = {}
         outstanding: dict[str, list] = {"grad": [], "param": []}
         inflight: list = []          # non-blocking collectives of this class (for the SM slowdown)
+        flex_inflight: list = []     # flex-dispatcher all-to-alls among them (their SMs)
         overlapped: list = []        # CP K/V exchanges (and TP collectives with tp_comm) the next compute overlaps
         overlapped_axis = ["cp"]
         prefetched: dict = {}        # op index -> (issue time, event) of prefetched FSDP gathers
@@ -370,7 +373,16 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
             if jit is not None:
                 dur = jit(dur, step, idx)
             inflight[:] = [e for e in inflight if not e.processed]
-            if slowdown != 1.0 and dur > 0 and inflight:
+            if flex_inflight:
+                # the flex dispatcher's kernels hold SMs (simulator.collectives.ep_dispatch): compute
+                # runs on the rest, or slower still if an NCCL collective runs too
+                flex_inflight[:] = [e for e in flex_inflight if not e.processed]
+                nccl = slowdown != 1.0 and len(inflight) > len(flex_inflight)
+                if flex_inflight and dur > 0:
+                    dur *= max(flex[1], slowdown if nccl else 1.0)
+                elif nccl and dur > 0:
+                    dur *= slowdown
+            elif slowdown != 1.0 and dur > 0 and inflight:
                 dur *= slowdown
             if therm is not None:
                 dur = therm(dur, step, env.now)
@@ -411,7 +423,8 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         def sizes_of(op):
             if op.coll == COLL_ALL_TO_ALL and op.tag in prog.a2a_sizes:
                 sizes = prog.a2a_sizes[op.tag]            # dispatch: [src, dst] by EP coordinate
-                return sizes.T if is_ep_combine(op) else sizes
+                sizes = ep_a2a_matrix(op, sizes)
+                return sizes if flex is None else sizes * flex[0]
             return None
 
         def on_stream(op, step, seq, axis):
@@ -472,6 +485,8 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 yield from host_issue(op)
                 fin = on_stream(op, step, step * per_kind[op.group] + op.seq, axis_of[j])
                 inflight.append(fin)
+                if flex is not None and op.coll == COLL_ALL_TO_ALL and op.tag in prog.a2a_sizes:
+                    flex_inflight.append(fin)
                 if nonblocking_of[j]:
                     outstanding["grad"].append(fin)
                 else:
@@ -747,6 +762,20 @@ def _where(at) -> str:
         return "start"
     step, op = at
     return f"step {step} {op.name} (layer {op.layer}, mb {op.microbatch})"
+
+
+def _flex_dispatch(sc, prog, cluster, coll):
+    """(bytes scale, compute slowdown) of the flex MoE dispatcher, or None
+    (:mod:`simulator.collectives.ep_dispatch`)."""
+    moe = sc.model.moe
+    if moe is None or moe.token_dispatcher != "flex" or sc.parallel.ep == 1:
+        return None
+    grid = prog.grid
+    members = grid.group("ep", 0)
+    multi = len({cluster.host_of(grid.gpu_of(r)) for r in members}) > 1
+    tier = "ib" if multi else "nvlink"
+    return (flex_bytes_scale(coll.cal.tier_efficiency, tier),
+            flex_compute_slowdown(moe, cluster.gpu.generation, multi))
 
 
 def _op_meta(cls, overlap: dict) -> tuple[list, list]:

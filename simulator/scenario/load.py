@@ -31,6 +31,9 @@ __all__ = ["Scenario", "load_scenario", "read_yaml", "OVERLAP_DEFAULTS", "APPROX
 #: Megatron-Core defaults for the overlap switches (docs/design.md, "Streams and overlap").
 OVERLAP_DEFAULTS = {"grad_reduce": True, "param_gather": True, "tp_comm": False, "p2p": False, "cp_comm": True,
                     "fsdp_prefetch": True, "comm_slowdown": True, "fb_overlap": True}
+# Megatron-Core's overlap_moe_expert_parallel_comm (with delay_wgrad_compute): the combined
+# 1F1B schedule's F&B pairs (workloads.program)
+OVERLAP_DEFAULTS["moe_ep_comm"] = False
 #: Keys of ``precision_options``: overrides of the named precision recipe
 #: (:func:`workloads.costs.precision.get_recipe`).
 PRECISION_OPTIONS = ("bf16_first_layers", "bf16_last_layers", "fp8_param_gather")

@@ -77,3 +77,17 @@ def test_nothing_dispatches_on_op_names():
             for i, line in enumerate(p.read_text().splitlines(), 1)
             if pattern.search(line) and "kernel-level" not in line]
     assert hits == []
+
+
+def test_ep_all_to_alls_move_data_by_direction():
+    """Skewed dispatch: every source sends 3 tokens to EP rank 1 and 1 to rank 0.  The
+    combine returns outputs rank 1 -> sources (transpose); the backward of the combine sends
+    the output gradients to the experts that made the outputs (the dispatch's way); the
+    backward of the dispatch returns input gradients to the sources (transpose)."""
+    import numpy as np
+    from workloads.ops import ep_a2a_matrix
+    d = np.array([[1.0, 3.0], [1.0, 3.0]])
+    assert ep_a2a_matrix(OpName.EP_DISPATCH, d).tolist() == d.tolist()
+    assert ep_a2a_matrix(OpName.EP_COMBINE_BWD, d).tolist() == d.tolist()
+    assert ep_a2a_matrix(OpName.EP_COMBINE, d).tolist() == d.T.tolist()
+    assert ep_a2a_matrix(OpName.EP_DISPATCH_BWD, d).tolist() == d.T.tolist()

@@ -1,0 +1,130 @@
+"""MoE dispatchers (alltoall, allgather, flex: DeepEP / HybridEP) and Megatron-Core's MoE
+communication overlap (combined 1F1B F&B pairs)."""
+
+import numpy as np
+import pytest
+
+from simulator.collectives import CALIBRATIONS, Calibration
+from simulator.collectives.ep_dispatch import FLEX_EFFICIENCY, flex_bytes_scale, flex_compute_slowdown
+from simulator.engine import run
+from tests.golden.cases import _small
+from topologies import ConfigError, get_gpu_spec
+from workloads import ParallelConfig, load_model
+from workloads.ops import Coll, OpName
+from workloads.program import build_program
+
+H100 = get_gpu_spec("H100-SXM")
+EP_OPS = ["ep_dispatch", "ep_combine", "ep_dispatch_bwd", "ep_combine_bwd"]
+
+
+def _moe_sc(moe=None, overlap=None, **kw):
+    sc = _small(pp=1, dp=2, ep=2, moe=True, nmb=4, layers=2, **kw)
+    sc["model"]["moe"].update(moe or {})
+    sc["overlap"] = dict(overlap or {})
+    return sc
+
+
+def test_allgather_dispatcher_gathers_tokens_and_reduce_scatters_outputs():
+    model = load_model({"preset": "tiny-moe", "num_layers": 1, "moe": {"num_experts": 8, "token_dispatcher": "allgather"}})
+    par = ParallelConfig(tp=1, pp=1, dp=4, ep=4, micro_batch_size=1, global_batch_size=4, seq_len=512)
+    p = build_program(model, par, H100)
+    ops = {(op.name, op.coll, op.size_bytes) for op in p.classes[0].ops if op.group == "ep" and op.microbatch == 0}
+    full = 4 * 512 * model.hidden_size * 2.0          # ep x local tokens x hidden, BF16 (no top-k factor)
+    assert ops == {(OpName.EP_DISPATCH, Coll.ALL_GATHER, full), (OpName.EP_COMBINE, Coll.REDUCE_SCATTER, full),
+                   (OpName.EP_COMBINE_BWD, Coll.ALL_GATHER, full), (OpName.EP_DISPATCH_BWD, Coll.REDUCE_SCATTER, full)}
+    with pytest.raises(ConfigError) as e:
+        build_program(model, ParallelConfig(tp=2, pp=1, dp=4, ep=4, etp=2, micro_batch_size=1, global_batch_size=4,
+                                            seq_len=512, sequence_parallel=True), H100)
+    assert e.value.field == "model.moe.token_dispatcher"
+
+
+def test_flex_constants_follow_their_sources():
+    hopper = CALIBRATIONS["hopper"].tier_efficiency
+    # DeepEP V1 README (H800): 153 of ~160 GB/s NVLink, 43 of ~50 GB/s RDMA
+    assert FLEX_EFFICIENCY["nvlink"] == pytest.approx(0.95625)
+    assert flex_bytes_scale(hopper, "nvlink") == pytest.approx(hopper["nvlink"] / 0.95625)
+    deepep = load_model({"preset": "mixtral-8x7b", "moe": {"token_dispatcher": "flex"}}).moe
+    hybrid = load_model({"preset": "mixtral-8x7b", "moe": {"token_dispatcher": "flex",
+                                                            "flex_dispatcher_backend": "hybridep"}}).moe
+    assert flex_compute_slowdown(deepep, "hopper", False) == pytest.approx(132 / 112)    # 20 SMs held
+    assert flex_compute_slowdown(hybrid, "hopper", False) == pytest.approx(132 / 108)    # 24 on one node
+    assert flex_compute_slowdown(hybrid, "hopper", True) == pytest.approx(132 / 124)     # 8 across nodes
+
+
+def test_flex_all_to_all_runs_at_its_efficiency():
+    """On links at the wire rate with no latency (an ideal calibration), NCCL's all-to-all
+    takes bytes / bandwidth and the flex one bytes / (0.956 bandwidth): each EP all-to-all
+    takes 1 / 0.95625 times as long.  (On the Hopper calibration, where NCCL gets 0.816 of
+    NVLink, the flex one is the faster.)"""
+    ideal = Calibration(name="ideal0", ideal=True, step_latency_s=0.0,
+                        tier_efficiency={"nvlink": 1.0, "pcie": 1.0, "ib": 1.0, "xrack": 1.0})
+    dur = {}
+    for disp in ("alltoall", "flex"):
+        r = run(_moe_sc({"token_dispatcher": disp}, {"comm_slowdown": False, "grad_reduce": False}),
+                calibration=ideal)
+        tl = r.timeline
+        ep = tl[tl.name.isin(EP_OPS)].sort_values(["step", "start_s"])
+        dur[disp] = (ep.end_s - ep.start_s).to_numpy()
+    assert len(dur["flex"]) == len(dur["alltoall"]) > 0
+    np.testing.assert_allclose(dur["flex"], dur["alltoall"] / 0.95625, rtol=1e-9)
+
+
+def test_moe_overlap_pairs_backward_with_the_next_forward():
+    model = load_model({"preset": "tiny-moe", "num_layers": 1, "moe": {"num_experts": 8}})
+    par = ParallelConfig(tp=1, pp=1, dp=2, ep=2, micro_batch_size=1, global_batch_size=6, seq_len=256)
+    p = build_program(model, par, H100, moe_ep_overlap=True)
+    lanes = [(op.lane, op.phase, op.microbatch) for op in p.classes[0].ops if op.name in ("experts", "experts_bwd")]
+    # F0 alone; (BW0 | F1), (BW1 | F2) pairs; BW2 alone
+    assert lanes == [(0, "F", 0), (1, "B", 0), (2, "F", 1), (1, "B", 1), (2, "F", 2), (0, "B", 2)]
+    for bad, field_rule in (({"recompute": "full"}, "recompute"), ({"ep": 1}, "expert parallelism")):
+        kw = dict(tp=1, pp=1, dp=2, ep=2, micro_batch_size=1, global_batch_size=6, seq_len=256)
+        kw.update(bad)
+        with pytest.raises(ConfigError) as e:
+            build_program(model, ParallelConfig(**kw), H100, moe_ep_overlap=True)
+        assert e.value.field == "overlap.moe_ep_comm" and field_rule in e.value.rule
+
+
+def _overlapped_compute(res) -> float:
+    """Compute time of the last cell inside its own EP all-to-alls (last step)."""
+    t0, t1 = res.step_bounds[-1]
+    tl = res.timeline
+    tl = tl[(tl.cell == res.metrics["last_cell"]) & (tl.start_s >= t0) & (tl.end_s <= t1)]
+    ep = sorted(zip(tl[tl.name.isin(EP_OPS)].start_s, tl[tl.name.isin(EP_OPS)].end_s))
+    merged = []
+    for a, b in ep:
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    comp = tl[tl.stream == "compute"]
+    return sum(max(0.0, min(e, b) - max(s, a)) for s, e in zip(comp.start_s, comp.end_s) for a, b in merged)
+
+
+def test_moe_overlap_hides_the_all_to_all_behind_the_other_micro_batch():
+    """Without overlap every EP all-to-all blocks: no compute runs inside one.  With it, the
+    exposed EP time drops by exactly the compute that ran inside the all-to-alls, and the
+    step by the same amount (compute is not slowed: comm_slowdown off)."""
+    off = run(_moe_sc(overlap={"comm_slowdown": False}))
+    on = run(_moe_sc(overlap={"comm_slowdown": False, "moe_ep_comm": True}))
+    assert _overlapped_compute(off) == 0.0
+    hidden = _overlapped_compute(on)
+    assert hidden > 0
+    drop_ep = off.metrics["exposed_comm_s"]["ep"] - on.metrics["exposed_comm_s"]["ep"]
+    assert drop_ep == pytest.approx(hidden, rel=1e-9)
+    assert off.metrics["step_time_s"] - on.metrics["step_time_s"] == pytest.approx(hidden, rel=1e-9)
+    assert on.metrics["breakdown_s"]["compute"] == pytest.approx(off.metrics["breakdown_s"]["compute"], rel=1e-12)
+
+
+def test_flex_sms_slow_the_compute_they_overlap():
+    """A flex dispatcher holding half the SMs (66 of 132) doubles the time of compute that
+    starts while its all-to-all runs, and leaves the rest alone."""
+    r = run(_moe_sc({"token_dispatcher": "flex", "flex_dispatcher_num_sms": 66},
+                    {"comm_slowdown": False, "moe_ep_comm": True}))
+    prog = r.program
+    cls = prog.classes[0]
+    want = {(op.name, op.layer, op.microbatch, op.phase): op.duration_s for op in cls.ops if op.kind == "compute"}
+    tl = r.timeline
+    tl = tl[(tl.stream == "compute") & (tl.cell == 0) & (tl.step == tl.step.max())]
+    ratios = {round((e - s) / want[(n, la, mb, ph)], 9) for n, la, mb, ph, s, e in
+              zip(tl.name, tl.layer, tl.microbatch, tl.phase, tl.start_s, tl.end_s) if want[(n, la, mb, ph)] > 0}
+    assert ratios == {1.0, 2.0}
