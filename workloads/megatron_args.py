@@ -70,6 +70,15 @@ _VALUE_FLAGS: dict[str, tuple[str, str, type]] = {
     "--decoder-first-pipeline-num-layers": ("parallel", "num_layers_in_first_pipeline_stage", int),
     "--decoder-last-pipeline-num-layers": ("parallel", "num_layers_in_last_pipeline_stage", int),
     "--pipeline-model-parallel-layout": ("parallel", "pipeline_layout", str),
+    # hybrid Mamba stacks (Megatron-Core TransformerConfig mamba_* fields; --hybrid-layer-pattern,
+    # its deprecated alias --hybrid-override-pattern) and latent MoE
+    "--hybrid-layer-pattern": ("other", "hybrid_pattern", str),
+    "--hybrid-override-pattern": ("other", "hybrid_pattern", str),
+    "--mamba-state-dim": ("mamba", "state_dim", int),
+    "--mamba-head-dim": ("mamba", "head_dim", int),
+    "--mamba-num-groups": ("mamba", "num_groups", int),
+    "--mamba-num-heads": ("mamba", "num_heads", int),
+    "--moe-latent-size": ("moe", "latent_size", int),
 }
 _LIST_FLAGS = {"--recompute-modules": ("parallel", "recompute_modules")}
 _SWITCHES: dict[str, tuple[str, str, object]] = {
@@ -86,6 +95,8 @@ _SWITCHES: dict[str, tuple[str, str, object]] = {
     "--account-for-loss-in-pipeline-split": ("parallel", "account_for_loss_in_pipeline_split", True),
     "--moe-router-enable-expert-bias": ("moe", "router_bias", True),
     "--moe-pad-expert-input-to-capacity": ("other", "pad_to_capacity", True),
+    "--squared-relu": ("model", "mlp", "relu2"),
+    "--mtp-use-repeated-layer": ("model", "mtp_repeated_layer", True),
 }
 # Flags that change the step but have no meaning in clustersim yet.
 _UNSUPPORTED = {"--num-experts-per-layer", "--encoder-num-layers", "--decoder-num-layers"}
@@ -118,7 +129,7 @@ def from_megatron_args(argv: str | Sequence[str], num_gpus: int,
 def _sections(toks: list[str]) -> dict[str, dict]:
     """The flags' values by section (see ``_VALUE_FLAGS``); an unknown flag is skipped with
     its values, an unsupported one or a stray value is an error."""
-    sec: dict[str, dict] = {"model": {}, "moe": {}, "mla": {}, "parallel": {}, "other": {}}
+    sec: dict[str, dict] = {"model": {}, "moe": {}, "mla": {}, "mamba": {}, "parallel": {}, "other": {}}
     i = 0
     while i < len(toks):
         flag = toks[i]
@@ -186,8 +197,42 @@ def _model_dict(sec: dict[str, dict], name: str) -> dict:
         m["moe"] = moe
     if other.get("mla"):
         m["mla"] = dict(sec["mla"])
+    if "hybrid_pattern" in other:
+        _hybrid(m, sec["mamba"], other["hybrid_pattern"])
+    elif sec["mamba"]:
+        flag = "--mamba-" + next(iter(sec["mamba"])).replace("_", "-")
+        raise ConfigError(flag, next(iter(sec["mamba"].values())), "needs --hybrid-layer-pattern")
     m["name"] = name
     return m
+
+
+def _hybrid(m: dict, mamba: dict, pattern: str) -> None:
+    """A hybrid stack from Megatron's pattern (``M`` Mamba, ``*`` attention, ``-`` MLP, ``E``
+    MoE; ``/`` separates the MTP depths' patterns, each modelled as one attention + MLP/MoE
+    layer) and the ``--mamba-*`` flags with Megatron-Core's defaults: state 128, head dim 64,
+    8 groups, heads ``2 h / head_dim`` (expand 2)."""
+    main, *mtp = pattern.split("/")
+    if "|" in main:
+        raise ConfigError("--hybrid-layer-pattern", pattern, "pipeline-stage separators '|' are not read; give "
+                                                             "--pipeline-model-parallel-layout instead")
+    if mtp:
+        if any(p not in ("*E", "*-") for p in mtp):
+            raise ConfigError("--hybrid-layer-pattern", pattern,
+                              "MTP patterns after '/' are modelled as one attention + MLP/MoE layer: *E or *-")
+        if m.get("mtp_layers") not in (None, len(mtp)):
+            raise ConfigError("--mtp-num-layers", m["mtp_layers"],
+                              f"must equal the MTP depths of --hybrid-layer-pattern ({len(mtp)})")
+        m["mtp_layers"] = len(mtp)
+    m["hybrid_override_pattern"] = main
+    m.setdefault("num_layers", len(main))
+    if "M" in main:
+        mb = dict(mamba)
+        mb.setdefault("state_dim", 128)
+        mb.setdefault("head_dim", 64)
+        mb.setdefault("num_groups", 8)
+        if "num_heads" not in mb and isinstance(m.get("hidden_size"), int):
+            mb["num_heads"] = 2 * m["hidden_size"] // mb["head_dim"]
+        m["mamba"] = mb
 
 
 def _parallel_kwargs(par: dict, other: dict, model: ModelSpec) -> dict:

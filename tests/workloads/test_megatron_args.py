@@ -46,3 +46,43 @@ def test_bad_command_lines():
         from_megatron_args("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16", num_gpus=1)
     with pytest.raises(ConfigError, match="world_size"):
         from_megatron_args(MIXTRAL, num_gpus=60)
+
+
+# -- hybrid Mamba stacks (Nemotron 3) -----------------------------------------------------------
+_FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures"
+
+
+def test_nemotron3_nano_args_match_the_preset():
+    argv = (_FIXTURES / "nemotron3_nano_megatron_args.txt").read_text()
+    model, par = from_megatron_args(argv, num_gpus=8)
+    p = load_model("nemotron3-nano")
+    assert model.hybrid_override_pattern == p.hybrid_override_pattern and model.mamba == p.mamba
+    assert model.moe == p.moe and model.mlp == "relu2"
+    assert model.num_params() == p.num_params()
+    assert par.ep == 8
+
+
+def test_hybrid_pattern_mtp_depths_latent_and_mamba_defaults():
+    argv = ("--hybrid-override-pattern M*E/*E/*E --hidden-size 256 --num-attention-heads 4 --seq-length 128 "
+            "--vocab-size 512 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 64 --moe-latent-size 32 "
+            "--mtp-use-repeated-layer --micro-batch-size 1 --global-batch-size 8")
+    model, _ = from_megatron_args(argv, num_gpus=1)
+    assert model.num_layers == 3 and model.mtp_layers == 2 and model.mtp_repeated_layer
+    assert model.moe.latent_size == 32
+    # Megatron-Core defaults: state 128, head dim 64, 8 groups, heads 2 h / head dim
+    assert (model.mamba.state_dim, model.mamba.head_dim, model.mamba.num_groups, model.mamba.num_heads) == \
+        (128, 64, 8, 8)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    ("--hybrid-layer-pattern M*|M* --hidden-size 256 --num-attention-heads 4 --seq-length 128 --vocab-size 512",
+     "--hybrid-layer-pattern"),
+    ("--hybrid-layer-pattern M*/MM --hidden-size 256 --num-attention-heads 4 --seq-length 128 --vocab-size 512",
+     "--hybrid-layer-pattern"),
+    ("--mamba-state-dim 64 --num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 128 "
+     "--vocab-size 512", "--mamba-state-dim"),
+])
+def test_hybrid_bad_flags_name_the_flag(argv, flag):
+    with pytest.raises(ConfigError) as e:
+        from_megatron_args(argv, num_gpus=1)
+    assert e.value.field == flag

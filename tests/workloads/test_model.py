@@ -626,3 +626,28 @@ def test_hybrid_bad_input_names_the_field(kw, field):
 def test_hybrid_round_trips_through_a_mapping():
     m = _hybrid()
     assert ModelSpec.from_dict(m.to_dict()) == m
+
+
+# -- nemotron_h Hugging Face configs -------------------------------------------------------------
+FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.parametrize("fixture, preset, mtp", [("nemotron3_nano_hf_config.json", "nemotron3-nano", 0),
+                                                  ("nemotron3_super_hf_config.json", "nemotron3-super", 1)])
+def test_hf_nemotron_h_configs_match_the_presets(fixture, preset, mtp):
+    m = model_from_hf_config(FIXTURES / fixture, seq_len=8192)
+    p = load_model(preset)
+    assert m.hybrid_override_pattern == p.hybrid_override_pattern and m.mamba == p.mamba and m.moe == p.moe
+    assert m.mtp_layers == mtp and m.mlp == "relu2" and m.position_embedding == "none"
+    assert m.num_params() == p.num_params()
+
+
+def test_hf_nemotron_h_reads_layers_block_type_and_names_bad_keys():
+    cfg = json.loads((FIXTURES / "nemotron3_nano_hf_config.json").read_text())
+    blocks = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+    cfg["layers_block_type"] = [blocks[c] for c in cfg.pop("hybrid_override_pattern")]
+    assert model_from_hf_config(cfg).hybrid_override_pattern == load_model("nemotron3-nano").hybrid_override_pattern
+    cfg["n_groups"] = 7
+    with pytest.raises(ConfigError) as e:
+        model_from_hf_config(cfg)
+    assert e.value.field == "hf_config.n_groups"
