@@ -28,14 +28,21 @@ work of core attention (:mod:`workloads.costs.flops`), not the parameters.
 ``attention_sinks`` adds gpt-oss's learned per-head sink logit (Megatron's learnable
 ``softmax_offset``): ``H`` parameters per layer.
 
-Nothing else is modelled: no encoder, no cross-attention, no linear-attention layers, no
-Qwen2-MoE shared-expert gate (``h`` parameters per layer).
+Hybrid stacks (Nemotron-H, Nemotron 3) are a per-layer pattern, Megatron-Core's
+``hybrid_override_pattern``: each character is one layer holding one pre-norm and one
+sublayer, ``M`` a Mamba-2 mixer (:class:`MambaSpec`), ``*`` attention, ``-`` a dense MLP,
+``E`` an MoE block (:meth:`ModelSpec.layer_kind`).  Latent MoE (``MoESpec.latent_size``)
+runs the routed experts in a reduced width between a down and an up projection;
+``mlp="relu2"`` is the non-gated squared ReLU of Nemotron's MLPs and experts.
+
+Nothing else is modelled: no encoder, no cross-attention, no other linear-attention layers
+(gated delta nets), no Qwen2-MoE shared-expert gate (``h`` parameters per layer).
 
 Parameter counts
 ----------------
 With ``h`` the hidden size, ``H`` / ``K`` the query / key-value heads, ``d`` the head
 dimension, ``f`` an MLP width, ``V`` the vocabulary, ``s`` the sequence length,
-``n(x)`` the parameters of a norm of width ``x`` and ``m`` = 2 (gelu) or 3 (swiglu)::
+``n(x)`` the parameters of a norm of width ``x`` and ``m`` = 2 (gelu, relu2) or 3 (swiglu)::
 
     attention (GQA)  h*H*d + 2*h*K*d + H*d*h   [+ H*d + 2*K*d  qkv biases]  [+ h  output bias]
                      [+ 2*n(d)  q/k norms]  [+ H  attention sinks]
@@ -44,7 +51,10 @@ dimension, ``f`` an MLP width, ``V`` the vocabulary, ``s`` the sequence length,
                      out: H*v*h
     MLP              m*h*f                      [+ (m-1)*f + h  biases]
     MoE block        router h*E [+ E] + E * MLP(expert f) + S * MLP(shared f)
+                     latent l: experts read / write l, m*l*fe each, plus 2*h*l projections
+    Mamba-2 mixer    h*(2D + 2GN + nh) + (D + 2GN)*(k + 1) + 3*nh + D + D*h     D = nh*hd
     layer            2*n(h) + attention + (MLP | MoE block)
+    hybrid layer     n(h) + one of Mamba mixer | attention | MLP | MoE block
     model            V*h (embedding) [+ s*h learned positions] + layers + n(h) (final norm)
                      [+ V*h output layer unless tied]
 
@@ -731,8 +741,10 @@ class ModelSpec:
     def layer_param_breakdown(self, i: int, *, active: bool = False) -> dict[str, int]:
         """Parameters of decoder layer ``i`` by component.
 
-        Keys: ``attention``, ``mlp`` (dense layers), ``router``, ``routed_experts``,
-        ``shared_experts``, ``norms`` (the two pre-norms).  With ``active=True`` the routed
+        Keys: ``attention``, ``mamba`` (a hybrid stack's Mamba-2 mixer), ``mlp`` (dense
+        layers), ``router``, ``latent_proj`` (latent MoE's down and up projections),
+        ``routed_experts``, ``shared_experts``, ``norms`` (the pre-norms: two, or one in a
+        hybrid layer).  With ``active=True`` the routed
         experts count ``top_k`` experts, the ones a token runs.  ``i == num_layers + k``
         names MTP module ``k``'s decoder layer, shaped like the last main layer.
         """
