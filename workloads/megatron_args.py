@@ -16,6 +16,7 @@ is silently dropped.
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Sequence
 
@@ -79,6 +80,10 @@ _VALUE_FLAGS: dict[str, tuple[str, str, type]] = {
     "--mamba-num-groups": ("mamba", "num_groups", int),
     "--mamba-num-heads": ("mamba", "num_heads", int),
     "--moe-latent-size": ("moe", "latent_size", int),
+    # sliding-window attention (gpt-oss): Megatron-Core's window_size "(left, right)" and
+    # window_attn_skip_freq (an integer or a list expression such as "[1,1,1,0]*3")
+    "--window-size": ("other", "window_size", str),
+    "--window-attn-skip-freq": ("other", "window_skip", str),
 }
 _LIST_FLAGS = {"--recompute-modules": ("parallel", "recompute_modules")}
 _SWITCHES: dict[str, tuple[str, str, object]] = {
@@ -197,6 +202,10 @@ def _model_dict(sec: dict[str, dict], name: str) -> dict:
         m["moe"] = moe
     if other.get("mla"):
         m["mla"] = dict(sec["mla"])
+    if "window_size" in other:
+        _window(m, other["window_size"], other.get("window_skip"))
+    elif "window_skip" in other:
+        raise ConfigError("--window-attn-skip-freq", other["window_skip"], "needs --window-size")
     if "hybrid_pattern" in other:
         _hybrid(m, sec["mamba"], other["hybrid_pattern"])
     elif sec["mamba"]:
@@ -204,6 +213,35 @@ def _model_dict(sec: dict[str, dict], name: str) -> dict:
         raise ConfigError(flag, next(iter(sec["mamba"].values())), "needs --hybrid-layer-pattern")
     m["name"] = name
     return m
+
+
+def _window(m: dict, size: str, skip: str | None) -> None:
+    """Sliding-window fields from ``--window-size "(left, right)"`` (Megatron-Core's
+    ``window_size``: a query sees ``left`` earlier tokens and itself, so ``sliding_window =
+    left + 1``; ``right`` must be 0, causal) and ``--window-attn-skip-freq`` (an integer N:
+    every N-th layer full; or a list expression of 1 = windowed / 0 = full flags, terms
+    ``[...]`` or ``[...]*k`` joined by ``+``)."""
+    try:
+        left, right = (int(x) for x in size.strip().strip("()").split(","))
+    except ValueError:
+        raise ConfigError("--window-size", size, "expects two integers, e.g. (127,0)") from None
+    if right != 0 or left < 0:
+        raise ConfigError("--window-size", size, "only causal windows (left >= 0, right 0) are modelled")
+    m["sliding_window"] = left + 1
+    if skip is None:
+        return
+    text = skip.replace(" ", "")
+    if text.isdigit():
+        m["window_attn_skip_freq"] = int(text)
+        return
+    flags: list[int] = []
+    for term in text.split("+"):
+        match = re.fullmatch(r"\[([01,]*)\](?:\*(\d+))?", term)
+        if match is None:
+            raise ConfigError("--window-attn-skip-freq", skip,
+                              "expects an integer or a list expression of 0/1 flags, e.g. [1,1,1,0]*3")
+        flags += [int(x) for x in match.group(1).split(",") if x] * int(match.group(2) or 1)
+    m["window_layer_pattern"] = flags
 
 
 def _hybrid(m: dict, mamba: dict, pattern: str) -> None:

@@ -86,3 +86,27 @@ def test_hybrid_bad_flags_name_the_flag(argv, flag):
     with pytest.raises(ConfigError) as e:
         from_megatron_args(argv, num_gpus=1)
     assert e.value.field == flag
+
+
+# -- sliding-window attention flags (gpt-oss) ---------------------------------------------------
+_GPT_OSS_LIKE = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --vocab-size 512 "
+                 "--swiglu --micro-batch-size 1 --global-batch-size 8 ")
+
+
+def test_window_size_and_skip_frequency():
+    # Megatron-Core window_size (left, right) = (w - 1, 0); skip frequency 2: layers 1, 3 full
+    model, _ = from_megatron_args(_GPT_OSS_LIKE + "--window-size (127,0) --window-attn-skip-freq 2", num_gpus=1)
+    assert model.sliding_window == 128 and model.window_attn_skip_freq == 2
+    assert [model.attention_window(i) for i in range(4)] == [128, None, 128, None]
+    model, _ = from_megatron_args(_GPT_OSS_LIKE + "--window-size 63,0 --window-attn-skip-freq [1,0]*2", num_gpus=1)
+    assert model.sliding_window == 64 and model.window_layer_pattern == (1, 0, 1, 0)
+
+
+@pytest.mark.parametrize("flags, field", [("--window-size (127,5)", "--window-size"),
+                                          ("--window-attn-skip-freq 2", "--window-attn-skip-freq"),
+                                          ("--window-size (127,0) --window-attn-skip-freq [1,x]",
+                                           "--window-attn-skip-freq")])
+def test_window_bad_flags_name_the_flag(flags, field):
+    with pytest.raises(ConfigError) as e:
+        from_megatron_args(_GPT_OSS_LIKE + flags, num_gpus=1)
+    assert e.value.field == field

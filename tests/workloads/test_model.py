@@ -61,13 +61,24 @@ PUBLISHED = {
     # Nemotron 3 Super: "120B parameters in total", "12B active" (Megatron-Bridge
     # docs/models/nemotron/nemotron3-super.md): both rounded; MTP excluded
     "nemotron3-super": ("120", "12", "Megatron-Bridge docs/models/nemotron/nemotron3-super.md"),
+    # Llama 2: the Hugging Face model pages' safetensors counts (the paper's Table 1 rounds to 7B /
+    # 13B / 70B)
+    "llama2-7b": ("6.74", None, "huggingface.co/meta-llama/Llama-2-7b-hf: 6.74B params"),
+    "llama2-13b": ("13.0", None, "huggingface.co/meta-llama/Llama-2-13b-hf: 13B params"),
+    "llama2-70b": ("69.0", None, "huggingface.co/meta-llama/Llama-2-70b-hf: 69B params"),
+    # Kimi K2: "1 trillion total parameters" (one significant digit: 1E+3 billion) and "32 billion
+    # activated" (DeepSeek's convention, without the input embedding); Kimi K2 technical report,
+    # arXiv:2507.20534, abstract
+    "kimi-k2": ("1E+3", "32", "Kimi Team, Kimi K2 technical report, arXiv:2507.20534, abstract"),
 }
 #: presets whose published active figure leaves out the input embedding
-ACTIVE_WITHOUT_INPUT_EMBEDDING = ("deepseek-v3", "gpt-oss-120b", "gpt-oss-20b", "nemotron3-nano", "nemotron3-super")
+ACTIVE_WITHOUT_INPUT_EMBEDDING = ("deepseek-v3", "gpt-oss-120b", "gpt-oss-20b", "nemotron3-nano", "nemotron3-super",
+                                  "kimi-k2")
 TEST_PRESETS = ("tiny-dense", "tiny-moe")
 # the only figures that need their printed precision rather than 1 % (see the comments above)
 PRECISION_ONLY = {("megatron-gpt-1.7b", "total"), ("megatron-gpt-3.6b", "total"), ("qwen3-30b-a3b", "active"),
-                  ("nemotron3-super", "active")}   # "12B": 12.23B rounded
+                  ("nemotron3-super", "active"),   # "12B": 12.23B rounded
+                  ("kimi-k2", "total")}            # "1 trillion": 1.026T rounded
 
 
 def check_against(name: str, what: str, computed: int, printed: str) -> None:
