@@ -299,9 +299,14 @@ def check_mamba_split(model: ModelSpec, tp: int, cp: int) -> None:
         if n % tp:
             raise ConfigError("parallel.tp", tp, f"must divide model.mamba.{key} = {n} (Mamba heads and groups "
                                                  "are split over tensor parallelism)")
-        if (n // tp) % cp:
-            raise ConfigError("parallel.cp", cp, f"must divide model.mamba.{key} / tp = {n // tp} (context "
-                                                 "parallelism splits a Mamba layer's heads and groups)")
+    heads, groups = mb.num_heads // tp, mb.num_groups // tp
+    if heads % cp:
+        raise ConfigError("parallel.cp", cp, f"must divide model.mamba.num_heads / tp = {heads} (context "
+                                             "parallelism splits a Mamba layer's heads)")
+    if groups % cp and cp % groups:
+        # fewer groups than CP ranks: each group's state is replicated on cp / groups ranks
+        raise ConfigError("parallel.cp", cp, f"must divide model.mamba.num_groups / tp = {groups} or be a "
+                                             "multiple of it (context parallelism splits or replicates the groups)")
 
 
 def _gemm_bytes(m, n, k) -> float:
