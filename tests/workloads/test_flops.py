@@ -533,3 +533,13 @@ def test_mamba_split_rules(tp, cp, field):
     with pytest.raises(ConfigError) as e:
         layer_ops(m, ParallelConfig(tp=tp, cp=cp, micro_batch_size=1, seq_len=256), 0)
     assert e.value.field == field and "model.mamba" in e.value.rule
+
+
+def test_other_conventions_on_hybrid_stacks():
+    m = _hybrid()
+    with pytest.raises(ConfigError) as e:
+        FLOP_CONVENTIONS["nemo_24"](m, 256)
+    assert e.value.field == "flop_convention"
+    # PaLM: 6N plus the attention term of the one attention layer (H = 4 heads of 16)
+    n = m.num_active_params(include_embedding=False)
+    assert FLOP_CONVENTIONS["palm_6n"](m, 256) == 256 * (6 * n + 6 * 1 * 4 * 32 * 256)

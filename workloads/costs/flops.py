@@ -996,6 +996,9 @@ def nemo_24(model: ModelSpec, seq_len: int, vocab_size: int | None = None) -> fl
     if model.mla is not None:
         raise ConfigError("flop_convention", "nemo_24", "defines no count for multi-head latent attention; "
                                                          "use megatron_core_2025")
+    if model.is_hybrid:
+        raise ConfigError("flop_convention", "nemo_24", "defines no count for hybrid (Mamba) stacks; "
+                                                         "use megatron_core_2025")
     h, s, L = model.hidden_size, seq_len, model.num_layers
     V = model.vocab_size if vocab_size is None else vocab_size
     H, K = model.num_attention_heads, model.num_kv_heads
@@ -1048,9 +1051,12 @@ def palm_6n(model: ModelSpec, seq_len: int, vocab_size: int | None = None) -> fl
     (:meth:`ModelSpec.num_active_params` with ``include_embedding=False``: dense parts,
     router, shared and ``top_k`` routed experts, the output layer; MTP excluded).  With
     ``d_qk != d_v`` (MLA) the attention term is ``6 L H (d_qk + d_v) s``.  Sliding windows
-    are ignored: every layer keeps PaLM's full ``s`` keys per query.
+    are ignored: every layer keeps PaLM's full ``s`` keys per query.  In a hybrid stack only
+    the attention layers count the attention term.
     """
     s, L = seq_len, model.num_layers
+    if model.is_hybrid:                 # only the attention layers of a hybrid stack attend
+        L = model.hybrid_layer_counts()["attention"]
     n = model.num_active_params(include_embedding=False)
     if vocab_size is not None:
         n += (vocab_size - model.vocab_size) * model.hidden_size
