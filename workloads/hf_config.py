@@ -40,6 +40,18 @@ mla                            ``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head
 mtp_layers                     ``num_nextn_predict_layers``
 =============================  ===========================================================
 
+``nemotron_h`` (Nemotron-H, Nemotron 3: hybrid Mamba-2 / attention / MLP / MoE stacks) is
+read by its own keys: ``hybrid_override_pattern`` (or the newer per-layer
+``layers_block_type`` list: ``mamba`` / ``attention`` / ``mlp`` / ``moe``), ``mamba_num_heads``,
+``mamba_head_dim``, ``ssm_state_size``, ``n_groups``, ``conv_kernel``, ``chunk_size``; the MLP
+activation ``mlp_hidden_act`` (``relu2``: squared ReLU, non-gated); MoE ``n_routed_experts``,
+``num_experts_per_tok``, ``moe_intermediate_size``, ``n_shared_experts`` with
+``moe_shared_expert_intermediate_size`` (the shared experts' total width), ``moe_latent_size``
+(latent MoE) and the router's ``e_score_correction_bias`` (always present); no position
+embedding; ``num_nextn_predict_layers`` MTP modules (their ``mtp_hybrid_override_pattern``
+``*E`` is the attention + MoE layer an MTP module holds here).  Linear biases
+(``mamba_proj_bias``, ``mlp_bias``, ``attention_bias``) must be false.
+
 Keys not listed (rope scaling, gpt-oss's ``swiglu_limit``, dtypes, token ids,
 quantisation) are ignored, so configs of unknown families load as Llama-like models when they carry the
 required keys.  Not represented exactly: Llama's ``attention_bias`` without
@@ -57,13 +69,13 @@ from collections.abc import Mapping
 
 from topologies import ConfigError
 
-from .model import MLASpec, ModelSpec, MoESpec
+from .model import MambaSpec, MLASpec, ModelSpec, MoESpec
 
 __all__ = ["HF_MODEL_TYPES", "model_from_hf_config"]
 
 #: Families whose configs this importer knows; others load as Llama-like models.
 HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-                  "deepseek_v2", "deepseek_v3", "gpt_oss")
+                  "deepseek_v2", "deepseek_v3", "gpt_oss", "nemotron_h")
 _ROUTER_BIAS_TYPES = ("deepseek_v3", "gpt_oss")
 _SINK_TYPES = ("gpt_oss",)
 _LAYER_TYPES = {"sliding_attention": 1, "full_attention": 0}
@@ -200,6 +212,8 @@ def model_from_hf_config(path_or_dict, *, name: str | None = None, seq_len: int 
     """
     cfg, source = _read(path_or_dict, where)
     model_type = str(cfg.get("model_type") or "")
+    if model_type == "nemotron_h":
+        return _nemotron_h(cfg, source, name, seq_len, where)
     num_layers = _req(cfg, "num_hidden_layers", where)
     hidden = _req(cfg, "hidden_size", where)
     heads = _req(cfg, "num_attention_heads", where)
@@ -260,3 +274,86 @@ _HF_KEYS = {"num_layers": "num_hidden_layers", "ffn_hidden_size": "intermediate_
 def _hf_field(field: str, where: str) -> str:
     key = field.split(".", 1)[-1]
     return f"{where}.{_HF_KEYS.get(key, key)}"
+
+
+_NEMOTRON_H_BLOCKS = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+_NEMOTRON_H_ACTS = {"relu2": "relu2", "silu": "swiglu", "gelu": "gelu"}
+
+
+def _nemotron_h(cfg: dict, source: str, name, seq_len, where: str) -> ModelSpec:
+    """A hybrid ModelSpec from a ``nemotron_h`` config (see the module docstring)."""
+    pattern = cfg.get("hybrid_override_pattern")
+    if pattern is None and cfg.get("layers_block_type") is not None:
+        blocks = cfg["layers_block_type"]
+        if not isinstance(blocks, list) or any(b not in _NEMOTRON_H_BLOCKS for b in blocks):
+            raise ConfigError(f"{where}.layers_block_type", blocks,
+                              f"must be a list of {', '.join(_NEMOTRON_H_BLOCKS)}")
+        pattern = "".join(_NEMOTRON_H_BLOCKS[b] for b in blocks)
+    if pattern is None:
+        raise ConfigError(f"{where}.hybrid_override_pattern", None,
+                          "required key missing from the Hugging Face config (or layers_block_type)")
+    for key in ("mamba_proj_bias", "mlp_bias", "attention_bias"):
+        if cfg.get(key):
+            raise ConfigError(f"{where}.{key}", cfg[key], "linear biases are not modelled for nemotron_h")
+    act = cfg.get("mlp_hidden_act", "relu2")
+    if act not in _NEMOTRON_H_ACTS:
+        raise ConfigError(f"{where}.mlp_hidden_act", act, f"must be one of {', '.join(_NEMOTRON_H_ACTS)}")
+    heads = _req(cfg, "num_attention_heads", where)
+    n_layers = cfg.get("num_hidden_layers")
+    kw: dict = dict(
+        name=name or str(cfg.get("_name_or_path") or "nemotron_h"),
+        num_layers=n_layers if n_layers is not None else (len(pattern) if isinstance(pattern, str) else 0),
+        hybrid_override_pattern=pattern,
+        hidden_size=_req(cfg, "hidden_size", where),
+        ffn_hidden_size=cfg.get("intermediate_size"),
+        num_attention_heads=heads,
+        num_kv_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim"),
+        vocab_size=_req(cfg, "vocab_size", where),
+        seq_len=seq_len if seq_len is not None else _req(cfg, "max_position_embeddings", where),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        mlp=_NEMOTRON_H_ACTS[act], norm="rmsnorm", position_embedding="none",
+        mtp_layers=cfg.get("num_nextn_predict_layers") or 0,
+        source=source,
+    )
+    if isinstance(pattern, str) and "M" in pattern:
+        mamba_kw = {"num_heads": _req(cfg, "mamba_num_heads", where), "head_dim": _req(cfg, "mamba_head_dim", where),
+                    "state_dim": _req(cfg, "ssm_state_size", where), "num_groups": _req(cfg, "n_groups", where),
+                    "conv_kernel": cfg.get("conv_kernel") or 4, "chunk_size": cfg.get("chunk_size") or 128}
+        try:
+            kw["mamba"] = MambaSpec(**mamba_kw)
+        except ConfigError as e:
+            keys = {"num_heads": "mamba_num_heads", "head_dim": "mamba_head_dim", "state_dim": "ssm_state_size",
+                    "num_groups": "n_groups"}
+            key = e.field.split(".", 1)[-1]
+            raise ConfigError(f"{where}.{keys.get(key, key)}", e.value, e.rule) from None
+    if isinstance(pattern, str) and "E" in pattern:
+        moe_kw: dict = dict(num_experts=_req(cfg, "n_routed_experts", where), top_k=_req(cfg, "num_experts_per_tok", where),
+                            expert_ffn_hidden_size=_req(cfg, "moe_intermediate_size", where), router_bias=True,
+                            latent_size=cfg.get("moe_latent_size") or None)
+        shared = cfg.get("n_shared_experts") or 0
+        if shared:
+            total = _req(cfg, "moe_shared_expert_intermediate_size", where)
+            if not isinstance(total, int) or isinstance(total, bool) or total % shared:
+                raise ConfigError(f"{where}.moe_shared_expert_intermediate_size", total,
+                                  f"must be an integer divisible by n_shared_experts = {shared}")
+            moe_kw.update(num_shared_experts=shared, shared_expert_ffn_hidden_size=total // shared)
+        try:
+            kw["moe"] = MoESpec(**moe_kw)
+        except ConfigError as e:
+            keys = {"num_experts": "n_routed_experts", "top_k": "num_experts_per_tok",
+                    "expert_ffn_hidden_size": "moe_intermediate_size", "latent_size": "moe_latent_size"}
+            key = e.field.split(".", 1)[-1]
+            raise ConfigError(f"{where}.{keys.get(key, key)}", e.value, e.rule) from None
+    if kw["mtp_layers"]:
+        mtp_pat = cfg.get("mtp_hybrid_override_pattern", "*E")
+        if mtp_pat not in ("*E", "*-"):
+            raise ConfigError(f"{where}.mtp_hybrid_override_pattern", mtp_pat,
+                              "MTP modules are modelled as one attention + MLP/MoE layer: *E or *-")
+    try:
+        return ModelSpec(**kw)
+    except ConfigError as e:
+        key = e.field.split(".", 1)[-1]
+        key = {"num_layers": "num_hidden_layers", "num_kv_heads": "num_key_value_heads",
+               "mtp_layers": "num_nextn_predict_layers", "seq_len": "max_position_embeddings"}.get(key, key)
+        raise ConfigError(f"{where}.{key}", e.value, e.rule) from None

@@ -18,6 +18,7 @@ is silently dropped.
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Sequence
 
@@ -77,6 +78,19 @@ _VALUE_FLAGS: dict[str, tuple[str, str, type]] = {
     "--decoder-first-pipeline-num-layers": ("parallel", "num_layers_in_first_pipeline_stage", int),
     "--decoder-last-pipeline-num-layers": ("parallel", "num_layers_in_last_pipeline_stage", int),
     "--pipeline-model-parallel-layout": ("parallel", "pipeline_layout", str),
+    # hybrid Mamba stacks (Megatron-Core TransformerConfig mamba_* fields; --hybrid-layer-pattern,
+    # its deprecated alias --hybrid-override-pattern) and latent MoE
+    "--hybrid-layer-pattern": ("other", "hybrid_pattern", str),
+    "--hybrid-override-pattern": ("other", "hybrid_pattern", str),
+    "--mamba-state-dim": ("mamba", "state_dim", int),
+    "--mamba-head-dim": ("mamba", "head_dim", int),
+    "--mamba-num-groups": ("mamba", "num_groups", int),
+    "--mamba-num-heads": ("mamba", "num_heads", int),
+    "--moe-latent-size": ("moe", "latent_size", int),
+    # sliding-window attention (gpt-oss): Megatron-Core's window_size "(left, right)" and
+    # window_attn_skip_freq (an integer or a list expression such as "[1,1,1,0]*3")
+    "--window-size": ("other", "window_size", str),
+    "--window-attn-skip-freq": ("other", "window_skip", str),
 }
 _LIST_FLAGS = {"--recompute-modules": ("parallel", "recompute_modules")}
 _SWITCHES: dict[str, tuple[str, str, object]] = {
@@ -95,6 +109,8 @@ _SWITCHES: dict[str, tuple[str, str, object]] = {
     "--moe-pad-expert-input-to-capacity": ("moe", "pad_expert_input_to_capacity", True),
     "--overlap-moe-expert-parallel-comm": ("overlap", "moe_ep_comm", True),
     "--delay-wgrad-compute": ("other", "delay_wgrad_compute", True),
+    "--squared-relu": ("model", "mlp", "relu2"),
+    "--mtp-use-repeated-layer": ("model", "mtp_repeated_layer", True),
 }
 # Flags that change the step but have no meaning in clustersim yet.
 _UNSUPPORTED = {"--num-experts-per-layer", "--encoder-num-layers", "--decoder-num-layers"}
@@ -134,7 +150,8 @@ def overlap_from_megatron_args(argv: str | Sequence[str]) -> dict[str, bool]:
 def _sections(toks: list[str]) -> dict[str, dict]:
     """The flags' values by section (see ``_VALUE_FLAGS``); an unknown flag is skipped with
     its values, an unsupported one or a stray value is an error."""
-    sec: dict[str, dict] = {"model": {}, "moe": {}, "mla": {}, "parallel": {}, "other": {}, "overlap": {}}
+    sec: dict[str, dict] = {"model": {}, "moe": {}, "mla": {}, "mamba": {}, "parallel": {}, "other": {},
+                            "overlap": {}}
     i = 0
     while i < len(toks):
         flag = toks[i]
@@ -202,8 +219,75 @@ def _model_dict(sec: dict[str, dict], name: str) -> dict:
         m["moe"] = moe
     if other.get("mla"):
         m["mla"] = dict(sec["mla"])
+    if "window_size" in other:
+        _window(m, other["window_size"], other.get("window_skip"))
+    elif "window_skip" in other:
+        raise ConfigError("--window-attn-skip-freq", other["window_skip"], "needs --window-size")
+    if "hybrid_pattern" in other:
+        _hybrid(m, sec["mamba"], other["hybrid_pattern"])
+    elif sec["mamba"]:
+        flag = "--mamba-" + next(iter(sec["mamba"])).replace("_", "-")
+        raise ConfigError(flag, next(iter(sec["mamba"].values())), "needs --hybrid-layer-pattern")
     m["name"] = name
     return m
+
+
+def _window(m: dict, size: str, skip: str | None) -> None:
+    """Sliding-window fields from ``--window-size "(left, right)"`` (Megatron-Core's
+    ``window_size``: a query sees ``left`` earlier tokens and itself, so ``sliding_window =
+    left + 1``; ``right`` must be 0, causal) and ``--window-attn-skip-freq`` (an integer N:
+    every N-th layer full; or a list expression of 1 = windowed / 0 = full flags, terms
+    ``[...]`` or ``[...]*k`` joined by ``+``)."""
+    try:
+        left, right = (int(x) for x in size.strip().strip("()").split(","))
+    except ValueError:
+        raise ConfigError("--window-size", size, "expects two integers, e.g. (127,0)") from None
+    if right != 0 or left < 0:
+        raise ConfigError("--window-size", size, "only causal windows (left >= 0, right 0) are modelled")
+    m["sliding_window"] = left + 1
+    if skip is None:
+        return
+    text = skip.replace(" ", "")
+    if text.isdigit():
+        m["window_attn_skip_freq"] = int(text)
+        return
+    flags: list[int] = []
+    for term in text.split("+"):
+        match = re.fullmatch(r"\[([01,]*)\](?:\*(\d+))?", term)
+        if match is None:
+            raise ConfigError("--window-attn-skip-freq", skip,
+                              "expects an integer or a list expression of 0/1 flags, e.g. [1,1,1,0]*3")
+        flags += [int(x) for x in match.group(1).split(",") if x] * int(match.group(2) or 1)
+    m["window_layer_pattern"] = flags
+
+
+def _hybrid(m: dict, mamba: dict, pattern: str) -> None:
+    """A hybrid stack from Megatron's pattern (``M`` Mamba, ``*`` attention, ``-`` MLP, ``E``
+    MoE; ``/`` separates the MTP depths' patterns, each modelled as one attention + MLP/MoE
+    layer) and the ``--mamba-*`` flags with Megatron-Core's defaults: state 128, head dim 64,
+    8 groups, heads ``2 h / head_dim`` (expand 2)."""
+    main, *mtp = pattern.split("/")
+    if "|" in main:
+        raise ConfigError("--hybrid-layer-pattern", pattern, "pipeline-stage separators '|' are not read; give "
+                                                             "--pipeline-model-parallel-layout instead")
+    if mtp:
+        if any(p not in ("*E", "*-") for p in mtp):
+            raise ConfigError("--hybrid-layer-pattern", pattern,
+                              "MTP patterns after '/' are modelled as one attention + MLP/MoE layer: *E or *-")
+        if m.get("mtp_layers") not in (None, len(mtp)):
+            raise ConfigError("--mtp-num-layers", m["mtp_layers"],
+                              f"must equal the MTP depths of --hybrid-layer-pattern ({len(mtp)})")
+        m["mtp_layers"] = len(mtp)
+    m["hybrid_override_pattern"] = main
+    m.setdefault("num_layers", len(main))
+    if "M" in main:
+        mb = dict(mamba)
+        mb.setdefault("state_dim", 128)
+        mb.setdefault("head_dim", 64)
+        mb.setdefault("num_groups", 8)
+        if "num_heads" not in mb and isinstance(m.get("hidden_size"), int):
+            mb["num_heads"] = 2 * m["hidden_size"] // mb["head_dim"]
+        m["mamba"] = mb
 
 
 def _parallel_kwargs(par: dict, other: dict, model: ModelSpec) -> dict:

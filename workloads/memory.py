@@ -344,7 +344,8 @@ ACTIVATION_TERMS = ("layer_input", "norm_inputs", "norm_stats", "attn_input", "q
                     "mla_latents", "attn_scores", "attn_dropout_mask", "softmax_stats", "attn_output", "ffn_input",
                     "mlp_fc1_output", "mlp_fc2_input", "router", "expert_input", "expert_fc1_output",
                     "expert_fc2_input", "moe_combine", "shared_fc1_output", "shared_fc2_input", "dropout_masks",
-                    "embedding", "output_head", "mtp_extra", "recompute_working")
+                    "embedding", "output_head", "mtp_extra", "recompute_working", "mamba_in_proj_output",
+                    "mamba_scan_output")
 
 
 @dataclass(frozen=True, slots=True)
@@ -526,8 +527,51 @@ def _mlp_matrices(model: ModelSpec) -> int:
 
 
 # -- activations of one layer -------------------------------------------------------------------------
-def _layer_terms(d: _Dims, moe_layer: bool, modules: frozenset[str]) -> dict[str, float]:
-    """Bytes kept by one decoder layer for one micro-batch; ``modules`` are recomputed."""
+def _layer_terms(d: _Dims, moe_layer: bool, modules: frozenset[str], kind: str = "transformer") -> dict[str, float]:
+    """Bytes kept by one decoder layer for one micro-batch; ``modules`` are recomputed.
+    ``kind`` is :meth:`ModelSpec.layer_kind`: a hybrid layer keeps one sublayer's terms."""
+    if kind != "transformer":
+        return _hybrid_layer_terms(d, kind, modules)
+    return _transformer_layer_terms(d, moe_layer, modules)
+
+
+_ATTN_TERMS = ("attn_input", "q", "kv", "qk_norm_inputs", "mla_latents", "attn_scores", "attn_dropout_mask",
+               "softmax_stats", "attn_output")
+_FFN_TERMS = ("ffn_input", "mlp_fc1_output", "mlp_fc2_input", "router", "expert_input", "expert_fc1_output",
+              "expert_fc2_input", "moe_combine", "shared_fc1_output", "shared_fc2_input")
+
+
+def _hybrid_layer_terms(d: _Dims, kind: str, modules: frozenset[str]) -> dict[str, float]:
+    """One hybrid-stack layer: one pre-norm and one sublayer.  Attention, MLP and MoE layers
+    keep the matching half of a transformer layer's terms (one norm, one residual dropout
+    mask).  A Mamba layer (Megatron-Core's memory-efficient training path,
+    ``mamba_split_conv1d_scan_combined``, which recomputes the conv1d output in its
+    backward) keeps its norm input and statistics, the normed ``in_proj`` input, the
+    ``in_proj`` output (z, x, B, C, dt: the scan's saved input), the scan output (the gated
+    norm's input) and the ``out_proj`` input."""
+    m = d.model
+    base = _transformer_layer_terms(d, kind == "moe", modules)
+    out = dict.fromkeys(ACTIVATION_TERMS, 0.0)
+    out["norm_inputs"] = base["norm_inputs"] / 2
+    out["norm_stats"] = base["norm_stats"] / 2
+    out["dropout_masks"] = base["dropout_masks"] / 2
+    if kind == "attention":
+        for k in _ATTN_TERMS:
+            out[k] = base[k]
+    elif kind in ("mlp", "moe"):
+        for k in _FFN_TERMS:
+            out[k] = base[k]
+    else:
+        mb, h = m.mamba, m.hidden_size
+        if "layernorm" not in modules:
+            out["attn_input"] = d.tok_sp * h * d.lb
+        out["mamba_in_proj_output"] = d.tok * mb.in_proj_width / d.t * d.e
+        out["mamba_scan_output"] = d.tok * mb.d_inner / d.t * (d.e + d.lb)
+    return out
+
+
+def _transformer_layer_terms(d: _Dims, moe_layer: bool, modules: frozenset[str]) -> dict[str, float]:
+    """Bytes kept by one attention + MLP/MoE layer for one micro-batch."""
     m = d.model
     h, a_loc = m.hidden_size, m.num_attention_heads / d.t
     e, lb, tok, tsp = d.e, d.lb, d.tok, d.tok_sp
@@ -583,11 +627,11 @@ def _layer_terms(d: _Dims, moe_layer: bool, modules: frozenset[str]) -> dict[str
     out["router"] = tokens * moe.num_experts * (4 + 1)
     rows = tokens * moe.top_k * d.etp * d.imbalance
     fe = moe.expert_ffn_hidden_size / d.etp
-    out["expert_input"] = rows * h * lb
+    out["expert_input"] = rows * (moe.latent_size or h) * lb
     out["expert_fc1_output"] = rows * gate * fe * e
     if "moe_act" not in modules:
         out["expert_fc2_input"] = rows * fe * lb
-    out["moe_combine"] = tokens * moe.top_k * h * e
+    out["moe_combine"] = tokens * moe.top_k * (moe.latent_size or h) * e
     if moe.num_shared_experts and "shared_experts" not in modules:
         fs = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size / d.t
         out["shared_fc1_output"] = tok * gate * fs * e
@@ -630,7 +674,7 @@ def layer_activation_bytes(model: ModelSpec, parallel: ParallelConfig, layer: in
         out["layer_input"] = d.tok_sp * model.hidden_size * d.e
         return out
     moe_layer = model.is_moe_layer(min(layer, model.num_layers - 1))
-    return _layer_terms(d, moe_layer, _recomputed_modules(parallel))
+    return _layer_terms(d, moe_layer, _recomputed_modules(parallel), model.layer_kind(layer))
 
 
 # -- parameters one rank holds -------------------------------------------------------------------------
@@ -668,9 +712,10 @@ def _attention_params(model: ModelSpec, t: int) -> tuple[float, float]:
     return p, gemm
 
 
-def _mlp_params(model: ModelSpec, f: float, t: int) -> tuple[float, float]:
-    """(parameters, GEMM weights) of one MLP of width ``f`` split over ``t`` ranks."""
-    h, mats = model.hidden_size, _mlp_matrices(model)
+def _mlp_params(model: ModelSpec, f: float, t: int, width: int | None = None) -> tuple[float, float]:
+    """(parameters, GEMM weights) of one MLP of width ``f`` split over ``t`` ranks, reading and
+    writing ``width`` (default ``h``; a latent MoE's experts: the latent width)."""
+    h, mats = (model.hidden_size if width is None else width), _mlp_matrices(model)
     gemm = mats * h * f / t
     return gemm + ((((mats - 1) * f) / t + h) if model.add_bias_linear else 0), gemm
 
@@ -692,18 +737,41 @@ class _Params:
 
 
 def _layer_params(model: ModelSpec, parallel: ParallelConfig,
-                  moe_layer: bool) -> tuple[float, float, float, float]:
-    """(dense, expert, dense GEMM, expert GEMM) parameters of one decoder layer on one rank."""
+                  moe_layer: bool, kind: str = "transformer") -> tuple[float, float, float, float]:
+    """(dense, expert, dense GEMM, expert GEMM) parameters of one decoder layer on one rank;
+    ``kind`` (:meth:`ModelSpec.layer_kind`) selects a hybrid layer's one sublayer."""
     t = parallel.tp
+    norm = _norm_elems(model) * model.hidden_size
+    if kind == "mamba":
+        # in_proj / out_proj column / row parallel; conv1d, dt_bias, A_log, D and the gated
+        # norm split with the heads (Megatron-Core MambaMixer); the pre-norm replicated
+        mb, h = model.mamba, model.hidden_size
+        gemm = (h * mb.in_proj_width + mb.d_inner * h) / t
+        return gemm + (mb.mixer_params(h) - h * mb.in_proj_width - mb.d_inner * h) / t + norm, 0.0, gemm, 0.0
+    if kind == "attention":
+        attn, attn_gemm = _attention_params(model, t)
+        return attn + norm, 0.0, attn_gemm, 0.0
+    if kind in ("mlp", "moe"):
+        dense, expert, gemm, gemm_expert = _ffn_params(model, parallel, kind == "moe")
+        return dense + norm, expert, gemm, gemm_expert
     attn, attn_gemm = _attention_params(model, t)
-    dense = attn + 2 * _norm_elems(model) * model.hidden_size
-    gemm = attn_gemm
+    dense, expert, gemm, gemm_expert = _ffn_params(model, parallel, moe_layer)
+    return attn + 2 * norm + dense, expert, attn_gemm + gemm, gemm_expert
+
+
+def _ffn_params(model: ModelSpec, parallel: ParallelConfig, moe_layer: bool) -> tuple[float, float, float, float]:
+    """(dense, expert, dense GEMM, expert GEMM) parameters of one MLP or MoE block on one rank."""
+    t = parallel.tp
+    dense = gemm = 0.0
     if not moe_layer:
         mlp, mlp_gemm = _mlp_params(model, model.ffn_hidden_size, t)
         return dense + mlp, 0.0, gemm + mlp_gemm, 0.0
     moe = model.moe
     dense += model.hidden_size * moe.num_experts + (moe.num_experts if moe.router_bias else 0)   # replicated
-    one, one_gemm = _mlp_params(model, moe.expert_ffn_hidden_size, parallel.expert_tp)
+    if moe.latent_size:                     # the latent down / up projections, replicated over TP
+        dense += 2 * model.hidden_size * moe.latent_size
+        gemm += 2 * model.hidden_size * moe.latent_size
+    one, one_gemm = _mlp_params(model, moe.expert_ffn_hidden_size, parallel.expert_tp, moe.latent_size)
     local = moe.num_experts / parallel.ep
     shared, shared_gemm = _mlp_params(model, moe.num_shared_experts * moe.shared_expert_ffn_hidden_size, t) \
         if moe.num_shared_experts else (0.0, 0.0)
@@ -808,9 +876,10 @@ class _Model:
 
     def layer(self, i: int, modules: frozenset[str]) -> dict[str, float]:
         moe = self.model.is_moe_layer(min(i, self.model.num_layers - 1))
-        key = (moe, modules)
+        kind = self.model.layer_kind(i)
+        key = (moe, modules, kind)
         if key not in self._layer_cache:
-            self._layer_cache[key] = _layer_terms(self.d, moe, modules)
+            self._layer_cache[key] = _layer_terms(self.d, moe, modules, kind)
         return self._layer_cache[key]
 
     # activations of one micro-batch in one chunk: (held terms, logits bytes, recompute working bytes)
@@ -859,11 +928,11 @@ class _Model:
         loss = any(c.loss for c in chunks)
         for c in chunks:
             for i in c.layers:
-                moe = m.is_moe_layer(i)
-                if moe not in cache:
-                    cache[moe] = _layer_params(m, par, moe)
-                p.add(*cache[moe])
-            for _ in range(c.mtp):
+                key = (m.is_moe_layer(i), m.layer_kind(i))
+                if key not in cache:
+                    cache[key] = _layer_params(m, par, key[0], key[1])
+                p.add(*cache[key])
+            for _ in range(1 if (c.mtp and m.mtp_repeated_layer) else c.mtp):
                 dense, expert, gemm, gemm_expert = _layer_params(m, par, m.is_moe_layer(m.num_layers - 1))
                 proj = 2 * h * h / t
                 p.add(dense + proj + 3 * _norm_elems(m) * h, expert, gemm + proj, gemm_expert)

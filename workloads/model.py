@@ -28,14 +28,21 @@ work of core attention (:mod:`workloads.costs.flops`), not the parameters.
 ``attention_sinks`` adds gpt-oss's learned per-head sink logit (Megatron's learnable
 ``softmax_offset``): ``H`` parameters per layer.
 
-Nothing else is modelled: no encoder, no cross-attention, no linear-attention layers, no
-Qwen2-MoE shared-expert gate (``h`` parameters per layer).
+Hybrid stacks (Nemotron-H, Nemotron 3) are a per-layer pattern, Megatron-Core's
+``hybrid_override_pattern``: each character is one layer holding one pre-norm and one
+sublayer, ``M`` a Mamba-2 mixer (:class:`MambaSpec`), ``*`` attention, ``-`` a dense MLP,
+``E`` an MoE block (:meth:`ModelSpec.layer_kind`).  Latent MoE (``MoESpec.latent_size``)
+runs the routed experts in a reduced width between a down and an up projection;
+``mlp="relu2"`` is the non-gated squared ReLU of Nemotron's MLPs and experts.
+
+Nothing else is modelled: no encoder, no cross-attention, no other linear-attention layers
+(gated delta nets), no Qwen2-MoE shared-expert gate (``h`` parameters per layer).
 
 Parameter counts
 ----------------
 With ``h`` the hidden size, ``H`` / ``K`` the query / key-value heads, ``d`` the head
 dimension, ``f`` an MLP width, ``V`` the vocabulary, ``s`` the sequence length,
-``n(x)`` the parameters of a norm of width ``x`` and ``m`` = 2 (gelu) or 3 (swiglu)::
+``n(x)`` the parameters of a norm of width ``x`` and ``m`` = 2 (gelu, relu2) or 3 (swiglu)::
 
     attention (GQA)  h*H*d + 2*h*K*d + H*d*h   [+ H*d + 2*K*d  qkv biases]  [+ h  output bias]
                      [+ 2*n(d)  q/k norms]  [+ H  attention sinks]
@@ -44,7 +51,10 @@ dimension, ``f`` an MLP width, ``V`` the vocabulary, ``s`` the sequence length,
                      out: H*v*h
     MLP              m*h*f                      [+ (m-1)*f + h  biases]
     MoE block        router h*E [+ E] + E * MLP(expert f) + S * MLP(shared f)
+                     latent l: experts read / write l, m*l*fe each, plus 2*h*l projections
+    Mamba-2 mixer    h*(2D + 2GN + nh) + (D + 2GN)*(k + 1) + 3*nh + D + D*h     D = nh*hd
     layer            2*n(h) + attention + (MLP | MoE block)
+    hybrid layer     n(h) + one of Mamba mixer | attention | MLP | MoE block
     model            V*h (embedding) [+ s*h learned positions] + layers + n(h) (final norm)
                      [+ V*h output layer unless tied]
 
@@ -98,20 +108,24 @@ import yaml
 from topologies import ConfigError
 from topologies.errors import check_keys
 
-__all__ = ["BREAKDOWN_KEYS", "MLP_KINDS", "MODEL_PRESETS", "NORM_KINDS", "POSITION_EMBEDDINGS", "MLASpec",
-           "ModelSpec", "MoESpec", "load_model", "load_preset_mapping"]
+__all__ = ["BREAKDOWN_KEYS", "HYBRID_SYMBOLS", "MLP_KINDS", "MODEL_PRESETS", "NORM_KINDS", "POSITION_EMBEDDINGS",
+           "MLASpec", "MambaSpec", "ModelSpec", "MoESpec", "load_model", "load_preset_mapping"]
 
-MLP_KINDS = ("gelu", "swiglu")
+MLP_KINDS = ("gelu", "swiglu", "relu2")
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_EMBEDDINGS = ("rope", "learned", "none")
-_MLP_MATRICES = {"gelu": 2, "swiglu": 3}
+_MLP_MATRICES = {"gelu": 2, "swiglu": 3, "relu2": 2}
 _NORM_PARAMS_PER_ELEMENT = {"layernorm": 2, "rmsnorm": 1}   # weight (+ bias)
 
 PRESET_DIR = Path(__file__).parent / "presets" / "models"
 
 #: Keys of :meth:`ModelSpec.param_breakdown`, in order.
-BREAKDOWN_KEYS = ("embedding", "position_embedding", "attention", "mlp", "router", "routed_experts",
-                  "shared_experts", "norms", "output_layer", "mtp")
+BREAKDOWN_KEYS = ("embedding", "position_embedding", "attention", "mamba", "mlp", "router", "latent_proj",
+                  "routed_experts", "shared_experts", "norms", "output_layer", "mtp")
+
+#: Layer symbols of a hybrid pattern (Megatron-Core ``hybrid_layer_allocation.Symbols``): one
+#: character is one layer with one pre-normed sublayer.
+HYBRID_SYMBOLS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 
 
 # -- small checks ------------------------------------------------------------------------------
@@ -204,6 +218,13 @@ class MoESpec:
     flex_dispatcher_num_sms: int | None = None
     """SMs the flex dispatcher's kernels hold (``moe_flex_dispatcher_num_sms``); None: the
     backend's default (DeepEP 20, HybridEP 16: ``workloads.moe_routing`` cites both)."""
+    latent_size: int | None = None
+    """Latent MoE (Nemotron 3 Super / Ultra; Megatron-Core's ``moe_latent_size``): the routed
+    experts run in this reduced width.  A down projection ``h -> latent`` (``fc1_latent_proj``)
+    runs before the dispatch, so the all-to-all carries ``latent``-wide tokens, and an up
+    projection ``latent -> h`` (``fc2_latent_proj``) after the combine; both are replicated
+    over TP (Megatron-Core ``moe_layer.py``, ``parallel_mode="duplicated"``).  The router and
+    the shared experts keep the full width.  None: experts run at ``h``."""
 
     def __post_init__(self):
         w = "moe"
@@ -235,6 +256,7 @@ class MoESpec:
                 raise ConfigError(f"{w}.capacity_factor", cf, "must be a positive number, or null for dropless")
             _set(self, "capacity_factor", float(cf))
         _bool(w, "router_bias", self.router_bias)
+        _set(self, "latent_size", _int(w, "latent_size", self.latent_size, optional=True))
         self._check_dropping_and_dispatch(w)
 
     def _check_dropping_and_dispatch(self, w: str) -> None:
@@ -268,6 +290,11 @@ class MoESpec:
                 raise ConfigError(f"{w}.expert_rank_capacity_factor", rcf,
                                   "the per-rank budget needs token_dispatcher: flex with flex_dispatcher_backend: hybridep")
             _set(self, "expert_rank_capacity_factor", float(rcf))
+
+    @property
+    def expert_width(self) -> int | None:
+        """Width the routed experts read and write: ``latent_size`` or None (the model's ``h``)."""
+        return self.latent_size
 
     def is_moe_layer(self, i: int) -> bool:
         """Whether decoder layer ``i`` (0-based) has a MoE block (no range check)."""
@@ -331,6 +358,76 @@ class MLASpec:
             if key not in d:
                 raise ConfigError(f"{where}.{key}", None, "required")
         return _build(cls, dict(d), "mla", where)
+
+    def to_dict(self) -> dict:
+        """Plain mapping that :meth:`from_dict` reads back to an equal spec."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MambaSpec:
+    """Mamba-2 (SSD) mixer dimensions, as Megatron-Core's ``MambaMixer`` builds them
+    (NVIDIA/Megatron-LM ``megatron/core/ssm/mamba_mixer.py``).
+
+    ``d_inner = num_heads x head_dim``.  Per layer: ``in_proj`` ``h -> 2 d_inner + 2 G N + nh``
+    (z, x, B, C, dt packed; the layer's pre-norm fused into it), a depthwise causal conv1d of
+    ``conv_kernel`` taps (with bias) over the ``d_inner + 2 G N`` channels of x, B and C,
+    per-head ``dt_bias``, ``A_log`` and ``D``, the chunked SSD scan, a gated RMSNorm over
+    ``d_inner`` (grouped by ``G``) and ``out_proj`` ``d_inner -> h``; no linear biases.
+    """
+
+    num_heads: int
+    """SSM heads ``nh`` (Megatron ``mamba_num_heads``; Nemotron 3 Nano 64)."""
+    head_dim: int
+    """Channels per head (``mamba_head_dim``; 64)."""
+    state_dim: int
+    """SSM state size ``N`` (``mamba_state_dim`` / HF ``ssm_state_size``; 128)."""
+    num_groups: int
+    """B / C groups ``G`` (``mamba_num_groups`` / HF ``n_groups``; 8)."""
+    conv_kernel: int = 4
+    """Depthwise conv1d taps (Megatron ``d_conv``, HF ``conv_kernel``; 4)."""
+    chunk_size: int = 128
+    """SSD scan chunk length (Megatron ``chunk_size``; 128)."""
+
+    def __post_init__(self):
+        w = "mamba"
+        for key in ("num_heads", "head_dim", "state_dim", "num_groups", "conv_kernel", "chunk_size"):
+            _set(self, key, _int(w, key, getattr(self, key)))
+        if self.num_heads % self.num_groups:
+            raise ConfigError(f"{w}.num_groups", self.num_groups,
+                              f"must divide num_heads = {self.num_heads} (Megatron-Core MambaMixer)")
+
+    @property
+    def d_inner(self) -> int:
+        """``num_heads x head_dim``."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_channels(self) -> int:
+        """Channels of the conv1d: x, B and C, ``d_inner + 2 G N``."""
+        return self.d_inner + 2 * self.num_groups * self.state_dim
+
+    @property
+    def in_proj_width(self) -> int:
+        """Output width of ``in_proj``: z, x, B, C, dt = ``2 d_inner + 2 G N + nh``."""
+        return 2 * self.d_inner + 2 * self.num_groups * self.state_dim + self.num_heads
+
+    def mixer_params(self, h: int) -> int:
+        """Parameters of one mixer without its pre-norm: in_proj, conv1d weight and bias,
+        dt_bias, A_log, D, the gated norm's weight, out_proj."""
+        return (h * self.in_proj_width + self.conv_channels * (self.conv_kernel + 1) + 3 * self.num_heads
+                + self.d_inner + self.d_inner * h)
+
+    @classmethod
+    def from_dict(cls, d: Mapping, where: str = "model.mamba") -> "MambaSpec":
+        """From a YAML mapping of MambaSpec fields; unknown keys are errors."""
+        if not isinstance(d, Mapping):
+            raise ConfigError(where, d, "expected a mapping of MambaSpec fields")
+        check_keys(d, [f.name for f in dataclasses.fields(cls)], where)
+        for key in ("num_heads", "head_dim", "state_dim", "num_groups"):
+            if key not in d:
+                raise ConfigError(f"{where}.{key}", None, "required")
+        return _build(cls, dict(d), "mamba", where)
 
     def to_dict(self) -> dict:
         """Plain mapping that :meth:`from_dict` reads back to an equal spec."""
@@ -412,6 +509,16 @@ class ModelSpec:
     """Multi-head latent attention instead of (grouped-query) multi-head attention."""
     mtp_layers: int = 0
     """Multi-token-prediction modules after the main model (DeepSeek-V3: 1)."""
+    mtp_repeated_layer: bool = False
+    """All MTP depths run one shared module (Megatron-Core's ``mtp_use_repeated_layer``;
+    Nemotron 3's recipes): its parameters are held once, its work runs ``mtp_layers`` times."""
+    hybrid_override_pattern: str | None = None
+    """A hybrid stack (Megatron-Core's ``hybrid_override_pattern`` / ``hybrid_layer_pattern``):
+    one character per layer, ``M`` Mamba-2 mixer, ``*`` self-attention, ``-`` dense MLP,
+    ``E`` MoE; each layer is one pre-norm and that one sublayer, and ``num_layers`` is the
+    pattern's length.  None: every layer is attention + MLP/MoE."""
+    mamba: MambaSpec | None = None
+    """Mamba-2 mixer dimensions; required when the hybrid pattern has ``M`` layers."""
     source: str = ""
     """Where the numbers come from (paper table, config file)."""
 
@@ -474,7 +581,9 @@ class ModelSpec:
             raise ConfigError(f"{w}.flash_attention", False, "unfused attention is modelled for multi-head / "
                                                              "grouped-query attention only, not mla")
         _set(self, "mtp_layers", _int(w, "mtp_layers", self.mtp_layers, minimum=0))
+        _bool(w, "mtp_repeated_layer", self.mtp_repeated_layer)
         self._check_window(w)
+        self._check_hybrid(w)
 
         if self.moe is not None:
             moe = self.moe
@@ -485,6 +594,14 @@ class ModelSpec:
                                           shared_expert_ffn_hidden_size=moe.shared_expert_ffn_hidden_size or ffn)
                 _set(self, "moe", moe)
             n = self.num_layers
+            if self.hybrid_override_pattern is not None:
+                if moe.moe_layer_pattern is not None or moe.moe_layer_freq != 1 or moe.first_k_dense:
+                    raise ConfigError(f"{w}.moe.moe_layer_pattern", moe.moe_layer_pattern,
+                                      "with hybrid_override_pattern the E layers are the MoE layers: leave "
+                                      "moe_layer_pattern, moe_layer_freq and first_k_dense at their defaults")
+                if "E" not in self.hybrid_override_pattern:
+                    raise ConfigError(f"{w}.hybrid_override_pattern", self.hybrid_override_pattern,
+                                      "has no E (MoE) layer but moe is given")
             if moe.moe_layer_pattern is not None and len(moe.moe_layer_pattern) != n:
                 raise ConfigError(f"{w}.moe.moe_layer_pattern", list(moe.moe_layer_pattern),
                                   f"has {len(moe.moe_layer_pattern)} flags; the model has num_layers = {n}")
@@ -492,6 +609,33 @@ class ModelSpec:
                 key = "moe_layer_pattern" if moe.moe_layer_pattern is not None else "first_k_dense"
                 raise ConfigError(f"{w}.moe.{key}", getattr(moe, key) if key != "moe_layer_pattern"
                                   else list(moe.moe_layer_pattern), f"leaves no MoE layer among {n} layers")
+
+    def _check_hybrid(self, w: str) -> None:
+        """Validate the hybrid pattern and the Mamba spec (``__post_init__``)."""
+        pat, mamba = self.hybrid_override_pattern, self.mamba
+        if mamba is not None and not isinstance(mamba, MambaSpec):
+            raise ConfigError(f"{w}.mamba", mamba, "must be a MambaSpec (or a mapping, via from_dict)")
+        if pat is None:
+            if mamba is not None:
+                raise ConfigError(f"{w}.mamba", mamba.to_dict(), "needs hybrid_override_pattern with M layers")
+            return
+        rule = (f"must be a string of layer symbols {''.join(HYBRID_SYMBOLS)} (M Mamba, * attention, - MLP, "
+                "E MoE), one per layer; MTP ('/') and pipeline ('|') separators are not read here")
+        if not isinstance(pat, str) or not pat or any(c not in HYBRID_SYMBOLS for c in pat):
+            raise ConfigError(f"{w}.hybrid_override_pattern", pat, rule)
+        if len(pat) != self.num_layers:
+            raise ConfigError(f"{w}.num_layers", self.num_layers,
+                              f"must equal the length of hybrid_override_pattern ({len(pat)})")
+        if "M" in pat and mamba is None:
+            raise ConfigError(f"{w}.mamba", None, "required: hybrid_override_pattern has Mamba (M) layers")
+        if "M" not in pat and mamba is not None:
+            raise ConfigError(f"{w}.mamba", mamba.to_dict(), "given but hybrid_override_pattern has no M layer")
+        if "E" in pat and self.moe is None:
+            raise ConfigError(f"{w}.moe", None, "required: hybrid_override_pattern has MoE (E) layers")
+        if self.mla is not None or self.sliding_window is not None:
+            key = "mla" if self.mla is not None else "sliding_window"
+            raise ConfigError(f"{w}.{key}", getattr(self, key) if key == "sliding_window" else "mla",
+                              "is not modelled for hybrid (hybrid_override_pattern) models")
 
     def _check_window(self, w: str) -> None:
         """Validate and normalise the sliding-window fields (``__post_init__``)."""
@@ -543,6 +687,8 @@ class ModelSpec:
             kw["moe"] = MoESpec.from_dict(kw["moe"], f"{where}.moe")
         if isinstance(kw.get("mla"), Mapping):
             kw["mla"] = MLASpec.from_dict(kw["mla"], f"{where}.mla")
+        if isinstance(kw.get("mamba"), Mapping):
+            kw["mamba"] = MambaSpec.from_dict(kw["mamba"], f"{where}.mamba")
         return _build(cls, kw, "model", where)
 
     def to_dict(self) -> dict:
@@ -550,6 +696,7 @@ class ModelSpec:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["moe"] = None if self.moe is None else self.moe.to_dict()
         out["mla"] = None if self.mla is None else self.mla.to_dict()
+        out["mamba"] = None if self.mamba is None else self.mamba.to_dict()
         if self.window_layer_pattern is not None:
             out["window_layer_pattern"] = list(self.window_layer_pattern)
         return out
@@ -559,7 +706,28 @@ class ModelSpec:
         """Whether decoder layer ``i`` (0-based, ``0 <= i < num_layers``) has a MoE block."""
         if not 0 <= i < self.num_layers:
             raise IndexError(f"layer {i} out of range for {self.num_layers} layers")
+        if self.hybrid_override_pattern is not None:
+            return self.hybrid_override_pattern[i] == "E"
         return self.moe is not None and self.moe.is_moe_layer(i)
+
+    @property
+    def is_hybrid(self) -> bool:
+        """A hybrid stack (``hybrid_override_pattern`` set): one sublayer per layer."""
+        return self.hybrid_override_pattern is not None
+
+    def layer_kind(self, i: int) -> str:
+        """``transformer`` (attention + MLP / MoE: every layer of a non-hybrid model and every
+        MTP module) or, in a hybrid stack, ``mamba`` / ``attention`` / ``mlp`` / ``moe``."""
+        if not 0 <= i < self.num_layers + self.mtp_layers:
+            raise IndexError(f"layer {i} out of range for {self.num_layers} layers + {self.mtp_layers} MTP")
+        if self.hybrid_override_pattern is None or i >= self.num_layers:
+            return "transformer"
+        return HYBRID_SYMBOLS[self.hybrid_override_pattern[i]]
+
+    def hybrid_layer_counts(self) -> dict[str, int]:
+        """Main-stack layers per kind (``mamba``, ``attention``, ``mlp``, ``moe``) of a hybrid model."""
+        pat = self.hybrid_override_pattern or ""
+        return {kind: pat.count(sym) for sym, kind in HYBRID_SYMBOLS.items()}
 
     def num_moe_layers(self) -> int:
         """Decoder layers with a MoE block (MTP modules not included)."""
@@ -592,8 +760,8 @@ class ModelSpec:
     def _norm(self, width: int) -> int:
         return _NORM_PARAMS_PER_ELEMENT[self.norm] * width
 
-    def _mlp(self, f: int) -> int:
-        h, m = self.hidden_size, _MLP_MATRICES[self.mlp]
+    def _mlp(self, f: int, width: int | None = None) -> int:
+        h, m = (self.hidden_size if width is None else width), _MLP_MATRICES[self.mlp]
         return m * h * f + (((m - 1) * f + h) if self.add_bias_linear else 0)
 
     def _attention(self) -> int:
@@ -626,24 +794,34 @@ class ModelSpec:
     def layer_param_breakdown(self, i: int, *, active: bool = False) -> dict[str, int]:
         """Parameters of decoder layer ``i`` by component.
 
-        Keys: ``attention``, ``mlp`` (dense layers), ``router``, ``routed_experts``,
-        ``shared_experts``, ``norms`` (the two pre-norms).  With ``active=True`` the routed
+        Keys: ``attention``, ``mamba`` (a hybrid stack's Mamba-2 mixer), ``mlp`` (dense
+        layers), ``router``, ``latent_proj`` (latent MoE's down and up projections),
+        ``routed_experts``, ``shared_experts``, ``norms`` (the pre-norms: two, or one in a
+        hybrid layer).  With ``active=True`` the routed
         experts count ``top_k`` experts, the ones a token runs.  ``i == num_layers + k``
         names MTP module ``k``'s decoder layer, shaped like the last main layer.
         """
-        if not 0 <= i < self.num_layers + self.mtp_layers:
-            raise IndexError(f"layer {i} out of range for {self.num_layers} layers + {self.mtp_layers} MTP")
-        out = {"attention": self._attention(), "mlp": 0, "router": 0, "routed_experts": 0,
-               "shared_experts": 0, "norms": 2 * self._norm(self.hidden_size)}
-        moe_layer = self.is_moe_layer(min(i, self.num_layers - 1))
-        if moe_layer:
-            moe = self.moe
-            out["router"] = self.hidden_size * moe.num_experts + (moe.num_experts if moe.router_bias else 0)
-            n_routed = moe.top_k if active else moe.num_experts
-            out["routed_experts"] = n_routed * self._mlp(moe.expert_ffn_hidden_size)
-            out["shared_experts"] = moe.num_shared_experts * self._mlp(moe.shared_expert_ffn_hidden_size)
-        else:
-            out["mlp"] = self._mlp(self.ffn_hidden_size)
+        kind = self.layer_kind(i)
+        h = self.hidden_size
+        out = {"attention": 0, "mamba": 0, "mlp": 0, "router": 0, "latent_proj": 0, "routed_experts": 0,
+               "shared_experts": 0, "norms": self._norm(h) * (2 if kind == "transformer" else 1)}
+        if kind in ("transformer", "attention"):
+            out["attention"] = self._attention()
+        if kind == "mamba":
+            out["mamba"] = self.mamba.mixer_params(h)
+        if kind in ("transformer", "moe", "mlp"):
+            moe_layer = kind == "moe" or (kind == "transformer" and self.is_moe_layer(min(i, self.num_layers - 1)))
+            if moe_layer:
+                moe = self.moe
+                out["router"] = h * moe.num_experts + (moe.num_experts if moe.router_bias else 0)
+                n_routed = moe.top_k if active else moe.num_experts
+                width = moe.latent_size or h
+                out["routed_experts"] = n_routed * self._mlp(moe.expert_ffn_hidden_size, width)
+                out["shared_experts"] = moe.num_shared_experts * self._mlp(moe.shared_expert_ffn_hidden_size)
+                if moe.latent_size:
+                    out["latent_proj"] = 2 * h * moe.latent_size + ((moe.latent_size + h) if self.add_bias_linear else 0)
+            else:
+                out["mlp"] = self._mlp(self.ffn_hidden_size)
         return out
 
     def layer_num_params(self, i: int, *, active: bool = False) -> int:
@@ -654,7 +832,7 @@ class ModelSpec:
         """Unique parameters of one MTP module: enorm, hnorm, eh_proj (2h x h), a decoder layer
         shaped like the last main layer, and a final norm (embedding and output layer shared)."""
         h = self.hidden_size
-        return 3 * self._norm(h) + 2 * h * h + self.layer_num_params(self.num_layers - 1)
+        return 3 * self._norm(h) + 2 * h * h + self.layer_num_params(self.num_layers if self.mtp_layers else self.num_layers - 1)
 
     def param_breakdown(self, *, active: bool = False) -> dict[str, int]:
         """Parameters by component (keys :data:`BREAKDOWN_KEYS`), summed over layers.
@@ -669,9 +847,9 @@ class ModelSpec:
         out = dict.fromkeys(BREAKDOWN_KEYS, 0)
         out["embedding"] = self.vocab_size * h
         out["position_embedding"] = self.seq_len * h if self.position_embedding == "learned" else 0
-        per_kind: dict[bool, dict[str, int]] = {}
+        per_kind: dict[tuple, dict[str, int]] = {}
         for i in range(self.num_layers):
-            kind = self.is_moe_layer(i)
+            kind = (self.layer_kind(i), self.is_moe_layer(i))
             if kind not in per_kind:
                 per_kind[kind] = self.layer_param_breakdown(i, active=active)
             for key, v in per_kind[kind].items():
@@ -679,8 +857,9 @@ class ModelSpec:
         out["norms"] += self._norm(h)
         out["output_layer"] = 0 if self.tied_embeddings else self.vocab_size * h
         if self.mtp_layers:
-            last = self.layer_num_params(self.num_layers - 1, active=active)
-            out["mtp"] = self.mtp_layers * (3 * self._norm(h) + 2 * h * h + last)
+            last = self.layer_num_params(self.num_layers, active=active)
+            copies = 1 if self.mtp_repeated_layer else self.mtp_layers
+            out["mtp"] = copies * (3 * self._norm(h) + 2 * h * h + last)
         return out
 
     def num_params(self, *, include_mtp: bool = False) -> int:

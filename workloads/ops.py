@@ -127,6 +127,8 @@ class OpName(StrEnum):
     MOE_PRE = "moe_pre"                     #: MoE: norm, router, permute before the dispatch
     EXPERTS = "experts"                     #: MoE: the local experts' GEMMs
     MOE_POST = "moe_post"                   #: MoE: unpermute and residual after the combine
+    MAMBA = "mamba"                         #: Mamba-2 mixer forward (norm, in_proj, conv1d, scan, gated norm, out_proj)
+    MAMBA_BWD = "mamba_bwd"
     ATTN_BWD = "attn_bwd"
     MLP_BWD = "mlp_bwd"
     MOE_PRE_BWD = "moe_pre_bwd"
@@ -161,6 +163,8 @@ class OpName(StrEnum):
     CP_KV = "cp_kv"                         #: K/V all-gather over the CP ring
     CP_KV_BWD = "cp_kv_bwd"
     CP_DKV = "cp_dkv"                       #: dK/dV reduce-scatter
+    CP_MAMBA_A2A = "cp_mamba_a2a"           #: Mamba layer: sequence-split <-> head-split all-to-all
+    CP_MAMBA_A2A_BWD = "cp_mamba_a2a_bwd"
     # -- expert parallel ---------------------------------------------------------------------
     EP_DISPATCH = "ep_dispatch"
     EP_COMBINE = "ep_combine"

@@ -270,6 +270,9 @@ class ParallelConfig:
         if kv % self.tp and self.tp % kv:
             raise ConfigError(f"{where}.tp", self.tp,
                               f"must divide the KV heads ({kv}) or be a multiple of them (replicated KV heads)")
+        if getattr(model, "mamba", None) is not None:
+            from .costs.flops import check_mamba_split      # noqa: PLC0415 (costs imports this module)
+            check_mamba_split(model, self.tp, self.cp)
         moe = getattr(model, "moe", None)
         if moe is not None:
             if moe.num_experts % self.ep:

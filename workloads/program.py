@@ -75,9 +75,11 @@ from .schedules.comm import p2p_order
 __all__ = ["Op", "RankClass", "Program", "build_program"]
 
 _ATTN_OPS = {"attn_norm", "qkv_proj", "q_down_proj", "kv_down_proj", "q_norm", "kv_norm", "q_up_proj", "kv_up_proj",
-             "q_proj", "rope", "core_attn", "out_proj", "attn_residual", "qk_norm"}
-_PRE_EXPERT = {"mlp_norm", "router", "router_topk", "moe_permute"}
-_POST_EXPERT = {"moe_unpermute", "mlp_residual"}
+             "q_proj", "rope", "core_attn", "out_proj", "attn_residual", "qk_norm",
+             # a Mamba layer's mixer stands where attention does (one segment between TP collectives)
+             "mamba_norm", "in_proj", "conv1d", "ssd_scan", "gated_norm", "mamba_out_proj", "mamba_residual"}
+_PRE_EXPERT = {"mlp_norm", "router", "router_topk", "moe_permute", "latent_down_proj"}
+_POST_EXPERT = {"moe_unpermute", "mlp_residual", "latent_up_proj"}
 _DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 _RECOMPUTE_PARTS = (("attn", OpName.RECOMPUTE_ATTN), ("mlp", OpName.RECOMPUTE_MLP), ("pre", OpName.RECOMPUTE_PRE),
                     ("post", OpName.RECOMPUTE_POST))
@@ -239,7 +241,8 @@ def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[
     # (NVFP4 keeps the first 2 and last 8 layers in BF16), and its attention window
     key = (ctx.model.moe is not None and layer < ctx.model.num_layers and ctx.model.is_moe_layer(layer),
            layer >= ctx.model.num_layers, None if tokens_per_expert is None else tuple(tokens_per_expert), recompute,
-           ctx.recipe.is_low_precision_layer(layer, ctx.model.num_layers), ctx.model.attention_window(layer))
+           ctx.recipe.is_low_precision_layer(layer, ctx.model.num_layers), ctx.model.attention_window(layer),
+           ctx.model.layer_kind(layer))
     hit = ctx.seg_cache.get(key)
     if hit is not None:
         return hit
@@ -419,7 +422,7 @@ def _moe_signature(ctx: _Ctx, e: int, a2a_sizes: dict, loads: dict):
     tn = ctx.mbs * ctx.seq // (par.cp * par.tp) if par.sequence_parallel or par.tp == 1 else ctx.mbs * ctx.seq // par.cp
     pool = par.expert_tp * par.ep * tn
     local = E // par.ep
-    bytes_per_token = m.hidden_size * 2.0
+    bytes_per_token = (m.moe.latent_size or m.hidden_size) * 2.0     # latent MoE dispatches latent-wide tokens
     table = {}
     per_source = _drops_tokens(ctx) or _trace_has_sources(ctx.routing)
     for layer in range(m.num_layers):
@@ -467,6 +470,8 @@ def _routed_per_source(ctx, tn: int, layer: int, mb: int, a2a_sizes: dict, bytes
 def _layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
     """Forward (or recomputed forward, phase 'R') of one layer with its collectives."""
     par, model = ctx.par, ctx.model
+    if model.layer_kind(layer) != "transformer":
+        return _hybrid_layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute)
     seg = _segments(ctx, layer, tpe, recompute)
     src = "F"       # a recomputed forward does the forward's work
     tp_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * ctx.recipe.tp_gather_bytes_per_element
@@ -511,6 +516,9 @@ def _layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
 
 def _layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bool):
     par, model = ctx.par, ctx.model
+    if model.layer_kind(layer) != "transformer":
+        _hybrid_layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w)
+        return
     seg = _segments(ctx, layer, tpe, recompute)
     if recompute == "full":
         _layer_forward(ctx, em, layer, mb, chunk, tpe, Phase.R, recompute)
@@ -552,6 +560,125 @@ def _layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bool):
     block((OpName.ATTN,), OpName.ATTN_BWD)
     if par.cp > 1:
         em.coll(Stream.CP, Coll.REDUCE_SCATTER, Group.CP, kv, OpName.CP_DKV, layer, mb, chunk, Phase.B)
+    if with_w:
+        _layer_wgrad(ctx, em, layer, mb, chunk, tpe, recompute)
+
+
+# -- hybrid (Mamba / attention / MLP / MoE) layers: one sublayer each ---------------------------
+def _mamba_cp_bytes(ctx, width: int) -> float:
+    """Bytes one rank sends and receives in a Mamba layer's CP all-to-all: its ``T / cp``
+    tokens x ``width / tp`` channels, BF16."""
+    return ctx.mbs * ctx.seq / ctx.par.cp * width / ctx.par.tp * 2.0
+
+
+def _hybrid_layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
+    """Forward (or recomputed forward) of one layer of a hybrid stack: the TP collectives
+    around its one sublayer, as for an attention or MLP block; a Mamba layer with context
+    parallelism transposes in_proj's output (z, x, B, C, dt) from sequence- to head-split
+    before the conv1d and the scan's output back after it (Megatron-Core
+    ``MambaContextParallel``, whatever ``cp_comm_type`` says); an attention layer gathers
+    K/V over CP as a transformer layer does; an MoE layer runs the MoE path."""
+    par, model = ctx.par, ctx.model
+    kind = model.layer_kind(layer)
+    seg = _segments(ctx, layer, tpe, recompute)
+    tp_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * ctx.recipe.tp_gather_bytes_per_element
+    act_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * 2.0
+    sp = par.sequence_parallel and par.tp > 1
+
+    def tp_in():
+        if sp:
+            em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, tp_bytes, OpName.SP_AG, layer, mb, chunk, phase)
+
+    def tp_out():
+        if sp:
+            em.coll(Stream.TP, Coll.REDUCE_SCATTER, Group.TP, act_bytes, OpName.SP_RS, layer, mb, chunk, phase)
+        elif par.tp > 1:
+            em.coll(Stream.TP, Coll.ALL_REDUCE, Group.TP, act_bytes, OpName.TP_AR, layer, mb, chunk, phase)
+
+    host_extra = ctx.host.checkpoint_s if phase == Phase.R else 0.0
+    if kind == "moe":
+        f, t, hs, k = seg.get("F:pre", _NOSEG)
+        em.compute(OpName.MOE_PRE, layer, mb, chunk, phase, f, t, hs + host_extra, k)
+        if par.ep > 1:
+            em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), OpName.EP_DISPATCH, layer, mb,
+                    chunk, phase, tag=(layer, mb))
+        _expert_tp(ctx, em, Coll.ALL_GATHER, OpName.ETP_AG, layer, mb, chunk, phase)
+        em.compute(OpName.EXPERTS, layer, mb, chunk, phase, *seg.get("F:mlp", _NOSEG))
+        _expert_tp(ctx, em, Coll.REDUCE_SCATTER, OpName.ETP_RS, layer, mb, chunk, phase)
+        if par.ep > 1:
+            em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), OpName.EP_COMBINE, layer, mb,
+                    chunk, phase, tag=(layer, mb))
+        em.compute(OpName.MOE_POST, layer, mb, chunk, phase, *seg.get("F:post", _NOSEG))
+        return
+    tp_in()
+    if kind == "mlp":
+        f, t, hs, k = seg.get("F:mlp", _NOSEG)
+        em.compute(OpName.MLP, layer, mb, chunk, phase, f, t, hs + host_extra, k)
+        tp_out()
+        return
+    if kind == "attention" and par.cp > 1:
+        kv = _kv_bytes(ctx) * ctx.mbs * ctx.seq
+        em.coll(Stream.CP, Coll.ALL_GATHER, Group.CP, kv, OpName.CP_KV, layer, mb, chunk, phase)
+    if kind == "mamba" and par.cp > 1:
+        em.coll(Stream.CP, Coll.ALL_TO_ALL, Group.CP, _mamba_cp_bytes(ctx, model.mamba.in_proj_width),
+                OpName.CP_MAMBA_A2A, layer, mb, chunk, phase)
+    f, t, hs, k = seg.get("F:attn", _NOSEG)
+    em.compute(OpName.MAMBA if kind == "mamba" else OpName.ATTN, layer, mb, chunk, phase, f, t, hs + host_extra, k)
+    if kind == "mamba" and par.cp > 1:
+        em.coll(Stream.CP, Coll.ALL_TO_ALL, Group.CP, _mamba_cp_bytes(ctx, model.mamba.d_inner),
+                OpName.CP_MAMBA_A2A, layer, mb, chunk, phase)
+    tp_out()
+
+
+def _hybrid_layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bool):
+    """Backward of one hybrid-stack layer: the forward's collectives mirrored."""
+    par, model = ctx.par, ctx.model
+    kind = model.layer_kind(layer)
+    seg = _segments(ctx, layer, tpe, recompute)
+    if recompute == "full":
+        _hybrid_layer_forward(ctx, em, layer, mb, chunk, tpe, Phase.R, recompute)
+    else:
+        for part, name in _RECOMPUTE_PARTS:
+            em.compute(name, layer, mb, chunk, Phase.R, *seg.get(f"R:{part}", _NOSEG))
+    tp_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * ctx.recipe.tp_gather_bytes_per_element
+    act_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * 2.0
+    sp = par.sequence_parallel and par.tp > 1
+    if kind == "moe":
+        em.compute(OpName.MOE_POST_BWD, layer, mb, chunk, Phase.B, *seg.get("B:post", _NOSEG))
+        if par.ep > 1:
+            em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), OpName.EP_COMBINE_BWD, layer,
+                    mb, chunk, Phase.B, tag=(layer, mb))
+        _expert_tp(ctx, em, Coll.ALL_GATHER, OpName.ETP_AG_BWD, layer, mb, chunk, Phase.B)
+        em.compute(OpName.EXPERTS_BWD, layer, mb, chunk, Phase.B, *seg.get("B:mlp", _NOSEG))
+        _expert_tp(ctx, em, Coll.REDUCE_SCATTER, OpName.ETP_RS_BWD, layer, mb, chunk, Phase.B)
+        if par.ep > 1:
+            em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), OpName.EP_DISPATCH_BWD, layer,
+                    mb, chunk, Phase.B, tag=(layer, mb))
+        em.compute(OpName.MOE_PRE_BWD, layer, mb, chunk, Phase.B, *seg.get("B:pre", _NOSEG))
+    else:
+        part = "mlp" if kind == "mlp" else "attn"
+        if sp:
+            em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, act_bytes, OpName.SP_AG_DOUT, layer, mb, chunk, Phase.B)
+            em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, tp_bytes, OpName.SP_AG_INPUT, layer, mb, chunk, Phase.B)
+        mamba_cp = kind == "mamba" and par.cp > 1
+        if kind == "attention" and par.cp > 1:
+            kv = _kv_bytes(ctx) * ctx.mbs * ctx.seq
+            em.coll(Stream.CP, Coll.ALL_GATHER, Group.CP, kv, OpName.CP_KV_BWD, layer, mb, chunk, Phase.B)
+        if mamba_cp:
+            em.coll(Stream.CP, Coll.ALL_TO_ALL, Group.CP, _mamba_cp_bytes(ctx, model.mamba.d_inner),
+                    OpName.CP_MAMBA_A2A_BWD, layer, mb, chunk, Phase.B)
+        name = {"mlp": OpName.MLP_BWD, "mamba": OpName.MAMBA_BWD}.get(kind, OpName.ATTN_BWD)
+        em.compute(name, layer, mb, chunk, Phase.B, *seg.get(f"B:{part}", _NOSEG))
+        if mamba_cp:
+            em.coll(Stream.CP, Coll.ALL_TO_ALL, Group.CP, _mamba_cp_bytes(ctx, model.mamba.in_proj_width),
+                    OpName.CP_MAMBA_A2A_BWD, layer, mb, chunk, Phase.B)
+        if kind == "attention" and par.cp > 1:
+            kv = _kv_bytes(ctx) * ctx.mbs * ctx.seq
+            em.coll(Stream.CP, Coll.REDUCE_SCATTER, Group.CP, kv, OpName.CP_DKV, layer, mb, chunk, Phase.B)
+        if sp:
+            em.coll(Stream.TP, Coll.REDUCE_SCATTER, Group.TP, act_bytes, OpName.SP_RS_DGRAD, layer, mb, chunk, Phase.B)
+        elif par.tp > 1:
+            em.coll(Stream.TP, Coll.ALL_REDUCE, Group.TP, act_bytes, OpName.TP_AR_DGRAD, layer, mb, chunk, Phase.B)
     if with_w:
         _layer_wgrad(ctx, em, layer, mb, chunk, tpe, recompute)
 
@@ -615,7 +742,8 @@ def _a2a_total(ctx, layer, mb) -> float:
     (BF16), scaled by what token dropping keeps (or padding adds)."""
     par, m = ctx.par, ctx.model
     tn = ctx.mbs * ctx.seq // (par.cp * par.tp) if par.sequence_parallel or par.tp == 1 else ctx.mbs * ctx.seq // par.cp
-    total = float(tn * m.moe.top_k * m.hidden_size * 2.0)
+    # latent MoE dispatches latent-wide tokens
+    total = float(tn * m.moe.top_k * (m.moe.latent_size or m.hidden_size) * 2.0)
     scale = ctx.a2a_scale.get((layer, mb))
     return total if scale is None else total * scale
 
@@ -648,7 +776,7 @@ def _count_local_params(ctx, layers) -> tuple[int, int]:
         for name, n in br.items():
             if name.startswith("expert") or name.startswith("routed"):
                 expert += n / (par.ep * par.expert_tp)
-            elif "norm" in name or name.startswith("router"):
+            elif "norm" in name or name.startswith("router") or name == "latent_proj":
                 dense += n
             else:
                 dense += n / par.tp

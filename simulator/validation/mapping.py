@@ -710,7 +710,24 @@ def _bridge_recipe(row: dict, scenario: dict, base: dict) -> list[str]:
         model = scenario["model"] if isinstance(scenario["model"], dict) else {"preset": scenario["model"]}
         model["moe"] = {**model.get("moe", {}), **settings["moe"]}
         scenario["model"] = model
+    notes += _bridge_hybrid_mtp(record, scenario, base)
     return notes
+
+
+def _bridge_hybrid_mtp(record: dict, scenario: dict, base: dict) -> list[str]:
+    """Notes; a hybrid (Nemotron 3) recipe's ``mtp_num_layers``: its depths run one repeated
+    module (the Nemotron 3 recipes set ``mtp_use_repeated_layer``, pattern ``*E``)."""
+    mtp = record["knobs"].get("mtp_num_layers")
+    if not base.get("hybrid_override_pattern") or not isinstance(mtp, int) or isinstance(mtp, bool):
+        return []
+    model = scenario["model"] if isinstance(scenario["model"], dict) else {"preset": scenario["model"]}
+    if mtp == base.get("mtp_layers", 0) and base.get("mtp_repeated_layer", False):
+        return []
+    model["mtp_layers"] = mtp
+    if mtp:
+        model["mtp_repeated_layer"] = True
+    scenario["model"] = model
+    return [f"mtp_layers {mtp} over one repeated module (recipe mtp_num_layers; preset {base.get('mtp_layers', 0)})"]
 
 
 def _published_cluster(row: dict, n: int) -> tuple[dict, list[str]]:

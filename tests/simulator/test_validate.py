@@ -152,6 +152,8 @@ def test_unmodelled_gpus_are_unsupported(text):
     ("Meta-Llama-3.1-70B", "llama3.1-70b", None), ("Llama3 8B", "llama3-8b", None),
     ("Llama 3.1 405B PROXY (7 layers)", "llama3.1-405b", 7), ("Mixtral 8x7B", "mixtral-8x7b", None),
     ("DeepSeek-V3", "deepseek-v3", None), ("Megatron GPT 18.4B", "megatron-gpt-18.4b", None),
+    ("Llama 2 70B", "llama2-70b", None), ("Nemotron_3_Nano", "nemotron3-nano", None),
+    ("Nemotron_3_Super", "nemotron3-super", None),
 ])
 def test_model_names_map_to_presets(name, preset, layers):
     assert map_model(name) == (preset, layers)
@@ -159,7 +161,7 @@ def test_model_names_map_to_presets(name, preset, layers):
 
 def test_unknown_model_is_unsupported_and_still_reported(tmp_path):
     with pytest.raises(Unsupported, match="unknown model"):
-        map_model("Llama 2 70B")
+        map_model("Falcon 180B")
     path = write_csv(tmp_path / "runs.csv", [{**BASE, "model": "Nemotron-4 340B"}])
     calls = []
     res = validate(path, run_fn=lambda sc: calls.append(sc))

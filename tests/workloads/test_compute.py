@@ -390,3 +390,22 @@ def test_the_eager_host_costs_are_the_measured_ones():
     for bad in ({"kernel_us": -1}, {"kernel": 3}, "gpu", 3):
         with pytest.raises(ConfigError, match="host"):
             host_costs(bad)
+
+
+# -- hybrid Mamba-2 layers ----------------------------------------------------------------------
+def test_mamba_scan_conv_and_gated_norm_are_timed_by_their_bytes():
+    # the conv1d, the chunked SSD scan and the gated norm are memory-bound kernels: bytes over
+    # HBM at the element-wise efficiency plus their launches; in_proj / out_proj are GEMMs
+    from workloads.costs.flops import mamba_scan_bytes
+    m = load_model("nemotron3-nano")
+    par = ParallelConfig(tp=1, ep=8, micro_batch_size=1, seq_len=8192, recompute="none")
+    ops = {(o.name, o.phase): o for o in layer_ops(m, par, 0)}
+    model = RooflineComputeModel(H100)
+    scan = ops["ssd_scan", "F"]
+    f_bytes, _ = mamba_scan_bytes(8192, 4096, 64, 8, 128, 128)
+    assert model.op_time_s(scan) == pytest.approx(
+        f_bytes / (3.35e12 * HBM_EFFICIENCY) + scan.num_kernels * LAUNCH_OVERHEAD_S[False])
+    conv = ops["conv1d", "F"]
+    assert model.op_time_s(conv) == pytest.approx(
+        2 * 2 * 8192 * (4096 + 2 * 8 * 128) / (3.35e12 * HBM_EFFICIENCY) + LAUNCH_OVERHEAD_S[False])
+    assert ops["in_proj", "F"].op_class == ops["mamba_out_proj", "F"].op_class == "gemm"

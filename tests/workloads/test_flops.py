@@ -448,3 +448,98 @@ def test_unfused_attention_runs_full_scores_and_moves_them_through_hbm():
     # full recompute re-runs the unfused forward too
     rec = [o for o in layer_ops(model, ParallelConfig(tp=8, recompute="full"), 0, b, s) if o.recompute]
     assert {"core_attn.qk", "core_attn.softmax", "core_attn.pv"} <= {o.name for o in rec}
+
+
+# -- hybrid Mamba-2 stacks (Nemotron 3) ---------------------------------------------------------
+from workloads.costs.flops import mamba_scan_bytes  # noqa: E402
+from workloads.model import ModelSpec  # noqa: E402
+
+
+def _hybrid(pattern="M*-E", **kw):
+    base = dict(num_layers=len(pattern), hidden_size=64, num_attention_heads=4, num_kv_heads=2, vocab_size=128,
+                seq_len=256, mlp="relu2", ffn_hidden_size=96, hybrid_override_pattern=pattern,
+                mamba={"num_heads": 4, "head_dim": 16, "state_dim": 8, "num_groups": 2},
+                moe={"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 32, "num_shared_experts": 1,
+                     "shared_expert_ffn_hidden_size": 48, "latent_size": 16})
+    base.update(kw)
+    return ModelSpec.from_dict(base)
+
+
+def test_megatron_hybrid_flops_closed_form():
+    # NVIDIA/Megatron-LM training.py hybrid_flops, per token x 3 (fwd + dgrad + wgrad):
+    # Mamba 2h(2D + 2GN + nh) + 7DN + 2Dh with D = 2h; attention 4hp(h + hK/H) + 2shp, p = Hd/h;
+    # MLP 4hf; latent MoE 4 l fe k + 4 h l + shared 4 h fs; logits 2hV(1 + mtp)
+    m = _hybrid(mtp_layers=2)
+    h, s, V = 64, 256, 128
+    D = 2 * h
+    mamba = 2 * h * (2 * D + 2 * 2 * 8 + 4) + 7 * D * 8 + 2 * D * h
+    attn = 4 * h * 1 * (h + h * 2 / 4) + 2 * s * h * 1
+    mlp = 4 * h * 96
+    moe = 4 * 16 * 32 * 2 + 4 * h * 16 + 4 * h * 48
+    logits = 2 * h * V * 3
+    assert FLOP_CONVENTIONS["megatron_core_2025"](m, s) == pytest.approx(3 * s * (mamba + attn + mlp + moe + logits))
+
+
+def test_nemotron3_nano_flops_agree_with_the_published_row():
+    # Megatron-Bridge 26.06.01, Nemotron 3 Nano on 8 GB200, GBS 512 x 8192: 776 TFLOP/s/GPU
+    # (num_floating_point_operations) and 34,816 tokens/s/GPU; the two give one step time only
+    # if our count is Megatron's
+    m = load_model("nemotron3-nano")
+    flops = 512 * FLOP_CONVENTIONS["megatron_core_2025"](m, 8192)
+    assert flops / (776e12 * 8) == pytest.approx(512 * 8192 / (34816 * 8), rel=2e-3)
+
+
+def test_mamba_layer_ops_shapes_and_bytes():
+    m = _hybrid()
+    par = ParallelConfig(tp=2, micro_batch_size=1, seq_len=256, sequence_parallel=True)
+    ops = {(o.name, o.phase): o for o in layer_ops(m, par, 0, recompute="none")}
+    T, tp = 256, 2
+    width = 2 * 64 + 2 * 2 * 8 + 4
+    assert (ops["in_proj", "F"].m, ops["in_proj", "F"].n, ops["in_proj", "F"].k) == (T, width // tp, 64)
+    assert ops["mamba_out_proj", "F"].flops == 2 * T * 64 * 32
+    conv = 2 * T * (32 + 2 * 1 * 8)                           # x, B, C of this rank, BF16
+    assert ops["conv1d", "F"].mem_bytes == 2 * conv and ops["conv1d", "B"].mem_bytes == 3 * conv
+    f, b = mamba_scan_bytes(T, 32, 2, 1, 8, 128)
+    assert ops["ssd_scan", "F"].mem_bytes == f and ops["ssd_scan", "B"].mem_bytes == b
+    assert ops["ssd_scan", "F"].op_class == "elementwise" and ops["ssd_scan", "F"].flops == 0
+    assert ops["gated_norm", "F"].mem_bytes == 3 * 2 * T * 32
+    assert {n for n, _ in ops} >= {"mamba_norm", "mamba_residual"}
+
+
+def test_mamba_scan_bytes_closed_form():
+    T, d, nh, G, N, Q = 1024, 256, 4, 2, 64, 128
+    xy, bc = 2 * T * d, 2 * T * G * N
+    states, cb, dt = 4 * T * d * N / Q, 4 * T * G * Q, T * nh * (2 + 24)
+    f, b = mamba_scan_bytes(T, d, nh, G, N, Q)
+    assert f == 2 * xy + 3 * bc + 4 * states + 2 * cb + dt
+    assert b == f + 4 * xy + 2 * bc + 3 * states + 2 * cb + dt
+
+
+def test_latent_moe_projects_around_the_experts():
+    m = _hybrid()
+    par = ParallelConfig(tp=1, ep=2, micro_batch_size=1, seq_len=256)
+    ops = {(o.name, o.phase): o for o in layer_ops(m, par, 3, recompute="none")}
+    assert (ops["latent_down_proj", "F"].n, ops["latent_down_proj", "F"].k) == (16, 64)
+    assert (ops["latent_up_proj", "F"].n, ops["latent_up_proj", "F"].k) == (64, 16)
+    assert ops["expert_fc1", "F"].k == 16 and ops["expert_fc2", "F"].n == 16
+    assert ops["expert_fc1", "F"].n == 32                     # relu2: no gate, one up matrix
+    assert ("qkv_proj", "F") not in ops and ("in_proj", "F") not in ops
+
+
+@pytest.mark.parametrize("tp, cp, field", [(4, 1, "parallel.tp"), (2, 4, "parallel.cp")])
+def test_mamba_split_rules(tp, cp, field):
+    # 4 heads, 2 groups: tp must divide both, cp the per-rank heads and groups
+    m = _hybrid("M*", moe=None, num_attention_heads=8, num_kv_heads=8)
+    with pytest.raises(ConfigError) as e:
+        layer_ops(m, ParallelConfig(tp=tp, cp=cp, micro_batch_size=1, seq_len=256), 0)
+    assert e.value.field == field and "model.mamba" in e.value.rule
+
+
+def test_other_conventions_on_hybrid_stacks():
+    m = _hybrid()
+    with pytest.raises(ConfigError) as e:
+        FLOP_CONVENTIONS["nemo_24"](m, 256)
+    assert e.value.field == "flop_convention"
+    # PaLM: 6N plus the attention term of the one attention layer (H = 4 heads of 16)
+    n = m.num_active_params(include_embedding=False)
+    assert FLOP_CONVENTIONS["palm_6n"](m, 256) == 256 * (6 * n + 6 * 1 * 4 * 32 * 256)

@@ -46,3 +46,67 @@ def test_bad_command_lines():
         from_megatron_args("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16", num_gpus=1)
     with pytest.raises(ConfigError, match="world_size"):
         from_megatron_args(MIXTRAL, num_gpus=60)
+
+
+# -- hybrid Mamba stacks (Nemotron 3) -----------------------------------------------------------
+_FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures"
+
+
+def test_nemotron3_nano_args_match_the_preset():
+    argv = (_FIXTURES / "nemotron3_nano_megatron_args.txt").read_text()
+    model, par = from_megatron_args(argv, num_gpus=8)
+    p = load_model("nemotron3-nano")
+    assert model.hybrid_override_pattern == p.hybrid_override_pattern and model.mamba == p.mamba
+    assert model.moe == p.moe and model.mlp == "relu2"
+    assert model.num_params() == p.num_params()
+    assert par.ep == 8
+
+
+def test_hybrid_pattern_mtp_depths_latent_and_mamba_defaults():
+    argv = ("--hybrid-override-pattern M*E/*E/*E --hidden-size 256 --num-attention-heads 4 --seq-length 128 "
+            "--vocab-size 512 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 64 --moe-latent-size 32 "
+            "--mtp-use-repeated-layer --micro-batch-size 1 --global-batch-size 8")
+    model, _ = from_megatron_args(argv, num_gpus=1)
+    assert model.num_layers == 3 and model.mtp_layers == 2 and model.mtp_repeated_layer
+    assert model.moe.latent_size == 32
+    # Megatron-Core defaults: state 128, head dim 64, 8 groups, heads 2 h / head dim
+    assert (model.mamba.state_dim, model.mamba.head_dim, model.mamba.num_groups, model.mamba.num_heads) == \
+        (128, 64, 8, 8)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    ("--hybrid-layer-pattern M*|M* --hidden-size 256 --num-attention-heads 4 --seq-length 128 --vocab-size 512",
+     "--hybrid-layer-pattern"),
+    ("--hybrid-layer-pattern M*/MM --hidden-size 256 --num-attention-heads 4 --seq-length 128 --vocab-size 512",
+     "--hybrid-layer-pattern"),
+    ("--mamba-state-dim 64 --num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 128 "
+     "--vocab-size 512", "--mamba-state-dim"),
+])
+def test_hybrid_bad_flags_name_the_flag(argv, flag):
+    with pytest.raises(ConfigError) as e:
+        from_megatron_args(argv, num_gpus=1)
+    assert e.value.field == flag
+
+
+# -- sliding-window attention flags (gpt-oss) ---------------------------------------------------
+_GPT_OSS_LIKE = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --vocab-size 512 "
+                 "--swiglu --micro-batch-size 1 --global-batch-size 8 ")
+
+
+def test_window_size_and_skip_frequency():
+    # Megatron-Core window_size (left, right) = (w - 1, 0); skip frequency 2: layers 1, 3 full
+    model, _ = from_megatron_args(_GPT_OSS_LIKE + "--window-size (127,0) --window-attn-skip-freq 2", num_gpus=1)
+    assert model.sliding_window == 128 and model.window_attn_skip_freq == 2
+    assert [model.attention_window(i) for i in range(4)] == [128, None, 128, None]
+    model, _ = from_megatron_args(_GPT_OSS_LIKE + "--window-size 63,0 --window-attn-skip-freq [1,0]*2", num_gpus=1)
+    assert model.sliding_window == 64 and model.window_layer_pattern == (1, 0, 1, 0)
+
+
+@pytest.mark.parametrize("flags, field", [("--window-size (127,5)", "--window-size"),
+                                          ("--window-attn-skip-freq 2", "--window-attn-skip-freq"),
+                                          ("--window-size (127,0) --window-attn-skip-freq [1,x]",
+                                           "--window-attn-skip-freq")])
+def test_window_bad_flags_name_the_flag(flags, field):
+    with pytest.raises(ConfigError) as e:
+        from_megatron_args(_GPT_OSS_LIKE + flags, num_gpus=1)
+    assert e.value.field == field

@@ -465,3 +465,41 @@ def test_zb_v_stage_0_holds_the_embedding_and_the_loss():
     # by both, where 1F1B splits them over the first and the last stage
     edge = est[0].num_params - est[1].num_params
     assert edge == pytest.approx((one[0].num_params - one[1].num_params) + (one[-1].num_params - one[1].num_params))
+
+# -- hybrid Mamba-2 stacks (Nemotron 3) ---------------------------------------------------------
+def _hybrid(pattern="M*-E"):
+    return ModelSpec.from_dict(dict(
+        num_layers=len(pattern), hidden_size=64, num_attention_heads=4, num_kv_heads=2, vocab_size=128, seq_len=256,
+        mlp="relu2", ffn_hidden_size=96, hybrid_override_pattern=pattern,
+        mamba={"num_heads": 4, "head_dim": 16, "state_dim": 8, "num_groups": 2},
+        moe={"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 32, "latent_size": 16}))
+
+
+def test_mamba_layer_activations_closed_form():
+    m = _hybrid()
+    par = ParallelConfig(tp=2, micro_batch_size=1, seq_len=256, sequence_parallel=True, recompute="none")
+    a = layer_activation_bytes(m, par, 0)
+    T, Tsp = 256, 128
+    assert a["norm_inputs"] == Tsp * 64 * 2                   # one pre-norm's input, BF16
+    assert a["attn_input"] == Tsp * 64 * 2                    # the normed in_proj input
+    assert a["mamba_in_proj_output"] == T * (2 * 64 + 2 * 2 * 8 + 4) / 2 * 2
+    assert a["mamba_scan_output"] == T * 64 / 2 * (2 + 2)     # gated-norm input and out_proj input
+    assert a["q"] == a["kv"] == a["mlp_fc1_output"] == 0
+
+
+def test_hybrid_layers_keep_one_sublayers_activations():
+    m = _hybrid()
+    par = ParallelConfig(tp=1, micro_batch_size=1, seq_len=256, recompute="none")
+    attn, mlp, moe = (layer_activation_bytes(m, par, i) for i in (1, 2, 3))
+    assert attn["q"] > 0 and attn["mlp_fc1_output"] == 0 and attn["mamba_in_proj_output"] == 0
+    assert mlp["q"] == 0 and mlp["mlp_fc1_output"] == 256 * 96 * 2
+    assert moe["expert_input"] == 256 * 2 * 16 * 2           # top-2 copies of latent-wide tokens
+
+
+def test_hybrid_stage_parameters_match_the_model():
+    m = _hybrid()
+    par = ParallelConfig(tp=1, ep=1, dp=1, micro_batch_size=1, seq_len=256, global_batch_size=1,
+                         distributed_optimizer=False)
+    est = memory_estimate(m, par, stage=0)
+    assert est.num_params == pytest.approx(m.num_params(), abs=1)       # experts included
+    assert est.num_expert_params == 4 * 2 * 16 * 32

@@ -54,12 +54,31 @@ PUBLISHED = {
     # and the per-head attention sinks (all counted here; they make 8.7 M of 116.83 B).
     "gpt-oss-120b": ("116.83", "5.13", "OpenAI gpt-oss model card, arXiv:2508.10925, Table 1"),
     "gpt-oss-20b": ("20.91", "3.61", "OpenAI gpt-oss model card, arXiv:2508.10925, Table 1"),
+    # Nemotron 3 Nano: 31.6B total, 3.2B active without the input embedding (3.6B with it),
+    # the model card of nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 (Megatron-Bridge's
+    # docs/models/nemotron/nemotron3-nano.md rounds to "30B" / "3.5B")
+    "nemotron3-nano": ("31.6", "3.2", "HF nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 model card"),
+    # Nemotron 3 Super: "120B parameters in total", "12B active" (Megatron-Bridge
+    # docs/models/nemotron/nemotron3-super.md): both rounded; MTP excluded
+    "nemotron3-super": ("120", "12", "Megatron-Bridge docs/models/nemotron/nemotron3-super.md"),
+    # Llama 2: the Hugging Face model pages' safetensors counts (the paper's Table 1 rounds to 7B /
+    # 13B / 70B)
+    "llama2-7b": ("6.74", None, "huggingface.co/meta-llama/Llama-2-7b-hf: 6.74B params"),
+    "llama2-13b": ("13.0", None, "huggingface.co/meta-llama/Llama-2-13b-hf: 13B params"),
+    "llama2-70b": ("69.0", None, "huggingface.co/meta-llama/Llama-2-70b-hf: 69B params"),
+    # Kimi K2: "1 trillion total parameters" (one significant digit: 1E+3 billion) and "32 billion
+    # activated" (DeepSeek's convention, without the input embedding); Kimi K2 technical report,
+    # arXiv:2507.20534, abstract
+    "kimi-k2": ("1E+3", "32", "Kimi Team, Kimi K2 technical report, arXiv:2507.20534, abstract"),
 }
 #: presets whose published active figure leaves out the input embedding
-ACTIVE_WITHOUT_INPUT_EMBEDDING = ("deepseek-v3", "gpt-oss-120b", "gpt-oss-20b")
+ACTIVE_WITHOUT_INPUT_EMBEDDING = ("deepseek-v3", "gpt-oss-120b", "gpt-oss-20b", "nemotron3-nano", "nemotron3-super",
+                                  "kimi-k2")
 TEST_PRESETS = ("tiny-dense", "tiny-moe")
 # the only figures that need their printed precision rather than 1 % (see the comments above)
-PRECISION_ONLY = {("megatron-gpt-1.7b", "total"), ("megatron-gpt-3.6b", "total"), ("qwen3-30b-a3b", "active")}
+PRECISION_ONLY = {("megatron-gpt-1.7b", "total"), ("megatron-gpt-3.6b", "total"), ("qwen3-30b-a3b", "active"),
+                  ("nemotron3-super", "active"),   # "12B": 12.23B rounded
+                  ("kimi-k2", "total")}            # "1 trillion": 1.026T rounded
 
 
 def check_against(name: str, what: str, computed: int, printed: str) -> None:
@@ -544,3 +563,102 @@ def test_hf_errors():
     # max_position_embeddings is only needed when seq_len is not given
     cfg = {k: v for k, v in LLAMA3_8B_HF.items() if k != "max_position_embeddings"}
     assert model_from_hf_config(cfg, seq_len=2048).seq_len == 2048
+
+
+# -- hybrid Mamba-2 stacks (Nemotron 3) ---------------------------------------------------------
+def _hybrid(pattern="M*-E", **kw):
+    base = dict(num_layers=len(pattern), hidden_size=64, num_attention_heads=4, num_kv_heads=2, vocab_size=100,
+                seq_len=32, mlp="relu2", ffn_hidden_size=96, hybrid_override_pattern=pattern,
+                mamba={"num_heads": 4, "head_dim": 16, "state_dim": 8, "num_groups": 2, "conv_kernel": 4},
+                moe={"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 32, "num_shared_experts": 1,
+                     "shared_expert_ffn_hidden_size": 48})
+    base.update(kw)
+    return ModelSpec.from_dict(base)
+
+
+def test_mamba_mixer_params_follow_megatrons_layout():
+    # Megatron-Core MambaMixer: in_proj h x (2 d_in + 2 G N + nh), conv1d (d_in + 2 G N) x (k + 1),
+    # dt_bias / A_log / D nh each, gated norm d_in, out_proj d_in x h; d_in = nh hd = 64
+    m = _hybrid("M", moe=None)
+    in_proj = 64 * (2 * 64 + 2 * 2 * 8 + 4)
+    conv = (64 + 2 * 2 * 8) * (4 + 1)
+    assert m.mamba.mixer_params(64) == in_proj + conv + 3 * 4 + 64 + 64 * 64 == 15148
+    assert m.layer_param_breakdown(0) == {"attention": 0, "mamba": 15148, "mlp": 0, "router": 0, "latent_proj": 0,
+                                          "routed_experts": 0, "shared_experts": 0, "norms": 64}
+
+
+def test_hybrid_layers_hold_one_sublayer_each():
+    m = _hybrid()
+    assert [m.layer_kind(i) for i in range(4)] == ["mamba", "attention", "mlp", "moe"]
+    assert [m.is_moe_layer(i) for i in range(4)] == [False, False, False, True]
+    h = 64
+    attn = h * 4 * 16 + 2 * h * 2 * 16 + 4 * 16 * h          # q, k, v (2 KV heads of 16), out
+    relu2 = lambda f, w=h: 2 * w * f                         # noqa: E731  (non-gated: up, down)
+    moe = h * 4 + 4 * relu2(32) + relu2(48)                   # router, experts, shared
+    assert m.layer_num_params(1) == attn + h
+    assert m.layer_num_params(2) == relu2(96) + h
+    assert m.layer_num_params(3) == moe + h
+    assert m.num_params() == 100 * h * 2 + 15148 + attn + relu2(96) + moe + 4 * h + h
+    assert m.hybrid_layer_counts() == {"mamba": 1, "attention": 1, "mlp": 1, "moe": 1}
+
+
+def test_latent_moe_experts_run_in_the_latent_width():
+    m = _hybrid("E", mamba=None, moe={"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 32,
+                                      "latent_size": 16})
+    br = m.layer_param_breakdown(0)
+    assert br["routed_experts"] == 4 * 2 * 16 * 32            # experts read / write 16, not 64
+    assert br["latent_proj"] == 2 * 64 * 16                   # fc1_latent_proj + fc2_latent_proj
+    assert m.layer_param_breakdown(0, active=True)["routed_experts"] == 2 * 2 * 16 * 32
+
+
+def test_repeated_mtp_module_is_counted_once():
+    a = _hybrid("ME", mtp_layers=2)
+    b = _hybrid("ME", mtp_layers=2, mtp_repeated_layer=True)
+    one = a.mtp_module_params()
+    assert a.param_breakdown()["mtp"] == 2 * one and b.param_breakdown()["mtp"] == one
+    assert a.layer_kind(2) == "transformer"                   # an MTP module: attention + the MoE block
+
+
+@pytest.mark.parametrize("kw, field", [
+    ({"hybrid_override_pattern": "M*X-"}, "model.hybrid_override_pattern"),
+    ({"hybrid_override_pattern": "M*-E/*E"}, "model.hybrid_override_pattern"),
+    ({"num_layers": 5}, "model.num_layers"),
+    ({"mamba": None}, "model.mamba"),
+    ({"moe": None}, "model.moe"),
+    ({"mamba": {"num_heads": 4, "head_dim": 16, "state_dim": 8, "num_groups": 3}}, "model.mamba.num_groups"),
+    ({"sliding_window": 8}, "model.sliding_window"),
+])
+def test_hybrid_bad_input_names_the_field(kw, field):
+    with pytest.raises(ConfigError) as e:
+        _hybrid(**kw)
+    assert e.value.field == field
+
+
+def test_hybrid_round_trips_through_a_mapping():
+    m = _hybrid()
+    assert ModelSpec.from_dict(m.to_dict()) == m
+
+
+# -- nemotron_h Hugging Face configs -------------------------------------------------------------
+FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.parametrize("fixture, preset, mtp", [("nemotron3_nano_hf_config.json", "nemotron3-nano", 0),
+                                                  ("nemotron3_super_hf_config.json", "nemotron3-super", 1)])
+def test_hf_nemotron_h_configs_match_the_presets(fixture, preset, mtp):
+    m = model_from_hf_config(FIXTURES / fixture, seq_len=8192)
+    p = load_model(preset)
+    assert m.hybrid_override_pattern == p.hybrid_override_pattern and m.mamba == p.mamba and m.moe == p.moe
+    assert m.mtp_layers == mtp and m.mlp == "relu2" and m.position_embedding == "none"
+    assert m.num_params() == p.num_params()
+
+
+def test_hf_nemotron_h_reads_layers_block_type_and_names_bad_keys():
+    cfg = json.loads((FIXTURES / "nemotron3_nano_hf_config.json").read_text())
+    blocks = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+    cfg["layers_block_type"] = [blocks[c] for c in cfg.pop("hybrid_override_pattern")]
+    assert model_from_hf_config(cfg).hybrid_override_pattern == load_model("nemotron3-nano").hybrid_override_pattern
+    cfg["n_groups"] = 7
+    with pytest.raises(ConfigError) as e:
+        model_from_hf_config(cfg)
+    assert e.value.field == "hf_config.n_groups"

@@ -216,3 +216,50 @@ def test_zb_v_keeps_a_tied_embedding_on_one_stage():
     assert names(one).count("tied_embedding_grad") == 2
     assert names(v).count("tied_embedding_grad") == 0
     assert v.async_sends and not one.async_sends
+
+# -- hybrid Mamba-2 stacks (Nemotron 3) ---------------------------------------------------------
+def test_hybrid_program_mamba_cp_all_to_alls_and_one_block_per_layer():
+    from workloads.model import ModelSpec
+    from workloads.ops import OpName
+    m = ModelSpec.from_dict(dict(
+        num_layers=4, hidden_size=64, num_attention_heads=4, num_kv_heads=2, vocab_size=128, seq_len=256,
+        mlp="relu2", ffn_hidden_size=96, hybrid_override_pattern="M*ME",
+        mamba={"num_heads": 4, "head_dim": 16, "state_dim": 8, "num_groups": 2},
+        moe={"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 32, "latent_size": 16}))
+    par = ParallelConfig(tp=1, cp=2, ep=2, dp=2, micro_batch_size=1, seq_len=256, global_batch_size=4,
+                         recompute="none")
+    p = build_program(m, par, H100, num_gpus=4)
+    ops = p.classes[0].ops
+    names = [o.name for o in ops]
+    mb = par.resolve(4).num_microbatches
+    # two all-to-alls per Mamba layer forward (in_proj output to head-split, scan output back), two backward
+    assert names.count(OpName.CP_MAMBA_A2A) == 2 * 2 * mb
+    assert names.count(OpName.CP_MAMBA_A2A_BWD) == 2 * 2 * mb
+    assert names.count(OpName.CP_KV) == 1 * mb               # the one attention layer
+    assert names.count(OpName.MAMBA) == 2 * mb and names.count(OpName.ATTN) == 1 * mb
+    assert names.count(OpName.MLP) == 0 and names.count(OpName.EXPERTS) == 1 * mb
+    # the dispatch carries latent-wide tokens: T/cp x top_k x latent x 2 bytes
+    disp = next(o for o in ops if o.name == OpName.EP_DISPATCH)
+    assert disp.size_bytes == 256 / 2 * 2 * 16 * 2
+    a2a = [o for o in ops if o.name == OpName.CP_MAMBA_A2A][:2]
+    assert [o.size_bytes for o in a2a] == [128 * (2 * 64 + 2 * 2 * 8 + 4) * 2, 128 * 64 * 2]
+
+
+def test_hybrid_pipeline_stages_split_the_pattern_by_layer_count():
+    # Megatron splits a hybrid pattern (without '|') into equal numbers of layers per stage;
+    # each stage's program runs its own layers' kinds and its memory holds their parameters
+    from workloads.memory import memory_estimate
+    from workloads.model import ModelSpec
+    from workloads.ops import OpName
+    m = ModelSpec.from_dict(dict(
+        num_layers=4, hidden_size=64, num_attention_heads=4, num_kv_heads=2, vocab_size=128, seq_len=256,
+        mlp="relu2", ffn_hidden_size=96, hybrid_override_pattern="MM*-",
+        mamba={"num_heads": 4, "head_dim": 16, "state_dim": 8, "num_groups": 2}))
+    par = ParallelConfig(tp=1, pp=2, dp=1, micro_batch_size=1, seq_len=256, global_batch_size=2, recompute="none")
+    p = build_program(m, par, H100, num_gpus=2)
+    by_stage = {c.stage: [o.name for o in c.ops] for c in p.classes}
+    assert by_stage[0].count(OpName.MAMBA) == 2 * 2 and by_stage[0].count(OpName.ATTN) == 0
+    assert by_stage[1].count(OpName.MAMBA) == 0 and by_stage[1].count(OpName.ATTN) == 2
+    assert by_stage[1].count(OpName.MLP) == 2
+    est = [memory_estimate(m, par.resolve(2), stage=s) for s in (0, 1)]
+    assert est[0].activations["mamba_in_proj_output"] > 0 and "mamba_in_proj_output" not in est[1].activations

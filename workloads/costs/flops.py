@@ -111,7 +111,7 @@ from ..model import ModelSpec
 from ..parallel import ParallelConfig
 
 __all__ = ["ComputeOp", "OP_CLASSES", "PHASES", "GEMM_ROLES", "ACT_BYTES", "ATTN_BLOCK_SIZE",
-           "layer_ops", "embedding_ops", "output_ops", "optimizer_ops", "gemm_role", "sum_flops",
+           "layer_ops", "embedding_ops", "mamba_scan_bytes", "check_mamba_split", "output_ops", "optimizer_ops", "gemm_role", "sum_flops",
            "balanced_tokens_per_expert", "capacity_tokens_per_expert", "padded_vocab_size",
            "causal_executed_fraction", "window_executed_fraction", "FLOP_CONVENTIONS", "DEFAULT_FLOP_CONVENTION",
            "get_flop_convention", "model_flops_per_step", "model_flops_per_token"]
@@ -285,7 +285,28 @@ def _shard(model: ModelSpec, parallel: ParallelConfig, micro_batch_size, seq_len
     kv = model.num_kv_heads
     if kv % tp and tp % kv:
         raise ConfigError("parallel.tp", tp, f"must divide the KV heads ({kv}) or be a multiple of them")
+    if model.mamba is not None:
+        check_mamba_split(model, tp, cp)
     return _Shard(b, s, tp, cp, sp, T, T // tp if sp else T)
+
+
+def check_mamba_split(model: ModelSpec, tp: int, cp: int) -> None:
+    """Megatron-Core's MambaMixer splits heads and groups over TP (``nheads % tp == 0``,
+    ``ngroups % tp == 0``) and, with context parallelism, a rank's heads and groups again
+    over CP (the head-transposing all-to-all; ``mamba_context_parallel.py``)."""
+    mb = model.mamba
+    for key, n in (("num_heads", mb.num_heads), ("num_groups", mb.num_groups)):
+        if n % tp:
+            raise ConfigError("parallel.tp", tp, f"must divide model.mamba.{key} = {n} (Mamba heads and groups "
+                                                 "are split over tensor parallelism)")
+    heads, groups = mb.num_heads // tp, mb.num_groups // tp
+    if heads % cp:
+        raise ConfigError("parallel.cp", cp, f"must divide model.mamba.num_heads / tp = {heads} (context "
+                                             "parallelism splits a Mamba layer's heads)")
+    if groups % cp and cp % groups:
+        # fewer groups than CP ranks: each group's state is replicated on cp / groups ranks
+        raise ConfigError("parallel.cp", cp, f"must divide model.mamba.num_groups / tp = {groups} or be a "
+                                             "multiple of it (context parallelism splits or replicates the groups)")
 
 
 def _gemm_bytes(m, n, k) -> float:
@@ -445,7 +466,7 @@ def padded_vocab_size(vocab_size: int, tp: int = 1, multiple: int = _VOCAB_MULTI
 # -- one decoder layer -------------------------------------------------------------------------
 _MODULE_OF = {
     # op name -> Megatron-Core --recompute-modules entry that recomputes it (selective)
-    "attn_norm": "layernorm", "mlp_norm": "layernorm",
+    "attn_norm": "layernorm", "mlp_norm": "layernorm", "mamba_norm": "layernorm",
     "core_attn": "core_attn",
     "q_up_proj": "mla_up_proj", "kv_up_proj": "mla_up_proj", "q_norm": "mla_up_proj", "kv_norm": "mla_up_proj",
     "fc1": "mlp", "mlp_act": "mlp", "fc2": "mlp",
@@ -453,7 +474,7 @@ _MODULE_OF = {
     "shared_fc1": "shared_experts", "shared_act": "shared_experts", "shared_fc2": "shared_experts",
 }
 _MOE_OPS = {"router", "router_topk", "moe_permute", "expert_fc1", "expert_act", "expert_fc2", "moe_unpermute",
-            "shared_fc1", "shared_act", "shared_fc2"}
+            "shared_fc1", "shared_act", "shared_fc2", "latent_down_proj", "latent_up_proj"}
 
 
 def _selected_for_recompute(name: str, modules: tuple[str, ...]) -> bool:
@@ -505,12 +526,16 @@ def layer_ops(model: ModelSpec, parallel: ParallelConfig, layer_index: int, micr
 
     L = layer_index
     ops = _LayerOps(L)
+    kind = model.layer_kind(L)
     if is_mtp:
         _mtp_prologue(model, sh, L, ops)
-    _attention_block(model, sh, L, causal, attn_block_size, ops)
-    if moe_layer:
+    if kind in ("transformer", "attention"):
+        _attention_block(model, sh, L, causal, attn_block_size, ops)
+    elif kind == "mamba":
+        _mamba_block(model, sh, L, ops)
+    if kind == "moe" or (kind == "transformer" and moe_layer):
         _moe_block(model, parallel, sh, L, tokens_per_expert, ops)
-    else:
+    elif kind in ("transformer", "mlp"):
         _dense_mlp_block(model, sh, L, ops)
     if is_mtp:
         _mtp_epilogue(model, sh, L, ops)
@@ -619,6 +644,77 @@ def _attention_block(model: ModelSpec, sh: _Shard, L: int, causal: bool, block: 
     ops.pair(_residual("attn_residual", L, Tn, h, model.dropout))
 
 
+# Chunked SSD scan (mamba_ssm ``mamba_split_conv1d_scan_combined``, the training path of
+# Megatron-Core's MambaMixer) costed as the bytes its Triton kernels move; see _mamba_block.
+_SCAN_FP32 = _FP32
+
+
+def mamba_scan_bytes(T: float, d: int, heads: int, groups: int, state: int, chunk: int) -> tuple[float, float]:
+    """(forward, backward) HBM bytes of the chunked SSD scan for ``T`` tokens of one rank
+    with ``d`` inner channels, ``heads`` heads and ``groups`` B/C groups (this rank's share),
+    state size ``state`` and chunk length ``chunk``.
+
+    Our estimate of the kernels of mamba_ssm's ``ssd_combined`` (Dao & Gu, Mamba-2, 2024;
+    ``mamba_ssm/ops/triton/ssd_*.py``), each reading its inputs and writing its outputs once,
+    activations BF16, chunk states, decays and the ``C B^T`` chunk products FP32:
+
+    * forward: dt cumsum (read dt, write dt and its cumulative decay, FP32), ``C B^T`` per
+      chunk (read B, C; write ``T G Q`` FP32), chunk states (read x, B, dt; write
+      ``T / Q x d x N`` FP32), state passing (read and write the states), chunk scan (read
+      ``C B^T``, x, C, the states, dt; write y): x and y cost ``2 x 2 T d``, B and C
+      ``3 x 2 T G N``, the states ``4 x 4 T d N / Q``, ``C B^T`` ``2 x 4 T G Q``, dt
+      ``(2 + 3 x 8) T heads``.
+    * backward: the forward's reads again (its states are recomputed, not stored), plus the
+      incoming ``dy`` read twice, ``dx``, ``dB``, ``dC``, ``ddt`` written, the state gradients
+      written and passed back (``3 x 4 T d N / Q``) and the ``d(C B^T)`` products
+      (``2 x 4 T G Q``).
+
+    The kernels also compute (the intra-chunk matmuls); at state 128 and chunk 128 their
+    arithmetic intensity is a few tens of FLOPs per byte, so a bytes-only time is a lower
+    bound -- an assumption of this model, not a measurement.
+    """
+    xy = ACT_BYTES * T * d
+    bc = ACT_BYTES * T * groups * state
+    states = _SCAN_FP32 * T * d * state / chunk
+    cb = _SCAN_FP32 * T * groups * chunk
+    dt = T * heads * (ACT_BYTES + 3 * _FP32 * 2)
+    fwd = 2 * xy + 3 * bc + 4 * states + 2 * cb + dt
+    bwd = fwd + (2 * xy + 2 * xy) + 2 * bc + 3 * states + 2 * cb + dt
+    return float(fwd), float(bwd)
+
+
+def _mamba_block(model: ModelSpec, sh: _Shard, L: int, ops: _LayerOps) -> None:
+    """A Mamba-2 layer (Megatron-Core ``MambaLayer`` / ``MambaMixer``, training path):
+    pre-norm, ``in_proj`` (column-parallel, z x B C dt), the depthwise causal conv1d with
+    SiLU over x, B, C, the chunked SSD scan, the gated RMSNorm (``y * silu(z)`` normalised per
+    group), ``out_proj`` (row-parallel), residual.
+
+    TP splits heads and groups (``d = d_inner / tp``); context parallelism transposes the
+    sequence-split activations to head-split ones before the conv1d and back after the scan
+    (a rank then runs the whole sequence for ``1 / cp`` of its heads), which leaves the
+    per-rank bytes unchanged: ``T`` tokens x ``d`` channels either way.
+
+    conv1d (``causal_conv1d``): F reads and writes the ``d + 2 G N / tp`` channels; B reads x
+    and dy, writes dx (the weight gradient reduced in the same kernel).  Gated norm: F
+    reads y and z, writes the output; B reads y, z and dy, writes dy and dz.  Scan:
+    :func:`mamba_scan_bytes`.  All three are element-wise ops (bytes over HBM).
+    """
+    mb, h, tp = model.mamba, model.hidden_size, sh.tp
+    d = mb.d_inner // tp
+    heads, groups = mb.num_heads // tp, mb.num_groups // tp
+    T, Tn = sh.T, sh.Tn
+    ops.pair(_norm("mamba_norm", L, Tn, h))
+    ops.linear("in_proj", T, mb.in_proj_width // tp, h)
+    conv = ACT_BYTES * T * (d + 2 * groups * mb.state_dim)
+    ops.pair(_ew_pair("conv1d", L, 2 * conv, 3 * conv, 1, 2))
+    f, b = mamba_scan_bytes(T, d, heads, groups, mb.state_dim, mb.chunk_size)
+    ops.pair(_ew_pair("ssd_scan", L, f, b, 5, 8))
+    a = ACT_BYTES * T * d
+    ops.pair(_ew_pair("gated_norm", L, 3 * a, 5 * a))
+    ops.linear("mamba_out_proj", T, h, d)
+    ops.pair(_residual("mamba_residual", L, Tn, h, model.dropout))
+
+
 def _moe_block(model: ModelSpec, parallel: ParallelConfig, sh: _Shard, L: int, tokens_per_expert,
                ops: _LayerOps) -> None:
     """The MoE MLP: norm, router, permute, the local experts' grouped GEMMs, unpermute,
@@ -645,14 +741,21 @@ def _moe_block(model: ModelSpec, parallel: ParallelConfig, sh: _Shard, L: int, t
     ops.pair(_ew_pair("router_topk", L, 3 * _FP32 * Tn * E, 2 * _FP32 * Tn * E, 5, 3))
     # permute: read the local tokens, write top_k copies sorted by expert; after the
     # all-to-all, sort the received chunks by local expert (read + write the routed tokens)
-    perm = ACT_BYTES * h * (Tn * (1 + k) + 2 * routed)
+    # latent MoE: the routed tokens are projected down to the latent width before the
+    # dispatch (replicated over TP, on this rank's Tn tokens) and back up after the combine
+    w = moe.latent_size or h
+    if moe.latent_size:
+        ops.linear("latent_down_proj", Tn, w, h)
+    perm = ACT_BYTES * w * (Tn * (1 + k) + 2 * routed)
     ops.pair(_ew_pair("moe_permute", L, perm, perm, 3, 3))
     fe = moe.expert_ffn_hidden_size / etp
-    ops.fbw(*_grouped_linear("expert_fc1", L, tokens, int(m1 * fe), h))
+    ops.fbw(*_grouped_linear("expert_fc1", L, tokens, int(m1 * fe), w))
     ops.pair(_activation("expert_act", L, routed, int(fe), model.mlp))
-    ops.fbw(*_grouped_linear("expert_fc2", L, tokens, h, int(fe)))
+    ops.fbw(*_grouped_linear("expert_fc2", L, tokens, w, int(fe)))
     # unpermute: the reverse of permute, plus the probability-weighted sum of the top_k copies
     ops.pair(_ew_pair("moe_unpermute", L, perm, perm, 3, 3))
+    if moe.latent_size:
+        ops.linear("latent_up_proj", Tn, h, w)
     if moe.num_shared_experts:
         fs = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size / sh.tp
         ops.linear("shared_fc1", sh.T, int(m1 * fs), h)
@@ -786,6 +889,8 @@ def megatron_core_2025(model: ModelSpec, seq_len: int, vocab_size: int | None = 
     convention.  ``V`` is ``vocab_size`` if given, else the model's (Megatron uses its
     padded vocabulary).
     """
+    if model.is_hybrid:
+        return _megatron_hybrid(model, seq_len, vocab_size)
     h, s, L = model.hidden_size, seq_len, model.num_layers
     V = model.vocab_size if vocab_size is None else vocab_size
     mtp = model.mtp_layers
@@ -827,6 +932,52 @@ def megatron_core_2025(model: ModelSpec, seq_len: int, vocab_size: int | None = 
     return float(per_token * s)
 
 
+def _megatron_hybrid(model: ModelSpec, seq_len: int, vocab_size: int | None) -> float:
+    """Megatron-Core's count for a hybrid model, per sequence (``megatron_core_2025`` of a
+    model with ``hybrid_override_pattern``).
+
+    Source: NVIDIA/Megatron-LM ``megatron/training/training.py``,
+    ``num_floating_point_operations`` -> ``hybrid_flops`` (2026), which counts each layer by
+    its symbol and multiplies the forward by 3.  Per token, forward::
+
+        Mamba      2 h (2 D + 2 G N + nh)  +  7 D N  +  2 D h        D = 2 h (Megatron's
+                   in_proj, scan, out_proj                           estimate, not nh x hd)
+        attention  4 h p (h + h K / H)  +  2 s h p                   p = H d / h
+        MLP        4 h f (x 3/2 for swiglu)
+        MoE        4 h fe k (latent: 4 latent fe k + 4 h latent)  +  4 h S fs   (x 3/2 swiglu)
+        logits     2 h V (1 + mtp_layers)
+
+    Megatron documents the scan's ``7 D N`` as an estimate; ``D = 2 h`` is its assumption of
+    the usual expand factor 2 (Nemotron 3 Nano's Mamba width is 4096, not 2 h = 5376).  MTP
+    modules add only their logits; routers, norms and latent norms are not counted.
+    """
+    h, s = model.hidden_size, seq_len
+    V = model.vocab_size if vocab_size is None else vocab_size
+    counts = model.hybrid_layer_counts()
+    per_token = 0.0
+    if counts["mamba"]:
+        mb = model.mamba
+        d_in = 2 * h
+        per_token += counts["mamba"] * (2 * h * (2 * d_in + 2 * mb.num_groups * mb.state_dim + mb.num_heads)
+                                        + 7 * d_in * mb.state_dim + 2 * d_in * h)
+    if counts["attention"]:
+        H, K = model.num_attention_heads, model.num_kv_heads
+        p = model.head_dim * H / h
+        per_token += counts["attention"] * (4 * h * p * (h + h * K / H) + 2 * s * h * p)
+    scale = 1.5 if model.mlp == "swiglu" else 1.0
+    if counts["mlp"]:
+        per_token += counts["mlp"] * 4 * h * model.ffn_hidden_size * scale
+    if counts["moe"]:
+        moe = model.moe
+        lat = moe.latent_size
+        routed = (4 * (lat or h) * moe.expert_ffn_hidden_size * moe.top_k * scale
+                  + (4 * h * lat if lat else 0))
+        shared = 4 * h * moe.num_shared_experts * moe.shared_expert_ffn_hidden_size * scale
+        per_token += counts["moe"] * (routed + shared)
+    per_token += 2 * h * V * (1 + model.mtp_layers)
+    return float(3 * per_token * s)
+
+
 def nemo_24(model: ModelSpec, seq_len: int, vocab_size: int | None = None) -> float:
     """Model FLOPs per sequence, the NeMo / DGX Cloud benchmark formula (no causal halving).
 
@@ -844,6 +995,9 @@ def nemo_24(model: ModelSpec, seq_len: int, vocab_size: int | None = None) -> fl
     """
     if model.mla is not None:
         raise ConfigError("flop_convention", "nemo_24", "defines no count for multi-head latent attention; "
+                                                         "use megatron_core_2025")
+    if model.is_hybrid:
+        raise ConfigError("flop_convention", "nemo_24", "defines no count for hybrid (Mamba) stacks; "
                                                          "use megatron_core_2025")
     h, s, L = model.hidden_size, seq_len, model.num_layers
     V = model.vocab_size if vocab_size is None else vocab_size
@@ -897,9 +1051,12 @@ def palm_6n(model: ModelSpec, seq_len: int, vocab_size: int | None = None) -> fl
     (:meth:`ModelSpec.num_active_params` with ``include_embedding=False``: dense parts,
     router, shared and ``top_k`` routed experts, the output layer; MTP excluded).  With
     ``d_qk != d_v`` (MLA) the attention term is ``6 L H (d_qk + d_v) s``.  Sliding windows
-    are ignored: every layer keeps PaLM's full ``s`` keys per query.
+    are ignored: every layer keeps PaLM's full ``s`` keys per query.  In a hybrid stack only
+    the attention layers count the attention term.
     """
     s, L = seq_len, model.num_layers
+    if model.is_hybrid:                 # only the attention layers of a hybrid stack attend
+        L = model.hybrid_layer_counts()["attention"]
     n = model.num_active_params(include_embedding=False)
     if vocab_size is not None:
         n += (vocab_size - model.vocab_size) * model.hidden_size
