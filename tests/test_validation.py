@@ -32,9 +32,11 @@ REACHED = {
     # Megatron-Bridge runs on 8-64 B200 / GB200 (Llama 3 8B / 70B, Qwen3 MoE, gpt-oss, and since
     # the hybrid Mamba presets the 20 Nemotron 3 Nano / Super rows; 3.5 Lightning has no sourced
     # preset): a guard on the harness's coverage and on the MoE gap it shows, not a target
-    # reached.  The 49 other rows are unchanged at a median of 21.98 %; the Nemotron rows
-    # (predicted fast, median -33 %) raise the set's median to 25.82 %.
-    "blackwell": (70, 69, 25.82),
+    # reached.  The Nemotron rows (predicted fast, median -33 %) raised the median from 21.98
+    # to 25.82 %; running the recipes' MoE dispatchers (HybridEP) and EP communication overlap
+    # as the recipes set them moved it to 28.7 %: the overlap hides all-to-all time, and the
+    # MoE rows were already predicted fast (their compute gap is issue-23 work).
+    "blackwell": (70, 69, 28.7),
     # one-host runs, not a target: a regression guard on the host-bound regime (the host
     # cursor with one measured host's costs; see docs/modelling.md, "Host issue", and docs/accuracy.md)
     "vtrain_single": (1440, 1440, 15.53),

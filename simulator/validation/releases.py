@@ -44,12 +44,17 @@ first_last_layers_bf16 / num_layers_   ``precision_options.bf16_first_layers`` /
 at_start/_end_in_bf16                  (0 + 0 when the recipe keeps none: its FP8-CS and NVFP4)
 fp8_param_gather (FP8 recipes)         ``precision_options.fp8_param_gather``
 pipeline layout                        ``parallel.pipeline_layout``
-moe_expert_capacity_factor (+ pad)     ``moe.capacity_factor`` (token-drop rows)
+moe_expert_capacity_factor (+ pad)     ``moe.capacity_factor`` (+ ``pad_expert_input_to_capacity``)
+moe_token_dispatcher_type / flex       ``moe.token_dispatcher`` / ``flex_dispatcher_backend``
+backend / rank capacity factor         (HybridEP / DeepEP: wire efficiency and SMs held) /
+                                       ``expert_rank_capacity_factor``
+overlap_moe_expert_parallel_comm       ``overlap.moe_ep_comm``, except with the interleaved
+                                       schedule's overlapped p2p (noted: not modelled together)
 =====================================  ==========================================================
 
-Noted as not modelled: activation offload to the host, HybridEP / DeepEP dispatchers and the
-SMs they reserve, expert-parallel all-to-all overlap, FP4 parameter all-gathers, FP8
-attention, paged stashing, per-module CUDA-graph scopes.
+Noted as not modelled: activation offload to the host, expert-parallel all-to-all overlap
+on top of the interleaved schedule's p2p overlap, FP4 parameter all-gathers, FP8 attention,
+paged stashing, per-module CUDA-graph scopes.
 """
 
 from __future__ import annotations
@@ -81,8 +86,8 @@ NOT_MODELLED = "not modelled: "
 #: data goes here rather than into a fitted factor, and the list should shrink, not grow.
 DECLARED_NOT_MODELLED = {
     "activation offload": "activations copied to host memory and back (cpu_offloading, fine-grained offload)",
-    "dispatcher": "HybridEP / DeepEP token dispatch and the SMs it reserves (run as NCCL all-to-all)",
-    "expert-parallel all-to-all overlap": "dispatch/combine overlapped with the other micro-batch's compute",
+    "expert-parallel all-to-all overlap": "dispatch/combine overlapped with the other micro-batch's compute, when the "
+                                          "interleaved schedule also overlaps its p2p (the engine runs one or the other)",
     "parameter all-gather": "FP4 parameter all-gathers (clustersim gathers BF16; FP8 ones are modelled)",
     "FP8 attention": "attention in FP8 (fp8_dot_product_attention)",
     "MoE paged stash": "paged activation stash for experts",
@@ -236,10 +241,8 @@ def bridge_settings(record: dict, par: dict, model_is_moe: bool) -> tuple[dict, 
     if k.get("pipeline_layout") and pp > 1:
         p["pipeline_layout"] = k["pipeline_layout"]
         set_here.append(f"pipeline layout {k['pipeline_layout']}")
-    if model_is_moe and k.get("moe_expert_capacity_factor") is not None:
-        out["moe"]["capacity_factor"] = float(k["moe_expert_capacity_factor"])
-        set_here.append(f"moe capacity factor {k['moe_expert_capacity_factor']}"
-                        + (" padded to capacity" if k.get("moe_pad_expert_input_to_capacity") else ""))
+    if model_is_moe:
+        notes += _moe_settings(k, out, set_here, pp)
 
     popts = {}
     if (k.get("fp8") or k.get("fp4")) and "first_last_layers_bf16" in k:
@@ -254,6 +257,37 @@ def bridge_settings(record: dict, par: dict, model_is_moe: bool) -> tuple[dict, 
     notes.insert(0, f"Megatron-Bridge recipe ({link}): " + "; ".join(set_here))
     notes += _not_modelled(k, model_is_moe, tp)
     return out, notes
+
+
+def _moe_settings(k: dict, out: dict, set_here: list, pp: int) -> list[str]:
+    """The recipe's MoE switches: capacity and padding, the token dispatcher (and HybridEP's
+    per-rank budget), and Megatron-Core's EP communication overlap; notes for what cannot
+    be modelled."""
+    moe, notes = out["moe"], []
+    disp = k.get("moe_token_dispatcher_type")
+    backend = k.get("moe_flex_dispatcher_backend") or "deepep"
+    if disp in ("alltoall", "allgather", "flex"):
+        moe["token_dispatcher"] = disp
+        if disp == "flex":
+            moe["flex_dispatcher_backend"] = backend
+        set_here.append(f"moe dispatcher {disp}" + (f" ({backend})" if disp == "flex" else ""))
+    if k.get("moe_expert_capacity_factor") is not None:
+        moe["capacity_factor"] = float(k["moe_expert_capacity_factor"])
+        pad = bool(k.get("moe_pad_expert_input_to_capacity")) and not (disp == "flex" and backend == "deepep")
+        if pad:
+            moe["pad_expert_input_to_capacity"] = True
+        set_here.append(f"moe capacity factor {k['moe_expert_capacity_factor']}" + (" padded to capacity" if pad else ""))
+    if k.get("moe_expert_rank_capacity_factor") and disp == "flex" and backend == "hybridep":
+        moe["expert_rank_capacity_factor"] = float(k["moe_expert_rank_capacity_factor"])
+        set_here.append(f"HybridEP rank budget {k['moe_expert_rank_capacity_factor']}")
+    if k.get("overlap_moe_expert_parallel_comm"):
+        if pp > 1 and out["overlap"].get("p2p"):
+            notes.append(NOT_MODELLED + "expert-parallel all-to-all overlap together with the interleaved schedule's "
+                                        "overlapped p2p (run without the EP overlap)")
+        else:
+            out["overlap"]["moe_ep_comm"] = True
+            set_here.append("EP communication overlap (overlap_moe_expert_parallel_comm)")
+    return notes
 
 
 def _cuda_graphs(k: dict, model_is_moe: bool) -> tuple[str, str | None]:
@@ -281,11 +315,6 @@ def _not_modelled(k: dict, model_is_moe: bool, tp: int) -> list[str]:
     if k.get("fine_grained_activation_offloading"):
         out.append(NOT_MODELLED + f"activation offload, fine-grained ({', '.join(k.get('offload_modules') or [])})")
     if model_is_moe:
-        if k.get("moe_token_dispatcher_type") == "flex":
-            out.append(NOT_MODELLED + f"dispatcher {k.get('moe_flex_dispatcher_backend', 'flex')} (SMs reserved for "
-                                      "the all-to-all; run as NCCL all-to-all)")
-        if k.get("overlap_moe_expert_parallel_comm"):
-            out.append(NOT_MODELLED + "expert-parallel all-to-all overlap (overlap_moe_expert_parallel_comm)")
         if k.get("moe_paged_stash"):
             out.append(NOT_MODELLED + "MoE paged stash")
     if k.get("fp4_param_gather") and k.get("fp4"):

@@ -50,7 +50,19 @@ def test_deepseek_v3_2608_gb200_mxfp8_switches():
     assert s["overlap"]["tp_comm"] is False and s["overlap"]["p2p"] is True
     text = " | ".join(notes)
     assert "perf_recipes/deepseek/gb200/deepseek_v3.py @ v0.6.0" in text
-    assert NOT_MODELLED + "dispatcher hybridep" in text and NOT_MODELLED + "expert-parallel all-to-all overlap" in text
+    # the dispatcher is modelled; the EP overlap cannot run together with the interleaved p2p overlap
+    assert s["moe"]["token_dispatcher"] == "flex" and s["moe"]["flex_dispatcher_backend"] == "hybridep"
+    assert NOT_MODELLED + "expert-parallel all-to-all overlap together with" in text
+    assert "moe_ep_comm" not in s["overlap"]
+
+
+def test_qwen3_30b_recipe_runs_hybridep_with_its_ep_overlap():
+    s, notes = _settings("26.08", "Qwen3_30B_a3B", "GB200", "mxfp8",
+                         {"tp": 1, "pp": 1, "ep": 8, "dp": 8, "mbs": 4, "gbs": 512}, True)
+    assert s["moe"]["token_dispatcher"] == "flex" and s["moe"]["flex_dispatcher_backend"] == "hybridep"
+    text = " | ".join(notes)
+    assert "moe dispatcher flex (hybridep)" in text and "dispatcher" not in "".join(
+        n for n in notes if n.startswith(NOT_MODELLED))
 
 
 def test_llama3_70b_fsdp_recipe_becomes_zero3_and_says_offload_is_not_modelled():
