@@ -167,10 +167,19 @@ def _run(args) -> int:
     from .engine import run
 
     scenario = args.scenario
-    if args.approx or args.set:
+    if args.approx or args.set or args.model_config:
         from .scenario import read_yaml
         scenario = read_yaml(args.scenario, "scenario", "a mapping of sections")
         scenario.setdefault("name", Path(args.scenario).stem)
+        if args.model_config:
+            # the model from a config file; the scenario's model keys other than its source stay
+            # as overrides (a seq_len, a capacity factor)
+            own = scenario.get("model") if isinstance(scenario.get("model"), dict) else {}
+            kind = "hf_config" if args.model_config.endswith(".json") or Path(args.model_config).is_dir() \
+                else "megatron_args"
+            value = args.model_config if kind == "hf_config" else Path(args.model_config).read_text()
+            scenario["model"] = {**{k: v for k, v in own.items() if k not in ("preset", "hf_config", "megatron_args")},
+                                 kind: value}
         _apply_sets(scenario, args.set)
     if args.approx:
         given = scenario.get("approximations", [])
@@ -524,6 +533,9 @@ def _add_simulate(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario field by its dotted key (parallel.pp=8, cluster.num_nodes=4); repeatable")
+    p.add_argument("--model-config", metavar="FILE",
+                   help="the model from a Hugging Face config.json (or its folder), or from a text file of "
+                        "Megatron-LM arguments; the scenario's other model keys apply on top")
     p.add_argument("--gantt", metavar="PNG", help="write a Gantt chart of the reported step")
     p.add_argument("--trace", metavar="JSON", help="write a Chrome/Perfetto trace")
     p.add_argument("--out", metavar="DIR", help="write metrics.json, timeline.csv, gantt.png, trace.json here")

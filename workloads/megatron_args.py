@@ -27,7 +27,7 @@ from topologies import ConfigError
 from .model import ModelSpec
 from .parallel import ParallelConfig
 
-__all__ = ["from_megatron_args", "overlap_from_megatron_args"]
+__all__ = ["from_megatron_args", "model_from_megatron_args", "overlap_from_megatron_args"]
 
 # Flags taking a value, mapped to (section, key, type).  section "model" | "moe" | "mla" | "parallel" | "other".
 _VALUE_FLAGS: dict[str, tuple[str, str, type]] = {
@@ -138,6 +138,12 @@ def from_megatron_args(argv: str | Sequence[str], num_gpus: int,
     cfg = ParallelConfig.from_megatron(world_size=num_gpus, **par)
     cfg.check_model(model)
     return model, cfg
+
+
+def model_from_megatron_args(argv: str | Sequence[str], name: str = "megatron-args") -> ModelSpec:
+    """Only the model of Megatron-LM arguments (no GPU count needed): what a scenario's
+    ``model: {megatron_args: "..."}`` reads."""
+    return ModelSpec.from_dict(_model_dict(_sections(_tokens(argv)), name), where="model.megatron_args")
 
 
 def overlap_from_megatron_args(argv: str | Sequence[str]) -> dict[str, bool]:

@@ -915,6 +915,21 @@ def _read_preset(path: Path):
         return yaml.safe_load(f)
 
 
+def _base_mapping(kind: str, value, where: str) -> dict:
+    """The fields a ``preset``, ``hf_config`` or ``megatron_args`` entry stands for."""
+    if kind == "preset":
+        return load_preset_mapping(value, where)
+    if kind == "hf_config":
+        from .hf_config import model_from_hf_config          # noqa: PLC0415 (imports this module)
+        if not isinstance(value, (str, Path)):
+            raise ConfigError(where, value, "expected the path of a Hugging Face config.json (or its folder)")
+        return model_from_hf_config(value, where=where).to_dict()
+    from .megatron_args import model_from_megatron_args      # noqa: PLC0415 (imports this module)
+    if not isinstance(value, (str, list)):
+        raise ConfigError(where, value, "expected Megatron-LM arguments as one string or a list")
+    return model_from_megatron_args(value).to_dict()
+
+
 def load_model(spec: str | Mapping | ModelSpec, where: str = "model") -> ModelSpec:
     """A ModelSpec from a preset name, a preset plus overrides, or a mapping of fields.
 
@@ -923,8 +938,11 @@ def load_model(spec: str | Mapping | ModelSpec, where: str = "model") -> ModelSp
     spec
         ``"llama3-70b"`` (a name in :data:`MODEL_PRESETS`); ``{"preset": "llama3-70b",
         "seq_len": 4096, ...}`` (the preset with fields replaced; ``moe`` and ``mla``
-        mappings are merged key by key into the preset's, ``moe: null`` removes it); a full
-        mapping of ModelSpec fields; or a ModelSpec, returned as is.
+        mappings are merged key by key into the preset's, ``moe: null`` removes it);
+        ``{"hf_config": "path/config.json", ...}`` (a Hugging Face config through
+        :func:`workloads.model_from_hf_config`) or ``{"megatron_args": "--num-layers ..."}``
+        (Megatron-LM arguments), each with fields replaced in the same way; a full mapping of
+        ModelSpec fields; or a ModelSpec, returned as is.
     where
         Field prefix for error messages.
 
@@ -943,14 +961,19 @@ def load_model(spec: str | Mapping | ModelSpec, where: str = "model") -> ModelSp
         return ModelSpec.from_dict(load_preset_mapping(spec, where), where)
     if not isinstance(spec, Mapping):
         raise ConfigError(where, spec, "expected a preset name or a mapping of ModelSpec fields")
-    if "preset" not in spec:
+    sources = [k for k in ("preset", "hf_config", "megatron_args") if k in spec]
+    if len(sources) > 1:
+        raise ConfigError(f"{where}.{sources[1]}", spec[sources[1]], f"give one of preset, hf_config, megatron_args, "
+                                                                    f"not both {sources[0]} and {sources[1]}")
+    if not sources:
         return ModelSpec.from_dict(spec, where)
-    base = load_preset_mapping(spec["preset"], f"{where}.preset")
+    src = sources[0]
+    base = _base_mapping(src, spec[src], f"{where}.{src}")
     merged = dict(base)
     for key, value in spec.items():
-        if key == "preset":
+        if key == src:
             continue
-        if key in ("moe", "mla") and isinstance(value, Mapping) and isinstance(base.get(key), Mapping):
+        if key in ("moe", "mla", "mamba") and isinstance(value, Mapping) and isinstance(base.get(key), Mapping):
             merged[key] = {**base[key], **value}
         else:
             merged[key] = value

@@ -137,6 +137,17 @@ def read_yaml(path: str | Path, where: str, what: str = "a mapping") -> dict:
     return data
 
 
+def _relative_to(data: dict, folder: Path) -> dict:
+    """A model's ``hf_config`` path that does not exist from the current directory but does
+    from the scenario file's folder is read from there."""
+    model = data.get("model")
+    if isinstance(model, dict) and isinstance(model.get("hf_config"), str):
+        p = Path(model["hf_config"])
+        if not p.is_absolute() and not p.exists() and (folder / p).exists():
+            data = {**data, "model": {**model, "hf_config": str(folder / p)}}
+    return data
+
+
 def _yaml_problem(e: yaml.YAMLError) -> str:
     """What PyYAML found wrong and where, 1-based: 'expected ..., line 3, column 9'."""
     mark = getattr(e, "problem_mark", None)
@@ -163,6 +174,7 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
     """
     if isinstance(spec, (str, Path)):
         data, name = read_yaml(spec, "scenario", "a mapping of sections"), Path(spec).stem
+        data = _relative_to(data, Path(spec).parent)
     else:
         data, name = spec, "scenario"
     if not isinstance(data, dict):

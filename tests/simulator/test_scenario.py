@@ -216,3 +216,43 @@ def test_one_memory_path_counts_the_recipes_fp8_copies_and_fp8_saved_gemm_inputs
         assert fp8.activations[term] == pytest.approx(bf16.activations[term] / 2), term
     for term in ("norm_inputs", "mlp_fc1_output"):
         assert fp8.activations[term] == bf16.activations[term], term
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "workloads" / "fixtures"
+
+
+def test_a_scenario_takes_its_model_from_a_config_file(tmp_path):
+    from workloads.hf_config import model_from_hf_config
+    from workloads.megatron_args import model_from_megatron_args
+    hf = FIXTURES / "nemotron3_nano_hf_config.json"
+    sc = load_scenario({**BASE, "model": {"hf_config": str(hf), "seq_len": 2048}})
+    want = model_from_hf_config(hf, seq_len=2048)
+    assert sc.model.to_dict() == want.to_dict()
+    args = (FIXTURES / "nemotron3_nano_megatron_args.txt").read_text()
+    sc2 = load_scenario({**BASE, "model": {"megatron_args": args, "seq_len": 2048}})
+    assert sc2.model.num_params() == model_from_megatron_args(args).num_params() == want.num_params()
+    # a relative path is read from the scenario file's folder too
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "config.json").write_text(hf.read_text())
+    y = tmp_path / "s.yaml"
+    y.write_text("model: {hf_config: cfg/config.json, seq_len: 2048}\ncluster: dgx-h100\n"
+                 "parallel: {tp: 2, dp: -1, global_batch_size: 8}\n")
+    assert load_scenario(y).model.num_params() == want.num_params()
+
+
+@pytest.mark.parametrize("model, field", [({"preset": "llama3-8b", "hf_config": "x.json"}, "model.hf_config"),
+                                          ({"hf_config": "/no/such/config.json"}, "model.hf_config"),
+                                          ({"megatron_args": 3}, "model.megatron_args")])
+def test_bad_model_sources_name_the_field(model, field):
+    with pytest.raises(ConfigError) as err:
+        load_scenario({**BASE, "model": model})
+    assert err.value.field.startswith(field)
+
+
+def test_cli_model_config_replaces_the_model(tmp_path, capsys):
+    from simulator.cli import main
+    y = tmp_path / "s.yaml"
+    y.write_text("model: {preset: llama3-8b, seq_len: 2048}\ncluster: dgx-h100\n"
+                 "parallel: {tp: 2, dp: -1, global_batch_size: 8}\nnum_steps: 1\n")
+    assert main(["run", str(y), "--quiet", "--model-config", str(FIXTURES / "nemotron3_nano_hf_config.json")]) == 0
+    assert "nemotron_h on 8 x H100" in capsys.readouterr().out
