@@ -49,6 +49,34 @@ def _load_cluster(arg: str, overrides: list[str]):
     return build_cluster(cfg)
 
 
+def _int_list(spec: str, field: str, limit: int) -> list[int]:
+    """``"0-7,64,70-71"`` -> the integers, each in ``[0, limit)``."""
+    out = []
+    for part in spec.split(","):
+        part = part.strip()
+        try:
+            lo, _, hi = part.partition("-")
+            a, b = int(lo), int(hi or lo)
+        except ValueError:
+            raise ConfigError(field, spec, "expected numbers and ranges, e.g. 0-7,64") from None
+        if not 0 <= a <= b < limit:
+            raise ConfigError(field, spec, f"'{part}' is outside 0-{limit - 1}")
+        out.extend(range(a, b + 1))
+    return out
+
+
+def _chosen_ranks(res, ranks: str | None, stages: str | None) -> list[int] | None:
+    """The ranks ``--ranks`` and ``--stages`` select (their union), or None for all."""
+    if ranks is None and stages is None:
+        return None
+    grid = res.program.grid
+    chosen = set(_int_list(ranks, "--ranks", grid.world_size)) if ranks else set()
+    if stages:
+        want = set(_int_list(stages, "--stages", res.scenario.parallel.pp))
+        chosen |= {r for r in range(grid.world_size) if grid.stage_of(r) in want}
+    return sorted(chosen)
+
+
 def _apply_sets(scenario: dict, items: list[str]) -> None:
     """``--set parallel.pp=8 --set cluster.oversubscription=4``: dotted scenario keys (the
     sweep's), values read as YAML."""
@@ -184,13 +212,25 @@ def _run(args) -> int:
     if args.approx:
         given = scenario.get("approximations", [])
         scenario["approximations"] = (given if isinstance(given, list) else [given]) + args.approx
+    if args.ranks or args.stages:
+        # check the lists against the layout before simulating anything
+        from .scenario import load_scenario
+        scenario = load_scenario(scenario)
+        par = scenario.parallel
+        if args.ranks:
+            _int_list(args.ranks, "--ranks", par.world_size)
+        if args.stages:
+            _int_list(args.stages, "--stages", par.pp)
     res = run(scenario, fold=not args.no_fold, progress=not args.quiet)
     out = Path(args.out) if args.out else None
     # a folded run's timeline has one row per rank cell; --per-rank expands it to every rank
-    tl = res.rank_timeline() if args.per_rank else res.timeline
+    # (or to the --ranks / --stages chosen, which imply it)
+    chosen = _chosen_ranks(res, args.ranks, args.stages)
+    per_rank = args.per_rank or chosen is not None
+    tl = res.rank_timeline(chosen) if per_rank else res.timeline
     if out:
         res.save(out)
-        if args.per_rank:
+        if per_rank:
             tl.to_csv(out / "timeline_ranks.csv", index=False)
     last = tl[tl["step"] == tl["step"].max()]
     gantt_path = args.gantt or (str(out / "gantt.png") if out else None)
@@ -551,7 +591,11 @@ def _add_simulate(sub) -> None:
                         "reports its step time; a warning goes to stderr either way)")
     p.add_argument("--per-rank", action="store_true",
                    help="expand the timeline to every rank (a folded run keeps one row per rank cell): the "
-                        "Gantt chart and trace then show every rank, --out adds timeline_ranks.csv; large at scale")
+                        "Gantt chart and trace then show every rank, --out adds timeline_ranks.csv; large at scale "
+                        "(--ranks / --stages keep it small enough for Perfetto)")
+    p.add_argument("--ranks", metavar="LIST", help="with --per-rank: only these ranks, e.g. 0-7,64 (implies --per-rank)")
+    p.add_argument("--stages", metavar="LIST",
+                   help="with --per-rank: only the ranks of these pipeline stages, e.g. 0,15 (implies --per-rank)")
     p = sub.add_parser("validate", help="predict measured runs (published-runs or vTrain CSV) and report errors")
     p.add_argument("runs", help="CSV of measured runs")
     p.add_argument("--out", metavar="CSV", help="write one prediction row per input row")

@@ -240,3 +240,18 @@ def test_a_whatif_run_says_what_it_perturbed_and_who_finished_last(tmp_path, cap
     assert main(["run", str(sc), "--quiet"]) == 0
     text = capsys.readouterr().out
     assert "what-if          GPU 5 computes 1.5x slower" in text and "finishes last: rank 5 (pipeline stage 1)" in text
+
+
+def test_per_rank_output_can_be_limited_to_ranks_or_stages(tmp_path, capsys):
+    import pandas as pd
+    sc = tmp_path / "s.yaml"
+    sc.write_text("model: tiny-dense\ncluster: {preset: dgx-h100, num_nodes: 2}\n"
+                  "parallel: {tp: 2, pp: 2, dp: -1, global_batch_size: 8}\nnum_steps: 1\n")
+    out = tmp_path / "o"
+    assert main(["run", str(sc), "--quiet", "--stages", "1", "--ranks", "0-1", "--out", str(out)]) == 0
+    ranks = set(pd.read_csv(out / "timeline_ranks.csv")["rank"])
+    assert ranks == {0, 1} | set(range(8, 16))             # stage 1 is ranks 8-15 (tp-cp-ep-dp-pp order)
+    capsys.readouterr()
+    assert main(["run", str(sc), "--quiet", "--ranks", "0-99"]) == 2
+    assert "--ranks = '0-99': '0-99' is outside 0-15" in capsys.readouterr().err
+    assert main(["run", str(sc), "--quiet", "--stages", "x"]) == 2
