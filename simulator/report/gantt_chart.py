@@ -311,11 +311,11 @@ def _lane_geometry(n_rows: int, n_comm: int) -> tuple[float, float]:
 
 
 def _row_label(by: str, item, node_of: dict) -> str:
-    """``rank R  hH`` (H the rank's host, when known), or ``stage S · rR``."""
+    """``rank R · host H`` (H the rank's host, when known), or ``stage S · rank R``."""
     if by == "rank":
-        host = f"  h{int(node_of[item])}" if item in node_of else ""
+        host = f" · host {int(node_of[item])}" if item in node_of else ""
         return f"rank {item}{host}"
-    return f"stage {item[0]} · r{item[1]}"
+    return f"stage {item[0]} · rank {item[1]}"
 
 
 # ---- ops as arrays -------------------------------------------------------------------------
@@ -465,10 +465,27 @@ def _draw_bar_labels(ax, bars: _Bars, lanes: _Lanes, face: np.ndarray, px_per_x:
         cb = np.flatnonzero(~lanes.is_comp[bars.lane])
         texts = bars.name[cb].astype(str)
         width_px = (bars.x1[cb] - bars.x0[cb]) * px_per_x
-        fits = width_px >= np.char.str_len(texts) * 0.64 * comm_fs * dpi / 72 + 2
-        cb, texts = cb[fits], texts[fits]
+        text_px = np.char.str_len(texts) * 0.64 * comm_fs * dpi / 72
+        fits = width_px >= text_px + 2
+        cb, texts, text_px = cb[fits], texts[fits], text_px[fits]
+        keep = _no_overlap(bars.lane[cb], (bars.x0[cb] + bars.x1[cb]) / 2 * px_per_x, text_px)
+        cb, texts = cb[keep], texts[keep]
         _add_labels(ax, texts, (bars.x0[cb] + bars.x1[cb]) / 2, lanes.y0[bars.lane[cb]] + lanes.comm_h / 2,
                     comm_fs, face[cb], ax.transData, pts, gid="labels:comm")
+
+
+def _no_overlap(lane: np.ndarray, center_px: np.ndarray, width_px: np.ndarray) -> np.ndarray:
+    """Which labels to keep so that none overlaps another in its lane: left to right, a label
+    is kept when it starts after the last kept one ends (bars that overlap in time, such as a
+    send and a receive in flight together, would otherwise print one name over the other)."""
+    keep = np.zeros(len(lane), dtype=bool)
+    last_end: dict[int, float] = {}
+    for i in np.lexsort((center_px, lane)):
+        left = center_px[i] - width_px[i] / 2
+        if left >= last_end.get(int(lane[i]), -np.inf) + 2:
+            keep[i] = True
+            last_end[int(lane[i])] = center_px[i] + width_px[i] / 2
+    return keep
 
 
 def _label_compute_runs(ax, bars: _Bars, lanes: _Lanes, face: np.ndarray, px_per_x: float, fontsize: float,

@@ -175,7 +175,7 @@ def test_gantt_4_ranks_png(tl4, tmp_path):
     w, h = png_size(p)
     assert w == 1500 and 300 <= h <= 1200
     ax = fig.axes[0]
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0  h0", "rank 1  h0", "rank 2  h0", "rank 3  h0"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0 · host 0", "rank 1 · host 0", "rank 2 · host 0", "rank 3 · host 0"]
     assert "ms" in ax.get_xlabel()
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     for want in ("forward (F)", "backward, input grad (B)", "weight grad (W)", "recompute (R)",
@@ -210,7 +210,7 @@ def test_gantt_subsets_rows(tl64, tmp_path):
     assert h < 1800
 
     fig = report.gantt(tl64, ranks=[5, 3, 40])
-    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["rank 3  h0", "rank 5  h0", "rank 40  h5"]
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["rank 3 · host 0", "rank 5 · host 0", "rank 40 · host 5"]
     with pytest.raises(ValueError, match=r"ranks \[99\]"):
         report.gantt(tl64, ranks=[1, 99])
 
@@ -219,10 +219,10 @@ def test_gantt_by_stage(tl64):
     # inferred from layers, from a mapping, and from a 'stage' column: same 4 rows
     fig = report.gantt(tl64, by="stage")
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
-    assert labels == ["stage 0 · r0", "stage 1 · r16", "stage 2 · r32", "stage 3 · r48"]
+    assert labels == ["stage 0 · rank 0", "stage 1 · rank 16", "stage 2 · rank 32", "stage 3 · rank 48"]
     assert "inferred" in fig.texts[0].get_text()
     fig = report.gantt(tl64, by="stage", stage_of={r: r // 16 for r in range(64)}, ranks=range(4, 64))
-    assert next(t.get_text() for t in fig.axes[0].get_yticklabels()) == "stage 0 · r4"
+    assert next(t.get_text() for t in fig.axes[0].get_yticklabels()) == "stage 0 · rank 4"
     fig = report.gantt(tl64.assign(stage=tl64["rank"] // 16), by="stage", stage_of=None)
     assert len(fig.axes[0].get_yticklabels()) == 4
     with pytest.raises(ValueError, match="stage_of has no stage for rank"):
@@ -376,3 +376,14 @@ def test_timeline_parquet(tl4, tmp_path):
         return
     p = trace.write_timeline(tl4, tmp_path / "timeline.parquet")
     pd.testing.assert_frame_equal(trace.read_timeline(p), tl4)
+
+
+def test_comm_labels_never_overlap_in_a_lane():
+    import numpy as np
+    from simulator.report.gantt_chart import _no_overlap
+    # two bars in flight together in lane 0 (a send and a receive) would print one name over
+    # the other: only the first is kept; another lane is independent
+    lane = np.array([0, 0, 0, 1])
+    center = np.array([100.0, 110.0, 300.0, 110.0])
+    width = np.array([40.0, 40.0, 40.0, 40.0])
+    assert _no_overlap(lane, center, width).tolist() == [True, False, True, True]
