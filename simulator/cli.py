@@ -244,6 +244,9 @@ def _run(args) -> int:
     if trace_path:
         from .report import to_chrome_trace
         to_chrome_trace(tl, trace_path, metadata={"scenario": res.scenario.name})
+    if args.report:
+        from .report.html import run_report
+        print(f"wrote {run_report(res, args.report)}", file=sys.stderr)
     if args.json:
         print(json.dumps(res.metrics, default=float))
     else:
@@ -546,6 +549,9 @@ def _compare(args) -> int:
         for i, r in enumerate(results):
             (out / f"metrics_{i + 1}.json").write_text(json.dumps(r.metrics, indent=1, default=float))
         print(f"\nwrote {out}/compare.csv, critical_path.csv, breakdown.png, gantt.png, metrics_*.json", file=sys.stderr)
+    if args.report:
+        from .report.html import compare_report
+        print(f"wrote {compare_report(results, names, args.report)}", file=sys.stderr)
     return 0
 
 
@@ -567,6 +573,7 @@ def _add_simulate(sub) -> None:
                    help="add a variant of the first scenario with these dotted-key overrides; repeatable")
     c.add_argument("--out", metavar="DIR", help="write compare.csv, critical_path.csv, breakdown.png, gantt.png")
     c.add_argument("--json", action="store_true", help="print the table and the critical path as JSON")
+    c.add_argument("--report", metavar="HTML", help="write one self-contained HTML page with the comparison")
     c.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p = sub.add_parser("run", help="simulate a scenario and print its summary")
     p.add_argument("scenario", help="scenario YAML")
@@ -577,6 +584,7 @@ def _add_simulate(sub) -> None:
                    help="the model from a Hugging Face config.json (or its folder), or from a text file of "
                         "Megatron-LM arguments; the scenario's other model keys apply on top")
     p.add_argument("--gantt", metavar="PNG", help="write a Gantt chart of the reported step")
+    p.add_argument("--report", metavar="HTML", help="write one self-contained HTML page to share the run")
     p.add_argument("--trace", metavar="JSON", help="write a Chrome/Perfetto trace")
     p.add_argument("--out", metavar="DIR", help="write metrics.json, timeline.csv, gantt.png, trace.json here")
     p.add_argument("--no-fold", action="store_true",

@@ -1,0 +1,170 @@
+"""One self-contained HTML page to share a run (or a comparison of runs).
+
+``clustersim run SCENARIO.yaml --report report.html`` and ``clustersim compare ... --report
+report.html`` write it.  The page needs no network and no other file: the charts are PNGs
+inlined as ``data:`` URIs, the styles are in the page.  It holds the scenario as given, the
+summary (step time, MFU, tokens/s, memory verdict, what-ifs), the step-time breakdown, the
+Gantt chart of the reported step, memory per pipeline stage and link utilisation per tier;
+a comparison adds the table across runs and the charts on one time axis.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+__all__ = ["run_report", "compare_report"]
+
+_STYLE = """
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 24px auto; max-width: 1500px;
+       color: #222; padding: 0 16px; }
+h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #ddd; }
+.sub { color: #555; margin-top: 0; }
+table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
+th, td { border: 1px solid #ddd; padding: 4px 10px; text-align: right; }
+th { background: #f4f4f4; } td.l, th.l { text-align: left; }
+.bad { color: #b00020; font-weight: 600; } .ok { color: #1b7a2b; }
+img { max-width: 100%; border: 1px solid #eee; }
+pre { background: #f7f7f7; padding: 10px; font-size: 12px; overflow-x: auto; }
+ul.whatif li { margin: 2px 0; }
+"""
+
+
+def _png(fig) -> str:
+    """A matplotlib figure as an ``<img>`` with the PNG inlined."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=fig.dpi)
+    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    return f'<img alt="chart" src="data:image/png;base64,{data}">'
+
+
+def _png_file(path: Path) -> str:
+    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    return f'<img alt="chart" src="data:image/png;base64,{data}">'
+
+
+def _table(rows: list[list], header: list[str] | None, left: int = 1) -> str:
+    def cell(tag, v, i):
+        cls = ' class="l"' if i < left else ""
+        return f"<{tag}{cls}>{v}</{tag}>"
+    out = ["<table>"]
+    if header:
+        out.append("<tr>" + "".join(cell("th", html.escape(h), i) for i, h in enumerate(header)) + "</tr>")
+    for r in rows:
+        out.append("<tr>" + "".join(cell("td", v if isinstance(v, str) and v.startswith("<") else html.escape(str(v)), i)
+                                    for i, v in enumerate(r)) + "</tr>")
+    return "\n".join(out) + "</table>"
+
+
+def _fit(m: dict) -> str:
+    if "memory_fits" not in m:
+        return ""
+    gb = m["memory_margin_bytes"] / 1e9
+    if m["memory_fits"]:
+        return f'<span class="ok">fits</span> ({gb:.1f} GB to spare on {html.escape(m["memory_worst_stage"])})'
+    return f'<span class="bad">does not fit</span>: {html.escape(m["memory_worst_stage"])} is {-gb:.1f} GB over'
+
+
+def _summary_rows(m: dict) -> list[list]:
+    rows = [["step time", f"{m['step_time_s']:.4f} s"], ["MFU", f"{m['mfu']:.1%} ({m.get('flop_convention', '')} FLOPs)"],
+            ["TFLOP/s per GPU", f"{m['tflops_per_gpu']:.1f}"], ["tokens/s", f"{m['tokens_per_s']:,.0f}"],
+            ["peak memory", f"{m['peak_memory_bytes'] / 1e9:.1f} GB"], ["memory", _fit(m) or "-"],
+            ["bubble", f"{m['bubble_fraction']:.1%} of the step"],
+            ["finished last", m.get("last_ranks", str(m.get("last_cell")))]]
+    if m.get("moe_dropped_fraction") is not None:
+        rows.append(["dropped tokens", f"{m['moe_dropped_fraction']:.2%}"])
+    return rows
+
+
+def _memory_section(res) -> str:
+    rows = []
+    for e in res.memory or []:
+        terms = ", ".join(f"{k} {v / 1e9:.1f}" for k, v in e.biggest_terms(3))
+        verdict = '<span class="ok">fits</span>' if e.fits() else '<span class="bad">over</span>'
+        rows.append([e.where, f"{e.total_bytes / 1e9:.1f}", f"{e.hbm_bytes / 1e9:.1f}", verdict, terms])
+    if not rows:
+        return "<p>No memory estimate.</p>"
+    return _table(rows, ["stage", "total GB", "usable HBM GB", "", "biggest terms (GB)"])
+
+
+def _links_section(m: dict) -> str:
+    util = m.get("link_utilization") or {}
+    if not util:
+        return "<p>No link traffic in the reported step.</p>"
+    return _table([[k, f"{v:.1%}"] for k, v in util.items()], ["tier", "utilisation in the step"])
+
+
+def _page(title: str, subtitle: str, body: list[str]) -> str:
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>\n"
+            f"<h1>{html.escape(title)}</h1><p class=\"sub\">{html.escape(subtitle)}</p>\n"
+            + "\n".join(body) + "\n<p class=\"sub\">Written by clustersim.</p></body></html>\n")
+
+
+def run_report(res, path: str | Path, *, name: str | None = None) -> Path:
+    """Write the report of one run (:class:`simulator.engine.Result`) to ``path``."""
+    from .charts import breakdown_bar
+    from .gantt_chart import gantt
+
+    sc, m = res.scenario, res.metrics
+    name = name or sc.name
+    tl = res.timeline
+    last = tl[tl["step"] == tl["step"].max()]
+    by = "stage" if sc.parallel.pp > 1 else "rank"
+    gantt_fig = gantt(last, None, by=by, stage_of=res.program.grid.stage_of, max_rows=16, dpi=80,
+                      title=f"{name}: {m.get('layout', '')}, step {m['step_time_s']:.4g} s")
+    body = []
+    if m.get("whatif"):
+        body.append("<h2>What-if</h2><ul class=\"whatif\">"
+                    + "".join(f"<li>{html.escape(w)}</li>" for w in m["whatif"]) + "</ul>")
+    body += ["<h2>Summary</h2>", _table(_summary_rows(m), None),
+             "<h2>Where the step goes</h2>",
+             f"<p>The compute stream of the cell that finishes last ({html.escape(m.get('last_ranks', ''))}).</p>",
+             _png(breakdown_bar(m["breakdown_s"], title=f"{name}: step {m['step_time_s']:.4g} s")),
+             "<h2>Gantt chart of the reported step</h2>", _png(gantt_fig),
+             "<h2>Memory per pipeline stage</h2>", _memory_section(res),
+             "<h2>Link utilisation</h2>", _links_section(m),
+             "<h2>Scenario</h2>", f"<pre>{html.escape(yaml.safe_dump(sc.source, sort_keys=False))}</pre>"]
+    out = Path(path)
+    out.write_text(_page(f"clustersim: {name}", f"{sc.model.name} on {sc.cluster.num_gpus} x {sc.cluster.gpu.name}, "
+                                                  f"{m.get('layout', '')}", body))
+    return out
+
+
+def compare_report(results: Sequence, names: Sequence[str], path: str | Path) -> Path:
+    """Write the report comparing several runs (the first is the reference) to ``path``."""
+    import tempfile
+
+    from .compare import aligned_gantts, breakdown_comparison, comparison_table, critical_path_table
+
+    table = comparison_table(results, names)
+    crit = critical_path_table(results, names)
+    cols = [f"[{i + 1}]" for i in range(len(names))]
+    runs = _table([[c, n, r.metrics.get("layout", ""), f"{r.metrics['step_time_s']:.4f} s",
+                    f"{r.metrics['step_time_s'] / results[0].metrics['step_time_s']:.3f}x", f"{r.metrics['mfu']:.1%}",
+                    _fit(r.metrics) or "-"] for c, n, r in zip(cols, names, results)],
+                  ["", "scenario", "layout", "step", "vs first", "MFU", "memory"], left=3)
+    metric_rows = [[k] + [f"{v:.4g}" if isinstance(v, float) else str(v) for v in table[k]]
+                   for k in table.columns if k not in ("scenario", "layout")]
+    crit_rows = [[k] + [f"{crit.loc[k, n]:.4g}" for n in names] for k in crit.index]
+    with tempfile.TemporaryDirectory() as tmp:
+        gantt_img = _png_file(aligned_gantts(results, names, Path(tmp) / "g.png"))
+    body = ["<h2>Runs</h2>", runs,
+            "<h2>Side by side</h2>", _table(metric_rows, [""] + cols),
+            "<h2>Where the steps go</h2>", _png(breakdown_comparison(results, names)),
+            "<h2>On the critical path</h2>",
+            "<p>Seconds per op and per idle reason on the compute stream of the cell that finishes last; "
+            "largest change first. Each column sums to its step time.</p>",
+            _table(crit_rows, ["op or idle reason"] + cols),
+            "<h2>Gantt charts on one time axis</h2>", gantt_img]
+    for c, n, r in zip(cols, names, results):
+        if r.metrics.get("whatif"):
+            body.append(f"<p>{c} what-if: " + html.escape("; ".join(r.metrics["whatif"])) + "</p>")
+    out = Path(path)
+    out.write_text(_page("clustersim: comparison", " vs ".join(names), body))
+    return out

@@ -1,0 +1,78 @@
+"""The shareable HTML report: one self-contained page, rendered by a real headless browser.
+
+The page must need no network and no other file (charts inlined as data URIs). When Chromium
+is installed the page is rendered and the screenshot must show the Gantt chart's colours;
+under CI (``CLUSTERSIM_REQUIRE_BROWSER=1``, set by ``.ci/run`` once it has a browser) a
+missing browser fails the test instead of skipping it.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from simulator.cli import main
+
+SCENARIO = ("model: tiny-dense\ncluster: dgx-h100\nparallel: {tp: 2, pp: 2, dp: -1, global_batch_size: 8}\n"
+            "num_steps: 1\nhost: none\nwhatif: {slow_gpus: {5: 1.5}}\n")
+FORWARD_BLUE = (0x3A, 0x6F, 0xB0)           # simulator.report.style.PHASE_COLORS["F"]
+
+
+def _browser() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    if os.environ.get("CLUSTERSIM_REQUIRE_BROWSER") == "1":
+        pytest.fail("no Chromium found, and CLUSTERSIM_REQUIRE_BROWSER=1 (CI): install it (.ci/run does)")
+    pytest.skip("no Chromium to render the report")
+
+
+def _self_contained(text: str) -> None:
+    assert text.startswith("<!DOCTYPE html>")
+    refs = re.findall(r'(?:src|href)="([^"]+)"', text)
+    assert refs and all(r.startswith("data:image/png;base64,") for r in refs), refs[:3]
+    assert "http://" not in text and "https://" not in text
+
+
+def _screenshot(browser: str, page, png) -> np.ndarray:
+    from matplotlib.image import imread
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    "--window-size=1400,2400", f"--screenshot={png}", page.as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    return (imread(png)[:, :, :3] * 255).round().astype(int)
+
+
+def _blue_pixels(img: np.ndarray) -> int:
+    return int((np.abs(img - np.array(FORWARD_BLUE)).max(axis=2) <= 6).sum())
+
+
+def test_run_report_is_one_page_a_browser_renders_with_its_charts(tmp_path, capsys):
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SCENARIO)
+    page = tmp_path / "report.html"
+    assert main(["run", str(sc), "--quiet", "--report", str(page)]) == 0
+    text = page.read_text()
+    _self_contained(text)
+    for words in ("What-if", "GPU 5 computes 1.5x slower", "Summary", "Where the step goes",
+                  "Gantt chart of the reported step", "Memory per pipeline stage", "Link utilisation", "Scenario",
+                  "TP2 PP2 DP2 1f1b"):
+        assert words in text, words
+    assert text.count("data:image/png;base64,") == 2          # the breakdown and the Gantt chart
+    img = _screenshot(_browser(), page, tmp_path / "shot.png")
+    assert _blue_pixels(img) > 2000, "the rendered page shows no chart"
+
+
+def test_compare_report_holds_every_run(tmp_path, capsys):
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SCENARIO)
+    page = tmp_path / "compare.html"
+    assert main(["compare", str(sc), "--set", "parallel.pp=1", "--quiet", "--report", str(page)]) == 0
+    text = page.read_text()
+    _self_contained(text)
+    assert "s + parallel.pp=1" in text and "On the critical path" in text and "vs first" in text
+    assert text.count("data:image/png;base64,") == 2          # breakdown bars and the aligned Gantt charts
+    img = _screenshot(_browser(), page, tmp_path / "shot.png")
+    assert _blue_pixels(img) > 2000
