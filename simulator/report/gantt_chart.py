@@ -60,7 +60,7 @@ _CAT_INDEX = {k: i for i, (k, _, _) in enumerate(_CATEGORIES)}
 _COMPUTE_H = 1.0
 _ROW_GAP = 0.45
 _FIG_W_IN = 15.0
-_LEFT_IN, _RIGHT_IN, _BOTTOM_IN = 1.8, 0.3, 0.6   # the left margin fits "stage 15 · rank 1024"
+_LEFT_IN, _RIGHT_IN, _BOTTOM_IN = 2.3, 0.3, 0.6   # the left margin fits "stage 15 · rank 1024 · host 128"
 _PLOT_W_IN = _FIG_W_IN - _LEFT_IN - _RIGHT_IN
 _MAX_PLOT_H_IN = 30.0    # cap on the plotting area (64 rows with 5 comm lanes each still fit)
 _COMPUTE_PT = 22.0       # preferred compute-lane height; comm lanes are 0.42 of it at this size
@@ -311,11 +311,12 @@ def _lane_geometry(n_rows: int, n_comm: int) -> tuple[float, float]:
 
 
 def _row_label(by: str, item, node_of: dict) -> str:
-    """``rank R · host H`` (H the rank's host, when known), or ``stage S · rank R``."""
+    """``rank R · host H`` (H the rank's host, when known), or ``stage S · rank R · host H``."""
     if by == "rank":
         host = f" · host {int(node_of[item])}" if item in node_of else ""
         return f"rank {item}{host}"
-    return f"stage {item[0]} · rank {item[1]}"
+    host = f" · host {int(node_of[item[1]])}" if item[1] in node_of else ""
+    return f"stage {item[0]} · rank {item[1]}{host}"
 
 
 # ---- ops as arrays -------------------------------------------------------------------------

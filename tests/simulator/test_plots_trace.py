@@ -219,10 +219,11 @@ def test_gantt_by_stage(tl64):
     # inferred from layers, from a mapping, and from a 'stage' column: same 4 rows
     fig = report.gantt(tl64, by="stage")
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
-    assert labels == ["stage 0 · rank 0", "stage 1 · rank 16", "stage 2 · rank 32", "stage 3 · rank 48"]
+    assert labels == ["stage 0 · rank 0 · host 0", "stage 1 · rank 16 · host 2", "stage 2 · rank 32 · host 4",
+                      "stage 3 · rank 48 · host 6"]
     assert "inferred" in fig.texts[0].get_text()
     fig = report.gantt(tl64, by="stage", stage_of={r: r // 16 for r in range(64)}, ranks=range(4, 64))
-    assert next(t.get_text() for t in fig.axes[0].get_yticklabels()) == "stage 0 · rank 4"
+    assert next(t.get_text() for t in fig.axes[0].get_yticklabels()) == "stage 0 · rank 4 · host 0"
     fig = report.gantt(tl64.assign(stage=tl64["rank"] // 16), by="stage", stage_of=None)
     assert len(fig.axes[0].get_yticklabels()) == 4
     with pytest.raises(ValueError, match="stage_of has no stage for rank"):
