@@ -38,9 +38,11 @@ Streams and overlap (docs/design.md, "Streams and overlap"; each rule an ``overl
   ``param_gather`` is on; the next step's forward of a layer waits for the bucket holding
   its parameters (Megatron's forward pre-hook), any other compute for all of them;
 * step-end collectives (tied embedding, grad norm) block;
-* the context-parallel K/V all-gather runs while the attention block computes (``cp_comm``,
-  Megatron's ring attention overlaps each K/V hop with the current block); the block
-  then waits for it; the dK/dV reduce-scatter blocks;
+* context parallelism (``parallel.cp_comm_type``): each ring-attention hop (``p2p`` and
+  the ring of ``a2a+p2p``) runs while the next core-attention block computes
+  (``cp_comm``: Transformer Engine posts hop i+1 before computing block i, double
+  buffered); the block then waits for it.  The ``all_gather`` variant's K/V all-gather
+  and dK/dV reduce-scatter and the ``a2a`` all-to-alls block, as TE runs them;
 * ZeRO-3 / FSDP parameter gathers are prefetched one layer ahead (``fsdp_prefetch``): the
   gather a layer needs is issued before the preceding compute op;
 * a compute op that starts while a non-blocking collective of its rank is in flight runs
@@ -74,9 +76,9 @@ import simpy
 
 from topologies import ConfigError
 from workloads import build_program
-from workloads.ops import (COLL_ALL_GATHER, COLL_ALL_TO_ALL, GROUP_CP, GROUP_TP, KIND_COLLECTIVE, KIND_COMPUTE,
+from workloads.ops import (COLL_ALL_TO_ALL, GROUP_TP, KIND_COLLECTIVE, KIND_COMPUTE,
                            KIND_SEND, PHASE_F, STREAM_COMPUTE, STREAM_PP, Group, ep_a2a_matrix, is_fsdp_gather,
-                           is_grad_bucket, is_grad_norm, is_p2p, is_param_gather, is_step_sync)
+                           is_cp_hop, is_grad_bucket, is_grad_norm, is_p2p, is_param_gather, is_step_sync)
 from workloads.program import Program
 
 from ..collectives import CollectiveEngine
@@ -579,7 +581,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 sizes = sizes_of(op)
                 groups = groups_of[op.group]
                 t_issue = env.now
-                if (cp_overlap and op.group == GROUP_CP and op.coll == COLL_ALL_GATHER) or (tp_overlap and op.group == GROUP_TP):
+                if (cp_overlap and is_cp_hop(op)) or (tp_overlap and op.group == GROUP_TP):
                     ev = _issue(env, coll, groups, seq, op, free_comm, sizes)
                     fin = env.event()
                     ev.callbacks.append(lambda _x, op=op, t_issue=t_issue, step=step, fin=fin, axis=axis: (
