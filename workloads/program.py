@@ -23,8 +23,12 @@ The op list of a class is its program order across streams:
                         row-parallel layers, inputs re-gathered for the two column-parallel
                         wgrads) and 2 reduce-scatters per layer.  Recomputed forwards repeat
                         their collectives.
-  context parallel      K/V all-gather over the CP ring before core attention; backward K/V
-                        all-gather and dK/dV reduce-scatter.
+  context parallel      by ``parallel.cp_comm_type`` (:func:`_cp_attention`): ``p2p`` a
+                        ring of K/V hops, one before each core-attention block but the
+                        last (backward: K/V and dK/dV hops); ``all_gather`` a K/V
+                        all-gather (backward: again, and a dK/dV reduce-scatter); ``a2a``
+                        all-to-alls of Q/K/V before and the output after (backward: dO,
+                        then dQ/dK/dV); ``a2a+p2p`` both.
   expert parallel       all-to-all dispatch and combine around the experts, forward and
                         backward, sizes from the MoE routing (``Program.a2a_sizes``).
   pipeline              send/recv of activations (forward) and gradients (backward) with a
@@ -36,8 +40,10 @@ The op list of a class is its program order across streams:
                         ``grad_reduce`` overlap: all of them after the stage's last
                         action, as Megatron's ``finalize_model_grads``); after the
                         optimizer step the distributed optimizer all-gathers parameters by
-                        bucket; ZeRO-3 gathers each layer's parameters before its forward and
-                        backward and reduce-scatters its gradients.
+                        bucket; ZeRO-3 gathers each layer's parameters (dense over dp x cp,
+                        experts over edp; FP8 with ``fp8_param_gather``), the embedding and
+                        the output layer before their forward and backward; ZeRO-2/3
+                        reduce-scatter every micro-batch's gradients.
   step end              tied-embedding gradient all-reduce (first and last stage),
                         grad-norm all-reduce over all ranks, optimizer step.
   ====================  ================================================================
@@ -899,6 +905,41 @@ def _a2a_total(ctx, layer, mb) -> float:
     return total if scale is None else total * scale
 
 
+def _grads_sharded(par: ParallelConfig) -> bool:
+    """ZeRO-2 / ZeRO-3 (Megatron-FSDP's ``optim_grads`` and ``optim_grads_params``): a rank
+    keeps only its shard of the gradients, so every micro-batch's gradients are
+    reduce-scattered as its backward produces them (Megatron-FSDP's post-backward hook per
+    micro-batch; DeepSpeed ZeRO-2 likewise) instead of once per step."""
+    return par.zero_stage >= 2 and par.dp * par.cp > 1
+
+
+def _fsdp_gather_layer(ctx, em, layer, mb, chunk, phase) -> None:
+    """ZeRO-3 / FSDP: gather layer ``layer``'s parameters before its forward or backward --
+    the dense ones over dp x cp, the routed experts' over the expert data-parallel group --
+    in FP8 where the recipe keeps FP8 parameters (``precision_options.fp8_param_gather``)
+    on a layer whose GEMMs run in low precision, else in BF16."""
+    par = ctx.par
+    if par.zero_stage != 3:
+        return
+    name = OpName.FSDP_GATHER if phase == Phase.F else OpName.FSDP_GATHER_BWD
+    d, e = _local_params(ctx, [layer])
+    nbytes = ctx.recipe.param_gather_bytes_per_param if ctx.recipe.is_low_precision_layer(
+        layer, ctx.model.num_layers) else 2.0
+    if par.dp * par.cp > 1 and d > 0:
+        em.coll(Stream.DP, Coll.ALL_GATHER, Group.DP_CP, d * nbytes, name, layer, mb, chunk, phase)
+    if par.expert_dp > 1 and e > 0:
+        em.coll(Stream.DP, Coll.ALL_GATHER, Group.EDP, e * nbytes, name, layer, mb, chunk, phase)
+
+
+def _fsdp_gather_edge(ctx, em, params, layer, mb, chunk, phase) -> None:
+    """ZeRO-3 / FSDP: the embedding or the output layer is a sharded module too, gathered
+    (BF16) before its forward and backward like a decoder layer."""
+    par = ctx.par
+    if par.zero_stage == 3 and par.dp * par.cp > 1 and params > 0:
+        name = OpName.FSDP_GATHER if phase == Phase.F else OpName.FSDP_GATHER_BWD
+        em.coll(Stream.DP, Coll.ALL_GATHER, Group.DP_CP, params * 2.0, name, layer, mb, chunk, phase)
+
+
 def _recompute_kind(par: ParallelConfig, index_in_stage: int, layers_in_stage: int) -> str:
     if par.recompute != "full":
         return par.recompute
@@ -957,7 +998,7 @@ def _edge_params(ctx, k: int) -> int:
 
 class _GradBuckets:
     """Gradient buckets of one stage: parameters accumulate in backward order during the
-    last micro-batch, and a bucket of ``max(40M, 1M x dp x cp)`` parameters is reduced over
+    last micro-batch (ZeRO-2/3: during every micro-batch, :func:`_grads_sharded`), and a bucket of ``max(40M, 1M x dp x cp)`` parameters is reduced over
     its data-parallel group (dense: dp x cp, experts: edp) once full.  Without
     ``grad_reduce`` overlap the reductions wait for the stage's schedule to finish
     (Megatron's ``finalize_model_grads`` after ``forward_backward_func``): :meth:`issue_deferred`."""
@@ -979,7 +1020,7 @@ class _GradBuckets:
         if self.degree[kind] > 1:
             group = Group.DP_CP if kind == "dense" else Group.EDP
             args = (Stream.DP, self.coll, group, n * self.grad_bytes, _GRAD_BUCKET[kind])
-            if self.ctx.grad_overlap:
+            if self.ctx.grad_overlap or _grads_sharded(self.ctx.par):
                 self.em.coll(*args, chunk=chunk, phase=Phase.W)
             else:
                 self.deferred.append((args, chunk))
@@ -1242,14 +1283,14 @@ def _emit_forward(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where, p2p: bool) 
     if w.prev_stage is not None:
         _gather_received(ctx, em, mb, chunk, Phase.F)
     if w.k == 0:
+        _fsdp_gather_edge(ctx, em, _embedding_params(ctx), -1, mb, chunk, Phase.F)
         _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), Phase.F, OpName.EMBEDDING, mb, chunk)
     for j, layer in enumerate(w.layers):
-        if par.zero_stage == 3 and par.dp * par.cp > 1:
-            d, _ = _local_params(ctx, [layer])
-            em.coll(Stream.DP, Coll.ALL_GATHER, Group.DP_CP, d * 2.0, OpName.FSDP_GATHER, layer, mb, chunk, Phase.F)
+        _fsdp_gather_layer(ctx, em, layer, mb, chunk, Phase.F)
         _layer_forward(ctx, em, layer, mb, chunk, st.tokens.get((layer, mb)), Phase.F,
                        _recompute_kind(par, w.first_idx + j, st.num_layers))
     if w.next_stage is None:
+        _fsdp_gather_edge(ctx, em, _output_params(ctx), -1, mb, chunk, Phase.F)
         _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), Phase.F, OpName.OUTPUT_LOSS, mb, chunk)
     elif p2p:
         _p2p(em, ActionKind.SEND_F, st.index, chunk, mb, w.k, w.next_stage, st.act_p2p)
@@ -1260,28 +1301,27 @@ def _emit_backward(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where, p2p: bool)
     last micro-batch fills the gradient buckets)."""
     par, model, chunk, mb = ctx.par, ctx.model, a.chunk, a.microbatch
     with_w = a.kind == ActionKind.BW
-    fill = with_w and w.is_last_mb
+    fill = with_w and (w.is_last_mb or _grads_sharded(par))
     if w.next_stage is not None:
         if p2p:
             _p2p(em, ActionKind.RECV_B, st.index, chunk, mb, w.k, w.next_stage, st.act_p2p)
         _gather_received(ctx, em, mb, chunk, Phase.B)
     else:
         out = output_ops(model, par, ctx.mbs, ctx.seq)
+        _fsdp_gather_edge(ctx, em, _output_params(ctx), -1, mb, chunk, Phase.B)
         _add_ops(ctx, em, out, Phase.B, OpName.OUTPUT_LOSS_BWD, mb, chunk)
         if with_w:
             _add_ops(ctx, em, out, Phase.W, OpName.OUTPUT_WGRAD, mb, chunk)
             if fill:
                 st.buckets.ready([], chunk, _output_params(ctx))
     for j, layer in reversed(list(enumerate(w.layers))):
-        if par.zero_stage == 3 and par.dp * par.cp > 1:
-            d, _ = _local_params(ctx, [layer])
-            em.coll(Stream.DP, Coll.ALL_GATHER, Group.DP_CP, d * 2.0, OpName.FSDP_GATHER_BWD, layer, mb, chunk,
-                    Phase.B)
+        _fsdp_gather_layer(ctx, em, layer, mb, chunk, Phase.B)
         _layer_backward(ctx, em, layer, mb, chunk, st.tokens.get((layer, mb)),
                         _recompute_kind(par, w.first_idx + j, st.num_layers), with_w)
         if fill:
             st.buckets.ready([layer], chunk)
     if w.k == 0 and with_w:
+        _fsdp_gather_edge(ctx, em, _embedding_params(ctx), -1, mb, chunk, Phase.B)
         _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), Phase.W, OpName.EMBEDDING_WGRAD, mb, chunk)
         if fill:
             st.buckets.ready([], chunk, _embedding_params(ctx))
@@ -1294,6 +1334,7 @@ def _emit_backward(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where, p2p: bool)
 def _emit_wgrad(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where) -> None:
     """A zero-bubble weight-gradient action (W)."""
     par, model, chunk, mb = ctx.par, ctx.model, a.chunk, a.microbatch
+    w = w._replace(is_last_mb=w.is_last_mb or _grads_sharded(par))
     if w.next_stage is None:
         _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), Phase.W, OpName.OUTPUT_WGRAD, mb, chunk)
         if w.is_last_mb:

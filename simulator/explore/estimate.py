@@ -16,7 +16,8 @@ formula of its own:
 * **the pipeline** is the schedule's longest path over those costs
   (:func:`workloads.schedules.schedule_timing`);
 * **data parallelism**: the gradient buckets overlap the last micro-batch's backward, so
-  the estimate exposes ``max(last bucket, all buckets - one backward)`` (without
+  the estimate exposes ``max(last bucket, all buckets - one backward)`` (ZeRO-2/3 reduce
+  every micro-batch's: each micro-batch exposes what its backward does not hide) (without
   ``grad_reduce`` overlap: all of them, after the stage's schedule); the distributed
   optimizer's parameter gather exposes ``max(first bucket, all buckets - one forward)``; step-end ops (grad-norm
   all-reduce, tied embeddings, the optimizer) add;
@@ -109,8 +110,11 @@ class Estimator:
         prog = _fewest_microbatches_program(sc, canon)
         gkey = (par.tp, par.cp, par.dp, par.pp, par.ep, par.expert_tp, par.expert_dp, par.mesh_order)
         per_stage: dict[int, dict] = {}
+        # ZeRO-2/3 reduce every micro-batch's gradients (the program's buckets repeat per micro-batch)
+        grad_mbs = prog.parallel.num_microbatches if (par.zero_stage >= 2 and par.dp * par.cp > 1) else 1
         for cls in prog.classes:
             table = self._class_table(prog.grid, cls, self._group_finder(prog.grid, gkey, cls), sc.overlap)
+            table["grad_mbs"] = grad_mbs
             cur = per_stage.get(cls.stage)
             if cur is None or table["total"] > cur["total"]:
                 per_stage[cls.stage] = table
@@ -233,8 +237,13 @@ class Estimator:
         for s in range(par.pp):
             st = per_stage[s]
             window = st["action"].get(("B", 0), 0.0) + st["action"].get(("W", 0), 0.0)
+            k = st.get("grad_mbs", 1)
             if not st["grad"]:
                 dp = 0.0
+            elif k > 1:            # per micro-batch: each micro-batch's buckets overlap its own backward
+                one = st["grad"][:len(st["grad"]) // k]
+                per = sum(one)
+                dp = (m - 1) * max(0.0, per - window) + max(one[-1], per - window)
             elif sc.overlap.get("grad_reduce", True):
                 dp = max(st["grad"][-1], sum(st["grad"]) - window)
             else:                  # issued after the stage's schedule, each bucket blocking

@@ -157,6 +157,10 @@ NAMED_LAYOUTS = [
     dict(tp=4, pp=2, dp=2, nmb=4, schedule="zb_h1", tp_comm=True, sp=True),
     # ZeRO-3 / FSDP: prefetched per-layer parameter gathers over DP, two steps
     dict(tp=2, pp=2, dp=4, nmb=4, zero_stage=3, num_steps=2),
+    # ZeRO-3 with experts (gathered over the expert data-parallel group) and ZeRO-2
+    # (gradients reduce-scattered every micro-batch)
+    dict(tp=2, pp=2, dp=4, ep=2, nmb=2, zero_stage=3),
+    dict(tp=2, pp=2, dp=4, nmb=4, zero_stage=2),
     # two GPUs per NIC, 2 hosts per leaf: traffic crosses the spines
     dict(tp=2, pp=2, dp=8, nmb=2, preset="a100-4nic", hosts_per_leaf=2),
     # adaptive routing spreads each flow over the spine planes

@@ -112,7 +112,8 @@ def test_expert_tensor_parallelism_gathers_and_scatters_around_the_experts():
 def test_zero3_gathers_parameters_per_layer():
     p = prog(tp=1, pp=1, dp=4, zero_stage=3, distributed_optimizer=False)
     names = collections.Counter(op.name for op in p.classes[0].ops)
-    assert names["fsdp_gather"] == 4 * 2 and names["fsdp_gather_bwd"] == 4 * 2    # 4 layers x 2 micro-batches
+    # 4 layers, the embedding and the output layer, x 2 micro-batches
+    assert names["fsdp_gather"] == 6 * 2 and names["fsdp_gather_bwd"] == 6 * 2
 
 
 def test_mismatched_collectives_are_caught():
