@@ -47,6 +47,8 @@ Streams and overlap (docs/design.md, "Streams and overlap"; each rule an ``overl
   gather a layer needs is issued before the preceding compute op;
 * a compute op that starts while a non-blocking collective of its rank is in flight runs
   slower by :data:`COMM_SLOWDOWN` (``comm_slowdown``): NCCL's kernels take SMs, memory bandwidth and power.
+  When the only collectives in flight are CP ring hops, the op is slowed only until they
+  have landed (a hop is short beside the core-attention block it overlaps).
 
 The host issues a rank's ops in program order (``scenario.host``, ``Op.host_s``): a compute
 op starts no earlier than the issue of its first kernel and ends no earlier than the issue
@@ -361,6 +363,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         flex_inflight: list = []     # flex-dispatcher all-to-alls among them (their SMs)
         overlapped: list = []        # CP K/V exchanges (and TP collectives with tp_comm) the next compute overlaps
         overlapped_axis = ["cp"]
+        hop_fins: set = set()        # completion events of this class's CP ring hops in flight
         prefetched: dict = {}        # op index -> (issue time, event) of prefetched FSDP gathers
         ops = cls.ops
         n_ops = len(ops)
@@ -375,6 +378,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
             if jit is not None:
                 dur = jit(dur, step, idx)
             inflight[:] = [e for e in inflight if not e.processed]
+            hops = None
             if flex_inflight:
                 # the flex dispatcher's kernels hold SMs (simulator.collectives.ep_dispatch): compute
                 # runs on the rest, or slower still if an NCCL collective runs too
@@ -385,10 +389,13 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 elif nccl and dur > 0:
                     dur *= slowdown
             elif slowdown != 1.0 and dur > 0 and inflight:
-                dur *= slowdown
+                if all(e in hop_fins for e in inflight):
+                    hops = list(inflight)        # CP ring hops only: slowed while they last (compute())
+                else:
+                    dur *= slowdown
             if therm is not None:
                 dur = therm(dur, step, env.now)
-            return dur
+            return dur, hops
 
         hc = [0.0]                   # host cursor: when the host has issued everything so far
 
@@ -413,8 +420,25 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
             # the cursor) has run its share
             yield from host_issue(op)
             t0 = env.now
-            dur = compute_time(op, step, idx)
-            if dur > 0:
+            dur, hops = compute_time(op, step, idx)
+            if hops:
+                # a ring-attention hop is short beside the block it overlaps: the block runs
+                # slower only while a hop is in flight, at full speed once they have landed
+                left = dur
+                while True:
+                    live = [e for e in hops if not e.processed]
+                    if not live:
+                        yield env.timeout(left)
+                        break
+                    t = env.now
+                    done = env.timeout(left * slowdown)
+                    yield done | env.any_of(live)
+                    if done.processed:
+                        break
+                    left -= (env.now - t) / slowdown
+                hop_fins.difference_update([e for e in hops if e.processed])
+                dur = env.now - t0
+            elif dur > 0:
                 yield env.timeout(dur)
             rec.add(rep, node, STREAM_COMPUTE, op, "", t0, env.now, step, cid)
             if op.host_s > 0.0:
@@ -425,6 +449,8 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         def sizes_of(op):
             if op.coll == COLL_ALL_TO_ALL and op.tag in prog.a2a_sizes:
                 sizes = prog.a2a_sizes[op.tag]            # dispatch: [src, dst] by EP coordinate
+                if op.group != Group.EP:              # a CP exchange (ring hop, a2a+p2p block)
+                    return sizes
                 sizes = ep_a2a_matrix(op, sizes)
                 return sizes if flex is None else sizes * flex[0]
             return None
@@ -487,7 +513,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 yield from host_issue(op)
                 fin = on_stream(op, step, step * per_kind[op.group] + op.seq, axis_of[j])
                 inflight.append(fin)
-                if flex is not None and op.coll == COLL_ALL_TO_ALL and op.tag in prog.a2a_sizes:
+                if flex is not None and op.coll == COLL_ALL_TO_ALL and op.group == Group.EP and op.tag in prog.a2a_sizes:
                     flex_inflight.append(fin)
                 if nonblocking_of[j]:
                     outstanding["grad"].append(fin)
@@ -589,6 +615,8 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                     overlapped.append(fin)
                     overlapped_axis[0] = op.group
                     inflight.append(fin)
+                    if is_cp_hop(op):
+                        hop_fins.add(fin)
                     continue
                 if nonblocking:
                     fin = on_stream(op, step, seq, axis)

@@ -243,6 +243,13 @@ def test_cp_ring_hops_overlap_the_core_attention_blocks():
     block = tl[(tl["name"] == "core_attn") & (tl["layer"] == hop["layer"]) & (tl["microbatch"] == hop["microbatch"])
                & (tl["phase"] == "F") & (tl["rank"] == hop["rank"])].iloc[0]
     assert block["start_s"] == hop["start_s"]          # hop 1 in flight while block 0 computes
+    # the block is slowed only while the hop is in flight (the hop is far shorter than it)
+    from simulator.engine import COMM_SLOWDOWN
+    base = next(o.duration_s for o in on.program.classes[0].ops if o.name == "core_attn" and o.phase == "F")
+    hop_s = hop["end_s"] - hop["start_s"]
+    assert hop["end_s"] < block["end_s"]
+    # (work runs at 1/slowdown of its pace while the hop is in flight)
+    assert block["end_s"] - block["start_s"] == pytest.approx(base + hop_s * (1 - 1 / COMM_SLOWDOWN["hopper"]), rel=1e-9)
 
 
 def test_cp_all_gather_blocks_the_core_attention():
