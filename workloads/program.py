@@ -265,7 +265,7 @@ def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[
     for op, t in zip(ops, times):
         phase = "R" if op.recompute else op.phase
         base = op.quantizes or op.name        # a quantisation op belongs with its GEMM
-        if base in _ATTN_OPS and split_core and phase != "R" and base == "core_attn":
+        if base in _ATTN_OPS and split_core and base == "core_attn":
             part = "core"                     # with CP: run per ring step, between the exchanges
         elif base in _ATTN_OPS and split_core and phase != "R" and base in _ATTN_POST:
             part = "attn_post"
@@ -544,7 +544,13 @@ def _layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bool):
         _layer_forward(ctx, em, layer, mb, chunk, tpe, Phase.R, recompute)
     else:
         for part, name in _RECOMPUTE_PARTS:
-            em.compute(name, layer, mb, chunk, Phase.R, *seg.get(f"R:{part}", _NOSEG))
+            v = seg.get(f"R:{part}", _NOSEG)
+            if part == "attn" and par.cp > 1:
+                # recomputed core attention: this rank's share of the causal work (its
+                # exchanges are not re-run)
+                c, share = seg.get("R:core", _NOSEG), _cp_work_share(ctx)
+                v = (v[0] + c[0] * share, v[1] + c[1] * share, v[2] + c[2], v[3] + c[3])
+            em.compute(name, layer, mb, chunk, Phase.R, *v)
     tp_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * ctx.recipe.tp_gather_bytes_per_element
     act_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * 2.0
     sp = par.sequence_parallel and par.tp > 1
@@ -859,6 +865,12 @@ def _cp_attention(ctx, em, seg, src, layer, mb, chunk, phase) -> None:
                 OpName.CP_A2A_DQKV if bwd else OpName.CP_A2A_OUT, layer, mb, chunk, phase, tag=tag)
     if not bwd:
         em.compute(OpName.ATTN_OUT, layer, mb, chunk, phase, *post)
+
+
+def _cp_work_share(ctx) -> float:
+    """This rank's core-attention work relative to the balanced share (1 under zigzag and
+    for a2a; ``(2r + 1) / ring`` at ring position r of a sequential split)."""
+    return sum(cp_block_shares(ctx.par.cp_split, ctx.par.cp_sizes()[1], ctx.cp_pos))
 
 
 def _a2a_tag(ctx, a2a: int, ring: int, nbytes: float):

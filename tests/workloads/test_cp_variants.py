@@ -185,3 +185,16 @@ def test_memory_follows_the_cp_variant():
     ds = load_model("deepseek-v3")
     assert cp_buffer_bytes(ds, ParallelConfig(tp=1, cp=2, dp=1, ep=1, seq_len=SEQ)) == pytest.approx(
         4 * SEQ / 2 * 128 * (192 + 128) * 2)
+
+
+def test_sequential_split_recompute_follows_the_triangle_too():
+    """Selective recompute of core attention (Megatron-Core's default) re-runs this rank's
+    share of the causal work."""
+    seq = _prog("p2p", cp=4, cp_split="sequential")
+    zig = _prog("p2p", cp=4)
+    rec = lambda p, c: sum(o.flops for o in _layer_ops(p, cls=c, phase="R") if o.name == OpName.RECOMPUTE_ATTN)
+    core = sum(o.flops for o in _layer_ops(zig, phase="F") if o.name == OpName.CORE_ATTN)
+    assert core > 0 and rec(zig, 0) >= core
+    for c in seq.classes:
+        r = seq.grid.coords(c.members[0])["cp"]
+        assert rec(seq, c.class_id) - rec(zig, 0) == pytest.approx(core * ((2 * r + 1) / 4 - 1))
