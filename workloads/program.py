@@ -543,14 +543,7 @@ def _layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bool):
     if recompute == "full":
         _layer_forward(ctx, em, layer, mb, chunk, tpe, Phase.R, recompute)
     else:
-        for part, name in _RECOMPUTE_PARTS:
-            v = seg.get(f"R:{part}", _NOSEG)
-            if part == "attn" and par.cp > 1:
-                # recomputed core attention: this rank's share of the causal work (its
-                # exchanges are not re-run)
-                c, share = seg.get("R:core", _NOSEG), _cp_work_share(ctx)
-                v = (v[0] + c[0] * share, v[1] + c[1] * share, v[2] + c[2], v[3] + c[3])
-            em.compute(name, layer, mb, chunk, Phase.R, *v)
+        _selective_recompute(ctx, em, seg, layer, mb, chunk)
     tp_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * ctx.recipe.tp_gather_bytes_per_element
     act_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * 2.0
     sp = par.sequence_parallel and par.tp > 1
@@ -592,6 +585,18 @@ def _mamba_cp_bytes(ctx, width: int) -> float:
     """Bytes one rank sends and receives in a Mamba layer's CP all-to-all: its ``T / cp``
     tokens x ``width / tp`` channels, BF16."""
     return ctx.mbs * ctx.seq / ctx.par.cp * width / ctx.par.tp * 2.0
+
+
+def _selective_recompute(ctx, em, seg, layer, mb, chunk) -> None:
+    """The selectively recomputed parts of a layer ahead of its backward.  With CP the
+    recomputed core attention is this rank's share of the causal work (its exchanges are
+    not re-run)."""
+    for part, name in _RECOMPUTE_PARTS:
+        v = seg.get(f"R:{part}", _NOSEG)
+        if part == "attn" and ctx.par.cp > 1:
+            c, share = seg.get("R:core", _NOSEG), _cp_work_share(ctx)
+            v = (v[0] + c[0] * share, v[1] + c[1] * share, v[2] + c[2], v[3] + c[3])
+        em.compute(name, layer, mb, chunk, Phase.R, *v)
 
 
 def _hybrid_layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
@@ -660,8 +665,7 @@ def _hybrid_layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bo
     if recompute == "full":
         _hybrid_layer_forward(ctx, em, layer, mb, chunk, tpe, Phase.R, recompute)
     else:
-        for part, name in _RECOMPUTE_PARTS:
-            em.compute(name, layer, mb, chunk, Phase.R, *seg.get(f"R:{part}", _NOSEG))
+        _selective_recompute(ctx, em, seg, layer, mb, chunk)
     tp_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * ctx.recipe.tp_gather_bytes_per_element
     act_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * 2.0
     sp = par.sequence_parallel and par.tp > 1

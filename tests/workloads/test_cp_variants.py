@@ -198,3 +198,20 @@ def test_sequential_split_recompute_follows_the_triangle_too():
     for c in seq.classes:
         r = seq.grid.coords(c.members[0])["cp"]
         assert rec(seq, c.class_id) - rec(zig, 0) == pytest.approx(core * ((2 * r + 1) / 4 - 1))
+
+
+@pytest.mark.parametrize("kind", ["p2p", "all_gather", "a2a"])
+def test_hybrid_attention_layers_exchange_by_the_variant_and_keep_their_work(kind):
+    """A hybrid stack's attention layer runs the same CP exchange as a transformer layer, and
+    its compute (pre, core blocks, post) adds up to the layer's ops whatever the variant."""
+    from workloads.costs import layer_ops
+    m = load_model("nemotron3-nano")
+    attn = next(i for i in range(m.num_layers) if m.layer_kind(i) == "attention")
+    par = ParallelConfig(tp=1, cp=2, dp=1, seq_len=SEQ, cp_comm_type=kind, recompute="none")
+    p = build_program(m, par, H100)
+    ops = _layer_ops(p, layer=attn)
+    names = {o.name for o in ops}
+    expect = {"p2p": OpName.CP_HOP, "all_gather": OpName.CP_KV, "a2a": OpName.CP_A2A_QKV}[kind]
+    assert expect in names and OpName.CORE_ATTN in names
+    want = sum(o.flops for o in layer_ops(m, par, attn, 1, SEQ) if o.phase == "F")
+    assert sum(o.flops for o in ops if o.phase == "F" and o.kind == "compute") == pytest.approx(want)
