@@ -1021,8 +1021,9 @@ def cp_buffer_bytes(model: ModelSpec, parallel: ParallelConfig, activation_bytes
     * ``a2a``: send and receive buffers of Q, K and V, ``2 (q + c)``;
     * ``a2a+p2p``: the a2a buffers and the ring's, ``2 (q + c) + 4 c``.
     """
-    if parallel.cp <= 1:
-        return 0.0
+    if parallel.cp <= 1 or not any(model.layer_kind(i) in ("transformer", "attention")
+                                   for i in range(model.num_layers)):
+        return 0.0               # (a stack without attention layers exchanges no K/V)
     tok = (parallel.seq_len or model.seq_len) // parallel.cp * parallel.micro_batch_size
     heads = model.num_attention_heads // parallel.tp
     if model.mla is not None:

@@ -236,7 +236,7 @@ def test_hybrid_program_mamba_cp_all_to_alls_and_one_block_per_layer():
     # two all-to-alls per Mamba layer forward (in_proj output to head-split, scan output back), two backward
     assert names.count(OpName.CP_MAMBA_A2A) == 2 * 2 * mb
     assert names.count(OpName.CP_MAMBA_A2A_BWD) == 2 * 2 * mb
-    assert names.count(OpName.CP_KV) == 1 * mb               # the one attention layer
+    assert names.count(OpName.CP_HOP) == 1 * mb              # the one attention layer: a p2p ring of cp - 1 hops
     assert names.count(OpName.MAMBA) == 2 * mb and names.count(OpName.ATTN) == 1 * mb
     assert names.count(OpName.MLP) == 0 and names.count(OpName.EXPERTS) == 1 * mb
     # the dispatch carries latent-wide tokens: T/cp x top_k x latent x 2 bytes
