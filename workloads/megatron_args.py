@@ -92,7 +92,12 @@ _VALUE_FLAGS: dict[str, tuple[str, str, type]] = {
     "--window-size": ("other", "window_size", str),
     "--window-attn-skip-freq": ("other", "window_skip", str),
 }
-_LIST_FLAGS = {"--recompute-modules": ("parallel", "recompute_modules")}
+_LIST_FLAGS = {"--recompute-modules": ("parallel", "recompute_modules"),
+               "--cp-comm-type": ("other", "cp_comm_type"),
+               "--hierarchical-context-parallel-sizes": ("other", "hierarchical_cp_sizes")}
+_CP_COMM_TYPES = {"p2p": "p2p", "allgather": "all_gather", "all_gather": "all_gather", "a2a": "a2a",
+                  "a2a+p2p": "a2a+p2p"}
+"""Megatron-LM's ``--cp-comm-type`` names (``allgather``) to clustersim's (Transformer Engine's)."""
 _SWITCHES: dict[str, tuple[str, str, object]] = {
     "--swiglu": ("model", "mlp", "swiglu"),
     "--untie-embeddings-and-output-weights": ("model", "tied_embeddings", False),
@@ -316,4 +321,20 @@ def _parallel_kwargs(par: dict, other: dict, model: ModelSpec) -> dict:
     par.setdefault("distributed_optimizer", False)
     par.setdefault("zero_stage", 1 if par["distributed_optimizer"] else 0)
     par["seq_len"] = model.seq_len
+    # --cp-comm-type takes one type for every layer or one per layer (Megatron-LM's
+    # arguments.py, nargs='+'); clustersim runs one type for all of them
+    kinds = other.get("cp_comm_type")
+    if kinds:
+        if len(set(kinds)) > 1:
+            raise ConfigError("--cp-comm-type", " ".join(kinds), "one type for every layer (per-layer types are "
+                                                               "not modelled)")
+        if kinds[0] not in _CP_COMM_TYPES:
+            raise ConfigError("--cp-comm-type", kinds[0], "must be p2p, a2a, allgather or a2a+p2p")
+        par["cp_comm_type"] = _CP_COMM_TYPES[kinds[0]]
+    hcp = other.get("hierarchical_cp_sizes")
+    if hcp:
+        try:
+            par["hierarchical_context_parallel_sizes"] = tuple(int(x) for x in hcp)
+        except ValueError:
+            raise ConfigError("--hierarchical-context-parallel-sizes", " ".join(hcp), "expects integers") from None
     return par

@@ -129,6 +129,11 @@ entropy casts the logits to fp32 and keeps the softmax for the backward; the bf1
 the output GEMM writes are freed once cast and are not counted.  Each MTP module adds a
 decoder layer, its input norms and projection input, an output head and its own logits.
 
+Context parallelism adds the transient buffers of its exchange (``cp_buffers``, one layer
+at a time, :func:`cp_buffer_bytes`): they follow ``parallel.cp_comm_type`` -- the ring's
+double buffers for ``p2p``, the whole sequence's K/V for ``all_gather``, the Q/K/V
+send and receive buffers for ``a2a``.
+
 Micro-batches in flight
 -----------------------
 The stage's activations per micro-batch and chunk are multiplied by the schedule's
@@ -159,7 +164,7 @@ from .model import ModelSpec
 from .parallel import ParallelConfig, parse_pipeline_layout, split_layers
 from .schedules import ActionKind, get_schedule, peak_in_flight
 
-__all__ = ["ACTIVATION_TERMS", "DEFAULT_RESERVE_BYTES", "MEMORY_TERMS", "RESERVE_PARTS", "STATIC_ACCOUNTINGS",
+__all__ = ["ACTIVATION_TERMS", "cp_buffer_bytes", "DEFAULT_RESERVE_BYTES", "MEMORY_TERMS", "RESERVE_PARTS", "STATIC_ACCOUNTINGS",
            "MemoryEstimate", "MemoryOptions", "StaticAccounting", "bytes_per_param", "check_fits",
            "effective_zero_stage", "get_static_accounting", "layer_activation_bytes", "memory_estimate",
            "memory_estimates"]
@@ -337,7 +342,7 @@ def _options(options: MemoryOptions | None, knobs: dict) -> MemoryOptions:
 # -- the result -------------------------------------------------------------------------------------
 #: Keys of :meth:`MemoryEstimate.terms`, in order.
 MEMORY_TERMS = ("weights", "gradients", "master_weights", "optimizer_states", "fp8_weight_copies", "activations",
-                "logits", "moe_dispatch", "dp_buckets", "param_gather", "reserve")
+                "logits", "moe_dispatch", "cp_buffers", "dp_buckets", "param_gather", "reserve")
 
 #: Activation terms, in order (see the module docstring's table).
 ACTIVATION_TERMS = ("layer_input", "norm_inputs", "norm_stats", "attn_input", "q", "kv", "qk_norm_inputs",
@@ -383,6 +388,9 @@ class MemoryEstimate:
     reserve_bytes: float
     hbm_bytes: float | None = None
     """Device memory to compare with, when given to :func:`memory_estimate`."""
+    cp_buffers_bytes: float = 0.0
+    """Context-parallel exchange buffers of one layer, by ``cp_comm_type``
+    (:func:`cp_buffer_bytes`)."""
 
     @property
     def activations_bytes(self) -> float:
@@ -406,7 +414,7 @@ class MemoryEstimate:
                 "master_weights": self.master_weights_bytes, "optimizer_states": self.optimizer_states_bytes,
                 "fp8_weight_copies": self.fp8_weight_copies_bytes, "activations": self.activations_bytes,
                 "logits": self.logits_bytes, "moe_dispatch": self.moe_dispatch_bytes,
-                "dp_buckets": self.dp_buckets_bytes, "param_gather": self.param_gather_bytes,
+                "cp_buffers": self.cp_buffers_bytes, "dp_buckets": self.dp_buckets_bytes, "param_gather": self.param_gather_bytes,
                 "reserve": self.reserve_bytes}
 
     def biggest_terms(self, n: int = 3) -> list[tuple[str, float]]:
@@ -995,8 +1003,44 @@ class _Model:
             weights_bytes=static["weights"], gradients_bytes=static["gradients"],
             master_weights_bytes=static["master_weights"], optimizer_states_bytes=static["optimizer_states"],
             fp8_weight_copies_bytes=fp8, activations=activations, logits_bytes=logits,
-            moe_dispatch_bytes=dispatch, dp_buckets_bytes=buckets, param_gather_bytes=gather,
+            moe_dispatch_bytes=dispatch, cp_buffers_bytes=cp_buffer_bytes(m, par, d.e), dp_buckets_bytes=buckets, param_gather_bytes=gather,
             reserve_bytes=float(opt.memory_reserve_bytes), hbm_bytes=hbm_bytes)
+
+
+def cp_buffer_bytes(model: ModelSpec, parallel: ParallelConfig, activation_bytes: float = 2.0) -> float:
+    """Transient buffers of the context-parallel exchange of one layer (one at a time), by
+    ``parallel.cp_comm_type``, as Transformer Engine's ``context_parallel.py`` allocates them.
+
+    With ``c`` the bytes of this rank's K and V (its ``s/cp`` tokens, its TP heads; MLA:
+    the per-head K and V, not the latent):
+
+    * ``p2p``: the backward's double buffer of K/V plus dK/dV (``p2p_comm_buffers``: two of
+      ``[kv, dkv]``), ``4 c`` (the forward holds two K/V buffers, ``2 c``, less);
+    * ``all_gather``: the gathered K/V of the whole sequence and, in the backward, the
+      full-sequence dK/dV before its reduce-scatter, ``2 cp c``;
+    * ``a2a``: send and receive buffers of Q, K and V, ``2 (q + c)``;
+    * ``a2a+p2p``: the a2a buffers and the ring's, ``2 (q + c) + 4 c``.
+    """
+    if parallel.cp <= 1 or not any(model.layer_kind(i) in ("transformer", "attention")
+                                   for i in range(model.num_layers)):
+        return 0.0               # (a stack without attention layers exchanges no K/V)
+    tok = (parallel.seq_len or model.seq_len) // parallel.cp * parallel.micro_batch_size
+    heads = model.num_attention_heads // parallel.tp
+    if model.mla is not None:
+        kv = heads * (model.mla.qk_head_dim + model.mla.v_head_dim)
+        q = heads * model.mla.qk_head_dim
+    else:
+        kv = 2 * max(1, model.num_kv_heads // parallel.tp) * model.head_dim
+        q = heads * model.head_dim
+    c, qb = tok * kv * activation_bytes, tok * q * activation_bytes
+    kind = parallel.cp_comm_type
+    if kind == "p2p":
+        return 4 * c
+    if kind == "all_gather":
+        return 2 * parallel.cp * c
+    if kind == "a2a":
+        return 2 * (qb + c)
+    return 2 * (qb + c) + 4 * c
 
 
 def _prepare(model: ModelSpec, parallel: ParallelConfig, num_microbatches: int | None,

@@ -29,10 +29,6 @@ predicate, in this module only.
 Where the ops that come next fit (each is a new :class:`OpName` member and, where the
 engine must treat it apart, a predicate here):
 
-* context-parallel ring attention: each K/V hop is a ``SEND``/``RECV`` pair on
-  ``Stream.CP`` with ``Coll.SEND_RECV`` and ``Group.CP``, tagged by (layer, micro-batch,
-  hop) like pipeline transfers; the all-to-all variant (Ulysses) is ``Coll.ALL_TO_ALL``
-  on ``Group.CP``;
 * state-space (Mamba) layers: ``COMPUTE`` ops for the chunked scan, the depthwise
   convolution and the gated norm, costed by the bytes their kernels move;
 * dropped tokens: not an op but the sizes of the ``EP_DISPATCH`` / ``EP_COMBINE``
@@ -53,8 +49,9 @@ from enum import StrEnum
 from typing import NamedTuple
 
 __all__ = ["Op", "OpKind", "Stream", "Coll", "Group", "Phase", "OpName", "is_p2p", "is_collective",
-           "is_grad_bucket", "is_param_gather", "is_fsdp_gather", "is_grad_norm", "is_ep_combine", "ep_a2a_matrix", "is_step_sync",
-           "GRAD_BUCKETS", "PARAM_GATHERS", "FSDP_GATHERS", "EP_COMBINES", "EP_TO_SOURCE", "STEP_SYNC_GROUPS"]
+           "is_grad_bucket", "is_param_gather", "is_fsdp_gather", "is_grad_norm", "is_ep_combine", "ep_a2a_matrix",
+           "is_step_sync", "is_cp_hop",
+           "GRAD_BUCKETS", "PARAM_GATHERS", "FSDP_GATHERS", "EP_COMBINES", "EP_TO_SOURCE", "CP_HOPS", "STEP_SYNC_GROUPS"]
 
 
 class OpKind(StrEnum):
@@ -160,9 +157,19 @@ class OpName(StrEnum):
     ETP_RS_BWD = "etp_rs_bwd"
     P2P_GATHER = "p2p_gather"               #: Megatron-LM's scatter/gather of pipeline tensors
     # -- context parallel --------------------------------------------------------------------
-    CP_KV = "cp_kv"                         #: K/V all-gather over the CP ring
+    CP_KV = "cp_kv"                         #: all_gather: K/V all-gather over the CP group
     CP_KV_BWD = "cp_kv_bwd"
-    CP_DKV = "cp_dkv"                       #: dK/dV reduce-scatter
+    CP_DKV = "cp_dkv"                       #: all_gather: dK/dV reduce-scatter
+    CP_HOP = "cp_hop"                       #: p2p ring attention: one K/V hop to the next CP rank
+    CP_HOP_BWD = "cp_hop_bwd"               #: ... backward: K/V and/or dK/dV
+    CP_A2A_QKV = "cp_a2a_qkv"               #: a2a (Ulysses): Q, K, V from sequence- to head-split
+    CP_A2A_OUT = "cp_a2a_out"               #: ... the output back to sequence-split
+    CP_A2A_DOUT = "cp_a2a_dout"             #: ... backward: the output gradient to head-split
+    CP_A2A_DQKV = "cp_a2a_dqkv"             #: ... dQ, dK, dV back to sequence-split
+    CORE_ATTN = "core_attn"                 #: with CP: core attention (one block per ring step)
+    CORE_ATTN_BWD = "core_attn_bwd"
+    ATTN_OUT = "attn_out"                   #: with CP: the attention block after core attention
+    ATTN_OUT_BWD = "attn_out_bwd"
     CP_MAMBA_A2A = "cp_mamba_a2a"           #: Mamba layer: sequence-split <-> head-split all-to-all
     CP_MAMBA_A2A_BWD = "cp_mamba_a2a_bwd"
     # -- expert parallel ---------------------------------------------------------------------
@@ -219,6 +226,7 @@ EP_COMBINES = frozenset({OpName.EP_COMBINE, OpName.EP_COMBINE_BWD})
 #: (input gradients).  The forward dispatch and the backward of the combine (output
 #: gradients to the experts) flow source -> experts.
 EP_TO_SOURCE = frozenset({OpName.EP_COMBINE, OpName.EP_DISPATCH_BWD})
+CP_HOPS = frozenset({OpName.CP_HOP, OpName.CP_HOP_BWD})
 STEP_SYNC_GROUPS = frozenset({Group.WORLD, Group.EMBEDDING, Group.DP_CP, Group.EDP})
 """Groups whose collectives end an overlapped exchange: the data-parallel and step-end
 reductions wait for a CP / TP collective still overlapping the last compute op."""
@@ -278,6 +286,10 @@ def ep_a2a_matrix(op: "Op | OpName", dispatch):
     transpose); the forward dispatch and the backward of the combine (the output gradients
     go to the experts that made the outputs) send as the dispatch does."""
     return dispatch.T if _name(op) in EP_TO_SOURCE else dispatch
+def is_cp_hop(op: "Op | OpName") -> bool:
+    """A ring-attention K/V (or dK/dV) hop: it runs while the next core-attention block
+    computes (``overlap.cp_comm``)."""
+    return _name(op) in CP_HOPS
 
 
 def is_step_sync(op: Op) -> bool:

@@ -40,6 +40,8 @@ RECOMPUTE_KINDS = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
 RECOMPUTE_MODULES = ("core_attn", "mlp", "moe", "moe_act", "layernorm", "mla_up_proj", "shared_experts")
 MESH_AXES = ("tp", "cp", "ep", "dp", "pp")
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
+CP_SPLITS = ("zigzag", "sequential")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,6 +52,19 @@ class ParallelConfig:
     """Tensor-parallel degree (dense layers). 1 means disabled."""
     cp: int = 1
     """Context-parallel degree: the sequence is split over cp ranks (load-balanced causal split)."""
+    cp_comm_type: str = "p2p"
+    """How the CP ranks exchange attention inputs (Megatron-Core's ``--cp-comm-type``,
+    Transformer Engine's ``cp_comm_type``): ``p2p`` ring attention (the default), ``all_gather``,
+    ``a2a`` (Ulysses) or ``a2a+p2p`` (hierarchical)."""
+    hierarchical_context_parallel_sizes: tuple[int, ...] | None = None
+    """With ``cp_comm_type: a2a+p2p``: ``[a2a size, p2p size]`` (inner all-to-all group of
+    adjacent CP ranks, ring across them), product ``cp`` (Megatron-Core's
+    ``--hierarchical-context-parallel-sizes``)."""
+    cp_split: str = "zigzag"
+    """How the sequence is cut over CP ranks: ``zigzag`` (2 x cp chunks, rank r holding chunks
+    r and 2cp-1-r: what Megatron-Core and Transformer Engine do) or ``sequential`` (rank r
+    holds the r-th contiguous 1/cp: a what-if only, Megatron has no such switch; it shows
+    the causal imbalance zigzag removes)."""
     dp: int = 1
     """Dense data-parallel degree (folded form); -1 before :meth:`resolve` means "the rest"."""
     pp: int = 1
@@ -140,6 +155,11 @@ class ParallelConfig:
         kw = dict(d)
         if "recompute_modules" in kw and isinstance(kw["recompute_modules"], list):
             kw["recompute_modules"] = tuple(kw["recompute_modules"])
+        hcp = kw.get("hierarchical_context_parallel_sizes")
+        if hcp is not None:
+            if not isinstance(hcp, (list, tuple)) or any(isinstance(x, bool) or not isinstance(x, int) for x in hcp):
+                raise ConfigError(f"{where}.hierarchical_context_parallel_sizes", hcp, "must be a list of integers")
+            kw["hierarchical_context_parallel_sizes"] = tuple(hcp)
         for key in ("tp", "cp", "dp", "pp", "ep", "etp", "edp", "micro_batch_size", "global_batch_size", "vpp",
                     "zero_stage", "seq_len", "recompute_num_layers", "num_layers_in_first_pipeline_stage",
                     "num_layers_in_last_pipeline_stage"):
@@ -244,6 +264,7 @@ class ParallelConfig:
                                   f"must be a multiple of micro_batch_size x dp = {self.micro_batch_size * self.dp}")
         if self.schedule not in SCHEDULE_NAMES:
             raise ConfigError(f"{where}.schedule", self.schedule, f"must be one of {', '.join(SCHEDULE_NAMES)}")
+        self._check_cp(where)
         if self.zero_stage not in (0, 1, 2, 3):
             raise ConfigError(f"{where}.zero_stage", self.zero_stage, "must be 0, 1, 2 or 3")
         if self.recompute not in RECOMPUTE_KINDS:
@@ -260,6 +281,30 @@ class ParallelConfig:
         if sorted(axes) != sorted(MESH_AXES):
             raise ConfigError(f"{where}.mesh_order", self.mesh_order,
                               f"must name each of {', '.join(MESH_AXES)} once, innermost first")
+
+    def _check_cp(self, where: str) -> None:
+        if self.cp_comm_type not in CP_COMM_TYPES:
+            raise ConfigError(f"{where}.cp_comm_type", self.cp_comm_type, f"must be one of {', '.join(CP_COMM_TYPES)}")
+        if self.cp_split not in CP_SPLITS:
+            raise ConfigError(f"{where}.cp_split", self.cp_split, f"must be one of {', '.join(CP_SPLITS)}")
+        h = self.hierarchical_context_parallel_sizes
+        if self.cp_comm_type == "a2a+p2p":
+            # Megatron-Core: a2a+p2p needs --hierarchical-context-parallel-sizes, whose product is cp
+            if h is None or len(h) != 2 or any(x < 1 for x in h) or h[0] * h[1] != self.cp:
+                raise ConfigError(f"{where}.hierarchical_context_parallel_sizes", h,
+                                  f"cp_comm_type a2a+p2p needs [a2a size, p2p size] with product cp = {self.cp}")
+        elif h is not None:
+            raise ConfigError(f"{where}.hierarchical_context_parallel_sizes", h, "only with cp_comm_type a2a+p2p")
+
+    def cp_sizes(self) -> tuple[int, int]:
+        """(all-to-all size, ring size) of the CP exchange: (1, cp) for p2p and all_gather,
+        (cp, 1) for a2a, the hierarchical sizes for a2a+p2p."""
+        if self.cp_comm_type == "a2a":
+            return self.cp, 1
+        if self.cp_comm_type == "a2a+p2p":
+            a, p = self.hierarchical_context_parallel_sizes
+            return a, p
+        return 1, self.cp
 
     def check_model(self, model, where: str = "parallel") -> None:
         """Rules that involve the model (``model`` is a workloads ModelSpec)."""
@@ -286,6 +331,17 @@ class ParallelConfig:
         if self.sequence_parallel and self.tp > 1 and (seq // self.cp) % self.tp:
             raise ConfigError(f"{where}.seq_len", seq, f"the per-CP-rank sequence must divide by tp = {self.tp} "
                                                        "(sequence parallelism)")
+        a2a = self.cp_sizes()[0]
+        if self.cp > 1 and a2a > 1:
+            # Transformer Engine's AttnFuncWithCPAndQKVOA2A: "cp_comm_type='a2a' requires
+            # num_heads % cp_size == 0 for Q, K, V" -- the heads a TP rank holds (KV heads
+            # replicated when tp exceeds them) are split over the all-to-all group
+            q_loc = heads // self.tp
+            kv_loc = max(kv // self.tp, 1) if getattr(model, "mla", None) is None else q_loc
+            for name, n in (("attention heads", q_loc), ("KV heads", kv_loc)):
+                if n % a2a:
+                    raise ConfigError(f"{where}.cp_comm_type", self.cp_comm_type,
+                                      f"the {name} per TP rank ({n}) must divide by the all-to-all CP size {a2a}")
         split_layers(model.num_layers, self, mtp_layers=getattr(model, "mtp_layers", 0), where=where)
 
     def check_schedule(self, where: str = "parallel") -> None:

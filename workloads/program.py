@@ -23,8 +23,12 @@ The op list of a class is its program order across streams:
                         row-parallel layers, inputs re-gathered for the two column-parallel
                         wgrads) and 2 reduce-scatters per layer.  Recomputed forwards repeat
                         their collectives.
-  context parallel      K/V all-gather over the CP ring before core attention; backward K/V
-                        all-gather and dK/dV reduce-scatter.
+  context parallel      by ``parallel.cp_comm_type`` (:func:`_cp_attention`): ``p2p`` a
+                        ring of K/V hops, one before each core-attention block but the
+                        last (backward: K/V and dK/dV hops); ``all_gather`` a K/V
+                        all-gather (backward: again, and a dK/dV reduce-scatter); ``a2a``
+                        all-to-alls of Q/K/V before and the output after (backward: dO,
+                        then dQ/dK/dV); ``a2a+p2p`` both.
   expert parallel       all-to-all dispatch and combine around the experts, forward and
                         backward, sizes from the MoE routing (``Program.a2a_sizes``).
   pipeline              send/recv of activations (forward) and gradients (backward) with a
@@ -36,8 +40,10 @@ The op list of a class is its program order across streams:
                         ``grad_reduce`` overlap: all of them after the stage's last
                         action, as Megatron's ``finalize_model_grads``); after the
                         optimizer step the distributed optimizer all-gathers parameters by
-                        bucket; ZeRO-3 gathers each layer's parameters before its forward and
-                        backward and reduce-scatters its gradients.
+                        bucket; ZeRO-3 gathers each layer's parameters (dense over dp x cp,
+                        experts over edp; FP8 with ``fp8_param_gather``), the embedding and
+                        the output layer before their forward and backward; ZeRO-2/3
+                        reduce-scatter every micro-batch's gradients.
   step end              tied-embedding gradient all-reduce (first and last stage),
                         grad-norm all-reduce over all ranks, optimizer step.
   ====================  ================================================================
@@ -80,6 +86,8 @@ _ATTN_OPS = {"attn_norm", "qkv_proj", "q_down_proj", "kv_down_proj", "q_norm", "
              "mamba_norm", "in_proj", "conv1d", "ssd_scan", "gated_norm", "mamba_out_proj", "mamba_residual"}
 _PRE_EXPERT = {"mlp_norm", "router", "router_topk", "moe_permute", "latent_down_proj"}
 _POST_EXPERT = {"moe_unpermute", "mlp_residual", "latent_up_proj"}
+_ATTN_POST = {"out_proj", "attn_residual"}
+"""With CP, the attention ops after core attention (the output projection's side of the exchange)."""
 _DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 _RECOMPUTE_PARTS = (("attn", OpName.RECOMPUTE_ATTN), ("mlp", OpName.RECOMPUTE_MLP), ("pre", OpName.RECOMPUTE_PRE),
                     ("post", OpName.RECOMPUTE_POST))
@@ -227,6 +235,8 @@ class _Ctx:
     grad_overlap: bool = True
     moe_ep_overlap: bool = False
     host: HostCosts = HostCosts(0.0, 0.0, 0.0)
+    cp_pos: int = 0               #: ring position of the CP ranks being built (sequential split)
+    a2a_sizes: dict = field(default_factory=dict)
 
 
 _NOSEG = (0.0, 0.0, 0.0, 0)
@@ -250,11 +260,16 @@ def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[
                     recompute=recompute)
     ops = with_quantize_ops(ctx.recipe, ops, ctx.model.num_layers)
     times = ctx.compute.op_times_s(ops)
+    split_core = ctx.par.cp > 1
     seg: dict[str, list] = {}
     for op, t in zip(ops, times):
         phase = "R" if op.recompute else op.phase
         base = op.quantizes or op.name        # a quantisation op belongs with its GEMM
-        if base in _ATTN_OPS:
+        if base in _ATTN_OPS and split_core and base == "core_attn":
+            part = "core"                     # with CP: run per ring step, between the exchanges
+        elif base in _ATTN_OPS and split_core and phase != "R" and base in _ATTN_POST:
+            part = "attn_post"
+        elif base in _ATTN_OPS:
             part = "attn"
         elif base in _PRE_EXPERT and key[0]:
             part = "pre"
@@ -356,6 +371,7 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     ctx.host = hc
     a2a_sizes: dict = {}
     classes, class_of_rank = _rank_classes(ctx, grid, a2a_sizes)
+    a2a_sizes.update(ctx.a2a_sizes)           # the CP exchanges' per-pair sizes
     prog = Program(model, par, sched, grid, classes, class_of_rank,
                    model_flops_per_step(model, par.batch_size, seq), a2a_sizes)
     if _drops_tokens(ctx):
@@ -394,14 +410,19 @@ def _rank_classes(ctx: _Ctx, grid: RankGrid, a2a_sizes: dict) -> tuple[list[Rank
     classes: list[RankClass] = []
     class_of_rank = np.empty(grid.world_size, dtype=np.int64)
     by_key: dict = {}
+    a2a, ring = par.cp_sizes()
+    per_cp_rank = par.cp_split == "sequential" and ring > 1 and par.cp_comm_type != "a2a"
     for rank in range(grid.world_size):
         stage = grid.coords(rank)["pp"]
         e = grid.coords(rank, "expert")["ep"] if model.moe is not None else 0
-        key = (stage, sig_of_ep[e][0])
+        # a sequential CP split (what-if) gives each ring position its own attention work
+        pos = grid.coords(rank)["cp"] // a2a if per_cp_rank else 0
+        key = (stage, sig_of_ep[e][0], pos)
         cid = by_key.get(key)
         if cid is None:
             cid = len(classes)
             by_key[key] = cid
+            ctx.cp_pos = pos
             ops = _stage_program(ctx, stage, sig_of_ep[e][1])
             classes.append(RankClass(cid, stage, (), ops))
         class_of_rank[rank] = cid
@@ -490,13 +511,12 @@ def _layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
             em.coll(Stream.TP, Coll.ALL_REDUCE, Group.TP, act_bytes, OpName.TP_AR, layer, mb, chunk, phase)
 
     tp_in()
-    if par.cp > 1:
-        kv = _kv_bytes(ctx) * ctx.mbs * ctx.seq
-        em.coll(Stream.CP, Coll.ALL_GATHER, Group.CP, kv, OpName.CP_KV, layer, mb, chunk, phase)
     f, t, hs, k = seg.get(f"{src}:attn", _NOSEG)
     if phase == Phase.R:        # the checkpoint function of a fully recomputed layer
         hs += ctx.host.checkpoint_s
     em.compute(OpName.ATTN, layer, mb, chunk, phase, f, t, hs, k)
+    if par.cp > 1:
+        _cp_attention(ctx, em, seg, src, layer, mb, chunk, phase)
     tp_out()
     if is_moe:
         em.compute(OpName.MOE_PRE, layer, mb, chunk, phase, *seg.get(f"{src}:pre", _NOSEG))
@@ -523,8 +543,7 @@ def _layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bool):
     if recompute == "full":
         _layer_forward(ctx, em, layer, mb, chunk, tpe, Phase.R, recompute)
     else:
-        for part, name in _RECOMPUTE_PARTS:
-            em.compute(name, layer, mb, chunk, Phase.R, *seg.get(f"R:{part}", _NOSEG))
+        _selective_recompute(ctx, em, seg, layer, mb, chunk)
     tp_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * ctx.recipe.tp_gather_bytes_per_element
     act_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * 2.0
     sp = par.sequence_parallel and par.tp > 1
@@ -535,6 +554,8 @@ def _layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bool):
         if sp:
             em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, act_bytes, OpName.SP_AG_DOUT, layer, mb, chunk, Phase.B)
             em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, tp_bytes, OpName.SP_AG_INPUT, layer, mb, chunk, Phase.B)
+        if name == OpName.ATTN_BWD and par.cp > 1:
+            _cp_attention(ctx, em, seg, "B", layer, mb, chunk, Phase.B)
         parts = [seg.get(f"B:{p}", _NOSEG) for p in part_names]
         em.compute(name, layer, mb, chunk, Phase.B, *(sum(v[i] for v in parts) for i in range(4)))
         if sp:
@@ -554,12 +575,7 @@ def _layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bool):
         em.compute(OpName.MOE_PRE_BWD, layer, mb, chunk, Phase.B, *seg.get("B:pre", _NOSEG))
     else:
         block((OpName.MLP,), OpName.MLP_BWD)
-    if par.cp > 1:
-        kv = _kv_bytes(ctx) * ctx.mbs * ctx.seq
-        em.coll(Stream.CP, Coll.ALL_GATHER, Group.CP, kv, OpName.CP_KV_BWD, layer, mb, chunk, Phase.B)
     block((OpName.ATTN,), OpName.ATTN_BWD)
-    if par.cp > 1:
-        em.coll(Stream.CP, Coll.REDUCE_SCATTER, Group.CP, kv, OpName.CP_DKV, layer, mb, chunk, Phase.B)
     if with_w:
         _layer_wgrad(ctx, em, layer, mb, chunk, tpe, recompute)
 
@@ -571,13 +587,25 @@ def _mamba_cp_bytes(ctx, width: int) -> float:
     return ctx.mbs * ctx.seq / ctx.par.cp * width / ctx.par.tp * 2.0
 
 
+def _selective_recompute(ctx, em, seg, layer, mb, chunk) -> None:
+    """The selectively recomputed parts of a layer ahead of its backward.  With CP the
+    recomputed core attention is this rank's share of the causal work (its exchanges are
+    not re-run)."""
+    for part, name in _RECOMPUTE_PARTS:
+        v = seg.get(f"R:{part}", _NOSEG)
+        if part == "attn" and ctx.par.cp > 1:
+            c, share = seg.get("R:core", _NOSEG), _cp_work_share(ctx)
+            v = (v[0] + c[0] * share, v[1] + c[1] * share, v[2] + c[2], v[3] + c[3])
+        em.compute(name, layer, mb, chunk, Phase.R, *v)
+
+
 def _hybrid_layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
     """Forward (or recomputed forward) of one layer of a hybrid stack: the TP collectives
     around its one sublayer, as for an attention or MLP block; a Mamba layer with context
     parallelism transposes in_proj's output (z, x, B, C, dt) from sequence- to head-split
     before the conv1d and the scan's output back after it (Megatron-Core
-    ``MambaContextParallel``, whatever ``cp_comm_type`` says); an attention layer gathers
-    K/V over CP as a transformer layer does; an MoE layer runs the MoE path."""
+    ``MambaContextParallel``, whatever ``cp_comm_type`` says); an attention layer exchanges
+    over CP as a transformer layer does (:func:`_cp_attention`); an MoE layer runs the MoE path."""
     par, model = ctx.par, ctx.model
     kind = model.layer_kind(layer)
     seg = _segments(ctx, layer, tpe, recompute)
@@ -616,14 +644,13 @@ def _hybrid_layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
         em.compute(OpName.MLP, layer, mb, chunk, phase, f, t, hs + host_extra, k)
         tp_out()
         return
-    if kind == "attention" and par.cp > 1:
-        kv = _kv_bytes(ctx) * ctx.mbs * ctx.seq
-        em.coll(Stream.CP, Coll.ALL_GATHER, Group.CP, kv, OpName.CP_KV, layer, mb, chunk, phase)
     if kind == "mamba" and par.cp > 1:
         em.coll(Stream.CP, Coll.ALL_TO_ALL, Group.CP, _mamba_cp_bytes(ctx, model.mamba.in_proj_width),
                 OpName.CP_MAMBA_A2A, layer, mb, chunk, phase)
     f, t, hs, k = seg.get("F:attn", _NOSEG)
     em.compute(OpName.MAMBA if kind == "mamba" else OpName.ATTN, layer, mb, chunk, phase, f, t, hs + host_extra, k)
+    if kind == "attention" and par.cp > 1:     # the variant's exchanges, as a transformer layer
+        _cp_attention(ctx, em, seg, "F", layer, mb, chunk, phase)
     if kind == "mamba" and par.cp > 1:
         em.coll(Stream.CP, Coll.ALL_TO_ALL, Group.CP, _mamba_cp_bytes(ctx, model.mamba.d_inner),
                 OpName.CP_MAMBA_A2A, layer, mb, chunk, phase)
@@ -638,8 +665,7 @@ def _hybrid_layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bo
     if recompute == "full":
         _hybrid_layer_forward(ctx, em, layer, mb, chunk, tpe, Phase.R, recompute)
     else:
-        for part, name in _RECOMPUTE_PARTS:
-            em.compute(name, layer, mb, chunk, Phase.R, *seg.get(f"R:{part}", _NOSEG))
+        _selective_recompute(ctx, em, seg, layer, mb, chunk)
     tp_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * ctx.recipe.tp_gather_bytes_per_element
     act_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * 2.0
     sp = par.sequence_parallel and par.tp > 1
@@ -662,8 +688,7 @@ def _hybrid_layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bo
             em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, tp_bytes, OpName.SP_AG_INPUT, layer, mb, chunk, Phase.B)
         mamba_cp = kind == "mamba" and par.cp > 1
         if kind == "attention" and par.cp > 1:
-            kv = _kv_bytes(ctx) * ctx.mbs * ctx.seq
-            em.coll(Stream.CP, Coll.ALL_GATHER, Group.CP, kv, OpName.CP_KV_BWD, layer, mb, chunk, Phase.B)
+            _cp_attention(ctx, em, seg, "B", layer, mb, chunk, Phase.B)
         if mamba_cp:
             em.coll(Stream.CP, Coll.ALL_TO_ALL, Group.CP, _mamba_cp_bytes(ctx, model.mamba.d_inner),
                     OpName.CP_MAMBA_A2A_BWD, layer, mb, chunk, Phase.B)
@@ -672,9 +697,6 @@ def _hybrid_layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bo
         if mamba_cp:
             em.coll(Stream.CP, Coll.ALL_TO_ALL, Group.CP, _mamba_cp_bytes(ctx, model.mamba.in_proj_width),
                     OpName.CP_MAMBA_A2A_BWD, layer, mb, chunk, Phase.B)
-        if kind == "attention" and par.cp > 1:
-            kv = _kv_bytes(ctx) * ctx.mbs * ctx.seq
-            em.coll(Stream.CP, Coll.REDUCE_SCATTER, Group.CP, kv, OpName.CP_DKV, layer, mb, chunk, Phase.B)
         if sp:
             em.coll(Stream.TP, Coll.REDUCE_SCATTER, Group.TP, act_bytes, OpName.SP_RS_DGRAD, layer, mb, chunk, Phase.B)
         elif par.tp > 1:
@@ -690,10 +712,17 @@ def _layer_wgrad(ctx, em, layer, mb, chunk, tpe, recompute):
 
 
 def _kv_bytes(ctx) -> float:
-    """Bytes of K and V per token of one rank's heads (bf16)."""
+    """Bytes of K and V per token of one TP rank's heads (bf16).
+
+    MLA exchanges the keys and values attention consumes, materialised per head by the
+    up-projection -- ``heads/tp x (qk_head_dim + v_head_dim)`` per token -- not the
+    compressed latent: Megatron-Core's ``MLASelfAttention`` up-projects K and V before it
+    calls Transformer Engine's ``DotProductAttention``, whose CP exchange moves its ``k`` and
+    ``v`` inputs (``context_parallel.py``, ``AttnFuncWithCPAndKVP2P``)."""
     m, par = ctx.model, ctx.par
     if m.mla is not None:
-        return (m.mla.kv_lora_rank + m.mla.qk_rope_head_dim) * 2.0
+        heads = m.num_attention_heads // par.tp
+        return heads * (m.mla.qk_head_dim + m.mla.v_head_dim) * 2.0
     kv_heads = max(m.num_kv_heads // par.tp, 1)
     return 2 * kv_heads * m.head_dim * 2.0
 
@@ -725,6 +754,150 @@ def _ep_comm(ctx, em, name, layer, mb, chunk, phase):
             tag=(layer, mb))
 
 
+def _qkv_out_bytes(ctx) -> tuple[float, float]:
+    """(Q, K and V ; output) bytes per token of one TP rank's heads (bf16): what the a2a
+    (Ulysses) exchange moves before and after core attention."""
+    m, par = ctx.model, ctx.par
+    heads = m.num_attention_heads // par.tp
+    if m.mla is not None:
+        return heads * m.mla.qk_head_dim * 2.0 + _kv_bytes(ctx), heads * m.mla.v_head_dim * 2.0
+    return heads * m.head_dim * 2.0 + _kv_bytes(ctx), heads * m.head_dim * 2.0
+
+
+def cp_block_shares(cp_split: str, ring: int, pos: int) -> list[float]:
+    """The share of a rank's (zigzag-balanced) core-attention work in each ring step.
+
+    Causal attention over a ring of ``ring`` ranks, rank ``pos`` of it.  ``zigzag``
+    (Megatron-Core / Transformer Engine: 2 x ring chunks, rank r holding chunks r and
+    2 ring - 1 - r): every step does the same work, ``1/ring`` each (TE's
+    ``AttnFuncWithCPAndKVP2P``: the diagonal step runs causal on both local chunks, the
+    others half of the block).  ``sequential`` (a what-if): rank r holds the r-th
+    contiguous chunk; step 0 is the causal diagonal block (half a block), steps 1..r full
+    blocks of earlier keys, later steps nothing -- ``(2r + 1) / ring`` of the balanced work
+    in all, i.e. ``(2r + 1) / ring^2`` of the whole causal attention.  Shares are relative
+    to the balanced per-rank work (they sum to 1 under zigzag)."""
+    if cp_split == "zigzag" or ring == 1:
+        return [1.0 / ring] * ring
+    return [1.0 / ring if i == 0 else (2.0 / ring if i <= pos else 0.0) for i in range(ring)]
+
+
+def _ring_matrix(n: int, step: int, nbytes: float) -> np.ndarray:
+    """Bytes member i sends to member (i + step) mod n: one hop of a ring (an all-to-all
+    whose only pairs are ring neighbours, so the network carries exactly the hop)."""
+    m = np.zeros((n, n))
+    for i in range(n):
+        m[i, (i + step) % n] = nbytes
+    return m
+
+
+def _block_matrix(n: int, a: int, nbytes: float) -> np.ndarray:
+    """An all-to-all within consecutive blocks of ``a`` members, ``nbytes`` per member split
+    evenly over its block (the a2a part of a2a+p2p, over the CP group)."""
+    m = np.zeros((n, n))
+    for i in range(n):
+        b = (i // a) * a
+        m[i, b:b + a] = nbytes / a
+    return m
+
+
+def _cp_attention(ctx, em, seg, src, layer, mb, chunk, phase) -> None:
+    """Core attention under context parallelism with its exchanges, as the variant
+    (``parallel.cp_comm_type``) runs it in Transformer Engine's ``context_parallel.py``:
+
+    * ``p2p`` (ring attention, ``AttnFuncWithCPAndKVP2P``): the forward runs ``cp`` blocks
+      of core attention and posts the next K/V hop before each block but the last, so hop
+      ``i + 1`` is in flight while block ``i`` computes (double buffered); the backward
+      runs ``cp`` blocks and before each posts a hop carrying K/V (step 0), K/V and the
+      dK/dV accumulated so far (steps 1..cp-2) or dK/dV alone (step cp-1): about twice
+      the forward's bytes.
+    * ``all_gather`` (``AttnFuncWithCPAndKVAllGather``): K/V all-gathered before core
+      attention, not overlapped; the backward gathers them again and reduce-scatters dK/dV.
+    * ``a2a`` (Ulysses, ``AttnFuncWithCPAndQKVOA2A``): Q, K, V all-to-all from sequence-
+      to head-split before, the output back after; the backward does dO before and dQ,
+      dK, dV after.  Each rank then runs the whole sequence for ``heads / cp`` heads.
+    * ``a2a+p2p``: the all-to-all inside blocks of ``a2a size`` adjacent CP ranks, then
+      the ring across blocks (``p2p size`` steps; TE's ``send_dst`` is the same a2a rank
+      of the next block).
+
+    Every exchange is a collective on the CP group; a hop is an all-to-all whose only
+    pairs are ring neighbours (:func:`_ring_matrix`, sizes in ``Program.a2a_sizes``).
+    """
+    par = ctx.par
+    kind = par.cp_comm_type
+    a2a, ring = par.cp_sizes()
+    bwd = phase == Phase.B
+    core = seg.get(f"{src}:core", _NOSEG)
+    post = seg.get(f"{src}:attn_post", _NOSEG)
+    tokens = ctx.mbs * ctx.seq / par.cp          # this rank's tokens
+    kv_chunk = _kv_bytes(ctx) * tokens           # its K and V (after an a2a: the same bytes)
+    qkv_b, out_b = (x * tokens for x in _qkv_out_bytes(ctx))
+    core_name = OpName.CORE_ATTN_BWD if bwd else OpName.CORE_ATTN
+    if bwd:
+        em.compute(OpName.ATTN_OUT_BWD, layer, mb, chunk, phase, *post)
+    # the work of this rank: balanced by zigzag; a sequential split (what-if) follows the
+    # causal triangle over the ring (the all-to-all part splits heads, not the sequence)
+    shares = cp_block_shares(par.cp_split, ring, ctx.cp_pos)
+    if a2a > 1:
+        tag = _a2a_tag(ctx, a2a, ring, out_b if bwd else qkv_b)
+        em.coll(Stream.CP, Coll.ALL_TO_ALL, Group.CP, out_b if bwd else qkv_b,
+                OpName.CP_A2A_DOUT if bwd else OpName.CP_A2A_QKV, layer, mb, chunk, phase, tag=tag)
+    if kind == "all_gather":
+        em.coll(Stream.CP, Coll.ALL_GATHER, Group.CP, kv_chunk * par.cp, OpName.CP_KV_BWD if bwd else OpName.CP_KV,
+                layer, mb, chunk, phase)
+        _core_block(em, core_name, layer, mb, chunk, phase, core, sum(shares), 1.0)
+        if bwd:
+            em.coll(Stream.CP, Coll.REDUCE_SCATTER, Group.CP, kv_chunk * par.cp, OpName.CP_DKV, layer, mb, chunk,
+                    phase)
+    elif ring > 1:
+        for i, share in enumerate(shares):
+            if bwd:
+                size = kv_chunk if i in (0, ring - 1) else 2 * kv_chunk
+            else:
+                size = kv_chunk if i < ring - 1 else 0.0
+            if size > 0:
+                tag = ("cp_ring", a2a, size)
+                if tag not in ctx.a2a_sizes:
+                    ctx.a2a_sizes[tag] = _ring_matrix(par.cp, a2a, size)
+                em.coll(Stream.CP, Coll.ALL_TO_ALL, Group.CP, size, OpName.CP_HOP_BWD if bwd else OpName.CP_HOP,
+                        layer, mb, chunk, phase, tag=tag)
+            _core_block(em, core_name, layer, mb, chunk, phase, core, share, 1.0 / ring)
+    else:
+        _core_block(em, core_name, layer, mb, chunk, phase, core, 1.0, 1.0)
+    if a2a > 1:
+        tag = _a2a_tag(ctx, a2a, ring, qkv_b if bwd else out_b)
+        em.coll(Stream.CP, Coll.ALL_TO_ALL, Group.CP, qkv_b if bwd else out_b,
+                OpName.CP_A2A_DQKV if bwd else OpName.CP_A2A_OUT, layer, mb, chunk, phase, tag=tag)
+    if not bwd:
+        em.compute(OpName.ATTN_OUT, layer, mb, chunk, phase, *post)
+
+
+def _cp_work_share(ctx) -> float:
+    """This rank's core-attention work relative to the balanced share (1 under zigzag and
+    for a2a; ``(2r + 1) / ring`` at ring position r of a sequential split)."""
+    return sum(cp_block_shares(ctx.par.cp_split, ctx.par.cp_sizes()[1], ctx.cp_pos))
+
+
+def _a2a_tag(ctx, a2a: int, ring: int, nbytes: float):
+    """The sizes tag of an a2a over the CP group: None (an even split) for plain a2a; for
+    a2a+p2p the block matrix of its inner groups."""
+    if ring == 1:
+        return None
+    tag = ("cp_a2a", a2a, nbytes)
+    if tag not in ctx.a2a_sizes:
+        ctx.a2a_sizes[tag] = _block_matrix(ctx.par.cp, a2a, nbytes)
+    return tag
+
+
+def _core_block(em, name, layer, mb, chunk, phase, core, share, kernel_share) -> None:
+    """One block of core attention: ``share`` of the rank's balanced work (FLOPs and time
+    scale with it) and ``kernel_share`` of its kernels."""
+    f, t, hs, k = core
+    if share <= 0:
+        return
+    em.compute(name, layer, mb, chunk, phase, f * share, t * share, hs * kernel_share,
+               max(int(round(k * kernel_share)), 1 if k else 0))
+
+
 def _expert_tp(ctx, em, coll, name, layer, mb, chunk, phase):
     """Expert tensor parallelism around the experts (Megatron-Core's
     ``MoEAlltoAllTokenDispatcher``): after the dispatch all-to-all the expert-TP group
@@ -746,6 +919,41 @@ def _a2a_total(ctx, layer, mb) -> float:
     total = float(tn * m.moe.top_k * (m.moe.latent_size or m.hidden_size) * 2.0)
     scale = ctx.a2a_scale.get((layer, mb))
     return total if scale is None else total * scale
+
+
+def _grads_sharded(par: ParallelConfig) -> bool:
+    """ZeRO-2 / ZeRO-3 (Megatron-FSDP's ``optim_grads`` and ``optim_grads_params``): a rank
+    keeps only its shard of the gradients, so every micro-batch's gradients are
+    reduce-scattered as its backward produces them (Megatron-FSDP's post-backward hook per
+    micro-batch; DeepSpeed ZeRO-2 likewise) instead of once per step."""
+    return par.zero_stage >= 2 and par.dp * par.cp > 1
+
+
+def _fsdp_gather_layer(ctx, em, layer, mb, chunk, phase) -> None:
+    """ZeRO-3 / FSDP: gather layer ``layer``'s parameters before its forward or backward --
+    the dense ones over dp x cp, the routed experts' over the expert data-parallel group --
+    in FP8 where the recipe keeps FP8 parameters (``precision_options.fp8_param_gather``)
+    on a layer whose GEMMs run in low precision, else in BF16."""
+    par = ctx.par
+    if par.zero_stage != 3:
+        return
+    name = OpName.FSDP_GATHER if phase == Phase.F else OpName.FSDP_GATHER_BWD
+    d, e = _local_params(ctx, [layer])
+    nbytes = ctx.recipe.param_gather_bytes_per_param if ctx.recipe.is_low_precision_layer(
+        layer, ctx.model.num_layers) else 2.0
+    if par.dp * par.cp > 1 and d > 0:
+        em.coll(Stream.DP, Coll.ALL_GATHER, Group.DP_CP, d * nbytes, name, layer, mb, chunk, phase)
+    if par.expert_dp > 1 and e > 0:
+        em.coll(Stream.DP, Coll.ALL_GATHER, Group.EDP, e * nbytes, name, layer, mb, chunk, phase)
+
+
+def _fsdp_gather_edge(ctx, em, params, layer, mb, chunk, phase) -> None:
+    """ZeRO-3 / FSDP: the embedding or the output layer is a sharded module too, gathered
+    (BF16) before its forward and backward like a decoder layer."""
+    par = ctx.par
+    if par.zero_stage == 3 and par.dp * par.cp > 1 and params > 0:
+        name = OpName.FSDP_GATHER if phase == Phase.F else OpName.FSDP_GATHER_BWD
+        em.coll(Stream.DP, Coll.ALL_GATHER, Group.DP_CP, params * 2.0, name, layer, mb, chunk, phase)
 
 
 def _recompute_kind(par: ParallelConfig, index_in_stage: int, layers_in_stage: int) -> str:
@@ -806,7 +1014,7 @@ def _edge_params(ctx, k: int) -> int:
 
 class _GradBuckets:
     """Gradient buckets of one stage: parameters accumulate in backward order during the
-    last micro-batch, and a bucket of ``max(40M, 1M x dp x cp)`` parameters is reduced over
+    last micro-batch (ZeRO-2/3: during every micro-batch, :func:`_grads_sharded`), and a bucket of ``max(40M, 1M x dp x cp)`` parameters is reduced over
     its data-parallel group (dense: dp x cp, experts: edp) once full.  Without
     ``grad_reduce`` overlap the reductions wait for the stage's schedule to finish
     (Megatron's ``finalize_model_grads`` after ``forward_backward_func``): :meth:`issue_deferred`."""
@@ -828,7 +1036,7 @@ class _GradBuckets:
         if self.degree[kind] > 1:
             group = Group.DP_CP if kind == "dense" else Group.EDP
             args = (Stream.DP, self.coll, group, n * self.grad_bytes, _GRAD_BUCKET[kind])
-            if self.ctx.grad_overlap:
+            if self.ctx.grad_overlap or _grads_sharded(self.ctx.par):
                 self.em.coll(*args, chunk=chunk, phase=Phase.W)
             else:
                 self.deferred.append((args, chunk))
@@ -1091,14 +1299,14 @@ def _emit_forward(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where, p2p: bool) 
     if w.prev_stage is not None:
         _gather_received(ctx, em, mb, chunk, Phase.F)
     if w.k == 0:
+        _fsdp_gather_edge(ctx, em, _embedding_params(ctx), -1, mb, chunk, Phase.F)
         _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), Phase.F, OpName.EMBEDDING, mb, chunk)
     for j, layer in enumerate(w.layers):
-        if par.zero_stage == 3 and par.dp * par.cp > 1:
-            d, _ = _local_params(ctx, [layer])
-            em.coll(Stream.DP, Coll.ALL_GATHER, Group.DP_CP, d * 2.0, OpName.FSDP_GATHER, layer, mb, chunk, Phase.F)
+        _fsdp_gather_layer(ctx, em, layer, mb, chunk, Phase.F)
         _layer_forward(ctx, em, layer, mb, chunk, st.tokens.get((layer, mb)), Phase.F,
                        _recompute_kind(par, w.first_idx + j, st.num_layers))
     if w.next_stage is None:
+        _fsdp_gather_edge(ctx, em, _output_params(ctx), -1, mb, chunk, Phase.F)
         _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), Phase.F, OpName.OUTPUT_LOSS, mb, chunk)
     elif p2p:
         _p2p(em, ActionKind.SEND_F, st.index, chunk, mb, w.k, w.next_stage, st.act_p2p)
@@ -1109,28 +1317,27 @@ def _emit_backward(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where, p2p: bool)
     last micro-batch fills the gradient buckets)."""
     par, model, chunk, mb = ctx.par, ctx.model, a.chunk, a.microbatch
     with_w = a.kind == ActionKind.BW
-    fill = with_w and w.is_last_mb
+    fill = with_w and (w.is_last_mb or _grads_sharded(par))
     if w.next_stage is not None:
         if p2p:
             _p2p(em, ActionKind.RECV_B, st.index, chunk, mb, w.k, w.next_stage, st.act_p2p)
         _gather_received(ctx, em, mb, chunk, Phase.B)
     else:
         out = output_ops(model, par, ctx.mbs, ctx.seq)
+        _fsdp_gather_edge(ctx, em, _output_params(ctx), -1, mb, chunk, Phase.B)
         _add_ops(ctx, em, out, Phase.B, OpName.OUTPUT_LOSS_BWD, mb, chunk)
         if with_w:
             _add_ops(ctx, em, out, Phase.W, OpName.OUTPUT_WGRAD, mb, chunk)
             if fill:
                 st.buckets.ready([], chunk, _output_params(ctx))
     for j, layer in reversed(list(enumerate(w.layers))):
-        if par.zero_stage == 3 and par.dp * par.cp > 1:
-            d, _ = _local_params(ctx, [layer])
-            em.coll(Stream.DP, Coll.ALL_GATHER, Group.DP_CP, d * 2.0, OpName.FSDP_GATHER_BWD, layer, mb, chunk,
-                    Phase.B)
+        _fsdp_gather_layer(ctx, em, layer, mb, chunk, Phase.B)
         _layer_backward(ctx, em, layer, mb, chunk, st.tokens.get((layer, mb)),
                         _recompute_kind(par, w.first_idx + j, st.num_layers), with_w)
         if fill:
             st.buckets.ready([layer], chunk)
     if w.k == 0 and with_w:
+        _fsdp_gather_edge(ctx, em, _embedding_params(ctx), -1, mb, chunk, Phase.B)
         _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), Phase.W, OpName.EMBEDDING_WGRAD, mb, chunk)
         if fill:
             st.buckets.ready([], chunk, _embedding_params(ctx))
@@ -1143,6 +1350,7 @@ def _emit_backward(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where, p2p: bool)
 def _emit_wgrad(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where) -> None:
     """A zero-bubble weight-gradient action (W)."""
     par, model, chunk, mb = ctx.par, ctx.model, a.chunk, a.microbatch
+    w = w._replace(is_last_mb=w.is_last_mb or _grads_sharded(par))
     if w.next_stage is None:
         _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), Phase.W, OpName.OUTPUT_WGRAD, mb, chunk)
         if w.is_last_mb:

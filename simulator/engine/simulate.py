@@ -38,13 +38,17 @@ Streams and overlap (docs/design.md, "Streams and overlap"; each rule an ``overl
   ``param_gather`` is on; the next step's forward of a layer waits for the bucket holding
   its parameters (Megatron's forward pre-hook), any other compute for all of them;
 * step-end collectives (tied embedding, grad norm) block;
-* the context-parallel K/V all-gather runs while the attention block computes (``cp_comm``,
-  Megatron's ring attention overlaps each K/V hop with the current block); the block
-  then waits for it; the dK/dV reduce-scatter blocks;
+* context parallelism (``parallel.cp_comm_type``): each ring-attention hop (``p2p`` and
+  the ring of ``a2a+p2p``) runs while the next core-attention block computes
+  (``cp_comm``: Transformer Engine posts hop i+1 before computing block i, double
+  buffered); the block then waits for it.  The ``all_gather`` variant's K/V all-gather
+  and dK/dV reduce-scatter and the ``a2a`` all-to-alls block, as TE runs them;
 * ZeRO-3 / FSDP parameter gathers are prefetched one layer ahead (``fsdp_prefetch``): the
   gather a layer needs is issued before the preceding compute op;
 * a compute op that starts while a non-blocking collective of its rank is in flight runs
   slower by :data:`COMM_SLOWDOWN` (``comm_slowdown``): NCCL's kernels take SMs, memory bandwidth and power.
+  When the only collectives in flight are CP ring hops, the op is slowed only until they
+  have landed (a hop is short beside the core-attention block it overlaps).
 
 The host issues a rank's ops in program order (``scenario.host``, ``Op.host_s``): a compute
 op starts no earlier than the issue of its first kernel and ends no earlier than the issue
@@ -74,9 +78,9 @@ import simpy
 
 from topologies import ConfigError
 from workloads import build_program
-from workloads.ops import (COLL_ALL_GATHER, COLL_ALL_TO_ALL, GROUP_CP, GROUP_TP, KIND_COLLECTIVE, KIND_COMPUTE,
+from workloads.ops import (COLL_ALL_TO_ALL, GROUP_TP, KIND_COLLECTIVE, KIND_COMPUTE,
                            KIND_SEND, PHASE_F, STREAM_COMPUTE, STREAM_PP, Group, ep_a2a_matrix, is_fsdp_gather,
-                           is_grad_bucket, is_grad_norm, is_p2p, is_param_gather, is_step_sync)
+                           is_cp_hop, is_grad_bucket, is_grad_norm, is_p2p, is_param_gather, is_step_sync)
 from workloads.program import Program
 
 from ..collectives import CollectiveEngine
@@ -359,6 +363,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         flex_inflight: list = []     # flex-dispatcher all-to-alls among them (their SMs)
         overlapped: list = []        # CP K/V exchanges (and TP collectives with tp_comm) the next compute overlaps
         overlapped_axis = ["cp"]
+        hop_fins: set = set()        # completion events of this class's CP ring hops in flight
         prefetched: dict = {}        # op index -> (issue time, event) of prefetched FSDP gathers
         ops = cls.ops
         n_ops = len(ops)
@@ -373,6 +378,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
             if jit is not None:
                 dur = jit(dur, step, idx)
             inflight[:] = [e for e in inflight if not e.processed]
+            hops = None
             if flex_inflight:
                 # the flex dispatcher's kernels hold SMs (simulator.collectives.ep_dispatch): compute
                 # runs on the rest, or slower still if an NCCL collective runs too
@@ -383,10 +389,13 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 elif nccl and dur > 0:
                     dur *= slowdown
             elif slowdown != 1.0 and dur > 0 and inflight:
-                dur *= slowdown
+                if all(e in hop_fins for e in inflight):
+                    hops = list(inflight)        # CP ring hops only: slowed while they last (compute())
+                else:
+                    dur *= slowdown
             if therm is not None:
                 dur = therm(dur, step, env.now)
-            return dur
+            return dur, hops
 
         hc = [0.0]                   # host cursor: when the host has issued everything so far
 
@@ -411,8 +420,25 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
             # the cursor) has run its share
             yield from host_issue(op)
             t0 = env.now
-            dur = compute_time(op, step, idx)
-            if dur > 0:
+            dur, hops = compute_time(op, step, idx)
+            if hops:
+                # a ring-attention hop is short beside the block it overlaps: the block runs
+                # slower only while a hop is in flight, at full speed once they have landed
+                left = dur
+                while True:
+                    live = [e for e in hops if not e.processed]
+                    if not live:
+                        yield env.timeout(left)
+                        break
+                    t = env.now
+                    done = env.timeout(left * slowdown)
+                    yield done | env.any_of(live)
+                    if done.processed:
+                        break
+                    left -= (env.now - t) / slowdown
+                hop_fins.difference_update([e for e in hops if e.processed])
+                dur = env.now - t0
+            elif dur > 0:
                 yield env.timeout(dur)
             rec.add(rep, node, STREAM_COMPUTE, op, "", t0, env.now, step, cid)
             if op.host_s > 0.0:
@@ -423,6 +449,8 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         def sizes_of(op):
             if op.coll == COLL_ALL_TO_ALL and op.tag in prog.a2a_sizes:
                 sizes = prog.a2a_sizes[op.tag]            # dispatch: [src, dst] by EP coordinate
+                if op.group != Group.EP:              # a CP exchange (ring hop, a2a+p2p block)
+                    return sizes
                 sizes = ep_a2a_matrix(op, sizes)
                 return sizes if flex is None else sizes * flex[0]
             return None
@@ -485,7 +513,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 yield from host_issue(op)
                 fin = on_stream(op, step, step * per_kind[op.group] + op.seq, axis_of[j])
                 inflight.append(fin)
-                if flex is not None and op.coll == COLL_ALL_TO_ALL and op.tag in prog.a2a_sizes:
+                if flex is not None and op.coll == COLL_ALL_TO_ALL and op.group == Group.EP and op.tag in prog.a2a_sizes:
                     flex_inflight.append(fin)
                 if nonblocking_of[j]:
                     outstanding["grad"].append(fin)
@@ -579,7 +607,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 sizes = sizes_of(op)
                 groups = groups_of[op.group]
                 t_issue = env.now
-                if (cp_overlap and op.group == GROUP_CP and op.coll == COLL_ALL_GATHER) or (tp_overlap and op.group == GROUP_TP):
+                if (cp_overlap and is_cp_hop(op)) or (tp_overlap and op.group == GROUP_TP):
                     ev = _issue(env, coll, groups, seq, op, free_comm, sizes)
                     fin = env.event()
                     ev.callbacks.append(lambda _x, op=op, t_issue=t_issue, step=step, fin=fin, axis=axis: (
@@ -587,6 +615,8 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                     overlapped.append(fin)
                     overlapped_axis[0] = op.group
                     inflight.append(fin)
+                    if is_cp_hop(op):
+                        hop_fins.add(fin)
                     continue
                 if nonblocking:
                     fin = on_stream(op, step, seq, axis)

@@ -9,14 +9,15 @@ formula of its own:
   the schedule accepts: the ops of one micro-batch of every chunk are what every
   micro-batch runs.  Within an action its ops run back to back, each collective taking
   its uncontended predicted time (:meth:`~simulator.collectives.CollectiveEngine.predict`,
-  NCCL's choice: the least predicted time); a collective the engine overlaps (CP K/V
-  with ``cp_comm``, TP with ``tp_comm``, prefetched FSDP gathers) hides behind the next
+  NCCL's choice: the least predicted time); a collective the engine overlaps (CP ring
+  hops with ``cp_comm``, each a transfer to the ring neighbour, TP with ``tp_comm``, prefetched FSDP gathers) hides behind the next
   compute op; a receive adds its p2p transfer; an action takes at least the host's time
   to issue its ops (``Op.host_s``, the engine's host cursor);
 * **the pipeline** is the schedule's longest path over those costs
   (:func:`workloads.schedules.schedule_timing`);
 * **data parallelism**: the gradient buckets overlap the last micro-batch's backward, so
-  the estimate exposes ``max(last bucket, all buckets - one backward)`` (without
+  the estimate exposes ``max(last bucket, all buckets - one backward)`` (ZeRO-2/3 reduce
+  every micro-batch's: each micro-batch exposes what its backward does not hide) (without
   ``grad_reduce`` overlap: all of them, after the stage's schedule); the distributed
   optimizer's parameter gather exposes ``max(first bucket, all buckets - one forward)``; step-end ops (grad-norm
   all-reduce, tied embeddings, the optimizer) add;
@@ -39,8 +40,8 @@ from workloads import build_program
 from workloads.costs import model_flops_per_step
 from workloads.costs.compute import host_costs
 from workloads.schedules import get_schedule, min_microbatches, schedule_timing
-from workloads.ops import (COLL_ALL_GATHER, GROUP_CP, GROUP_TP, KIND_COLLECTIVE, KIND_COMPUTE, KIND_RECV, PHASE_B,
-                           PHASE_R, is_fsdp_gather, is_grad_bucket, is_param_gather)
+from workloads.ops import (GROUP_TP, KIND_COLLECTIVE, KIND_COMPUTE, KIND_RECV, PHASE_B,
+                           PHASE_R, is_cp_hop, is_fsdp_gather, is_grad_bucket, is_param_gather)
 from workloads.schedules.actions import ActionKind
 
 from ..collectives import CollectiveEngine
@@ -109,8 +110,11 @@ class Estimator:
         prog = _fewest_microbatches_program(sc, canon)
         gkey = (par.tp, par.cp, par.dp, par.pp, par.ep, par.expert_tp, par.expert_dp, par.mesh_order)
         per_stage: dict[int, dict] = {}
+        # ZeRO-2/3 reduce every micro-batch's gradients (the program's buckets repeat per micro-batch)
+        grad_mbs = prog.parallel.num_microbatches if (par.zero_stage >= 2 and par.dp * par.cp > 1) else 1
         for cls in prog.classes:
             table = self._class_table(prog.grid, cls, self._group_finder(prog.grid, gkey, cls), sc.overlap)
+            table["grad_mbs"] = grad_mbs
             cur = per_stage.get(cls.stage)
             if cur is None or table["total"] > cur["total"]:
                 per_stage[cls.stage] = table
@@ -180,8 +184,10 @@ class Estimator:
                 peer = grid.rank(pp=op.peer, **{a: v for a, v in grid.coords(rep).items() if a != "pp"})
                 action[akey] += self.p2p_s(gpu_of(peer), gpu_of(rep), op.size_bytes)
             elif op.kind == KIND_COLLECTIVE:
-                t = self.collective_s(group_gpus(op.group), op.coll, op.size_bytes)
-                if ((ov.get("cp_comm", True) and op.group == GROUP_CP and op.coll == COLL_ALL_GATHER)
+                t = self._cp_exchange_s(op, group_gpus, gpu_of(rep))
+                if t is None:
+                    t = self.collective_s(group_gpus(op.group), op.coll, op.size_bytes)
+                if ((ov.get("cp_comm", True) and is_cp_hop(op))
                         or (ov.get("tp_comm", False) and op.group == GROUP_TP)
                         or (ov.get("fsdp_prefetch", True) and is_fsdp_gather(op))):
                     pending += t
@@ -190,6 +196,21 @@ class Estimator:
         for akey, h in host.items():      # the GPU cannot run ahead of the host
             action[akey] = max(action[akey], h)
         return {"action": dict(action), "grad": grad, "gather": gather, "tail": tail, "total": sum(action.values())}
+
+    def _cp_exchange_s(self, op, group_gpus, gpu: int) -> float | None:
+        """A context-parallel exchange the engine runs as a sized all-to-all (tag
+        ``("cp_ring", a2a, bytes)``: a ring hop to the member ``a2a`` places on;
+        ``("cp_a2a", a2a, bytes)``: an all-to-all inside blocks of ``a2a`` members): its
+        uncontended time (a hop: the transfer to the ring neighbour); None for any other op."""
+        tag = op.tag
+        if not (isinstance(tag, tuple) and tag and tag[0] in ("cp_ring", "cp_a2a")):
+            return None
+        own = group_gpus(op.group)[0]
+        i, step = own.index(gpu), tag[1]
+        if tag[0] == "cp_ring":
+            return self.p2p_s(gpu, own[(i + step) % len(own)], op.size_bytes)
+        b = (i // step) * step
+        return self.collective_s((tuple(own[b:b + step]),), op.coll, op.size_bytes)
 
     def estimate(self, scenario, mem=None) -> dict:
         """The closed-form estimate of ``scenario`` (see :func:`estimate`); ``mem``: its
@@ -216,8 +237,13 @@ class Estimator:
         for s in range(par.pp):
             st = per_stage[s]
             window = st["action"].get(("B", 0), 0.0) + st["action"].get(("W", 0), 0.0)
+            k = st.get("grad_mbs", 1)
             if not st["grad"]:
                 dp = 0.0
+            elif k > 1:            # per micro-batch: each micro-batch's buckets overlap its own backward
+                one = st["grad"][:len(st["grad"]) // k]
+                per = sum(one)
+                dp = (m - 1) * max(0.0, per - window) + max(one[-1], per - window)
             elif sc.overlap.get("grad_reduce", True):
                 dp = max(st["grad"][-1], sum(st["grad"]) - window)
             else:                  # issued after the stage's schedule, each bucket blocking

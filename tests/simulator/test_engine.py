@@ -233,16 +233,48 @@ def test_skewed_routing_slows_the_expert_parallel_step():
     assert a2a(skew) > a2a(bal)
 
 
-def test_cp_kv_exchange_overlaps_the_attention_block():
+def test_cp_ring_hops_overlap_the_core_attention_blocks():
     par = {"tp": 1, "cp": 2, "pp": 1, "dp": 4, "global_batch_size": 4, "seq_len": 4096}
     on = run(scenario(par, num_steps=1))
     off = run(scenario(par, num_steps=1, overlap={"cp_comm": False}))
     assert on.metrics["step_time_s"] < off.metrics["step_time_s"]
     tl = on.timeline
+    hop = tl[tl["name"] == "cp_hop"].iloc[0]
+    block = tl[(tl["name"] == "core_attn") & (tl["layer"] == hop["layer"]) & (tl["microbatch"] == hop["microbatch"])
+               & (tl["phase"] == "F") & (tl["rank"] == hop["rank"])].iloc[0]
+    assert block["start_s"] == hop["start_s"]          # hop 1 in flight while block 0 computes
+    # the block is slowed only while the hop is in flight (the hop is far shorter than it)
+    from simulator.engine import COMM_SLOWDOWN
+    base = next(o.duration_s for o in on.program.classes[0].ops if o.name == "core_attn" and o.phase == "F")
+    hop_s = hop["end_s"] - hop["start_s"]
+    assert hop["end_s"] < block["end_s"]
+    # (work runs at 1/slowdown of its pace while the hop is in flight)
+    assert block["end_s"] - block["start_s"] == pytest.approx(base + hop_s * (1 - 1 / COMM_SLOWDOWN["hopper"]), rel=1e-9)
+
+
+def test_cp_all_gather_blocks_the_core_attention():
+    par = {"tp": 1, "cp": 2, "pp": 1, "dp": 4, "global_batch_size": 4, "seq_len": 4096, "cp_comm_type": "all_gather"}
+    tl = run(scenario(par, num_steps=1)).timeline
     ag = tl[tl["name"] == "cp_kv"].iloc[0]
-    attn = tl[(tl["name"] == "attn") & (tl["layer"] == ag["layer"]) & (tl["microbatch"] == ag["microbatch"])
-              & (tl["phase"] == "F")].iloc[0]
-    assert attn["start_s"] == ag["start_s"]          # both begin together
+    block = tl[(tl["name"] == "core_attn") & (tl["layer"] == ag["layer"]) & (tl["microbatch"] == ag["microbatch"])
+               & (tl["phase"] == "F") & (tl["rank"] == ag["rank"])].iloc[0]
+    assert block["start_s"] >= ag["end_s"] > ag["start_s"]
+
+
+def test_sequential_cp_split_makes_the_last_rank_set_the_step():
+    par = {"tp": 1, "cp": 4, "pp": 1, "dp": 2, "global_batch_size": 2, "seq_len": 8192}
+    zig = run(scenario(par, num_steps=1))
+    seq = run(scenario({**par, "cp_split": "sequential"}, num_steps=1))
+    assert seq.metrics["step_time_s"] > zig.metrics["step_time_s"]
+    tl = seq.timeline
+    core = tl[tl["name"].isin(["core_attn", "core_attn_bwd"])]
+    busy = core.assign(d=core["end_s"] - core["start_s"]).groupby("rank")["d"].sum()
+    cp_of = {r: seq.program.grid.coords(r)["cp"] for r in busy.index}
+    by_cp = {c: busy[[r for r in busy.index if cp_of[r] == c]].mean() for c in range(4)}
+    # rank r of the sequential split does (2r + 1) / 16 of the causal work: 1 : 3 : 5 : 7
+    # (the slowdown while hops share the GPU applies alike to every rank's blocks but the last)
+    assert by_cp[3] > by_cp[2] > by_cp[1] > by_cp[0]
+    assert by_cp[3] / by_cp[0] == pytest.approx(7.0, rel=0.25)
 
 
 def test_compute_slows_while_communication_shares_the_gpu():

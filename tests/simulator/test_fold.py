@@ -42,7 +42,7 @@ equal keys, e.g. a layer's two forward TP all-reduces) makes the name unique."""
 def scenario(tp, pp, dp, *, cp=1, ep=1, nmb=2, schedule="1f1b", preset="dgx-h100", routing="dmodk",
              hosts_per_leaf=None, num_steps=1, moe_routing="balanced", tp_comm=False, sp=False, p2p=None,
              zero_stage=1, dist_opt=True, recompute="selective", grad_reduce=True, param_gather=True, pxn=True,
-             seq_len=1024) -> dict:
+             seq_len=1024, cp_comm_type="p2p", cp_split="zigzag", hcp=None) -> dict:
     """A small scenario mapping: ``tp * cp * dp * pp`` GPUs on 8-GPU hosts, ``nmb`` micro-batches
     per data-parallel replica.
 
@@ -63,7 +63,9 @@ def scenario(tp, pp, dp, *, cp=1, ep=1, nmb=2, schedule="1f1b", preset="dgx-h100
     par = {"tp": tp, "pp": pp, "dp": -1, "cp": cp, "ep": ep, "micro_batch_size": 1,
            "global_batch_size": nmb * dp, "seq_len": seq_len, "schedule": schedule, "vpp": vpp,
            "sequence_parallel": sp, "zero_stage": zero_stage, "distributed_optimizer": dist_opt,
-           "recompute": recompute}
+           "recompute": recompute, "cp_comm_type": cp_comm_type, "cp_split": cp_split}
+    if hcp is not None:
+        par["hierarchical_context_parallel_sizes"] = list(hcp)
     sc = {"model": model, "cluster": cluster, "parallel": par, "num_steps": num_steps, "host": "none",
           "overlap": {"p2p": vpp > 1 if p2p is None else p2p, "tp_comm": tp_comm, "grad_reduce": grad_reduce,
                       "param_gather": param_gather}}
@@ -75,7 +77,7 @@ def scenario(tp, pp, dp, *, cp=1, ep=1, nmb=2, schedule="1f1b", preset="dgx-h100
 _DEFAULTS = {"cp": 1, "ep": 1, "nmb": 2, "schedule": "1f1b", "preset": "dgx-h100", "routing": "dmodk",
              "hosts_per_leaf": None, "num_steps": 1, "moe_routing": "balanced", "tp_comm": False, "sp": False,
              "p2p": None, "zero_stage": 1, "dist_opt": True, "recompute": "selective", "grad_reduce": True,
-             "param_gather": True, "pxn": True}
+             "param_gather": True, "pxn": True, "cp_comm_type": "p2p", "cp_split": "zigzag", "hcp": None}
 
 
 _SHORT = {"nmb": "mb", "schedule": "", "preset": "", "routing": "", "hosts_per_leaf": "hpl", "num_steps": "steps",
@@ -139,6 +141,12 @@ NAMED_LAYOUTS = [
     dict(tp=4, pp=2, dp=2, cp=2, nmb=4),
     # TP x CP x EP on one host (2 x 2 x 2), EP spanning CP and DP
     dict(tp=2, pp=2, dp=4, cp=2, ep=2, nmb=2),
+    # CP variants: ring attention over 4 ranks with a sequential split (per-CP-rank classes,
+    # the ring crossing hosts), all-gather, Ulysses all-to-all and the hierarchical a2a+p2p
+    dict(tp=1, pp=2, dp=2, cp=4, nmb=2, cp_split="sequential"),
+    dict(tp=2, pp=2, dp=2, cp=2, nmb=2, cp_comm_type="all_gather"),
+    dict(tp=2, pp=2, dp=2, cp=2, nmb=2, cp_comm_type="a2a"),
+    dict(tp=1, pp=2, dp=2, cp=4, nmb=2, cp_comm_type="a2a+p2p", hcp=(2, 2), cp_split="sequential"),
     # DP 16 across 8 hosts
     dict(tp=2, pp=2, dp=16, nmb=2),
     # PP 3 with 8 micro-batches under GPipe, TP over the whole host
@@ -149,6 +157,10 @@ NAMED_LAYOUTS = [
     dict(tp=4, pp=2, dp=2, nmb=4, schedule="zb_h1", tp_comm=True, sp=True),
     # ZeRO-3 / FSDP: prefetched per-layer parameter gathers over DP, two steps
     dict(tp=2, pp=2, dp=4, nmb=4, zero_stage=3, num_steps=2),
+    # ZeRO-3 with experts (gathered over the expert data-parallel group) and ZeRO-2
+    # (gradients reduce-scattered every micro-batch)
+    dict(tp=2, pp=2, dp=4, ep=2, nmb=2, zero_stage=3),
+    dict(tp=2, pp=2, dp=4, nmb=4, zero_stage=2),
     # two GPUs per NIC, 2 hosts per leaf: traffic crosses the spines
     dict(tp=2, pp=2, dp=8, nmb=2, preset="a100-4nic", hosts_per_leaf=2),
     # adaptive routing spreads each flow over the spine planes
