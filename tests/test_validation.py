@@ -28,7 +28,10 @@ _SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "validate_all
 REACHED = {
     # set: (rows, simulated rows, median |error| in % reached)
     "vtrain": (109, 109, 4.43),
-    "h100": (20, 20, 2.82),
+    # 2.82 % until CP ran as Transformer Engine's p2p ring (24 of the 34 rows use CP 2): the
+    # CP time that was exposed (about 35 ms a step) is now hidden behind attention, and the
+    # rows already predicted fast moved about 1 point further (docs/accuracy.md)
+    "h100": (20, 20, 3.5),
     # Megatron-Bridge runs on 8-64 B200 / GB200 (Llama 3 8B / 70B, Qwen3 MoE, gpt-oss, and since
     # the hybrid Mamba presets the 20 Nemotron 3 Nano / Super rows; 3.5 Lightning has no sourced
     # preset): a guard on the harness's coverage and on the MoE gap it shows, not a target

@@ -203,10 +203,13 @@ FRAMEWORKS: dict[str, dict] = {
 """Defaults per framework for the cells a published-format row leaves empty."""
 
 # Recipe-specific settings of the NeMo 24.09 runs (model preset -> list of (precision prefix
-# or '' for any, cluster overrides or None when clustersim cannot express it, note)).
+# or '' for any, cluster overrides (a "precision_options" key: the scenario's) or None when
+# clustersim cannot express it, note)).
 _NVLS_OFF = ({"nvls": False}, "NCCL_NVLS_ENABLE=0 in the recipe -> cluster.nvls: false (ring/tree on NVLink)")
 _NEMO_RECIPES = {
-    "gpt3-175b": [("fp8", None, "parameter all-gather in FP8 (NeMo fp8_params: true; clustersim gathers BF16)")],
+    "gpt3-175b": [("fp8", {"precision_options": {"fp8_param_gather": True}},
+                   "NeMo fp8_params: true -> precision_options.fp8_param_gather (the distributed optimizer "
+                   "gathers FP8 parameters)")],
     "llama3.1-70b": [("", *_NVLS_OFF)],
     "llama3.1-405b": [("", *_NVLS_OFF)],
 }
@@ -610,9 +613,12 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
     notes += fnotes
     precision, cluster, pnotes = _precision_and_recipe(row, fw, mpreset, cluster)
     notes += pnotes
+    popts = cluster.pop("precision_options", None) if isinstance(cluster, dict) else None
 
     scenario = {"model": model if len(model) > 1 else mpreset, "cluster": cluster, "parallel": par,
                 "precision": precision, "overlap": overlap, "num_steps": 2}
+    if popts:
+        scenario["precision_options"] = popts
     if prof.get("grad_reduce_dtype"):
         scenario["grad_reduce_dtype"] = prof["grad_reduce_dtype"]
         notes.append(f"grad_reduce_dtype={prof['grad_reduce_dtype']} ({prof['label']})")
