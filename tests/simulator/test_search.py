@@ -238,3 +238,16 @@ def test_hbm_headroom_turns_tight_layouts_out_of_memory():
 def test_bad_placement_rules_name_the_field(bad, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         SearchSpec.from_dict({**TINY8, **bad})
+
+
+def test_cp_may_cross_nvlink_domains_only_with_ring_attention():
+    from simulator.explore.search import placement_violation
+    from workloads import ParallelConfig
+
+    def par(kind):
+        return ParallelConfig(tp=8, cp=2, dp=-1, global_batch_size=8, cp_comm_type=kind).resolve(16)
+
+    assert placement_violation(par("p2p"), 8) is None
+    for kind in ("all_gather", "a2a"):
+        rule = placement_violation(par(kind), 8)
+        assert rule and f"cp_comm_type '{kind}'" in rule and "cp_across_nvlink_domains" in rule
