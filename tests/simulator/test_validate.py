@@ -153,7 +153,8 @@ def test_unmodelled_gpus_are_unsupported(text):
     ("Llama 3.1 405B PROXY (7 layers)", "llama3.1-405b", 7), ("Mixtral 8x7B", "mixtral-8x7b", None),
     ("DeepSeek-V3", "deepseek-v3", None), ("Megatron GPT 18.4B", "megatron-gpt-18.4b", None),
     ("Llama 2 70B", "llama2-70b", None), ("Nemotron_3_Nano", "nemotron3-nano", None),
-    ("Nemotron_3_Super", "nemotron3-super", None),
+    ("Nemotron_3_Super", "nemotron3-super", None), ("Nemotron-4 340B", "nemotron4-340b", None),
+    ("Nemotron-4 15B", "nemotron4-15b", None),
 ])
 def test_model_names_map_to_presets(name, preset, layers):
     assert map_model(name) == (preset, layers)
@@ -162,11 +163,11 @@ def test_model_names_map_to_presets(name, preset, layers):
 def test_unknown_model_is_unsupported_and_still_reported(tmp_path):
     with pytest.raises(Unsupported, match="unknown model"):
         map_model("Falcon 180B")
-    path = write_csv(tmp_path / "runs.csv", [{**BASE, "model": "Nemotron-4 340B"}])
+    path = write_csv(tmp_path / "runs.csv", [{**BASE, "model": "Acme 340B"}])
     calls = []
     res = validate(path, run_fn=lambda sc: calls.append(sc))
     assert len(res) == 1 and not calls
-    assert res[0]["status"].startswith("unsupported: unknown model 'Nemotron-4 340B'")
+    assert res[0]["status"].startswith("unsupported: unknown model 'Acme 340B'")
     assert res[0]["measured_step_s"] == pytest.approx(14.72)     # the measurement is still reported
 
 
@@ -447,7 +448,9 @@ def test_llama_405b_on_pp_8_counts_embedding_and_loss_as_layers():
     assert any("embedding and loss counted as layers" in x for x in notes)
 
 
-NEMOTRON_DIMS = dict(model="Nemotron-4 340B", num_layers="96", hidden_size="18432", ffn_hidden_size="73728",
+# a model clustersim has no preset for, given by its dimensions (Nemotron-4 340B's: since
+# nemotron4-340b is a preset, the row names it "Acme 340B" to exercise the unknown-model path)
+NEMOTRON_DIMS = dict(model="Acme 340B", num_layers="96", hidden_size="18432", ffn_hidden_size="73728",
                      num_heads="96", num_kv_heads="8", vocab_size="256000", seq_len="4096", num_gpus="1536",
                      tp="8", pp="12", vpp="8", dp="16", cp="1", global_batch_size="768")
 

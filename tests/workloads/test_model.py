@@ -70,6 +70,11 @@ PUBLISHED = {
     # activated" (DeepSeek's convention, without the input embedding); Kimi K2 technical report,
     # arXiv:2507.20534, abstract
     "kimi-k2": ("1E+3", "32", "Kimi Team, Kimi K2 technical report, arXiv:2507.20534, abstract"),
+    # Nemotron-4 15B: "3.2 billion embedding parameters and 12.5 billion non-embedding
+    # parameters" (Parmar et al., arXiv:2402.16819, section 2); 340B: the report's name for it
+    # (NVIDIA, arXiv:2406.11704)
+    "nemotron4-15b": ("15.7", None, "Parmar et al. 2024, arXiv:2402.16819, section 2 (3.2B + 12.5B)"),
+    "nemotron4-340b": ("340", None, "NVIDIA 2024, Nemotron-4 340B Technical Report, arXiv:2406.11704"),
 }
 #: presets whose published active figure leaves out the input embedding
 ACTIVE_WITHOUT_INPUT_EMBEDDING = ("deepseek-v3", "gpt-oss-120b", "gpt-oss-20b", "nemotron3-nano", "nemotron3-super",
