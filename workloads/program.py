@@ -488,17 +488,14 @@ def _routed_per_source(ctx, tn: int, layer: int, mb: int, a2a_sizes: dict, bytes
     return kept.sum(axis=0)
 
 
-def _layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
-    """Forward (or recomputed forward, phase 'R') of one layer with its collectives."""
+def _tp_forward_collectives(ctx, em, layer, mb, chunk, phase):
+    """``(tp_in, tp_out)``: the forward's tensor-parallel collectives around one block, as
+    Megatron places them: with sequence parallelism an all-gather of the (quantised) input
+    before and a reduce-scatter of the output after; without it an all-reduce after."""
     par, model = ctx.par, ctx.model
-    if model.layer_kind(layer) != "transformer":
-        return _hybrid_layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute)
-    seg = _segments(ctx, layer, tpe, recompute)
-    src = "F"       # a recomputed forward does the forward's work
     tp_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * ctx.recipe.tp_gather_bytes_per_element
     act_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * 2.0
     sp = par.sequence_parallel and par.tp > 1
-    is_moe = model.moe is not None and layer < model.num_layers and model.is_moe_layer(layer)
 
     def tp_in():
         if sp:
@@ -509,6 +506,19 @@ def _layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
             em.coll(Stream.TP, Coll.REDUCE_SCATTER, Group.TP, act_bytes, OpName.SP_RS, layer, mb, chunk, phase)
         elif par.tp > 1:
             em.coll(Stream.TP, Coll.ALL_REDUCE, Group.TP, act_bytes, OpName.TP_AR, layer, mb, chunk, phase)
+
+    return tp_in, tp_out
+
+
+def _layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
+    """Forward (or recomputed forward, phase 'R') of one layer with its collectives."""
+    par, model = ctx.par, ctx.model
+    if model.layer_kind(layer) != "transformer":
+        return _hybrid_layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute)
+    seg = _segments(ctx, layer, tpe, recompute)
+    src = "F"       # a recomputed forward does the forward's work
+    is_moe = model.moe is not None and layer < model.num_layers and model.is_moe_layer(layer)
+    tp_in, tp_out = _tp_forward_collectives(ctx, em, layer, mb, chunk, phase)
 
     tp_in()
     f, t, hs, k = seg.get(f"{src}:attn", _NOSEG)
@@ -609,19 +619,7 @@ def _hybrid_layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
     par, model = ctx.par, ctx.model
     kind = model.layer_kind(layer)
     seg = _segments(ctx, layer, tpe, recompute)
-    tp_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * ctx.recipe.tp_gather_bytes_per_element
-    act_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * 2.0
-    sp = par.sequence_parallel and par.tp > 1
-
-    def tp_in():
-        if sp:
-            em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, tp_bytes, OpName.SP_AG, layer, mb, chunk, phase)
-
-    def tp_out():
-        if sp:
-            em.coll(Stream.TP, Coll.REDUCE_SCATTER, Group.TP, act_bytes, OpName.SP_RS, layer, mb, chunk, phase)
-        elif par.tp > 1:
-            em.coll(Stream.TP, Coll.ALL_REDUCE, Group.TP, act_bytes, OpName.TP_AR, layer, mb, chunk, phase)
+    tp_in, tp_out = _tp_forward_collectives(ctx, em, layer, mb, chunk, phase)
 
     host_extra = ctx.host.checkpoint_s if phase == Phase.R else 0.0
     if kind == "moe":

@@ -232,20 +232,13 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
 def _accounting(data: dict) -> dict:
     """``flop_convention``, ``memory_accounting`` and ``hbm_headroom``, checked."""
     out = {}
-    if "flop_convention" in data:
-        conv = data["flop_convention"]
-        try:
-            get_flop_convention(conv)
-        except ConfigError as err:
-            raise ConfigError("scenario.flop_convention", conv, err.rule) from None
-        out["flop_convention"] = conv
-    if "memory_accounting" in data:
-        acc = data["memory_accounting"]
-        try:
-            get_static_accounting(acc)
-        except ConfigError as err:
-            raise ConfigError("scenario.memory_accounting", acc, err.rule) from None
-        out["memory_accounting"] = acc
+    for key, check in (("flop_convention", get_flop_convention), ("memory_accounting", get_static_accounting)):
+        if key in data:
+            try:
+                check(data[key])
+            except ConfigError as err:
+                raise ConfigError(f"scenario.{key}", data[key], err.rule) from None
+            out[key] = data[key]
     if "hbm_headroom" in data:
         h = data["hbm_headroom"]
         if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 <= h <= MAX_HBM_HEADROOM:
