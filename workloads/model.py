@@ -161,6 +161,19 @@ def _relabel(err: ConfigError, old: str, new: str) -> ConfigError:
     return ConfigError(new + err.field[len(old):], err.value, err.rule)
 
 
+def _sub_spec(cls, d, required: tuple[str, ...], default_where: str, where: str):
+    """A sub-specification (``moe``, ``mla``, ``mamba``) from its YAML mapping: a mapping,
+    no unknown keys, the ``required`` ones present, then the dataclass's own checks with
+    their field names under ``where``."""
+    if not isinstance(d, Mapping):
+        raise ConfigError(where, d, f"expected a mapping of {cls.__name__} fields")
+    check_keys(d, [f.name for f in dataclasses.fields(cls)], where)
+    for key in required:
+        if key not in d:
+            raise ConfigError(f"{where}.{key}", None, "required")
+    return _build(cls, dict(d), default_where, where)
+
+
 def _build(cls, kw: dict, default_where: str, where: str):
     try:
         return cls(**kw)
@@ -305,13 +318,7 @@ class MoESpec:
     @classmethod
     def from_dict(cls, d: Mapping, where: str = "model.moe") -> "MoESpec":
         """From a YAML mapping of MoESpec fields; unknown keys are errors."""
-        if not isinstance(d, Mapping):
-            raise ConfigError(where, d, "expected a mapping of MoESpec fields")
-        check_keys(d, [f.name for f in dataclasses.fields(cls)], where)
-        for key in ("num_experts", "top_k"):
-            if key not in d:
-                raise ConfigError(f"{where}.{key}", None, "required")
-        return _build(cls, dict(d), "moe", where)
+        return _sub_spec(cls, d, ("num_experts", "top_k"), "moe", where)
 
     def to_dict(self) -> dict:
         """Plain mapping (lists, no tuples) that :meth:`from_dict` reads back to an equal spec."""
@@ -351,13 +358,7 @@ class MLASpec:
     @classmethod
     def from_dict(cls, d: Mapping, where: str = "model.mla") -> "MLASpec":
         """From a YAML mapping of MLASpec fields; unknown keys are errors."""
-        if not isinstance(d, Mapping):
-            raise ConfigError(where, d, "expected a mapping of MLASpec fields")
-        check_keys(d, [f.name for f in dataclasses.fields(cls)], where)
-        for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
-            if key not in d:
-                raise ConfigError(f"{where}.{key}", None, "required")
-        return _build(cls, dict(d), "mla", where)
+        return _sub_spec(cls, d, ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"), "mla", where)
 
     def to_dict(self) -> dict:
         """Plain mapping that :meth:`from_dict` reads back to an equal spec."""
@@ -421,13 +422,7 @@ class MambaSpec:
     @classmethod
     def from_dict(cls, d: Mapping, where: str = "model.mamba") -> "MambaSpec":
         """From a YAML mapping of MambaSpec fields; unknown keys are errors."""
-        if not isinstance(d, Mapping):
-            raise ConfigError(where, d, "expected a mapping of MambaSpec fields")
-        check_keys(d, [f.name for f in dataclasses.fields(cls)], where)
-        for key in ("num_heads", "head_dim", "state_dim", "num_groups"):
-            if key not in d:
-                raise ConfigError(f"{where}.{key}", None, "required")
-        return _build(cls, dict(d), "mamba", where)
+        return _sub_spec(cls, d, ("num_heads", "head_dim", "state_dim", "num_groups"), "mamba", where)
 
     def to_dict(self) -> dict:
         """Plain mapping that :meth:`from_dict` reads back to an equal spec."""

@@ -488,14 +488,21 @@ def _routed_per_source(ctx, tn: int, layer: int, mb: int, a2a_sizes: dict, bytes
     return kept.sum(axis=0)
 
 
+def _tp_sizes(ctx) -> tuple[float, float, bool]:
+    """``(gathered input bytes, activation bytes, sequence parallel?)`` of one block's TP
+    collectives: the input is gathered in the recipe's quantised format, outputs in BF16."""
+    par, model = ctx.par, ctx.model
+    tokens = ctx.mbs * ctx.seq / par.cp
+    return (tokens * model.hidden_size * ctx.recipe.tp_gather_bytes_per_element, tokens * model.hidden_size * 2.0,
+            par.sequence_parallel and par.tp > 1)
+
+
 def _tp_forward_collectives(ctx, em, layer, mb, chunk, phase):
     """``(tp_in, tp_out)``: the forward's tensor-parallel collectives around one block, as
     Megatron places them: with sequence parallelism an all-gather of the (quantised) input
     before and a reduce-scatter of the output after; without it an all-reduce after."""
-    par, model = ctx.par, ctx.model
-    tp_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * ctx.recipe.tp_gather_bytes_per_element
-    act_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * 2.0
-    sp = par.sequence_parallel and par.tp > 1
+    par = ctx.par
+    tp_bytes, act_bytes, sp = _tp_sizes(ctx)
 
     def tp_in():
         if sp:
@@ -554,9 +561,7 @@ def _layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bool):
         _layer_forward(ctx, em, layer, mb, chunk, tpe, Phase.R, recompute)
     else:
         _selective_recompute(ctx, em, seg, layer, mb, chunk)
-    tp_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * ctx.recipe.tp_gather_bytes_per_element
-    act_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * 2.0
-    sp = par.sequence_parallel and par.tp > 1
+    tp_bytes, act_bytes, sp = _tp_sizes(ctx)
     is_moe = model.moe is not None and layer < model.num_layers and model.is_moe_layer(layer)
 
     def block(part_names, name):
@@ -664,9 +669,7 @@ def _hybrid_layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bo
         _hybrid_layer_forward(ctx, em, layer, mb, chunk, tpe, Phase.R, recompute)
     else:
         _selective_recompute(ctx, em, seg, layer, mb, chunk)
-    tp_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * ctx.recipe.tp_gather_bytes_per_element
-    act_bytes = ctx.mbs * ctx.seq / par.cp * model.hidden_size * 2.0
-    sp = par.sequence_parallel and par.tp > 1
+    tp_bytes, act_bytes, sp = _tp_sizes(ctx)
     if kind == "moe":
         em.compute(OpName.MOE_POST_BWD, layer, mb, chunk, Phase.B, *seg.get("B:post", _NOSEG))
         if par.ep > 1:
