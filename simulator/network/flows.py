@@ -112,7 +112,11 @@ class FlowNetwork:
         self._group = np.zeros(n, dtype=np.int64)
         self._rid = np.zeros(n, dtype=np.int64)     # interned route id per slot (the solve cache's key)
         self._free = list(range(n - 1, -1, -1))
-        self._active: list[int] = []
+        # live ordinary flows' slots, in admission order (the solver's sums run in this order):
+        # an array, with the slots admitted since it was last read appended as a list
+        # (:meth:`_act`), so per-event updates over thousands of flows convert nothing
+        self._act_arr = np.empty(0, dtype=np.int64)
+        self._act_tail: list[int] = []
         self._pool_links = np.empty(4096, dtype=np.int64)
         self._pool_coefs = np.empty(4096)
         self._pool_top = 0
@@ -343,7 +347,7 @@ class FlowNetwork:
         occ = self._occ
         for i in links.tolist():
             occ[i] += 1
-        self._active.append(slot)
+        self._act_tail.append(slot)
         return slot
 
     @staticmethod
@@ -396,8 +400,18 @@ class FlowNetwork:
         self._pool_top += n
         self._pool_live += n
 
+    def _act(self) -> np.ndarray:
+        """The live flows' slots, in admission order."""
+        if self._act_tail:
+            self._act_arr = np.concatenate((self._act_arr, np.array(self._act_tail, dtype=np.int64)))
+            self._act_tail = []
+        return self._act_arr
+
+    def _num_active(self) -> int:
+        return self._act_arr.size + len(self._act_tail)
+
     def _compact(self, extra: int) -> None:
-        act = np.asarray(self._active, dtype=np.int64)
+        act = self._act()
         need = self._pool_live + extra
         size = self._pool_links.size
         while size < 2 * need:
@@ -430,14 +444,13 @@ class FlowNetwork:
     def _advance(self) -> None:
         now = self.env.now
         dt = now - self._last
-        if dt > 0 and self._active:
-            active = self._active
-            if len(active) <= _FEW:
+        if dt > 0 and self._num_active():
+            act = self._act()
+            if act.size <= _FEW:
                 rem, rate = self._rem, self._rate
-                for s in active:
+                for s in act.tolist():
                     rem[s] -= rate[s] * dt
             else:
-                act = np.asarray(active, dtype=np.int64)
                 self._rem[act] -= self._rate[act] * dt
             self._stale = True
             if self._load_links.size:
@@ -480,30 +493,29 @@ class FlowNetwork:
         # flows with what it has left (_materialize) can make a flow finished; a flow
         # admitted at full size with rate 0 cannot be.  A second look at the same state
         # finds nothing.
-        if not self._stale or not self._active:
+        if not self._stale or not self._num_active():
             return False
         self._stale = False
         now = self.env.now
         tol = abs(now) * 4e-16 + 1e-18
-        active = self._active
-        if len(active) <= _FEW:
+        act = self._act()
+        if act.size <= _FEW:
             rem, size, rate = self._rem, self._size, self._rate
             keep, done = [], []
-            for s in active:
+            for s in act.tolist():
                 r = rem[s]
                 (done if r <= size[s] * 1e-12 or r <= rate[s] * tol else keep).append(s)
             if not done:
                 return False
-            self._active = keep
+            self._act_arr = np.array(keep, dtype=np.int64)
             self._retire_few(done)
         else:
-            act = np.asarray(active, dtype=np.int64)
             rem = self._rem[act]
             is_done = (rem <= self._size[act] * 1e-12) | (rem <= self._rate[act] * tol)
             if not is_done.any():
                 return False
             finished = act[is_done]
-            self._active = act[~is_done].tolist()
+            self._act_arr = act[~is_done]
             done = finished.tolist()
             self._retire(finished)
         groups, free = self._groups, self._free
@@ -550,11 +562,11 @@ class FlowNetwork:
 
     def _solve_rates(self) -> None:
         self._version += 1
-        if not self._active:
+        if not self._num_active():
             self._load_links = np.empty(0, dtype=np.int64)
             self._load = np.empty(0)
             return
-        act = np.asarray(self._active, dtype=np.int64)
+        act = self._act()
         self.num_solves += 1
         # Rates depend only on the live flows' routes, weights and caps, in their order (the
         # solver's sums run in that order), and on the capacities, fixed for the run.  A
@@ -571,7 +583,7 @@ class FlowNetwork:
             load = np.bincount(links, weights=np.repeat(rate * self._weight[act], lens) * coefs,
                                minlength=self.num_links)
             load_links = np.flatnonzero(load)
-            hit = (rate, load_links, load[load_links], rate.tolist())
+            hit = (rate, load_links, load[load_links], rate.tolist() if act.size <= _FEW else None)
             if len(self._solved) >= _SOLVE_CACHE_ENTRIES:
                 self._solved.clear()        # a run that never repeats itself: bound the memory
             self._solved[key] = hit
@@ -581,9 +593,9 @@ class FlowNetwork:
         self._rate[act] = rate
         self._stale = True
         # every live flow has bytes left here (_finish_done retired the rest): 0 rate, no end
-        if len(rates) <= _FEW:
+        if act.size <= _FEW:
             rem = self._rem
-            t_next = float(min([rem[s] / r if r > 0 else math.inf for s, r in zip(self._active, rates)]))
+            t_next = float(min([rem[s] / r if r > 0 else math.inf for s, r in zip(act.tolist(), rates)]))
         else:
             with np.errstate(divide="ignore"):
                 t_next = float(np.min(self._rem[act] / rate))
