@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -370,6 +371,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         first_layer = min((o.layer for o in ops if o.kind == KIND_COMPUTE and o.layer >= 0), default=0)
         axis_of, nonblocking_of = _op_meta(cls, sc.overlap)
         has_fsdp = fsdp_prefetch and any(is_fsdp_gather(o) for o in ops)
+        pair_turns: dict = {}        # F&B pair's first op -> its collectives' order per stream (_pair_turns)
 
         def compute_time(op, step=0, idx=0):
             # the op's time on this rank, slower while a collective of the rank is in flight;
@@ -486,10 +488,24 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
             lanes = ([j for j in range(lo, hi) if ops[j].lane == 1], [j for j in range(lo, hi) if ops[j].lane == 2])
             pos = [0, 0]
             blocked = [None, None]       # (completion event, axis) of the collective a half waits for
+            # The halves issue the collectives of one stream in a fixed order, whichever half is
+            # ready first: every rank runs the same pair code, so the peers of a group make
+            # their calls in the same order.  Issued in order of readiness instead, a slower
+            # peer would queue its halves' calls the other way round on a shared stream, and two
+            # ranks would each wait for a call the other has queued behind the one it waits for.
+            turn = pair_turns.get(lo)
+            if turn is None:
+                turn = pair_turns[lo] = _pair_turns(ops, lanes)
+            nxt = dict.fromkeys(turn, 0)
+
+            def may_issue(j):
+                o = ops[j]
+                return o.kind == KIND_COMPUTE or turn[o.stream][nxt[o.stream]] == j
+
             cur = 0
             while pos[0] < len(lanes[0]) or pos[1] < len(lanes[1]) or any(blocked):
                 ready = [h for h in (cur, 1 - cur) if pos[h] < len(lanes[h])
-                         and (blocked[h] is None or blocked[h][0].processed)]
+                         and (blocked[h] is None or blocked[h][0].processed) and may_issue(lanes[h][pos[h]])]
                 if not ready:
                     waiting = [b for b in blocked if b is not None and not b[0].processed]
                     if waiting:
@@ -499,6 +515,8 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                             ev.callbacks.append(first.hit)
                         yield first.event
                         waits[cid].append((t0, env.now, waiting[0][1]))
+                    elif not any(blocked):      # cannot happen: _pair_turns's order is always followable
+                        raise SimulationError(f"cell {cid}: the F&B pair at op {lo} cannot go on")
                     blocked = [b if b is not None and not b[0].processed else None for b in blocked]
                     continue
                 h = cur = ready[0]
@@ -510,6 +528,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 if op.kind == KIND_COMPUTE:
                     yield from compute(op, step, j)
                     continue
+                nxt[op.stream] += 1
                 yield from host_issue(op)
                 fin = on_stream(op, step, step * per_kind[op.group] + op.seq, axis_of[j])
                 inflight.append(fin)
@@ -817,6 +836,45 @@ def _op_meta(cls, overlap: dict) -> tuple[list, list]:
         nonblocking.append((is_grad_bucket(op) and overlap.get("grad_reduce", True))
                            or (is_param_gather(op) and overlap.get("param_gather", True)))
     return axes, nonblocking
+
+
+def _pair_turns(ops, lanes) -> dict:
+    """The order in which an F&B pair's two halves (``lanes``: op indices of each) issue the
+    collectives of each stream: alternately, the forward half's first, as the two threads
+    take turns.  An order the halves could not both follow (a half would need a call of
+    the other that comes after one it has not reached) is mended where it sticks: the
+    halves are walked through it, and when neither can go on, the call that comes first
+    in the program is issued next on its stream.  The result depends only on the ops, so
+    every rank of a group uses the same, and some interleaving of the halves always
+    follows it: the engine can never stall on it."""
+    per_lane: dict = {}
+    for h in (0, 1):
+        for j in lanes[h]:
+            if ops[j].kind != KIND_COMPUTE:
+                per_lane.setdefault(ops[j].stream, ([], []))[h].append(j)
+    turn = {st: [j for pair in itertools.zip_longest(*ls) for j in pair if j is not None]
+            for st, ls in per_lane.items()}
+    nxt = dict.fromkeys(turn, 0)
+    pos = [0, 0]
+    while pos[0] < len(lanes[0]) or pos[1] < len(lanes[1]):
+        moved = False
+        for h in (0, 1):
+            while pos[h] < len(lanes[h]):
+                o = ops[lanes[h][pos[h]]]
+                if o.kind != KIND_COMPUTE:
+                    if turn[o.stream][nxt[o.stream]] != lanes[h][pos[h]]:
+                        break
+                    nxt[o.stream] += 1
+                pos[h] += 1
+                moved = True
+        if not moved:
+            # both halves wait for a call of the other: the earlier one in the program goes next
+            h = min((h for h in (0, 1) if pos[h] < len(lanes[h])), key=lambda h: lanes[h][pos[h]])
+            j = lanes[h][pos[h]]
+            order = turn[ops[j].stream]
+            order.remove(j)
+            order.insert(nxt[ops[j].stream], j)
+    return turn
 
 
 def _wait(env, events, wait_log, axis):

@@ -351,3 +351,39 @@ def test_gpt_oss_120b_on_one_b200_node_runs_with_a_sane_mfu():
     # recompute re-runs core attention
     assert m["hfu"] > m["mfu"]
     assert not m["memory_fits"]
+
+
+def test_dualpipe_pairs_issue_a_groups_calls_in_one_order_on_every_rank():
+    """DualPipe's F&B halves share one stream per collective kind.  With one GPU slower, TP
+    peers fall into different cells; if each issued its halves' calls as they became
+    ready, the peers queued them in opposite orders and each waited for a call the other
+    had queued behind (a deadlock, found by fuzzing).  The halves now issue each stream's
+    calls in one fixed order, so the run finishes, folded and unfolded alike."""
+    sc = {"model": {"preset": "gpt3-175b", "num_layers": 2}, "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+          "num_steps": 1, "whatif": {"slow_gpus": {1: 1.2}},
+          "parallel": {"tp": 2, "cp": 2, "pp": 2, "dp": 1, "schedule": "dualpipe", "seq_len": 2048,
+                       "global_batch_size": 4, "recompute": "full"}}
+    folded, unfolded = run(sc), run(sc, fold=False)
+    base = run({**sc, "whatif": {}})
+    assert folded.metrics["step_time_s"] == pytest.approx(unfolded.metrics["step_time_s"], rel=1e-12)
+    assert folded.metrics["step_time_s"] > base.metrics["step_time_s"]
+
+
+def test_pair_turns_alternate_and_mend_an_order_the_halves_cannot_follow():
+    from types import SimpleNamespace as Op
+
+    from simulator.engine.simulate import _pair_turns
+    from workloads.ops import KIND_COLLECTIVE, KIND_COMPUTE
+
+    def ops_of(spec):
+        return [Op(kind=KIND_COMPUTE if s == "c" else KIND_COLLECTIVE, stream=s) for s in spec]
+
+    # forward half: ops 0-3, backward half: ops 4-7; calls alternate per stream, forward first
+    ops = ops_of(["c", "ep", "c", "ep", "c", "ep", "c", "ep"])
+    assert _pair_turns(ops, ([0, 1, 2, 3], [4, 5, 6, 7])) == {"ep": [1, 5, 3, 7]}
+    # forward: S S T, backward: T S.  Alternation gives S: 0, 4, 1 and T: 2, 3, but then the
+    # forward half waits at its second S call for the backward's, which waits at its T call
+    # for the forward's: mended by issuing the earlier call (the forward's S) first.
+    ops = ops_of(["S", "S", "T", "T", "S"])
+    turn = _pair_turns(ops, ([0, 1, 2], [3, 4]))
+    assert turn == {"S": [0, 1, 4], "T": [2, 3]}
