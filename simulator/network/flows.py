@@ -61,6 +61,8 @@ _SOLVE_CACHE_ENTRIES = 1 << 14      # distinct live flow sets remembered (each a
 # per call on tiny arrays, an element ~0.1 us; the same float64 operations in the same order
 # give the same bits either way.
 _FEW = 32
+# simpy's priorities are URGENT (0) and NORMAL (1): the network's solve runs after both
+_AFTER_INSTANT = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -461,18 +463,15 @@ class FlowNetwork:
     def _kick(self) -> None:
         if not self._pending:
             self._pending = True
-            ev = self.env.event()
+            # Scheduled behind every other event of this instant, including those its
+            # processing schedules at it (simpy orders an instant's events by priority, then
+            # by when they were scheduled): one solve after all of them.
+            ev = simpy.Event(self.env)
+            ev._ok, ev._value = True, None
             ev.callbacks.append(self._on_kick)
-            ev.succeed()
+            self.env.schedule(ev, _AFTER_INSTANT)
 
     def _on_kick(self, _ev) -> None:
-        env = self.env
-        if env.peek() == env.now:
-            # Other events of this instant are still queued: solve after them.
-            ev = env.event()
-            ev.callbacks.append(self._on_kick)
-            ev.succeed()
-            return
         self._pending = False
         self._advance()
         if self._finish_done():
