@@ -70,6 +70,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import itertools
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -297,6 +298,12 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     coll = CollectiveEngine(env, cluster, calibration)
     coll.coupled_all_to_all = "coupled_all_to_all" in sc.approximations
     colors = [pert.rank_color(r) for r in range(grid.world_size)]
+    # ranks of different classes or colours never share a cell: a lower bound on the work,
+    # checked before folding (per-GPU jitter: every rank its own cell, known at once)
+    if not isinstance(fold, Folding):
+        distinct = {(int(prog.class_of_rank[r]), colors[r]) for r in range(grid.world_size)} if fold else None
+        check_work_budget([c for c, _ in distinct] if fold else [int(c) for c in prog.class_of_rank],
+                          prog, sc.num_steps)
     if isinstance(fold, Folding):
         folding = fold
     elif fold:
@@ -309,6 +316,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         if len({colors[r] for r in members}) > 1:
             raise ConfigError("fold", c, "a rank cell mixes ranks with different compute_scale or what-ifs")
     coll.set_folding(folding if folding.link_cell is not None else None)
+    check_work_budget(folding.cell_class, prog, sc.num_steps)
     clock.lap("fold")
     if pert.watch and not free_comm:
         _watch_failed_nics(coll.net, folding, pert.watch)
@@ -710,6 +718,54 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     if sc.approximations:
         res.metrics["approximations"] = list(sc.approximations)
     return res
+
+
+#: Peak memory per timeline row (one op of one simulated cell), with the events, flows and
+#: wait records that go with it: 686 B, the slope of peak RSS over rows between unfolded
+#: runs of Llama 3.1 405B (TP8 PP16, per-GPU jitter) on 256 and 1,024 H100 (0.54 M rows,
+#: 429 MiB; 2.15 M rows, 1,483 MiB); rounded up.
+ROW_BYTES = 700
+#: Wall time per row on a 2-core machine: 25-35 us in those runs (per-GPU jitter, nothing
+#: folds); folded runs with contended flows take up to 100 us (docs/performance.md).
+ROW_SECONDS = 30e-6
+_BASE_BYTES = 300 * 2**20        # the interpreter, libraries and the cluster graph of a mid-size run
+
+
+def memory_budget_bytes() -> float:
+    """The memory a run may plan to use: ``CLUSTERSIM_MEMORY_BUDGET_GB`` if set, else three
+    quarters of this machine's physical memory."""
+    env = os.environ.get("CLUSTERSIM_MEMORY_BUDGET_GB")
+    if env:
+        try:
+            gb = float(env)
+        except ValueError:
+            gb = -1.0
+        if not gb > 0:
+            raise ConfigError("CLUSTERSIM_MEMORY_BUDGET_GB", env, "must be a positive number of GB")
+        return gb * 2**30
+    try:
+        return 0.75 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return float("inf")
+
+
+def check_work_budget(cell_classes, prog, num_steps: int) -> None:
+    """Refuse, before simulating, a run whose timeline would not fit in memory: every
+    simulated cell records one row per op of its class per step (:data:`ROW_BYTES` each).
+    Only runs where little folds get near it -- per-GPU jitter or a straggler on thousands of
+    GPUs, where every rank is its own cell."""
+    per_class = [len(c.ops) for c in prog.classes]
+    rows = num_steps * sum(per_class[int(c)] for c in cell_classes)
+    need = _BASE_BYTES + rows * ROW_BYTES
+    budget = memory_budget_bytes()
+    if need > budget:
+        n = len(cell_classes)
+        raise ConfigError(
+            "run", f"{n:,} simulated cells x {rows / max(n * num_steps, 1):,.0f} ops x {num_steps} steps",
+            f"about {rows / 1e6:,.1f} M timeline rows, {need / 2**30:,.1f} GB and {rows * ROW_SECONDS / 60:,.0f} "
+            f"minutes: over the memory budget of {budget / 2**30:,.1f} GB (CLUSTERSIM_MEMORY_BUDGET_GB; default "
+            f"3/4 of this machine's memory). Per-GPU what-ifs (jitter, slow GPUs) keep every rank its own cell; "
+            f"fewer steps, fewer GPUs, or what-ifs shared by whole groups fold")
 
 
 class _Clock:

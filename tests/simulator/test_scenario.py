@@ -256,3 +256,41 @@ def test_cli_model_config_replaces_the_model(tmp_path, capsys):
                  "parallel: {tp: 2, dp: -1, global_batch_size: 8}\nnum_steps: 1\n")
     assert main(["run", str(y), "--quiet", "--model-config", str(FIXTURES / "nemotron3_nano_hf_config.json")]) == 0
     assert "nemotron_h on 8 x H100" in capsys.readouterr().out
+
+
+def test_a_run_whose_timeline_would_not_fit_in_memory_is_refused_before_simulating(tmp_path, capsys, monkeypatch):
+    """Per-GPU jitter keeps every rank its own cell: the timeline has a row per op of every
+    rank.  The run is refused up front, with its estimate, when that would not fit the memory
+    budget (here set small), instead of running for minutes and running out of memory."""
+    import time
+
+    import yaml
+
+    from simulator import run
+    from simulator.cli import main
+    from simulator.engine.simulate import ROW_BYTES
+
+    sc = {"model": "tiny-dense", "cluster": {"preset": "dgx-h100", "num_nodes": 4}, "num_steps": 2,
+          "parallel": {"tp": 2, "pp": 2, "dp": -1, "global_batch_size": 64, "seq_len": 1024},
+          "whatif": {"jitter": {"scope": "gpu_step", "dist": "lognormal(0, 0.05)"}}}
+    folded = run({**sc, "whatif": {}})
+    rows_per_rank = len(folded.timeline) / folded.folding.num_cells      # every cell: one rank's ops
+    monkeypatch.setenv("CLUSTERSIM_MEMORY_BUDGET_GB", "0.3")
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError) as e:
+        run(sc)
+    assert time.perf_counter() - t0 < 5
+    msg = str(e.value)
+    assert e.value.field == "run" and "32 simulated cells" in msg and "2 steps" in msg
+    assert f"{32 * rows_per_rank / 1e6:,.1f} M timeline rows" in msg and "memory budget of 0.3 GB" in msg
+    assert folded.folding.num_cells == 2        # without jitter: one cell per stage, well within it
+    # through the CLI: one line, exit 2
+    p = tmp_path / "jitter.yaml"
+    p.write_text(yaml.safe_dump(sc))
+    assert main(["run", str(p), "--json"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "memory budget" in err
+    monkeypatch.setenv("CLUSTERSIM_MEMORY_BUDGET_GB", "lots")
+    with pytest.raises(ConfigError, match="CLUSTERSIM_MEMORY_BUDGET_GB"):
+        run(sc)
+    assert ROW_BYTES >= 686        # the measured slope (simulate.py) rounded up, never down
