@@ -310,7 +310,7 @@ class _Emitter:
     def p2p(self, kind, name, peer, size, tag, mb, chunk, phase):
         self.ops.append(Op(Stream.PP, kind, name, -1, mb, chunk, phase, 0.0, 0.0, Coll.SEND_RECV, Group.NONE, -1,
                            float(size), peer, tag,
-                           0, self.host_call_s, 1))
+                           self.lane, self.host_call_s, 1))
 
 
 def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, num_gpus: int | None = None,
@@ -365,7 +365,7 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
                parse_routing(moe_routing), seed)
     ctx.p2p_overlap = p2p_overlap
     if moe_ep_overlap:
-        _check_moe_overlap(model, par, sched, p2p_overlap)
+        _check_moe_overlap(model, par, sched)
     ctx.moe_ep_overlap = moe_ep_overlap
     ctx.grad_overlap = grad_reduce_overlap
     ctx.host = hc
@@ -1115,7 +1115,7 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
     return _one_issue_per_p2p_batch(em.ops)
 
 
-def _check_moe_overlap(model, par, sched, p2p_overlap: bool) -> None:
+def _check_moe_overlap(model, par, sched) -> None:
     """Megatron-Core's conditions for ``overlap_moe_expert_parallel_comm``
     (transformer_config.py ``__post_init__``), as ConfigErrors."""
     key = "overlap.moe_ep_comm"
@@ -1130,8 +1130,6 @@ def _check_moe_overlap(model, par, sched, p2p_overlap: bool) -> None:
     if par.pp > 1 and sched.name != "interleaved_1f1b":
         raise ConfigError(key, True, "with pipeline parallelism needs the interleaved 1F1B schedule (Megatron-Core "
                           "requires a virtual pipeline size)")
-    if par.pp > 1 and p2p_overlap:
-        raise ConfigError(key, True, "together with overlap.p2p is not modelled")
 
 
 class _MoEPair(NamedTuple):

@@ -48,12 +48,11 @@ moe_expert_capacity_factor (+ pad)     ``moe.capacity_factor`` (+ ``pad_expert_i
 moe_token_dispatcher_type / flex       ``moe.token_dispatcher`` / ``flex_dispatcher_backend``
 backend / rank capacity factor         (HybridEP / DeepEP: wire efficiency and SMs held) /
                                        ``expert_rank_capacity_factor``
-overlap_moe_expert_parallel_comm       ``overlap.moe_ep_comm``, except with the interleaved
-                                       schedule's overlapped p2p (noted: not modelled together)
+overlap_moe_expert_parallel_comm       ``overlap.moe_ep_comm`` (with the interleaved schedule's
+                                       overlapped p2p too: each half's transfers in its half)
 =====================================  ==========================================================
 
-Noted as not modelled: activation offload to the host, expert-parallel all-to-all overlap
-on top of the interleaved schedule's p2p overlap, FP4 parameter all-gathers, FP8 attention,
+Noted as not modelled: activation offload to the host, FP4 parameter all-gathers, FP8 attention,
 paged stashing, per-module CUDA-graph scopes.
 """
 
@@ -86,8 +85,6 @@ NOT_MODELLED = "not modelled: "
 #: data goes here rather than into a fitted factor, and the list should shrink, not grow.
 DECLARED_NOT_MODELLED = {
     "activation offload": "activations copied to host memory and back (cpu_offloading, fine-grained offload)",
-    "expert-parallel all-to-all overlap": "dispatch/combine overlapped with the other micro-batch's compute, when the "
-                                          "interleaved schedule also overlaps its p2p (the engine runs one or the other)",
     "parameter all-gather": "FP4 parameter all-gathers (clustersim gathers BF16; FP8 ones are modelled)",
     "FP8 attention": "attention in FP8 (fp8_dot_product_attention)",
     "MoE paged stash": "paged activation stash for experts",
@@ -281,12 +278,8 @@ def _moe_settings(k: dict, out: dict, set_here: list, pp: int) -> list[str]:
         moe["expert_rank_capacity_factor"] = float(k["moe_expert_rank_capacity_factor"])
         set_here.append(f"HybridEP rank budget {k['moe_expert_rank_capacity_factor']}")
     if k.get("overlap_moe_expert_parallel_comm"):
-        if pp > 1 and out["overlap"].get("p2p"):
-            notes.append(NOT_MODELLED + "expert-parallel all-to-all overlap together with the interleaved schedule's "
-                                        "overlapped p2p (run without the EP overlap)")
-        else:
-            out["overlap"]["moe_ep_comm"] = True
-            set_here.append("EP communication overlap (overlap_moe_expert_parallel_comm)")
+        out["overlap"]["moe_ep_comm"] = True
+        set_here.append("EP communication overlap (overlap_moe_expert_parallel_comm)")
     return notes
 
 

@@ -128,3 +128,24 @@ def test_flex_sms_slow_the_compute_they_overlap():
     ratios = {round((e - s) / want[(n, la, mb, ph)], 9) for n, la, mb, ph, s, e in
               zip(tl.name, tl.layer, tl.microbatch, tl.phase, tl.start_s, tl.end_s) if want[(n, la, mb, ph)] > 0}
     assert ratios == {1.0, 2.0}
+
+
+def test_moe_overlap_runs_with_the_interleaved_schedules_overlapped_p2p():
+    """Megatron-Core's combined 1F1B with ``overlap_p2p_comm``: each half of a pair waits for
+    its own input and sends its own output (``pre_forward`` / ``post_backward`` inside the
+    combined step).  The transfers sit in their half's lane; a receive blocks only its half.
+    The pair hides all-to-all time, and folded equals unfolded."""
+    def sc(ep_overlap):
+        s = _small(pp=2, dp=2, ep=2, moe=True, nmb=8, layers=4, schedule="interleaved_1f1b", vpp=2)
+        s["overlap"] = {"p2p": True, "moe_ep_comm": ep_overlap, "comm_slowdown": False}
+        return s
+    off, on = run(sc(False)), run(sc(True))
+    lane_p2p = [op for op in on.program.classes[0].ops if op.lane and op.kind in ("send", "recv")]
+    assert lane_p2p, "the pairs' transfers are in their halves"
+    assert on.metrics["exposed_comm_s"]["ep"] < off.metrics["exposed_comm_s"]["ep"]
+    assert on.metrics["step_time_s"] < off.metrics["step_time_s"]
+    assert sum(on.metrics["breakdown_s"].values()) == pytest.approx(on.metrics["step_time_s"], rel=1e-12)
+    assert run(sc(True), fold=False).metrics["step_time_s"] == pytest.approx(on.metrics["step_time_s"], rel=1e-12)
+    # every transfer of the run is in the timeline, each once per step
+    tl = on.timeline
+    assert (tl.stream == "pp").sum() == (run(sc(False)).timeline.stream == "pp").sum()

@@ -50,10 +50,10 @@ def test_deepseek_v3_2608_gb200_mxfp8_switches():
     assert s["overlap"]["tp_comm"] is False and s["overlap"]["p2p"] is True
     text = " | ".join(notes)
     assert "perf_recipes/deepseek/gb200/deepseek_v3.py @ v0.6.0" in text
-    # the dispatcher is modelled; the EP overlap cannot run together with the interleaved p2p overlap
+    # the dispatcher is modelled, and the EP overlap together with the interleaved p2p overlap
     assert s["moe"]["token_dispatcher"] == "flex" and s["moe"]["flex_dispatcher_backend"] == "hybridep"
-    assert NOT_MODELLED + "expert-parallel all-to-all overlap together with" in text
-    assert "moe_ep_comm" not in s["overlap"]
+    assert "expert-parallel all-to-all overlap" not in text
+    assert s["overlap"]["moe_ep_comm"] is True and "EP communication overlap" in text
 
 
 def test_qwen3_30b_recipe_runs_hybridep_with_its_ep_overlap():
