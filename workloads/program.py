@@ -360,7 +360,11 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
                                                     num_gpus=par.world_size if par.dp > 0 else None)
     seq = par.seq_len or model.seq_len
     grid = RankGrid(par)
-    sched = get_schedule(par.schedule)(par.pp, par.num_microbatches, par.vpp)
+    if moe_ep_overlap and par.schedule == "interleaved_1f1b" and par.pp > 1:
+        # Megatron-Core warms up one more forward for the combined 1F1B (interleaved.py)
+        sched = get_schedule(par.schedule)(par.pp, par.num_microbatches, par.vpp, extra_warmup=1)
+    else:
+        sched = get_schedule(par.schedule)(par.pp, par.num_microbatches, par.vpp)
     ctx = _Ctx(model, par, compute, recipe, par.micro_batch_size, seq, _chunk_layers(model, par, sched), sched,
                parse_routing(moe_routing), seed)
     ctx.p2p_overlap = p2p_overlap
@@ -1094,10 +1098,20 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
     acts = order if order is not None else [a for a in sched.actions[stage] if a is not None]
     for act in (_moe_pairs(acts) if ctx.moe_ep_overlap else acts):
         if isinstance(act, _MoEPair):       # an MoE overlap pair: two halves, as DualPipe's F&B
+            # With transfers next to their compute (overlapped p2p), the pair waits for both
+            # halves' inputs before it starts and sends both outputs after it: Megatron-Core's
+            # combined step calls pre_forward and pre_backward before its first layer
+            # (TransformerModelChunkSchedulePlan.run), post_forward / post_backward after.
+            if order is None:
+                for a in act.halves:
+                    _emit_pair_p2p(ctx, em, st, a, receive=True)
             for lane, a in enumerate(act.halves, start=1):
                 em.lane = lane
-                _emit_action(ctx, em, st, a, p2p=order is None)
+                _emit_action(ctx, em, st, a, p2p=False)
             em.lane = 0
+            if order is None:
+                for a in act.halves:
+                    _emit_pair_p2p(ctx, em, st, a, receive=False)
             continue
         kind = act.kind
         if kind in COMM_KINDS:
@@ -1289,6 +1303,20 @@ def _emit_action(ctx: _Ctx, em: _Emitter, st: _Stage, a, p2p: bool = True) -> No
         _emit_backward(ctx, em, st, a, w, p2p)
     elif a.kind == ActionKind.W:
         _emit_wgrad(ctx, em, st, a, w)
+
+
+def _emit_pair_p2p(ctx: _Ctx, em: _Emitter, st: _Stage, a, receive: bool) -> None:
+    """The receive (``receive``) or the send of compute action ``a``, where it has a peer:
+    a forward receives activations from the stage before and sends to the stage after; a
+    backward receives gradients from the stage after and sends to the stage before."""
+    w = _where(ctx, st, a)
+    fwd = a.kind == ActionKind.F
+    peer = (w.prev_stage if fwd else w.next_stage) if receive else (w.next_stage if fwd else w.prev_stage)
+    if peer is None:
+        return
+    kind = {(True, True): ActionKind.RECV_F, (True, False): ActionKind.SEND_F,
+            (False, True): ActionKind.RECV_B, (False, False): ActionKind.SEND_B}[(fwd, receive)]
+    _p2p(em, kind, st.index, a.chunk, a.microbatch, w.k, peer, st.act_p2p)
 
 
 def _emit_forward(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where, p2p: bool) -> None:

@@ -380,7 +380,6 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         axis_of, nonblocking_of = _op_meta(cls, sc.overlap)
         has_fsdp = fsdp_prefetch and any(is_fsdp_gather(o) for o in ops)
         pair_turns: dict = {}        # F&B pair's first op -> its collectives' order per stream (_pair_turns)
-        lane_xfer: dict = {}         # a lane transfer's completion event -> when both sides had posted
 
         def compute_time(op, step=0, idx=0):
             # the op's time on this rank, slower while a collective of the rank is in flight;
@@ -509,7 +508,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
 
             def may_issue(j):
                 o = ops[j]
-                return o.kind != KIND_COLLECTIVE or turn[o.stream][nxt[o.stream]] == j
+                return o.kind == KIND_COMPUTE or turn[o.stream][nxt[o.stream]] == j
 
             cur = 0
             while pos[0] < len(lanes[0]) or pos[1] < len(lanes[1]) or any(blocked):
@@ -523,18 +522,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                         for ev, _axis in waiting:
                             ev.callbacks.append(first.hit)
                         yield first.event
-                        axis = waiting[0][1]
-                        if axis == "pp":
-                            # a transfer (MoE pairs with overlapped p2p): waiting for the peer
-                            # to post is a bubble, the transfer after it pipeline communication
-                            ev0 = waiting[0][0]
-                            t_x = min(max(t0, lane_xfer.pop(ev0, t0) if ev0.processed else t0), env.now)
-                            if t_x > t0:
-                                waits[cid].append((t0, t_x, "bubble"))
-                            if env.now > t_x:
-                                waits[cid].append((t_x, env.now, "pp"))
-                        else:
-                            waits[cid].append((t0, env.now, axis))
+                        waits[cid].append((t0, env.now, waiting[0][1]))
                     elif not any(blocked):      # cannot happen: _pair_turns's order is always followable
                         raise SimulationError(f"cell {cid}: the F&B pair at op {lo} cannot go on")
                     blocked = [b if b is not None and not b[0].processed else None for b in blocked]
@@ -547,17 +535,6 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 current[cid] = (step, op)
                 if op.kind == KIND_COMPUTE:
                     yield from compute(op, step, j)
-                    continue
-                if is_p2p(op):
-                    # a half's own transfer (the MoE pair of the interleaved schedule with
-                    # overlapped p2p: Megatron-Core waits for a half's input and sends its
-                    # output inside the combined step); a receive blocks only its half
-                    yield from host_issue(op)
-                    done = _lane_p2p(env, coll, folding, op, step, rec, rep, node, cid, free_comm,
-                                     nonblocking_sends, mailbox, lane_xfer)
-                    if done is not None:
-                        blocked[h] = (done, "pp")
-                        cur = 1 - h
                     continue
                 nxt[op.stream] += 1
                 yield from host_issue(op)
@@ -929,7 +906,7 @@ def _pair_turns(ops, lanes) -> dict:
     per_lane: dict = {}
     for h in (0, 1):
         for j in lanes[h]:
-            if ops[j].kind == KIND_COLLECTIVE:
+            if ops[j].kind != KIND_COMPUTE:
                 per_lane.setdefault(ops[j].stream, ([], []))[h].append(j)
     turn = {st: [j for pair in itertools.zip_longest(*ls) for j in pair if j is not None]
             for st, ls in per_lane.items()}
@@ -940,7 +917,7 @@ def _pair_turns(ops, lanes) -> dict:
         for h in (0, 1):
             while pos[h] < len(lanes[h]):
                 o = ops[lanes[h][pos[h]]]
-                if o.kind == KIND_COLLECTIVE:
+                if o.kind != KIND_COMPUTE:
                     if turn[o.stream][nxt[o.stream]] != lanes[h][pos[h]]:
                         break
                     nxt[o.stream] += 1
@@ -980,49 +957,6 @@ def _issue(env, coll, groups, seq, op, free_comm, sizes=None):
     latch = _Latch(env, len(groups))
     for g, n in groups:
         coll.issue(g, seq, op.coll, op.size_bytes, count=n, sizes=sizes).callbacks.append(latch.hit)
-    return latch.event
-
-
-def _lane_p2p(env, coll, folding, op, step, rec, rep, node, cid, free_comm, nonblocking_send, mailbox,
-              lane_xfer):
-    """Post one transfer of an F&B pair's half; returns the event its half waits for (None:
-    a send that does not block).  Its timeline row is written when it completes, and
-    ``lane_xfer`` keeps, for the wait's accounting, when both sides had posted."""
-    t0 = env.now
-    evs, keys = [], []
-    for pc, _n in folding.p2p_of[(cid, op.peer, op.kind)]:
-        cell = folding.p2p_cells[pc]
-        key = (step, pc, op.tag)
-        if free_comm:
-            ev = mailbox.get(key)
-            if ev is None:
-                ev = mailbox[key] = env.event()
-            if op.kind == KIND_SEND:
-                if not ev.triggered:
-                    ev.succeed()
-            else:
-                evs.append(ev)
-            continue
-        ev = coll.send_recv(key, cell.src_gpu, cell.dst_gpu, op.size_bytes, op.kind, multiplicity=cell.size)
-        keys.append(key)
-        if not (op.kind == KIND_SEND and nonblocking_send):
-            evs.append(ev)
-    latch = _Latch(env, sum(1 for e in evs if not e.processed))
-    for e in evs:
-        if not e.processed:
-            e.callbacks.append(latch.hit)
-
-    def finish(_e=None):
-        rec.add(rep, node, STREAM_PP, op, "pp", t0, env.now, step, cid)
-        starts = [coll.p2p_start.pop(k, t0) for k in keys]
-        lane_xfer[latch.event] = max([t0] + starts) if not free_comm else env.now
-
-    if latch.event.triggered:        # nothing to wait for (sends that do not block)
-        finish()
-        return None
-    latch.event.callbacks.append(finish)
-    if op.kind == KIND_SEND and nonblocking_send:
-        return None
     return latch.event
 
 

@@ -46,7 +46,7 @@ def warmup_interleaved(pp: int, stage: int, vpp: int, num_microbatches: int,
 
 
 def interleaved_1f1b(pp: int, num_microbatches: int, vpp: int = 2, *,
-                     microbatch_group_size: int | None = None) -> Schedule:
+                     microbatch_group_size: int | None = None, extra_warmup: int = 0) -> Schedule:
     """Megatron-Core interleaved 1F1B with ``vpp`` model chunks per stage.
 
     Parameters
@@ -60,6 +60,11 @@ def interleaved_1f1b(pp: int, num_microbatches: int, vpp: int = 2, *,
         Model chunks per stage (>= 2).
     microbatch_group_size : int, optional
         Megatron-Core's ``microbatch_group_size_per_vp_stage``; default ``pp``.
+    extra_warmup : int
+        Forwards added to every stage's warm-up: Megatron-Core adds one when
+        ``overlap_moe_expert_parallel_comm`` pairs each steady step's forward and backward
+        (``schedules.py``: "add one more warmup microbatches for 1f1b overlapping"), so the
+        pair's halves belong to micro-batches already independent of each other.
 
     Returns
     -------
@@ -78,7 +83,7 @@ def interleaved_1f1b(pp: int, num_microbatches: int, vpp: int = 2, *,
     backwards = [(mb, vpp - 1 - c) for mb, c in order]
     actions = []
     for s in range(pp):
-        warmup = warmup_interleaved(pp, s, vpp, m, group)
+        warmup = min(warmup_interleaved(pp, s, vpp, m, group) + extra_warmup, total)
         steps = [forwards[k] + (ActionKind.F,) for k in range(warmup)]
         for k in range(total - warmup):                 # steady state: one forward, one backward
             steps += [forwards[warmup + k] + (ActionKind.F,), backwards[k] + (ActionKind.BW,)]
