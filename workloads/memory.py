@@ -305,6 +305,10 @@ class MemoryOptions:
     """Parameters per gradient bucket; None: Megatron's ``max(40M, 1M * dp * cp)``."""
     memory_reserve_bytes: float = DEFAULT_RESERVE_BYTES
     """Per-GPU memory outside the model's tensors (CUDA context, NCCL, fragmentation)."""
+    extra_warmup_microbatches: int = 0
+    """Forwards the interleaved schedule adds to every stage's warm-up, each one more chunk
+    activation set in flight: Megatron-Core adds 1 with the MoE EP overlap
+    (``overlap.moe_ep_comm``, :func:`~workloads.schedules.interleaved.interleaved_1f1b`)."""
 
     def __post_init__(self):
         get_static_accounting(self.accounting)
@@ -822,10 +826,14 @@ def _placement(model: ModelSpec, parallel: ParallelConfig) -> list[list[_Chunk]]
 
 # -- schedule walk ---------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=128)
-def _held(name: str, pp: int, m: int, vpp: int) -> tuple[tuple[tuple[tuple[int, ...], ...], ...], tuple[int, ...]]:
+def _held(name: str, pp: int, m: int, vpp: int,
+          extra_warmup: int = 0) -> tuple[tuple[tuple[tuple[int, ...], ...], ...], tuple[int, ...]]:
     """Per stage, the distinct per-chunk counts of held activation sets after each forward,
     and :func:`peak_in_flight`."""
-    schedule = get_schedule(name)(pp, m, vpp)
+    if extra_warmup and name == "interleaved_1f1b" and pp > 1:
+        schedule = get_schedule(name)(pp, m, vpp, extra_warmup=extra_warmup)
+    else:
+        schedule = get_schedule(name)(pp, m, vpp)
     f_kind, free = ActionKind.F, (ActionKind.BW, ActionKind.W)
     out = []
     for actions in schedule.actions:
@@ -871,7 +879,8 @@ class _Model:
         self.modules = _recomputed_modules(parallel)
         self.placement = _placement(model, parallel)
         vpp = 1 if parallel.schedule == "dualpipe" else parallel.vpp
-        self.held, self.in_flight = _held(parallel.schedule, parallel.pp, num_microbatches, vpp)
+        self.held, self.in_flight = _held(parallel.schedule, parallel.pp, num_microbatches, vpp,
+                                          int(opt.extra_warmup_microbatches))
         self._layer_cache: dict[tuple[bool, frozenset], dict[str, float]] = {}
         acc = get_static_accounting(opt.accounting)
         self.param_b = acc.param_bytes if opt.param_dtype_bytes is None else opt.param_dtype_bytes

@@ -118,7 +118,9 @@ class Scenario:
         return memory_estimates(self.model, parallel or self.parallel, gpu_hbm_bytes=self.usable_hbm_bytes,
                                 accounting=self.memory_accounting,
                                 fp8_weight_copy_bytes_per_param=recipe.extra_weight_bytes_per_param,
-                                linear_input_bytes=recipe.tp_gather_bytes_per_element if quantised else None)
+                                linear_input_bytes=recipe.tp_gather_bytes_per_element if quantised else None,
+                                # the combined 1F1B's extra warm-up forward (workloads.schedules.interleaved)
+                                extra_warmup_microbatches=int(bool(self.overlap.get("moe_ep_comm", False))))
 
 
 def read_yaml(path: str | Path, where: str, what: str = "a mapping") -> dict:

@@ -154,3 +154,15 @@ def test_moe_overlap_runs_with_the_interleaved_schedules_overlapped_p2p():
     assert sum(on.metrics["breakdown_s"].values()) == pytest.approx(on.metrics["step_time_s"], rel=1e-12)
     assert run(sc(True), fold=False).metrics["step_time_s"] == pytest.approx(on.metrics["step_time_s"], rel=1e-12)
     assert (on.timeline.stream == "pp").sum() == (off.timeline.stream == "pp").sum()
+
+
+def test_the_memory_model_holds_the_extra_warm_up_forward_of_the_moe_overlap():
+    from simulator.scenario import load_scenario
+
+    def estimates(ep_overlap):
+        s = _small(pp=2, dp=2, ep=2, moe=True, nmb=8, layers=4, schedule="interleaved_1f1b", vpp=2)
+        s["overlap"] = {"p2p": True, "moe_ep_comm": ep_overlap}
+        return load_scenario(s).memory_estimates()
+    off, on = estimates(False), estimates(True)
+    assert [e.in_flight_microbatches for e in on] == [e.in_flight_microbatches + 1 for e in off]
+    assert all(a.total_bytes > b.total_bytes for a, b in zip(on, off))
