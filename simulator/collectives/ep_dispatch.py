@@ -24,12 +24,32 @@ or HybridEP kernels (``--moe-flex-dispatcher-backend``).  Two things change in t
   (Megatron-Core's historical ``moe_deepep_num_sms`` default, transformer_config.py);
   HybridEP 24 SMs on one node and 8 across nodes (DeepEP hybrid-ep branch,
   ``csrc/hybrid_ep/config.cuh``: ``num_sms_dispatch_api.value_or(num_of_nodes == 1 ? 24 :
-  8)``).  ``model.moe.flex_dispatcher_num_sms`` overrides both.
+  8)``).  ``model.moe.flex_dispatcher_num_sms`` overrides both.  A "node" of these
+  kernels is an NVLink domain (DeepEP's intranode kernels and HybridEP's intra-domain path
+  run over NVLink; RDMA only between domains), so an EP group inside one NVL72 domain runs
+  as one node, on the NVLink tier.
+* **Tokens sent once per destination, not once per expert.** Megatron's ``alltoall``
+  dispatcher permutes the tokens by expert and sends every (token, expert) copy.  The flex
+  kernels send a token once to each rank that holds any of its experts (DeepEP's
+  ``num_tokens_per_rank`` layout), and across domains once per destination domain over
+  RDMA, forwarded to the ranks inside it over NVLink (DeepEP's internode normal kernels;
+  HybridEP's hierarchical dispatch); the combine reduces a token's expert outputs inside a
+  domain before the one RDMA send back.  :func:`dedup_factor` is the expected distinct-
+  token count over the copy count for uniform top-k routing, applied to the copies the
+  routing puts on each pair.  Assumptions: routing uniform at this level (skew and
+  DeepSeek-V3's node-limited routing both concentrate experts and would dedup more: the
+  model is conservative); the NVLink forwarding inside the destination domain is not
+  charged.
 """
 
 from __future__ import annotations
 
-__all__ = ["FLEX_EFFICIENCY", "SM_COUNT", "flex_bytes_scale", "flex_num_sms", "flex_compute_slowdown"]
+import math
+
+import numpy as np
+
+__all__ = ["FLEX_EFFICIENCY", "SM_COUNT", "dedup_factor", "flex_bytes_scale", "flex_num_sms", "flex_compute_slowdown",
+           "flex_pair_scale"]
 
 #: Achieved fraction of the link capacity of the flex dispatcher's all-to-all, per tier
 #: (DeepEP V1 README, H800 normal kernels: 153 / 160 NVLink, 43 / 50 RDMA; see above).
@@ -64,3 +84,39 @@ def flex_bytes_scale(tier_efficiency: dict, tier: str) -> float:
     """Factor on the flex all-to-all's bytes so that, on links derated by NCCL's
     ``tier_efficiency``, it moves at :data:`FLEX_EFFICIENCY` of the wire rate."""
     return tier_efficiency.get(tier, 1.0) / FLEX_EFFICIENCY.get(tier, 1.0)
+
+
+def dedup_factor(num_experts: int, top_k: int, experts_there: int) -> float:
+    """Distinct tokens over (token, expert) copies that a place holding ``experts_there`` of
+    ``num_experts`` experts receives, when each token picks ``top_k`` distinct experts
+    uniformly: ``P(at least one there) / E[copies there]``.
+
+    DeepSeek-V3 on 32 ranks of 4 nodes (256 experts, top 8, 64 per node): a token reaches a
+    given node with probability 1 - C(192, 8) / C(256, 8) = 0.903 and puts 2 copies there,
+    so RDMA carries 0.452 of the copies.
+
+    >>> round(dedup_factor(256, 8, 64), 3)
+    0.452
+    """
+    if not 0 < experts_there <= num_experts or not 0 < top_k <= num_experts:
+        raise ValueError(f"experts_there {experts_there}, top_k {top_k} of {num_experts}")
+    none_there = math.comb(num_experts - experts_there, top_k) / math.comb(num_experts, top_k)
+    return (1.0 - none_there) / (top_k * experts_there / num_experts)
+
+
+def flex_pair_scale(tier_efficiency: dict, domain: np.ndarray, num_experts: int, top_k: int,
+                    cross_tier: str = "ib") -> np.ndarray:
+    """Factor on each (source, destination) entry of a flex all-to-all's copy matrix, for an
+    EP group whose members sit in NVLink domains ``domain`` (in EP-coordinate order): the
+    wire efficiency of the pair's tier (:func:`flex_bytes_scale`) times the tokens sent once
+    per destination rank inside a domain, once per destination domain across
+    (:func:`dedup_factor`)."""
+    domain = np.asarray(domain)
+    n = domain.size
+    per_rank = num_experts // n
+    same = domain[:, None] == domain[None, :]
+    members = {int(d): int((domain == d).sum()) for d in np.unique(domain)}
+    across = np.array([dedup_factor(num_experts, top_k, per_rank * members[int(d)]) for d in domain])
+    inside = dedup_factor(num_experts, top_k, per_rank)
+    return np.where(same, flex_bytes_scale(tier_efficiency, "nvlink") * inside,
+                    flex_bytes_scale(tier_efficiency, cross_tier) * across[None, :])

@@ -86,7 +86,7 @@ from workloads.ops import (COLL_ALL_TO_ALL, GROUP_TP, KIND_COLLECTIVE, KIND_COMP
 from workloads.program import Program
 
 from ..collectives import CollectiveEngine
-from ..collectives.ep_dispatch import flex_bytes_scale, flex_compute_slowdown
+from ..collectives.ep_dispatch import flex_compute_slowdown, flex_pair_scale
 from ..network import FlowNetwork, NetworkSnapshot
 from ..scenario import Scenario, WhatIf, load_scenario
 from .fold import Folding, fold as fold_program
@@ -462,7 +462,8 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 if op.group != Group.EP:              # a CP exchange (ring hop, a2a+p2p block)
                     return sizes
                 sizes = ep_a2a_matrix(op, sizes)
-                return sizes if flex is None else sizes * flex[0]
+                # (the pair scale follows the matrix: the combine's is the dispatch's, transposed)
+                return sizes if flex is None else sizes * ep_a2a_matrix(op, flex[0])
             return None
 
         def on_stream(op, step, seq, axis):
@@ -870,16 +871,15 @@ def _where(at) -> str:
 
 
 def _flex_dispatch(sc, prog, cluster, coll):
-    """(bytes scale, compute slowdown) of the flex MoE dispatcher, or None
-    (:mod:`simulator.collectives.ep_dispatch`)."""
+    """(per-pair bytes scale, compute slowdown) of the flex MoE dispatcher, or None
+    (:mod:`simulator.collectives.ep_dispatch`): its kernels' "nodes" are NVLink domains."""
     moe = sc.model.moe
     if moe is None or moe.token_dispatcher != "flex" or sc.parallel.ep == 1:
         return None
     grid = prog.grid
-    members = grid.group("ep", 0)
-    multi = len({cluster.host_of(grid.gpu_of(r)) for r in members}) > 1
-    tier = "ib" if multi else "nvlink"
-    return (flex_bytes_scale(coll.cal.tier_efficiency, tier),
+    domains = np.array([cluster.domain_of(grid.gpu_of(r)) for r in grid.group("ep", 0)])
+    multi = len(set(domains.tolist())) > 1
+    return (flex_pair_scale(coll.cal.tier_efficiency, domains, moe.num_experts, moe.top_k),
             flex_compute_slowdown(moe, cluster.gpu.generation, multi))
 
 
