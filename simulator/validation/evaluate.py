@@ -41,6 +41,7 @@ a slower step than was measured.
 from __future__ import annotations
 
 import csv
+import json
 import re
 import time
 from pathlib import Path
@@ -215,34 +216,64 @@ def _classify_config_error(e: ConfigError) -> str:
     return f"invalid: {text}"
 
 def _evaluate_all(rows: list[dict], run_fn, max_gpus, workers: int, on_done=None):
-    """Output rows in input order, from ``workers`` processes (largest jobs first, so the
-    long rows do not all land at the end); ``on_done(finished, total)`` as each row
-    finishes, in whatever order they do."""
-    if workers == 1 or len(rows) < 2:
-        for i, r in enumerate(rows):
-            out = _evaluate(r, run_fn, max_gpus)
-            if on_done is not None:
-                on_done(i + 1, len(rows))
-            yield out
+    """Output rows in input order.  Every row is mapped and checked here; each distinct
+    scenario is then simulated once (a recipe published in several releases maps to the same
+    scenario: the Blackwell set's 117 rows are 55 scenarios), by ``workers`` processes
+    (largest jobs first, so the long ones do not all land at the end).  The simulator is
+    deterministic, so a shared run is the run each row would have made; the rows after the
+    first say so in their notes.  ``on_done(finished, total)`` as rows finish, in whatever
+    order they do."""
+    preps = [_prepare(r, max_gpus) for r in rows]
+    groups: dict[str, list[int]] = {}
+    for i, p in enumerate(preps):
+        if p["status"] is None:
+            groups.setdefault(_scenario_key(p["scenario"]), []).append(i)
+    total, finished = len(rows), [0]
+
+    def tick(n: int) -> None:
+        if on_done is not None:
+            finished[0] += n
+            on_done(finished[0], total)
+
+    tick(total - sum(len(g) for g in groups.values()))          # rows that need no simulation
+    first_of = {k: g[0] for k, g in groups.items()}
+    if workers == 1 or len(groups) < 2:
+        sims: dict = {}
+
+        def sim_of(key):
+            if key not in sims:
+                sims[key] = _simulate(preps[first_of[key]]["scenario"], run_fn)
+                tick(len(groups[key]))
+            return sims[key]
+        for i, p in enumerate(preps):
+            key = _scenario_key(p["scenario"]) if p["status"] is None else None
+            yield _finish(rows[i], p, sim_of(key) if key else None, None if key is None or first_of[key] == i
+                          else preps[first_of[key]]["out"]["id"])
         return
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing
-    order = sorted(range(len(rows)), key=lambda i: -_gpus(rows[i]))
+    order = sorted(groups, key=lambda k: -_gpus(rows[first_of[k]]))
     ctx = multiprocessing.get_context("spawn")      # no forked copy of a caller's simpy or numpy state
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = {i: pool.submit(_evaluate, rows[i], run_fn, max_gpus) for i in order}
+        futures = {k: pool.submit(_simulate, preps[first_of[k]]["scenario"], run_fn) for k in order}
         if on_done is not None:
             import threading
-            lock, finished = threading.Lock(), [0]
+            lock = threading.Lock()
 
-            def tick(_future):
+            def done(_future, n):
                 with lock:
-                    finished[0] += 1
-                    on_done(finished[0], len(rows))
-            for f in futures.values():
-                f.add_done_callback(tick)
-        for i in range(len(rows)):
-            yield futures[i].result()
+                    tick(n)
+            for k, f in futures.items():
+                f.add_done_callback(lambda fut, n=len(groups[k]): done(fut, n))
+        for i, p in enumerate(preps):
+            key = _scenario_key(p["scenario"]) if p["status"] is None else None
+            yield _finish(rows[i], p, futures[key].result() if key else None,
+                          None if key is None or first_of[key] == i else preps[first_of[key]]["out"]["id"])
+
+
+def _scenario_key(scenario: dict) -> str:
+    """Rows with the same key simulate the same thing."""
+    return json.dumps(scenario, sort_keys=True, default=repr)
 
 
 def _gpus(row: dict) -> int:
@@ -255,9 +286,10 @@ def _gpus(row: dict) -> int:
     return 0
 
 
-def _evaluate(row: dict, run_fn, max_gpus) -> dict:
-    """The output row (:data:`OUTPUT_COLUMNS`) of one input row: map it, derive its measured
-    step, check the scenario and simulate it; the first step that fails sets the status."""
+def _prepare(row: dict, max_gpus) -> dict:
+    """Everything about one input row short of simulating it: its output row, notes,
+    scenario, measured step and FLOP convention, and the status of the first check that
+    fails (None: it is to be simulated)."""
     fmt = row.get("_format")
     out = _output_row(row, fmt)
     notes: list[str] = []
@@ -272,8 +304,50 @@ def _evaluate(row: dict, run_fn, max_gpus) -> dict:
         n = 0
     if status is None and max_gpus is not None and n > max_gpus:
         status = "unsupported: over --max-gpus"
-    if status is None:
-        status = _simulate_row(row, scenario, run_fn, conv, measured, n, out, notes)
+    return {"out": out, "notes": notes, "scenario": scenario, "status": status, "measured": measured,
+            "conv": conv, "n": n}
+
+
+def _evaluate(row: dict, run_fn, max_gpus) -> dict:
+    """The output row (:data:`OUTPUT_COLUMNS`) of one input row: map it, derive its measured
+    step, check the scenario and simulate it; the first step that fails sets the status."""
+    p = _prepare(row, max_gpus)
+    return _finish(row, p, _simulate(p["scenario"], run_fn) if p["status"] is None else None)
+
+
+def _simulate(scenario: dict, run_fn) -> dict:
+    """One simulation: ``{"status", "metrics", "wall_s"}``, the metrics the rows need
+    (picklable: it comes back from a worker process)."""
+    t0 = time.perf_counter()
+    metrics = None
+    try:
+        res = run_fn(scenario)
+        m = getattr(res, "metrics", res)
+        pred = float(m["step_time_s"])
+        if not pred > 0:
+            raise ValueError(f"predicted step time {pred!r} is not positive")
+        metrics = {"step_time_s": pred, "breakdown_s": dict(m.get("breakdown_s") or {}) if hasattr(m, "get") else {},
+                   "peak_memory_bytes": m.get("peak_memory_bytes") if hasattr(m, "get") else None}
+        status = "ok"
+    except ConfigError as e:
+        status = _classify_config_error(e)
+    except Exception as e:  # noqa: BLE001 -- the simulator's failure is reported on the row, not raised
+        status = f"error: {type(e).__name__}: {e}"
+    return {"status": status, "metrics": metrics, "wall_s": round(time.perf_counter() - t0, 3)}
+
+
+def _finish(row: dict, prep: dict, sim: dict | None, same_as: str | None = None) -> dict:
+    """The output row from its preparation and (if it was simulated) the simulation;
+    ``same_as``: the id of the row whose identical scenario made the run."""
+    out, notes, status = prep["out"], prep["notes"], prep["status"]
+    if sim is not None:
+        status = sim["status"]
+        out["wall_s"] = 0.0 if same_as else sim["wall_s"]
+        if same_as:
+            notes.append(f"the same scenario as row {same_as}: simulated once")
+        if status == "ok":
+            _record_prediction(out, prep["scenario"], row, prep["conv"], prep["measured"], prep["n"], notes,
+                               sim["metrics"])
     out["status"] = status
     out["notes"] = NOTE_SEP.join(notes)
     return out
@@ -357,33 +431,19 @@ def _scenario_check(scenario: dict) -> str | None:
     return None
 
 
-def _simulate_row(row: dict, scenario: dict, run_fn, conv: str | None, measured: float, n: int, out: dict,
-                  notes: list[str]) -> str:
-    """Run the scenario: the status, and on success the prediction, its error, rates and
-    breakdown into ``out`` (a memory model's OOM verdict noted)."""
-    t0 = time.perf_counter()
-    try:
-        res = run_fn(scenario)
-        metrics = getattr(res, "metrics", res)
-        pred = float(metrics["step_time_s"])
-        if not pred > 0:
-            raise ValueError(f"predicted step time {pred!r} is not positive")
-    except ConfigError as e:
-        status = _classify_config_error(e)
-    except Exception as e:  # noqa: BLE001 -- the simulator's failure is reported on the row, not raised
-        status = f"error: {type(e).__name__}: {e}"
-    else:
-        status = "ok"
-        out["predicted_step_s"] = pred
-        out["error_pct"] = (pred - measured) / measured * 100
-        _predicted_rates(out, scenario, row, conv, pred, measured, n, notes)
-        _predicted_breakdown(out, metrics)
-        peak_mem = metrics.get("peak_memory_bytes") if hasattr(metrics, "get") else None
-        hbm = _hbm(scenario)
-        if peak_mem and hbm and peak_mem > hbm:
-            notes.append(f"memory model predicts OOM: {peak_mem / 2**30:.1f} GiB > {hbm / 2**30:.0f} GiB")
-    out["wall_s"] = round(time.perf_counter() - t0, 3)
-    return status
+def _record_prediction(out: dict, scenario: dict, row: dict, conv: str | None, measured: float, n: int,
+                       notes: list[str], metrics: dict) -> None:
+    """A successful run's prediction, its error, rates and breakdown into ``out`` (a
+    memory model's OOM verdict noted)."""
+    pred = metrics["step_time_s"]
+    out["predicted_step_s"] = pred
+    out["error_pct"] = (pred - measured) / measured * 100
+    _predicted_rates(out, scenario, row, conv, pred, measured, n, notes)
+    _predicted_breakdown(out, metrics)
+    peak_mem = metrics.get("peak_memory_bytes")
+    hbm = _hbm(scenario)
+    if peak_mem and hbm and peak_mem > hbm:
+        notes.append(f"memory model predicts OOM: {peak_mem / 2**30:.1f} GiB > {hbm / 2**30:.0f} GiB")
 
 
 def _hbm(scenario: dict) -> float | None:

@@ -324,7 +324,10 @@ def test_one_output_row_per_input_row_whatever_happens(tmp_path):
 def test_summary_numbers_on_a_fake_run(tmp_path):
     # errors +10 %, -20 %, +30 %, +40 %: |err| median 25, p90 37 (linear), max 40, mean 25; signed median +20
     factors = {"a": 1.1, "b": 0.8, "c": 1.3, "d": 1.4}
-    rows = [{**BASE, "row_id": k, "step_time_s": "10"} for k in factors]
+    # four different batch sizes: identical scenarios would be simulated once (the fake run
+    # hands out a new answer per call, which the deterministic simulator never does)
+    rows = [{**BASE, "row_id": k, "step_time_s": "10", "global_batch_size": str(128 * (i + 1))}
+            for i, k in enumerate(factors)]
     rows.append({**BASE, "row_id": "e", "model": "Falcon 180B", "step_time_s": "10"})
     rows.append({**BASE, "row_id": "f", "model": "Falcon 180B", "step_time_s": "10"})
     path = write_csv(tmp_path / "runs.csv", rows)
@@ -491,3 +494,22 @@ def test_workers_give_the_same_rows_in_the_same_order():
     with pytest.raises(ConfigError) as e:
         validate(single, limit=1, workers=0)
     assert e.value.field == "workers"
+
+
+def test_rows_of_one_scenario_are_simulated_once(tmp_path):
+    """A recipe published in several releases maps to one scenario: it is simulated once,
+    every row gets its prediction, and the later rows say whose run they share."""
+    rows = [{**BASE, "row_id": k, "step_time_s": t} for k, t in (("a", "10"), ("b", "12"))]
+    rows.append({**BASE, "row_id": "c", "step_time_s": "10", "global_batch_size": "256"})
+    path = write_csv(tmp_path / "runs.csv", rows)
+    calls = []
+
+    def fake(sc):
+        calls.append(sc["parallel"]["global_batch_size"])
+        return FakeResult(11.0)
+    res = validate(path, run_fn=fake)
+    assert sorted(calls) == [128, 256]
+    assert [r["predicted_step_s"] for r in res] == [11.0, 11.0, 11.0]
+    assert [round(r["error_pct"], 6) for r in res] == [10.0, round((11 - 12) / 12 * 100, 6), 10.0]
+    assert "the same scenario as row a" in res[1]["notes"] and res[1]["wall_s"] == 0.0
+    assert "the same scenario" not in res[0]["notes"] + res[2]["notes"]
