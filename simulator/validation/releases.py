@@ -49,7 +49,7 @@ moe_token_dispatcher_type / flex       ``moe.token_dispatcher`` / ``flex_dispatc
 backend / rank capacity factor         (HybridEP / DeepEP: wire efficiency and SMs held) /
                                        ``expert_rank_capacity_factor``
 overlap_moe_expert_parallel_comm       ``overlap.moe_ep_comm`` (with the interleaved schedule's
-                                       overlapped p2p too: each half's transfers in its half)
+                                       overlapped p2p too)
 =====================================  ==========================================================
 
 Noted as not modelled: activation offload to the host, FP4 parameter all-gathers, FP8 attention,
