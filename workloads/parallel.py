@@ -164,6 +164,11 @@ class ParallelConfig:
                     "zero_stage", "seq_len", "recompute_num_layers", "num_layers_in_first_pipeline_stage",
                     "num_layers_in_last_pipeline_stage"):
             v = kw.get(key)
+            # null is "not given" only where the field's default is itself None (seq_len, the
+            # edge stages...); a null degree would otherwise reach the range checks as None
+            if v is None and key in kw and _DEFAULTS[key] is not None:
+                raise ConfigError(f"{where}.{key}", v, f"must be an integer (leave it out for the default, "
+                                                     f"{_DEFAULTS[key]})")
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise ConfigError(f"{where}.{key}", v, "must be an integer")
         for key in ("distributed_optimizer", "sequence_parallel", "account_for_embedding_in_pipeline_split",
@@ -347,6 +352,9 @@ class ParallelConfig:
     def check_schedule(self, where: str = "parallel") -> None:
         """Micro-batch and vpp rules of the pipeline schedule (minimum micro-batches per schedule)."""
         validate_schedule_config(self.schedule, self.pp, self.num_microbatches, self.vpp, where=where)
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
 
 
 # -- pipeline split --------------------------------------------------------------------------

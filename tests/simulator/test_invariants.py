@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from simulator import run
+from simulator.engine import DeadlockError
 from simulator.engine.invariants import InvariantError, check_invariants, check_same_run
 
 H100 = {"preset": "dgx-h100", "num_nodes": 1}
@@ -107,3 +108,15 @@ def test_folded_and_unfolded_must_agree(small):
                                                                     "global_batch_size": 16}})
     with pytest.raises(InvariantError, match="folded == unfolded"):
         check_same_run(small, other)
+
+
+@pytest.mark.xfail(strict=True, raises=DeadlockError,
+                   reason="engine: DualPipe's F&B halves issue TP and CP collectives in an order that depends on "
+                          "timing, so one slow GPU makes ranks wait on each other in a cycle (simulate.py, "
+                          "being rewritten; found by experiments/fuzz.py)")
+def test_dualpipe_with_tp_sp_and_cp_survives_a_slow_gpu():
+    sc = {"model": {"preset": "gpt3-175b", "num_layers": 2}, "cluster": H100, "num_steps": 1,
+          "parallel": {"tp": 2, "cp": 2, "pp": 2, "dp": 1, "schedule": "dualpipe", "seq_len": 2048,
+                       "global_batch_size": 4, "recompute": "full"},
+          "whatif": {"slow_gpus": {1: 1.2}}}
+    check_invariants(run(sc))

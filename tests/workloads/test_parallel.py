@@ -134,3 +134,13 @@ def test_a_moe_layout_that_misses_the_gpu_count_says_which_form_it_read():
     # the marker is not a key users can write
     with pytest.raises(ConfigError, match="unknown key"):
         ParallelConfig.from_dict({"degree_form": "folded"})
+
+
+@pytest.mark.parametrize("key", ["tp", "etp", "zero_stage", "global_batch_size", "vpp"])
+def test_a_null_degree_is_refused_naming_the_field(key):
+    """YAML's null for a field whose default is a number is an error naming the field, not a
+    TypeError from the range checks (found by experiments/fuzz.py); a null where the
+    default is None (seq_len) still means "not given"."""
+    with pytest.raises(ConfigError, match=rf"parallel\.{key} = None: must be an integer"):
+        ParallelConfig.from_dict({"tp": 1, key: None})
+    assert ParallelConfig.from_dict({"seq_len": None}).seq_len is None
