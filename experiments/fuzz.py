@@ -380,6 +380,11 @@ class _Gen:
         if self.chance(0.1):
             axes = ["tp", "cp", "ep", "dp", "pp"]
             r.shuffle(axes)
+            if moe is not None:
+                # the dense and expert meshes must agree on the pipeline stages: pp at
+                # either end of the order always gives that
+                axes.remove("pp")
+                axes = ["pp", *axes] if self.chance(0.5) else [*axes, "pp"]
             par["mesh_order"] = "-".join(axes)
         if not sp and tp > 1 and self.chance(0.2):
             par["scatter_gather_tensors_in_pipeline"] = True
