@@ -8,6 +8,7 @@ import pytest
 
 from simulator import run
 from simulator.engine import DeadlockError
+from topologies import ConfigError
 from simulator.engine.invariants import InvariantError, check_invariants, check_same_run
 
 H100 = {"preset": "dgx-h100", "num_nodes": 1}
@@ -120,3 +121,15 @@ def test_dualpipe_with_tp_sp_and_cp_survives_a_slow_gpu():
                        "global_batch_size": 4, "recompute": "full"},
           "whatif": {"slow_gpus": {1: 1.2}}}
     check_invariants(run(sc))
+
+
+def test_a_mesh_order_that_deadlocked_a_moe_pipeline_is_refused():
+    """cp-dp-pp-ep-tp with CP 2 and EP 2 on a MoE model: the axes inside pp span 2 dense
+    ranks but 1 expert rank, so the expert groups crossed pipeline stages and the run
+    deadlocked at its first expert dispatch (found by experiments/fuzz.py).  Now refused."""
+    sc = {"model": {"preset": "tiny-moe", "num_layers": 8}, "num_steps": 1,
+          "cluster": {"preset": "a100-4nic", "num_nodes": 2},
+          "parallel": {"tp": 1, "pp": 8, "cp": 2, "ep": 2, "etp": 1, "dp": -1, "schedule": "dualpipe",
+                       "global_batch_size": 18, "seq_len": 512, "mesh_order": "cp-dp-pp-ep-tp"}}
+    with pytest.raises(ConfigError, match=r"parallel\.mesh_order = 'cp-dp-pp-ep-tp': the axes inside pp"):
+        run(sc)
