@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from simulator import run
+from simulator.collectives import CollectiveError
 from simulator.engine import DeadlockError
 from topologies import ConfigError
 from simulator.engine.invariants import InvariantError, check_invariants, check_same_run
@@ -111,7 +112,7 @@ def test_folded_and_unfolded_must_agree(small):
         check_same_run(small, other)
 
 
-@pytest.mark.xfail(strict=True, raises=DeadlockError,
+@pytest.mark.xfail(strict=True, raises=(DeadlockError, CollectiveError),
                    reason="engine: DualPipe's F&B halves issue TP and CP collectives in an order that depends on "
                           "timing, so one slow GPU makes ranks wait on each other in a cycle (simulate.py, "
                           "being rewritten; found by experiments/fuzz.py)")
@@ -133,3 +134,15 @@ def test_a_mesh_order_that_deadlocked_a_moe_pipeline_is_refused():
                        "global_batch_size": 18, "seq_len": 512, "mesh_order": "cp-dp-pp-ep-tp"}}
     with pytest.raises(ConfigError, match=r"parallel\.mesh_order = 'cp-dp-pp-ep-tp': the axes inside pp"):
         run(sc)
+
+
+@pytest.mark.xfail(strict=True, raises=CollectiveError,
+                   reason="engine: the main loop prefetches the FSDP gather that opens a DualPipe F&B pair, and "
+                          "the pair issues it again (simulate.py, being rewritten; found by experiments/fuzz.py)")
+def test_dualpipe_with_zero3_issues_each_gather_once():
+    """Before the collective engine refused a second arrival at a completed call, this ran with
+    the doubled gathers as phantom calls (extra FSDP traffic) or deadlocked when timing differed."""
+    sc = {"model": {"preset": "tiny-dense", "num_layers": 4}, "cluster": H100, "num_steps": 1,
+          "parallel": {"tp": 1, "pp": 2, "dp": 4, "schedule": "dualpipe", "zero_stage": 3, "global_batch_size": 16,
+                       "seq_len": 512}}
+    check_invariants(run(sc))
