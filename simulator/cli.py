@@ -23,6 +23,7 @@ import yaml
 from topologies import CLUSTER_PRESETS, ConfigError, build_cluster
 from topologies.units import fmt_bytes, parse_size
 
+from .collectives import CollectiveError
 from .engine import JobStopped, SimulationError
 
 __all__ = ["main", "collective_table"]
@@ -682,7 +683,9 @@ def main(argv: list[str] | None = None) -> int:
         print("clustersim: interrupted; finished points are saved, run the same command again to resume",
               file=sys.stderr)
         return 130
-    except SimulationError as e:
+    except (SimulationError, CollectiveError) as e:
+        # CollectiveError: the program's collectives do not match up (an internal
+        # inconsistency the engine caught); one line, as for any run that cannot finish
         print(f"clustersim: simulation failed: {e}", file=sys.stderr)
         return 1
     except JobStopped as e:
