@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-validation validate bench bench-targets clean
+.PHONY: demo test test-slow test-fuzz test-validation validate bench bench-targets clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# 300 seeded fuzz draws through `clustersim run`, invariants checked (experiments/fuzz.py; ~2-5 min)
+test-fuzz: $(STAMP)
+	$(PY) -m pytest -q -m fuzz
 
 # step-time accuracy regression test (vTrain set + the documented H100 subset, ~10 min)
 test-validation: $(STAMP)

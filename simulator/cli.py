@@ -23,6 +23,7 @@ import yaml
 from topologies import CLUSTER_PRESETS, ConfigError, build_cluster
 from topologies.units import fmt_bytes, parse_size
 
+from .collectives import CollectiveError
 from .engine import JobStopped, SimulationError
 
 __all__ = ["main", "collective_table"]
@@ -336,7 +337,8 @@ def _sweep(args) -> int:
     db = Path(args.db) if args.db else Path("results") / "sweeps" / (Path(args.sweep).stem + ".sqlite")
     store = Store(db)
     with make_executor(args.dask, args.workers) as ex:
-        counts = run_points(configs, store, ex, progress=not args.no_progress, retry_failed=args.retry_failed)
+        counts = run_points(configs, store, ex, progress=not args.no_progress, retry_failed=args.retry_failed,
+                            timeout_s=args.point_timeout)
     rows = store.rows({config_hash(c) for c in configs})
     print(f"{counts['total']} points: {counts['skipped']} already finished, {counts['ok']} ok, "
           f"{counts['failed']} failed now; database {db}")
@@ -646,6 +648,8 @@ def _add_explore(sub) -> None:
     p.add_argument("--db", metavar="SQLITE", help="results database (default results/sweeps/<name>.sqlite)")
     p.add_argument("--out", metavar="CSV", help="export this sweep's rows")
     p.add_argument("--retry-failed", action="store_true", help="run failed points again (finished ones are skipped)")
+    p.add_argument("--point-timeout", type=float, default=None, metavar="SECONDS",
+                   help="stop a point that runs longer and record it as 'timeout' (run again with --retry-failed)")
     p = sub.add_parser("search", help="search parallel layouts: prune by memory, estimate, simulate the best")
     p.add_argument("search", help="search YAML: model, cluster, global_batch_size, fixed, bounds, simulate")
     _executor_args(p)
@@ -679,7 +683,9 @@ def main(argv: list[str] | None = None) -> int:
         print("clustersim: interrupted; finished points are saved, run the same command again to resume",
               file=sys.stderr)
         return 130
-    except SimulationError as e:
+    except (SimulationError, CollectiveError) as e:
+        # CollectiveError: the program's collectives do not match up (an internal
+        # inconsistency the engine caught); one line, as for any run that cannot finish
         print(f"clustersim: simulation failed: {e}", file=sys.stderr)
         return 1
     except JobStopped as e:

@@ -255,3 +255,21 @@ def test_per_rank_output_can_be_limited_to_ranks_or_stages(tmp_path, capsys):
     assert main(["run", str(sc), "--quiet", "--ranks", "0-99"]) == 2
     assert "--ranks = '0-99': '0-99' is outside 0-15" in capsys.readouterr().err
     assert main(["run", str(sc), "--quiet", "--stages", "x"]) == 2
+
+
+def test_collectives_that_do_not_match_up_are_one_line_and_exit_1(tmp_path, capsys, monkeypatch):
+    """The collective engine's consistency errors end a run as any run that cannot finish
+    does: one line on stderr and exit status 1, not a traceback."""
+    import simulator.engine
+    from simulator.collectives import CollectiveError
+
+    def broken(*_a, **_k):
+        raise CollectiveError("group 0 call 13: all_gather issued after the call completed with all 4 members")
+
+    monkeypatch.setattr(simulator.engine, "run", broken)
+    path = tmp_path / "s.yaml"
+    path.write_text("model: tiny-dense\ncluster: dgx-h100\nparallel: {tp: 8}\n")
+    assert main(["run", str(path), "--quiet"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["clustersim: simulation failed: group 0 call 13: all_gather issued after the call completed "
+                   "with all 4 members"]

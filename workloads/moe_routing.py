@@ -123,6 +123,10 @@ def _capped(weights: np.ndarray, total: int, cap: int) -> np.ndarray:
     held = np.zeros(w.size, dtype=bool)
     while True:
         free = total - cap * int(held.sum())
+        if not w[~held].sum() > 0:
+            # the experts left have no weight (skew(r) with r = experts puts all of it on one)
+            # yet each token still picks top_k distinct experts: spread the rest evenly
+            w = np.where(held, w, 1.0)
         exact = np.where(held, 0.0, w) / w[~held].sum() * free
         over = ~held & (exact > cap)
         if not over.any():

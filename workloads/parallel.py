@@ -164,6 +164,11 @@ class ParallelConfig:
                     "zero_stage", "seq_len", "recompute_num_layers", "num_layers_in_first_pipeline_stage",
                     "num_layers_in_last_pipeline_stage"):
             v = kw.get(key)
+            # null is "not given" only where the field's default is itself None (seq_len, the
+            # edge stages...); a null degree would otherwise reach the range checks as None
+            if v is None and key in kw and _DEFAULTS[key] is not None:
+                raise ConfigError(f"{where}.{key}", v, f"must be an integer (leave it out for the default, "
+                                                     f"{_DEFAULTS[key]})")
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise ConfigError(f"{where}.{key}", v, "must be an integer")
         for key in ("distributed_optimizer", "sequence_parallel", "account_for_embedding_in_pipeline_split",
@@ -342,11 +347,35 @@ class ParallelConfig:
                 if n % a2a:
                     raise ConfigError(f"{where}.cp_comm_type", self.cp_comm_type,
                                       f"the {name} per TP rank ({n}) must divide by the all-to-all CP size {a2a}")
+        if moe is not None:
+            self._check_pipeline_groups(where)
         split_layers(model.num_layers, self, mtp_layers=getattr(model, "mtp_layers", 0), where=where)
+
+    def _check_pipeline_groups(self, where: str) -> None:
+        """The dense mesh (tp, cp, ep=1, dp, pp) and the expert mesh (etp, cp=1, ep, edp, pp)
+        lay the same ranks out in ``mesh_order``; they give the same pipeline stages only
+        when the axes inside ``pp`` span as many ranks in both.  Megatron-Core asserts the
+        two meshes' pp groups are equal (``initialize_model_parallel``); otherwise an
+        expert-parallel group would mix pipeline stages."""
+        axes = self.mesh_order.split("-")
+        inner = axes[:axes.index("pp")]
+        dense = {"tp": self.tp, "cp": self.cp, "ep": 1, "dp": self.dp}
+        expert = {"tp": self.expert_tp, "cp": 1, "ep": self.ep, "dp": self.expert_dp}
+        d = e = 1
+        for a in inner:
+            d, e = d * dense[a], e * expert[a]
+        if d != e:
+            raise ConfigError(f"{where}.mesh_order", self.mesh_order,
+                              f"the axes inside pp ({'-'.join(inner)}) span {d} ranks of the dense layers but {e} "
+                              f"of the expert layers, so their pipeline stages would differ; put pp outermost "
+                              f"(e.g. tp-cp-ep-dp-pp)")
 
     def check_schedule(self, where: str = "parallel") -> None:
         """Micro-batch and vpp rules of the pipeline schedule (minimum micro-batches per schedule)."""
         validate_schedule_config(self.schedule, self.pp, self.num_microbatches, self.vpp, where=where)
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
 
 
 # -- pipeline split --------------------------------------------------------------------------

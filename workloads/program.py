@@ -1177,8 +1177,12 @@ def _step_end(ctx: _Ctx, em: _Emitter, st: _Stage) -> None:
     """Tied-embedding gradients, the gradient norm, the optimizer step and (distributed
     optimizer) the parameter all-gathers of the next step."""
     par, model, sched = ctx.par, ctx.model, ctx.sched
-    first_stage = st.index == 0 or (sched.layout == "bidirectional")
-    last_stage = st.index == par.pp - 1 or (sched.layout == "bidirectional")
+    # DualPipe's rank s holds model chunks s and pp - 1 - s: the embedding (chunk 0) and the
+    # output layer (chunk pp - 1) both sit on the two edge ranks; a middle rank holds neither,
+    # so it has no tied-embedding gradient to all-reduce
+    at_edge = st.index in (0, par.pp - 1)
+    first_stage = st.index == 0 or (sched.layout == "bidirectional" and at_edge)
+    last_stage = st.index == par.pp - 1 or (sched.layout == "bidirectional" and at_edge)
     # ZB-V's V puts the embedding and the output layer both on stage 0: a tied embedding's
     # two copies are one, and nothing is all-reduced between stages
     if model.tied_embeddings and par.pp > 1 and (first_stage or last_stage) and sched.layout != "v":

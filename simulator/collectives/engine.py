@@ -473,6 +473,12 @@ class CollectiveEngine:
             raise ConfigError("group_id", group_id, "not registered")
         key = (group_id, seq)
         call = self._calls.get(key)
+        if call is None and key in self.call_start:
+            # the call has completed with every member: one more arrival is a rank issuing into
+            # a group it is not in (or issuing one call twice), which would otherwise start a
+            # second, phantom call under the same number
+            raise CollectiveError(f"group {group_id} call {seq}: {kind} issued after the call completed with all "
+                                  f"{len(members)} members (a rank outside the group, or one call issued twice)")
         mult = self._mult[group_id]
         expected = len(members) * mult
         if call is None and count == expected:

@@ -11,7 +11,8 @@ point) or a list of ``points`` (each a mapping of dotted fields -> values)::
       cluster.oversubscription: [1, 2]
 
 Every point becomes one row of an SQLite database (:class:`Store`), keyed by the hash of
-its full scenario: config JSON, metrics, status (``ok`` | ``invalid`` | ``error``), error
+its full scenario: config JSON, metrics, status (``ok`` | ``invalid`` | ``error`` |
+``timeout``: the point outlived the sweep's per-point time limit), error
 text, wall time, the clustersim and package versions (with a fingerprint of clustersim's
 source).  Only the client process writes it, one committed row per finished point, so a
 crash or Ctrl-C loses nothing that finished, and running the same sweep again skips every
@@ -25,13 +26,17 @@ Workers return results; they never touch the database.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import ctypes
+import functools
 import hashlib
 import itertools
 import json
 import os
 import sqlite3
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from importlib import metadata
@@ -42,7 +47,7 @@ from topologies import ConfigError
 from ..scenario import read_yaml
 
 __all__ = ["expand", "load_sweep", "config_hash", "Store", "Executor", "LocalExecutor", "DaskExecutor",
-           "make_executor", "simulate_point", "run_points", "METRIC_KEYS"]
+           "make_executor", "simulate_point", "run_points", "METRIC_KEYS", "PointTimeout"]
 
 #: Metrics kept per point (the run contract's scalars and per-axis exposure).
 METRIC_KEYS = ("step_time_s", "mfu", "mfu_bf16_peak", "hfu", "tflops_per_gpu", "tokens_per_s", "bubble_fraction",
@@ -298,13 +303,60 @@ def make_executor(dask: str | None = None, workers: int | None = None) -> Execut
 
 
 # -- one point --------------------------------------------------------------------------------
-def simulate_point(config: dict) -> dict:
+class PointTimeout(BaseException):
+    """Raised inside a point's run when it outlives the per-point limit.  A BaseException, as
+    KeyboardInterrupt is, so that no ``except Exception`` on the way swallows it."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float | None):
+    """Raise :class:`PointTimeout` in this thread once ``seconds`` have passed.
+
+    A timer thread sets an asynchronous exception on the running thread (CPython's
+    ``PyThreadState_SetAsyncExc``), delivered at its next bytecode: the simulator's event
+    loop is Python, so it lands within microseconds.  Unlike SIGALRM this works in any
+    thread, so the same limit holds in a local worker process and in a Dask worker's task
+    thread.  The exception can only land before the timer is disarmed under the lock; one
+    set but not yet delivered then is cleared, so it never escapes into the caller."""
+    if not seconds:
+        yield
+        return
+    tid = ctypes.c_ulong(threading.get_ident())
+    lock = threading.Lock()
+    state = {"armed": True, "fired": False}
+
+    def fire():
+        with lock:
+            if state["armed"]:
+                state["fired"] = True
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(tid, ctypes.py_object(PointTimeout))
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        with lock:
+            state["armed"] = False
+        timer.cancel()
+        if state["fired"]:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(tid, None)
+
+
+def simulate_point(config: dict, timeout_s: float | None = None) -> dict:
     """Run one scenario with the full simulator (in a worker): ``{status, metrics, error,
-    wall_s}``; bad input is ``invalid``, a crash ``error``, never an exception."""
+    wall_s}``; bad input is ``invalid``, a crash ``error``, a run past ``timeout_s`` seconds
+    ``timeout``, never an exception."""
     t0 = time.perf_counter()
     try:
         from ..engine import SimulationError, run
-        res = run(config)
+        try:
+            with _time_limit(timeout_s):
+                res = run(config)
+        except PointTimeout:
+            return {"status": "timeout", "metrics": None, "wall_s": time.perf_counter() - t0,
+                    "error": f"stopped at the per-point time limit of {timeout_s:g} s"}
         m = res.metrics
         metrics = {k: m[k] for k in METRIC_KEYS if k in m}
         return {"status": "ok", "metrics": _jsonable(metrics), "error": None, "wall_s": time.perf_counter() - t0}
@@ -327,11 +379,21 @@ def _jsonable(x):
 
 
 def run_points(configs: list[dict], store: Store, executor: Executor, *, fn: Callable = simulate_point,
-               progress: bool = True, retry_failed: bool = False, desc: str = "points") -> dict:
+               progress: bool = True, retry_failed: bool = False, desc: str = "points",
+               timeout_s: float | None = None) -> dict:
     """Run every config not yet in ``store``; write each result as it arrives.
 
-    Returns counts: ``total``, ``skipped`` (already finished), ``ok``, ``failed``.
+    ``timeout_s``: the per-point time limit (``fn`` must take it as ``timeout_s``, as
+    :func:`simulate_point` does); a point past it is recorded as ``timeout`` and, like a
+    failed one, runs again only with ``retry_failed``.
+
+    Returns counts: ``total``, ``skipped`` (already finished), ``ok``, ``failed`` (timeouts
+    included).
     """
+    if timeout_s is not None:
+        if not timeout_s > 0:
+            raise ConfigError("--point-timeout", timeout_s, "must be a number of seconds > 0")
+        fn = functools.partial(fn, timeout_s=float(timeout_s))
     hashes = [config_hash(c) for c in configs]
     done = store.finished(retry_failed)
     todo, seen = [], set()

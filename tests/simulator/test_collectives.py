@@ -189,6 +189,21 @@ def test_mismatched_collective_is_an_error(dgx2):
         eng.issue(g, 0, "all_reduce", S / 2)
 
 
+def test_an_arrival_after_the_call_completed_is_an_error(dgx2):
+    """A third arrival at a two-member call is a rank outside the group (or a call issued
+    twice); it used to open a phantom second call under the same number, which hid a
+    program that gave DualPipe's middle ranks the tied-embedding all-reduce."""
+    env = simpy.Environment()
+    eng = CollectiveEngine(env, dgx2, CAL)
+    g = eng.register_group(range(2))
+    eng.issue(g, 0, "all_reduce", S)
+    eng.issue(g, 0, "all_reduce", S)
+    with pytest.raises(CollectiveError, match="issued after the call completed with all 2 members"):
+        eng.issue(g, 0, "all_reduce", S)
+    eng.issue(g, 1, "all_reduce", S)            # the next call is fine
+    env.run()
+
+
 def test_concurrent_collectives_contend_on_shared_links():
     # a TP ring inside host 0 and an all-to-all over the same NVLink ports slow each other down
     c = build_cluster("dgx-h100", num_nodes=1)

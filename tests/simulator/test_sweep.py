@@ -180,3 +180,80 @@ def test_cli_sweep_says_why_points_failed_and_exits_the_same_on_resume(tmp_path,
     assert main(argv) == 1                      # resumed: nothing ran, the recorded failure still counts
     again = capsys.readouterr().err
     assert "needs vpp >= 2" in again and "--retry-failed" in again
+
+
+SLOW_POINT = {"model": "llama3-70b", "cluster": {"preset": "dgx-h100", "num_nodes": 8}, "num_steps": 2,
+              "parallel": {"tp": 8, "pp": 4, "dp": 2, "global_batch_size": 64, "seq_len": 8192}}   # ~3 s
+
+
+def test_a_point_past_the_time_limit_is_recorded_as_timeout(tmp_path):
+    """The per-point limit stops a long run and records it as ``timeout`` with the limit; the
+    other points of the sweep run, and a resume skips the timed-out point unless asked."""
+    store = Store(tmp_path / "s.sqlite")
+    pts = [BASE, SLOW_POINT]
+    t0 = time.perf_counter()
+    counts = run_points(pts, store, LocalExecutor(1), progress=False, timeout_s=0.3)
+    assert time.perf_counter() - t0 < 2.5
+    assert counts == {"total": 2, "skipped": 0, "ok": 1, "failed": 1}
+    rows = {r["config"]["model"]: r for r in store.rows()}
+    assert rows["tiny-dense"]["status"] == "ok"
+    slow = rows["llama3-70b"]
+    assert slow["status"] == "timeout" and "0.3 s" in slow["error"] and slow["wall_s"] < 1.5
+    assert run_points(pts, store, LocalExecutor(1), progress=False, timeout_s=0.3)["skipped"] == 2
+    # a limit the point fits in: with --retry-failed it runs again and finishes
+    again = run_points(pts, store, LocalExecutor(1), progress=False, retry_failed=True, timeout_s=60)
+    assert again["ok"] == 1 and {r["status"] for r in store.rows()} == {"ok"}
+
+
+def test_the_time_limit_holds_in_a_worker_thread_and_leaves_nothing_behind():
+    """Dask runs tasks in worker threads, where SIGALRM cannot reach: the limit must work there
+    too, and a point that finishes in time must not get a late timeout afterwards."""
+    import threading
+    out = {}
+    th = threading.Thread(target=lambda: out.update(slow=simulate_point(SLOW_POINT, timeout_s=0.3),
+                                                    fast=simulate_point(BASE, timeout_s=30)))
+    th.start()
+    th.join(60)
+    assert out["slow"]["status"] == "timeout" and out["fast"]["status"] == "ok"
+    for _ in range(3):                      # no stray PointTimeout lands in this thread later
+        assert simulate_point(BASE, timeout_s=5)["status"] == "ok"
+    time.sleep(0.1)
+
+
+def test_cli_sweep_point_timeout(tmp_path, capsys):
+    sweep = tmp_path / "sw.yaml"
+    sweep.write_text(yaml.safe_dump({"base": SLOW_POINT, "points": [{"parallel.global_batch_size": 64}]}))
+    argv = ["sweep", str(sweep), "--db", str(tmp_path / "sw.sqlite"), "--workers", "1", "--no-progress",
+            "--point-timeout", "0.3"]
+    assert main(argv) == 1
+    assert "[timeout]" in capsys.readouterr().err
+    assert main(argv[:-1] + ["0"]) == 2         # a limit must be positive
+    assert "--point-timeout" in capsys.readouterr().err
+
+
+def _die_once(config, marker):
+    """A point function whose first call on the marked point kills its Dask worker process."""
+    import os
+    if config["parallel"]["global_batch_size"] == 16 and not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(1)
+    return simulate_point(config)
+
+
+@pytest.mark.slow
+def test_a_dask_worker_lost_mid_sweep_loses_no_point(tmp_path):
+    """Dask reschedules the tasks of a worker that dies on another worker (the scheduler's
+    allowed failures), and the client writes every result as it arrives: no point is lost
+    and none is written twice."""
+    import functools
+
+    from simulator.explore.sweep import DaskExecutor
+    pts = expand({"base": BASE, "grid": {"parallel.global_batch_size": [8, 16, 24, 32]}})
+    store = Store(tmp_path / "d.sqlite")
+    with DaskExecutor("local", workers=2) as ex:
+        counts = run_points(pts, store, ex, progress=False,
+                            fn=functools.partial(_die_once, marker=str(tmp_path / "died")))
+    assert (tmp_path / "died").exists()
+    assert counts == {"total": 4, "skipped": 0, "ok": 4, "failed": 0}
+    rows = store.rows()
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}

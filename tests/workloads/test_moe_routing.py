@@ -92,3 +92,14 @@ def test_trace_and_bad_specs(tmp_path):
             parse_routing(bad)
     with pytest.raises(ConfigError, match="parallel.ep"):
         rank_load(np.ones(6), 4)
+
+
+@pytest.mark.parametrize("spec, experts, top_k", [("skew(3.0)", 2, 2), ("skew(4.0)", 4, 2), ("skew(8.0)", 8, 8)])
+def test_skew_that_leaves_the_other_experts_no_weight_still_spreads_the_tokens(spec, experts, top_k):
+    """skew(r) with r >= experts gives every other expert weight 0; when top_k > 1 the hot
+    expert is held at one copy of every token and the rest must still land somewhere (it
+    used to divide by zero and hand out a negative load; found by experiments/fuzz.py)."""
+    tokens = 256
+    with np.errstate(all="raise"):
+        load = expert_load(parse_routing(spec), tokens, experts, top_k, seed=3)
+    assert load.sum() == tokens * top_k and load.min() >= 0 and load.max() <= tokens

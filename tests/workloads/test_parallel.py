@@ -134,3 +134,30 @@ def test_a_moe_layout_that_misses_the_gpu_count_says_which_form_it_read():
     # the marker is not a key users can write
     with pytest.raises(ConfigError, match="unknown key"):
         ParallelConfig.from_dict({"degree_form": "folded"})
+
+
+@pytest.mark.parametrize("key", ["tp", "etp", "zero_stage", "global_batch_size", "vpp"])
+def test_a_null_degree_is_refused_naming_the_field(key):
+    """YAML's null for a field whose default is a number is an error naming the field, not a
+    TypeError from the range checks (found by experiments/fuzz.py); a null where the
+    default is None (seq_len) still means "not given"."""
+    with pytest.raises(ConfigError, match=rf"parallel\.{key} = None: must be an integer"):
+        ParallelConfig.from_dict({"tp": 1, key: None})
+    assert ParallelConfig.from_dict({"seq_len": None}).seq_len is None
+
+
+def test_a_mesh_order_that_splits_pipeline_stages_between_the_meshes_is_refused():
+    """ep-pp-dp-tp-cp puts EP inside PP for the experts but nothing for the dense layers, so
+    an expert-parallel group would span pipeline stages; it used to reach the program
+    builder and fail there naming no field (found by experiments/fuzz.py)."""
+    moe = SimpleNamespace(num_attention_heads=8, num_kv_heads=8, mamba=None, mla=None, seq_len=512,
+                          moe=SimpleNamespace(num_experts=8), num_layers=4, mtp_layers=0)
+    bad = ParallelConfig.from_dict({"tp": 2, "pp": 2, "dp": 4, "ep": 4, "etp": 1, "mesh_order": "ep-pp-dp-tp-cp"})
+    with pytest.raises(ConfigError, match=r"parallel\.mesh_order = 'ep-pp-dp-tp-cp': the axes inside pp \(ep\) "
+                                          r"span 1 ranks of the dense layers but 4"):
+        bad.check_model(moe)
+    for order in ("pp-ep-tp-dp-cp", "dp-ep-tp-cp-pp", "tp-cp-ep-dp-pp"):
+        ParallelConfig.from_dict({"tp": 2, "pp": 2, "dp": 4, "ep": 4, "etp": 1, "mesh_order": order}).check_model(moe)
+    dense = SimpleNamespace(**{**vars(moe), "moe": None})
+    bad_for_moe = ParallelConfig.from_dict({"tp": 2, "pp": 2, "dp": 4, "mesh_order": "ep-pp-dp-tp-cp"})
+    bad_for_moe.check_model(dense)          # no expert mesh: any order

@@ -1,0 +1,148 @@
+"""The invariants of simulator.engine.invariants: they hold on runs across the feature space,
+they catch a broken result, and the bugs the fuzz driver found stay fixed."""
+
+import copy
+
+import numpy as np
+import pytest
+
+from simulator import run
+from simulator.collectives import CollectiveError
+from simulator.engine import DeadlockError
+from topologies import ConfigError
+from simulator.engine.invariants import InvariantError, check_invariants, check_same_run
+
+H100 = {"preset": "dgx-h100", "num_nodes": 1}
+
+CASES = {
+    "tp-pp-dp": {"model": "tiny-dense", "cluster": H100,
+                 "parallel": {"tp": 2, "pp": 2, "dp": 2, "global_batch_size": 8, "seq_len": 512}},
+    "interleaved-moe-ep-overlap": {
+        "model": "tiny-moe", "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+        "parallel": {"tp": 1, "pp": 2, "dp": 8, "ep": 4, "etp": 1, "vpp": 2, "global_batch_size": 16,
+                     "seq_len": 512, "schedule": "interleaved_1f1b"},
+        "overlap": {"moe_ep_comm": True}, "whatif": {"jitter": [{"scope": "op", "dist": "lognormal(0, 0.1)"}]}},
+    "dualpipe-moe": {"model": {"preset": "tiny-moe", "num_layers": 4}, "cluster": H100,
+                     "parallel": {"tp": 1, "pp": 2, "dp": 4, "ep": 4, "etp": 1, "global_batch_size": 16,
+                                  "seq_len": 512, "schedule": "dualpipe"}},
+    "cp-zero3-fp8": {"model": {"preset": "llama3-8b", "num_layers": 2}, "cluster": H100,
+                     "parallel": {"tp": 2, "cp": 2, "dp": 2, "zero_stage": 3, "global_batch_size": 4,
+                                  "seq_len": 4096, "cp_comm_type": "a2a"}, "precision": "fp8_delayed"},
+    "failed-link-slow-gpu": {"model": "tiny-dense", "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+                             "parallel": {"tp": 2, "pp": 2, "dp": 4, "global_batch_size": 8, "seq_len": 512},
+                             "whatif": {"failed_links": [["leaf0.0", "spine0.0"]], "slow_gpus": {3: 1.5}}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_invariants_hold_folded_and_unfolded(name):
+    sc = {**CASES[name], "num_steps": 2}
+    folded = run(sc)
+    check_invariants(folded)
+    unfolded = run(sc, fold=False)
+    check_invariants(unfolded)
+    check_same_run(folded, unfolded)
+
+
+def test_dualpipe_with_tied_embeddings_runs_folded():
+    """DualPipe's rank s holds model chunks s and pp - 1 - s, so only the two edge ranks hold
+    the embedding and the output layer.  The program used to give every rank the tied-
+    embedding all-reduce: the unfolded run accepted a middle rank calling into a group it
+    is not in, and the folded run failed with a KeyError (found by experiments/fuzz.py)."""
+    sc = {"model": {"preset": "tiny-dense", "num_layers": 4, "tied_embeddings": True}, "cluster": H100,
+          "parallel": {"tp": 2, "pp": 4, "dp": 1, "schedule": "dualpipe", "global_batch_size": 8, "seq_len": 512},
+          "num_steps": 1}
+    folded = run(sc)
+    check_invariants(folded)
+    unfolded = run(sc, fold=False)
+    check_same_run(folded, unfolded)
+    tl = unfolded.timeline
+    holders = sorted(tl[tl["name"] == "tied_embedding_grad"]["rank"].unique())
+    assert [unfolded.program.grid.stage_of(int(r)) for r in holders] == [0, 0, 3, 3]
+
+
+@pytest.fixture(scope="module")
+def small():
+    return run({**CASES["tp-pp-dp"], "num_steps": 2})
+
+
+def _broken(res, **kw):
+    out = copy.copy(res)
+    for k, v in kw.items():
+        setattr(out, k, v)
+    return out
+
+
+def test_a_non_finite_metric_is_caught(small):
+    bad = _broken(small, metrics={**small.metrics, "mfu": float("nan")})
+    with pytest.raises(InvariantError, match="finite metrics.*mfu"):
+        check_invariants(bad)
+
+
+def test_overlapping_compute_is_caught(small):
+    tl = small.timeline.copy()
+    comp = tl.index[(tl["stream"] == "compute") & (tl["cell"] == 0)]
+    a, b = comp[3], comp[4]
+    tl.loc[b, "start_s"] = tl.loc[a, "start_s"]           # the next op starts while this one runs
+    with pytest.raises(InvariantError, match="compute ops serialise"):
+        check_invariants(_broken(small, timeline=tl))
+
+
+def test_a_breakdown_that_misses_time_is_caught(small):
+    bd = dict(small.metrics["breakdown_s"])
+    bd["compute"] *= 0.5
+    with pytest.raises(InvariantError, match="breakdown covers the step"):
+        check_invariants(_broken(small, metrics={**small.metrics, "breakdown_s": bd}))
+
+
+def test_a_link_over_capacity_is_caught(small):
+    class Net:
+        capacity = small.network.capacity
+        link_busy_s = small.network.link_busy_s
+        link_bytes = np.where(small.network.link_busy_s > 0, small.network.link_bytes * 3 + 1e9,
+                              small.network.link_bytes)
+    with pytest.raises(InvariantError, match="link capacity"):
+        check_invariants(_broken(small, network=Net()))
+
+
+def test_folded_and_unfolded_must_agree(small):
+    other = run({**CASES["tp-pp-dp"], "num_steps": 2, "parallel": {**CASES["tp-pp-dp"]["parallel"],
+                                                                    "global_batch_size": 16}})
+    with pytest.raises(InvariantError, match="folded == unfolded"):
+        check_same_run(small, other)
+
+
+@pytest.mark.xfail(strict=True, raises=(DeadlockError, CollectiveError),
+                   reason="engine: DualPipe's F&B halves issue TP and CP collectives in an order that depends on "
+                          "timing, so one slow GPU makes ranks wait on each other in a cycle (simulate.py, "
+                          "being rewritten; found by experiments/fuzz.py)")
+def test_dualpipe_with_tp_sp_and_cp_survives_a_slow_gpu():
+    sc = {"model": {"preset": "gpt3-175b", "num_layers": 2}, "cluster": H100, "num_steps": 1,
+          "parallel": {"tp": 2, "cp": 2, "pp": 2, "dp": 1, "schedule": "dualpipe", "seq_len": 2048,
+                       "global_batch_size": 4, "recompute": "full"},
+          "whatif": {"slow_gpus": {1: 1.2}}}
+    check_invariants(run(sc))
+
+
+def test_a_mesh_order_that_deadlocked_a_moe_pipeline_is_refused():
+    """cp-dp-pp-ep-tp with CP 2 and EP 2 on a MoE model: the axes inside pp span 2 dense
+    ranks but 1 expert rank, so the expert groups crossed pipeline stages and the run
+    deadlocked at its first expert dispatch (found by experiments/fuzz.py).  Now refused."""
+    sc = {"model": {"preset": "tiny-moe", "num_layers": 8}, "num_steps": 1,
+          "cluster": {"preset": "a100-4nic", "num_nodes": 2},
+          "parallel": {"tp": 1, "pp": 8, "cp": 2, "ep": 2, "etp": 1, "dp": -1, "schedule": "dualpipe",
+                       "global_batch_size": 18, "seq_len": 512, "mesh_order": "cp-dp-pp-ep-tp"}}
+    with pytest.raises(ConfigError, match=r"parallel\.mesh_order = 'cp-dp-pp-ep-tp': the axes inside pp"):
+        run(sc)
+
+
+@pytest.mark.xfail(strict=True, raises=CollectiveError,
+                   reason="engine: the main loop prefetches the FSDP gather that opens a DualPipe F&B pair, and "
+                          "the pair issues it again (simulate.py, being rewritten; found by experiments/fuzz.py)")
+def test_dualpipe_with_zero3_issues_each_gather_once():
+    """Before the collective engine refused a second arrival at a completed call, this ran with
+    the doubled gathers as phantom calls (extra FSDP traffic) or deadlocked when timing differed."""
+    sc = {"model": {"preset": "tiny-dense", "num_layers": 4}, "cluster": H100, "num_steps": 1,
+          "parallel": {"tp": 1, "pp": 2, "dp": 4, "schedule": "dualpipe", "zero_stage": 3, "global_batch_size": 16,
+                       "seq_len": 512}}
+    check_invariants(run(sc))
