@@ -568,8 +568,9 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 if op.kind == KIND_COMPUTE:
                     if has_fsdp:
                         # issue the next layer's ZeRO-3 parameter gather before this compute op
+                        # (not into a DualPipe F&B pair: its halves issue their own gathers)
                         j = i
-                        while j < n_ops and ops[j].kind != KIND_COMPUTE:
+                        while j < n_ops and ops[j].kind != KIND_COMPUTE and not (ops[j].lane and fb_overlap):
                             nxt = ops[j]
                             if is_fsdp_gather(nxt) and j not in prefetched:
                                 hc[0] += nxt.host_s        # the host issues it now, ahead of its turn

@@ -7,8 +7,6 @@ import numpy as np
 import pytest
 
 from simulator import run
-from simulator.collectives import CollectiveError
-from simulator.engine import DeadlockError
 from topologies import ConfigError
 from simulator.engine.invariants import InvariantError, check_invariants, check_same_run
 
@@ -112,11 +110,10 @@ def test_folded_and_unfolded_must_agree(small):
         check_same_run(small, other)
 
 
-@pytest.mark.xfail(strict=True, raises=(DeadlockError, CollectiveError),
-                   reason="engine: DualPipe's F&B halves issue TP and CP collectives in an order that depends on "
-                          "timing, so one slow GPU makes ranks wait on each other in a cycle (simulate.py, "
-                          "being rewritten; found by experiments/fuzz.py)")
 def test_dualpipe_with_tp_sp_and_cp_survives_a_slow_gpu():
+    """The F&B halves issue each stream's collectives in one fixed order on every rank (they
+    used to queue them by timing, and one slow GPU made TP peers wait on each other in a
+    cycle; found by experiments/fuzz.py)."""
     sc = {"model": {"preset": "gpt3-175b", "num_layers": 2}, "cluster": H100, "num_steps": 1,
           "parallel": {"tp": 2, "cp": 2, "pp": 2, "dp": 1, "schedule": "dualpipe", "seq_len": 2048,
                        "global_batch_size": 4, "recompute": "full"},
@@ -136,12 +133,11 @@ def test_a_mesh_order_that_deadlocked_a_moe_pipeline_is_refused():
         run(sc)
 
 
-@pytest.mark.xfail(strict=True, raises=CollectiveError,
-                   reason="engine: the main loop prefetches the FSDP gather that opens a DualPipe F&B pair, and "
-                          "the pair issues it again (simulate.py, being rewritten; found by experiments/fuzz.py)")
 def test_dualpipe_with_zero3_issues_each_gather_once():
-    """Before the collective engine refused a second arrival at a completed call, this ran with
-    the doubled gathers as phantom calls (extra FSDP traffic) or deadlocked when timing differed."""
+    """The main loop prefetched the ZeRO-3 gather that opens a DualPipe F&B pair and the pair
+    issued it again (found by experiments/fuzz.py): before the collective engine refused a
+    second arrival at a completed call, that ran as a phantom call (extra FSDP traffic) or
+    deadlocked when timing differed.  Prefetching now stops at a pair."""
     sc = {"model": {"preset": "tiny-dense", "num_layers": 4}, "cluster": H100, "num_steps": 1,
           "parallel": {"tp": 1, "pp": 2, "dp": 4, "schedule": "dualpipe", "zero_stage": 3, "global_batch_size": 16,
                        "seq_len": 512}}
