@@ -65,7 +65,7 @@ __all__ = ["ComputeModel", "RooflineComputeModel", "MeasuredComputeModel", "Gemm
            "MemoryModel", "LaunchModel", "OpCost", "SM_COUNTS", "GEMM_TILES", "MAMF_BEST_SHAPES",
            "MAMF_FALLBACK_FRACTION", "FLASH_ATTENTION_EFFICIENCY", "SUSTAINED_FRACTION", "CHIP_SPREAD",
            "slowest_chip_factor", "expected_max_normal", "HBM_EFFICIENCY", "LAUNCH_OVERHEAD_S",
-           "HOST_MODES", "HOST_COSTS", "HostCosts", "host_costs", "COMPUTE_MODELS", "get_compute_model", "num_sms"]
+           "HOST_MODES", "HOST_COSTS", "HostCosts", "host_costs", "CUDA_GRAPH_SCOPES", "COMPUTE_MODELS", "get_compute_model", "num_sms"]
 
 
 # -- constants, each with its source -----------------------------------------------------------
@@ -298,6 +298,25 @@ class HostCosts(NamedTuple):
     checkpoint_s: float
     """Per layer and micro-batch under full recompute (the checkpoint function itself:
     saving and restoring RNG states, the no-grad forward, re-entering autograd)."""
+    graphed: frozenset = frozenset()
+    """Per-module CUDA-graph scopes (:data:`CUDA_GRAPH_SCOPES`): the ops of these modules are
+    replayed from captured graphs (no per-kernel host cost, the graph launch gap on the GPU);
+    everything else is issued eagerly at ``kernel_s``.  Empty: no per-module graphs."""
+
+
+CUDA_GRAPH_SCOPES: dict[str, str] = {
+    # Megatron-Core's per-layer capture regions (megatron/core/transformer/enums.py
+    # ``CudaGraphModule``; what each covers: transformer_layer.py
+    # ``_get_submodules_under_cudagraphs`` and the MoE layer's partial-graph forward).
+    # The experts, the token permutation, the dispatch and combine stay eager under every
+    # scope but ``moe`` (which Megatron allows only for drop-and-pad MoE layers).
+    "attn": "input norm and self-attention (incl. the output projection and residual)",
+    "mlp": "pre-MLP norm and the dense MLP (dense layers only)",
+    "moe": "the whole MoE block (drop-and-pad MoE layers only)",
+    "moe_router": "pre-MLP norm and the router (top-k) of MoE layers",
+    "moe_preprocess": "the dispatcher's token-count preprocessing (no modelled kernels of its own)",
+    "mamba": "a Mamba layer's norm and mixer",
+}
 
 
 HOST_COSTS: dict[str, HostCosts] = {
@@ -335,7 +354,9 @@ HOST_COSTS: dict[str, HostCosts] = {
 def host_costs(spec, where: str = "host") -> HostCosts:
     """The :class:`HostCosts` of a scenario's ``host``: a mode of :data:`HOST_MODES`, or a
     mapping of ``kernel_us``, ``call_us``, ``checkpoint_us`` (microseconds, each >= 0;
-    missing ones take the eager defaults) for a host measured with ``gpu_bench.py``."""
+    missing ones take the eager defaults) for a host measured with ``gpu_bench.py``, and
+    ``cuda_graph_scope`` (a list of :data:`CUDA_GRAPH_SCOPES`): eager issue except for the
+    modules captured in per-layer graphs."""
     if isinstance(spec, HostCosts):
         return spec
     if isinstance(spec, str):
@@ -345,16 +366,33 @@ def host_costs(spec, where: str = "host") -> HostCosts:
         return HOST_COSTS[spec]
     if isinstance(spec, dict):
         keys = {"kernel_us": "kernel_s", "call_us": "call_s", "checkpoint_us": "checkpoint_s"}
-        bad = sorted(set(spec) - set(keys))
+        bad = sorted(set(spec) - set(keys) - {"cuda_graph_scope"})
         if bad:
-            raise ConfigError(f"{where}.{bad[0]}", spec[bad[0]], f"unknown key; known: {', '.join(keys)}")
+            raise ConfigError(f"{where}.{bad[0]}", spec[bad[0]],
+                              f"unknown key; known: {', '.join(keys)}, cuda_graph_scope")
         vals = HOST_COSTS["eager"]._asdict()
+        if "cuda_graph_scope" in spec:
+            vals["graphed"] = _graph_scope(spec["cuda_graph_scope"], f"{where}.cuda_graph_scope")
         for k, v in spec.items():
+            if k == "cuda_graph_scope":
+                continue
             if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < math.inf:
                 raise ConfigError(f"{where}.{k}", v, "must be a number of microseconds >= 0")
             vals[keys[k]] = float(v) * 1e-6
         return HostCosts(**vals)
     raise ConfigError(where, spec, f"must be one of {', '.join(HOST_MODES)} or a mapping")
+
+
+def _graph_scope(scope, where: str) -> frozenset:
+    """The validated set of a ``cuda_graph_scope`` list (names of :data:`CUDA_GRAPH_SCOPES`)."""
+    if isinstance(scope, str):
+        scope = [scope]
+    if not isinstance(scope, (list, tuple)) or not scope:
+        raise ConfigError(where, scope, f"must be a non-empty list of {', '.join(CUDA_GRAPH_SCOPES)}")
+    for name in scope:
+        if name not in CUDA_GRAPH_SCOPES:
+            raise ConfigError(where, name, f"unknown scope; known: {', '.join(CUDA_GRAPH_SCOPES)}")
+    return frozenset(scope)
 
 
 # -- sub-models ----------------------------------------------------------------------------------
