@@ -248,7 +248,7 @@ def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[
     ``{"<phase>:<part>": [FLOPs, seconds, host seconds, kernels]}``."""
     # everything that makes one layer's ops differ from another's: MoE or dense, MTP, the
     # routed load, recompute, whether the recipe runs this layer's GEMMs in low precision
-    # (NVFP4 keeps the first 2 and last 8 layers in BF16), and its attention window
+    # (precision_options may keep layers at the ends in BF16), and its attention window
     key = (ctx.model.moe is not None and layer < ctx.model.num_layers and ctx.model.is_moe_layer(layer),
            layer >= ctx.model.num_layers, None if tokens_per_expert is None else tuple(tokens_per_expert), recompute,
            ctx.recipe.is_low_precision_layer(layer, ctx.model.num_layers), ctx.model.attention_window(layer),
