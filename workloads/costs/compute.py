@@ -63,7 +63,7 @@ from .precision import DTYPE_BYTES, PrecisionRecipe, get_recipe
 
 __all__ = ["ComputeModel", "RooflineComputeModel", "MeasuredComputeModel", "GemmModel", "AttentionModel",
            "MemoryModel", "LaunchModel", "OpCost", "SM_COUNTS", "GEMM_TILES", "MAMF_BEST_SHAPES",
-           "MAMF_FALLBACK_FRACTION", "FLASH_ATTENTION_EFFICIENCY", "SUSTAINED_FRACTION", "CHIP_SPREAD",
+           "MAMF_FALLBACK_FRACTION", "FLASH_ATTENTION_EFFICIENCY", "FA_HEAD_DIM_FACTOR", "head_dim_factor", "SUSTAINED_FRACTION", "CHIP_SPREAD",
            "slowest_chip_factor", "expected_max_normal", "HBM_EFFICIENCY", "LAUNCH_OVERHEAD_S",
            "HOST_MODES", "HOST_COSTS", "HostCosts", "host_costs", "CUDA_GRAPH_SCOPES", "COMPUTE_MODELS", "get_compute_model", "num_sms"]
 
@@ -165,6 +165,18 @@ FLASH_ATTENTION_EFFICIENCY: dict[tuple[str, str], dict[str, float]] = {
     ("blackwell", "fp16"): {"F": 0.71, "B": 0.51},
     ("blackwell", "fp8"): {"F": 0.60, "B": 0.45},
 }
+
+FA_HEAD_DIM_FACTOR: tuple[tuple[int, float], ...] = (
+    # (head dim, attention efficiency relative to head dim 128): FLASH_ATTENTION_EFFICIENCY
+    # holds for head dim 128.  FlashAttention-3 paper (Shah et al., arXiv:2407.08608), its
+    # BF16 forward benchmark on H100 SXM5 at 16k tokens: 497 TFLOP/s at head dim 64 against
+    # 648 at head dim 128 (cuDNN's kernel in the same figures: 413 against 595, 0.69): fewer
+    # FLOPs per byte of K/V loaded and per softmax element.  Taken for the backward and for
+    # Blackwell as well (no published head-dim-64 figure of either): an assumption.  Linear
+    # in between; head dims below 64 take the 64 factor, above 128 the 128 one.
+    (64, 497.0 / 648.0),
+    (128, 1.0),
+)
 
 FA_SEQ_HALF = 384
 """Sequence-length ramp of attention efficiency: ``eff(s) = eff_16k x r(s) / r(16384)``
@@ -491,9 +503,10 @@ class AttentionModel:
     table: dict = field(default_factory=lambda: dict(FLASH_ATTENTION_EFFICIENCY))
     seq_half: int = FA_SEQ_HALF
 
-    def efficiency(self, phase: str, dtype: str, seq_len: float) -> float:
+    def efficiency(self, phase: str, dtype: str, seq_len: float, head_dim: float | None = None) -> float:
         """Fraction of the ``dtype`` peak for a forward (``F``) or backward (``B``) pass with
-        ``seq_len`` queries per sequence on the rank."""
+        ``seq_len`` queries per sequence on the rank and query/key heads of ``head_dim``
+        (None: 128, the head dim the table holds for; :data:`FA_HEAD_DIM_FACTOR`)."""
         try:
             eff = self.table[(self.generation, dtype)][phase]
         except KeyError:
@@ -501,7 +514,25 @@ class AttentionModel:
                                                   f"{self.generation} GPUs") from None
         s = max(float(seq_len), 1.0)
         ramp = (s / (s + self.seq_half)) / (_FA_REFERENCE_SEQ / (_FA_REFERENCE_SEQ + self.seq_half))
-        return eff * min(1.0, ramp)
+        return eff * min(1.0, ramp) * head_dim_factor(head_dim)
+
+
+def head_dim_factor(head_dim: float | None) -> float:
+    """Attention efficiency at ``head_dim`` relative to head dim 128 (:data:`FA_HEAD_DIM_FACTOR`).
+
+    >>> head_dim_factor(64), head_dim_factor(128), head_dim_factor(192), round(head_dim_factor(96), 3)
+    (0.7669753086419753, 1.0, 1.0, 0.883)
+    """
+    if not head_dim:
+        return 1.0
+    pts = FA_HEAD_DIM_FACTOR
+    d = float(head_dim)
+    if d <= pts[0][0]:
+        return pts[0][1]
+    for (d0, f0), (d1, f1) in zip(pts, pts[1:]):
+        if d <= d1:
+            return f0 + (f1 - f0) * (d - d0) / (d1 - d0)
+    return pts[-1][1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -641,7 +672,7 @@ class RooflineComputeModel(ComputeModel):
         if op.op_class == "attention":
             dtype = self.recipe.attention_dtype
             phase = "F" if (op.phase == "F" or op.recompute) else "B"
-            eff = self.attention.efficiency(phase, dtype, op.m) * self.sustained["attention"]
+            eff = self.attention.efficiency(phase, dtype, op.m, op.k) * self.sustained["attention"]
             compute_s = op.flops / (self.attention.peak_flops[dtype] * eff) if op.flops else 0.0
             return OpCost(compute_s, self.memory.time_s(op.mem_bytes), launch_s, dtype, eff)
         if op.op_class == "elementwise":
