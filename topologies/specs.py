@@ -52,6 +52,10 @@ class GPUSpec:
     """NVLink SHARP (in-switch reduction) available: Hopper and later NVSwitch systems."""
     source: str
     notes: str = ""
+    power_w: float = 0.0
+    """Board power limit (TDP) in watts, the cap GPU Boost holds the clock under: it sets the
+    sustained clock (``workloads.costs.compute.SUSTAINED_FRACTION``), so parts of one die at
+    different limits differ (B200 1,000 W against GB200 1,200 W).  0: not given."""
 
 
 _HWCSV = "NVIDIA datasheets"
@@ -64,40 +68,49 @@ GPU_SPECS: dict[str, GPUSpec] = {s.name: s for s in (
     GPUSpec("A100-SXM4-40GB", "ampere", 40 * GiB, 1.555e12,
             {"tf32": 156e12, "bf16": 312e12, "fp16": 312e12}, {},
             300e9, 8, False, f"{_HWCSV} (NVIDIA A100 datasheet via glennklockwood.com; {_STAS})",
-            "no MAMF measured for the 40GB part; FLOP/s identical to 80GB"),
+            "no MAMF measured for the 40GB part; FLOP/s identical to 80GB", power_w=400),
     GPUSpec("A100-SXM4-80GB", "ampere", 80 * GiB, 2.039e12,
             {"tf32": 156e12, "bf16": 312e12, "fp16": 312e12}, {"bf16": 271.2e12},
-            300e9, 8, False, f"{_HWCSV} ({_STAS}; MAMF best shape 1024x10240x5120)"),
+            300e9, 8, False, f"{_HWCSV} ({_STAS}; MAMF best shape 1024x10240x5120)", power_w=400),
     GPUSpec("H100-SXM", "hopper", 80 * GiB, 3.35e12,
             {"tf32": 494.5e12, "bf16": 989e12, "fp16": 989e12, "fp8": 1979e12},
             {"bf16": 794.5e12, "fp8": 1402.6e12},
-            450e9, 8, True, f"{_HWCSV} ({_STAS}; NVIDIA H100 spec page)"),
+            450e9, 8, True, f"{_HWCSV} ({_STAS}; NVIDIA H100 spec page: SXM up to 700 W)", power_w=700),
     GPUSpec("H800-SXM", "hopper", 80 * GiB, 3.35e12,
             {"tf32": 494.5e12, "bf16": 989e12, "fp16": 989e12, "fp8": 1979e12}, {},
             200e9, 8, True, f"{_HWCSV} (secondary spec pages: H100 silicon, NVLink cut to 400 GB/s "
             "bidirectional; DeepSeek-V3 report Sec 3.2.2: 'NVLink offers a bandwidth of 160 GB/s')",
             "no MAMF measured: the Hopper fallback fraction of the peak (H100's); NVLS assumed as on H100 "
-            "(same NVSwitch generation)"),
+            "(same NVSwitch generation)", power_w=700),
     GPUSpec("H200-SXM", "hopper", 141 * GiB, 4.8e12,
             {"tf32": 494.5e12, "bf16": 989e12, "fp16": 989e12, "fp8": 1979e12},
             {"bf16": 794.5e12, "fp8": 1453.4e12},
-            450e9, 8, True, f"{_HWCSV} ({_STAS}; MAMF bf16 'same as H100')"),
+            450e9, 8, True, f"{_HWCSV} ({_STAS}; MAMF bf16 'same as H100'; H200 SXM up to 700 W)", power_w=700),
     GPUSpec("B200", "blackwell", 180 * GiB, 8.0e12,
             {"tf32": 1125e12, "bf16": 2250e12, "fp16": 2250e12, "fp8": 4500e12, "fp4": 9000e12},
             {"bf16": 1745.0e12, "fp8": 3432.5e12},
-            900e9, 8, True, f"{_HWCSV} ({_STAS}; DGX B200 datasheet)", "HBM 180 GB platform figure"),
+            900e9, 8, True, f"{_HWCSV} ({_STAS}; DGX B200 datasheet)", "HBM 180 GB platform figure", power_w=1000),
+    # Blackwell Ultra keeps Blackwell's dense BF16 / FP8 rates and raises dense FP4: HGX B300
+    # 105 PFLOPS dense FP4 for 8 GPUs (13.1 per GPU, 1.46x B200's 9.0), GB300 NVL72 1,080 PFLOPS
+    # for 72 (15.0 per GPU, 1.5x GB200's 10.0) (NVIDIA HGX B300 and GB300 NVL72 datasheets via
+    # glennklockwood.com/garden/processors/B300).  Power limits: HGX B300 1,100 W, GB300 1,400 W
+    # (same page: "Upgrade to 1400 W (from 1200 W)" for the NVL72 part; the HGX figure from
+    # NVIDIA's HGX B300 specification, secondary sources).
     GPUSpec("B300", "blackwell", 288 * GiB, 8.0e12,
-            {"tf32": 1125e12, "bf16": 2250e12, "fp8": 4500e12, "fp4": 12600e12},
+            {"tf32": 1125e12, "bf16": 2250e12, "fp8": 4500e12, "fp4": 105e15 / 8},
             {"bf16": 1769.0e12, "fp8": 3353.3e12},
-            900e9, 8, True, f"{_HWCSV} ({_STAS})"),
+            900e9, 8, True, f"{_HWCSV} ({_STAS}; HGX B300 dense FP4 105 PFLOPS / 8, glennklockwood.com)",
+            power_w=1100),
     GPUSpec("GB200", "blackwell", 186 * GiB, 8.0e12,
             {"tf32": 1250e12, "bf16": 2500e12, "fp16": 2500e12, "fp8": 5000e12, "fp4": 10000e12},
             {"bf16": 1822.0e12, "fp8": 3615.6e12},
-            900e9, 72, True, f"{_HWCSV} ({_STAS}; per Blackwell GPU in NVL72)"),
+            900e9, 72, True, f"{_HWCSV} ({_STAS}; per Blackwell GPU in NVL72; GB200 NVL72 datasheet: "
+            "1,200 W per GPU)", power_w=1200),
     GPUSpec("GB300", "blackwell", 288 * GiB, 8.0e12,
             {"tf32": 1250e12, "bf16": 2500e12, "fp8": 5000e12, "fp4": 15000e12}, {},
-            900e9, 72, True, f"{_HWCSV} ({_STAS})",
-            "HBM size and bandwidth not in hardware.csv: 288 GB / 8 TB/s assumed equal to B300"),
+            900e9, 72, True, f"{_HWCSV} ({_STAS}; GB300 NVL72: 1,080 PFLOPS dense FP4 / 72, 20 TB HBM at "
+            "576 TB/s / 72 = 8 TB/s, glennklockwood.com)", "no MAMF measured: the Blackwell fallback fraction",
+            power_w=1400),
 )}
 
 _GPU_ALIASES = {

@@ -66,7 +66,7 @@ from topologies import ConfigError, GPUSpec
 
 from .costs import RooflineComputeModel, embedding_ops, get_recipe, layer_ops, model_flops_per_step, \
     optimizer_ops, output_ops
-from .costs.compute import HostCosts, host_costs
+from .costs.compute import LAUNCH_OVERHEAD_S, HostCosts, host_costs
 from .costs.precision import weight_quantize_op, with_quantize_ops
 from .mesh import RankGrid
 from .model import ModelSpec
@@ -248,7 +248,7 @@ def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[
     ``{"<phase>:<part>": [FLOPs, seconds, host seconds, kernels]}``."""
     # everything that makes one layer's ops differ from another's: MoE or dense, MTP, the
     # routed load, recompute, whether the recipe runs this layer's GEMMs in low precision
-    # (NVFP4 keeps the first 2 and last 8 layers in BF16), and its attention window
+    # (precision_options may keep layers at the ends in BF16), and its attention window
     key = (ctx.model.moe is not None and layer < ctx.model.num_layers and ctx.model.is_moe_layer(layer),
            layer >= ctx.model.num_layers, None if tokens_per_expert is None else tuple(tokens_per_expert), recompute,
            ctx.recipe.is_low_precision_layer(layer, ctx.model.num_layers), ctx.model.attention_window(layer),
@@ -262,9 +262,18 @@ def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[
     times = ctx.compute.op_times_s(ops)
     split_core = ctx.par.cp > 1
     seg: dict[str, list] = {}
+    graphed = ctx.host.graphed if layer < ctx.model.num_layers else frozenset()     # MTP modules stay eager
+    # a graphed kernel leaves the GPU the graph's launch gap instead of the eager one
+    gap = (LAUNCH_OVERHEAD_S[False] - LAUNCH_OVERHEAD_S[True]
+           if graphed and isinstance(ctx.compute, RooflineComputeModel) and not ctx.compute.cuda_graphs else 0.0)
     for op, t in zip(ops, times):
         phase = "R" if op.recompute else op.phase
         base = op.quantizes or op.name        # a quantisation op belongs with its GEMM
+        host_s = op.num_kernels * ctx.host.kernel_s
+        scope = graph_scope_of(base, key[6], key[0]) if graphed else None
+        if scope in graphed or (scope in ("moe_router", "moe") and "moe" in graphed):
+            host_s = 0.0
+            t = float(t) - op.num_kernels * gap
         if base in _ATTN_OPS and split_core and base == "core_attn":
             part = "core"                     # with CP: run per ring step, between the exchanges
         elif base in _ATTN_OPS and split_core and phase != "R" and base in _ATTN_POST:
@@ -280,10 +289,33 @@ def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[
         acc = seg.setdefault(f"{phase}:{part}", [0.0, 0.0, 0.0, 0])
         acc[0] += op.flops
         acc[1] += float(t)
-        acc[2] += op.num_kernels * ctx.host.kernel_s
+        acc[2] += host_s
         acc[3] += op.num_kernels
     ctx.seg_cache[key] = seg
     return seg
+
+
+_ROUTER_SCOPE = {"mlp_norm", "router", "router_topk", "shared_fc1", "shared_act", "shared_fc2"}
+"""Ops of an MoE layer that Megatron-Core's ``moe_router`` graph captures: the pre-MLP norm,
+the router and (not overlapped) shared experts (``_get_submodules_under_cudagraphs``)."""
+
+
+def graph_scope_of(name: str, layer_kind: str, moe_layer: bool) -> str | None:
+    """The per-module CUDA-graph scope (:data:`~workloads.costs.compute.CUDA_GRAPH_SCOPES`)
+    whose graph would hold the layer op ``name``, or None for ops that only the ``moe``
+    scope graphs or none does: the token permutation, the routed experts, the unpermutation
+    and the latent projections of an MoE layer, which run on per-step token counts.
+
+    >>> graph_scope_of("core_attn", "transformer", True), graph_scope_of("router", "transformer", True)
+    ('attn', 'moe_router')
+    >>> graph_scope_of("expert_fc1", "moe", True), graph_scope_of("in_proj", "mamba", False)
+    ('moe', 'mamba')
+    """
+    if name in _ATTN_OPS:
+        return "mamba" if layer_kind == "mamba" else "attn"
+    if not moe_layer:
+        return "mlp"
+    return "moe_router" if name in _ROUTER_SCOPE else "moe"
 
 
 class _Emitter:

@@ -314,6 +314,10 @@ REGISTRY: tuple[Constant, ...] = (
              "microbenchmark",
              "kernel benchmarks in the FlashAttention-2/3/4 papers; FP8 backward and Blackwell backward assumed",
              "attention kernel time (FlashAttention runs)"),
+    Constant(f"{_C}FA_HEAD_DIM_FACTOR", "head dim 64: 0.767 of head dim 128", "microbenchmark",
+             "FlashAttention-3 paper's BF16 forward benchmark on H100 (497 / 648 TFLOP/s at 16k); backward and "
+             "Blackwell assumed alike",
+             "attention kernel time of models with 64-wide heads (gpt-oss)"),
     Constant(f"{_C}FA_SEQ_HALF", "384 tokens", "assumption",
              "sequence-length ramp fitted by eye to the FA2/FA3 papers' curves",
              "attention efficiency at short per-rank sequences (CP shards)",

@@ -30,8 +30,10 @@ recompute_granularity / _modules /     ``parallel.recompute`` (+ ``recompute_mod
 _method / _num_layers                  with no list: Megatron-Core's default ``core_attn``)
 enable_cuda_graph (25.09), cuda graph  ``host: cuda_graphs`` for whole-iteration or per-layer
 impl ``local`` / ``full_iteration``    graphs; Transformer Engine graphs of ``attn`` + ``mlp``
-                                       (the whole dense layer) too; scopes that leave experts or
-                                       dispatch eager stay ``eager`` (noted: not modelled)
+/ ``transformer_engine`` + scope       (the whole dense layer) too; other scopes (``attn``,
+                                       ``moe_router``, ``moe_preprocess``, ``mamba``) as
+                                       ``host: {cuda_graph_scope: [...]}``: those modules
+                                       replayed, the experts and dispatch issued eagerly
 tp_comm_overlap                        ``overlap.tp_comm`` (Bridge turns it off when tp < 2 or
                                        sequence parallelism is off)
 overlap_grad_reduce / _param_gather    ``overlap.grad_reduce`` / ``param_gather`` (dp > 1)
@@ -53,7 +55,7 @@ overlap_moe_expert_parallel_comm       ``overlap.moe_ep_comm`` (with the interle
 =====================================  ==========================================================
 
 Noted as not modelled: activation offload to the host, FP4 parameter all-gathers, FP8 attention,
-paged stashing, per-module CUDA-graph scopes.
+paged stashing.
 """
 
 from __future__ import annotations
@@ -88,7 +90,6 @@ DECLARED_NOT_MODELLED = {
     "parameter all-gather": "FP4 parameter all-gathers (clustersim gathers BF16; FP8 ones are modelled)",
     "FP8 attention": "attention in FP8 (fp8_dot_product_attention)",
     "MoE paged stash": "paged activation stash for experts",
-    "partial CUDA graphs": "per-module CUDA-graph scopes that leave experts and dispatch eager",
 }
 DECLARED_CAP = 10
 
@@ -209,7 +210,9 @@ def bridge_settings(record: dict, par: dict, model_is_moe: bool) -> tuple[dict, 
 
     host, graph_note = _cuda_graphs(k, model_is_moe)
     out["host"] = host
-    set_here.append(f"host {host}")
+    set_here.append(f"host {host}" if isinstance(host, str) else
+                    f"host eager, per-module CUDA graphs of {', '.join(host['cuda_graph_scope'])} (experts and dispatch "
+                    "eager)")
     if graph_note:
         notes.append(graph_note)
 
@@ -283,12 +286,20 @@ def _moe_settings(k: dict, out: dict, set_here: list, pp: int) -> list[str]:
     return notes
 
 
-def _cuda_graphs(k: dict, model_is_moe: bool) -> tuple[str, str | None]:
-    """``(host mode, note or None)`` of a recipe's CUDA-graph switches."""
-    impl = k.get("cuda_graph_impl")
-    scope = k.get("cuda_graph_scope") or k.get("cuda_graph_modules") or []
+def _scope_names(scope) -> list[str]:
+    """A recipe's ``cuda_graph_scope`` / ``cuda_graph_modules`` as scope names: 26.08's
+    recipes record enum members (``<megatron.core.transformer.enums.CudaGraphModule.attn>``)."""
     if isinstance(scope, str):
         scope = [scope]
+    return [str(x).strip("<>").rsplit(".", 1)[-1] for x in scope or []]
+
+
+def _cuda_graphs(k: dict, model_is_moe: bool) -> tuple[str | dict, str | None]:
+    """``(host, note or None)`` of a recipe's CUDA-graph switches: ``cuda_graphs`` for
+    whole-iteration and whole-layer graphs, ``{"cuda_graph_scope": [...]}`` for per-module
+    Transformer Engine graphs that leave the rest of the layer eager, else ``eager``."""
+    impl = k.get("cuda_graph_impl")
+    scope = _scope_names(k.get("cuda_graph_scope") or k.get("cuda_graph_modules"))
     if k.get("enable_cuda_graph"):
         return "cuda_graphs", ("per-layer CUDA graphs (enable_cuda_graph): run as cuda_graphs; the optimizer step, "
                                "embedding and loss stay eager in the run (not modelled)")
@@ -297,7 +308,10 @@ def _cuda_graphs(k: dict, model_is_moe: bool) -> tuple[str, str | None]:
     if impl == "transformer_engine" and scope:
         if not model_is_moe and {"attn", "mlp"} <= set(scope):
             return "cuda_graphs", None
-        return "eager", NOT_MODELLED + f"partial CUDA graphs (scope {', '.join(scope)}): the rest is issued eagerly"
+        from workloads.costs.compute import CUDA_GRAPH_SCOPES
+        known = [s for s in scope if s in CUDA_GRAPH_SCOPES]
+        if known:
+            return {"cuda_graph_scope": known}, None
     return "eager", None
 
 

@@ -171,3 +171,57 @@ def test_a_search_passes_the_host_to_its_candidates():
                                  "global_batch_size": 8, "seq_len": 512, "host": "cuda_graphs"})
     sc = load_scenario(spec.scenario_for({"tp": 1, "pp": 1, "dp": 8}))
     assert sc.host == "cuda_graphs"
+
+
+def _moe_ops(host):
+    """The compute ops of one tiny-moe step on one GPU (one EP rank), by (name, phase, layer)."""
+    sc = _one_gpu(model="tiny-moe", host=host, gbs=1)
+    return {(op.name, op.phase, op.layer, op.microbatch): op for op in run(sc).program.classes[0].ops if op.kind == "compute"}
+
+
+def test_per_module_graphs_replay_their_scope_and_leave_the_experts_eager():
+    """Megatron-Core's per-module scopes (``cuda_graph_scope: [attn, moe_router]``): the
+    attention block and the router are replayed from graphs -- no host time, and each of
+    their kernels leaves the GPU the graph's launch gap instead of the eager one -- while
+    the permutation, the routed experts and the unpermutation keep eager issue; an op the
+    scope does not touch is the eager op, field for field."""
+    from workloads.costs.compute import LAUNCH_OVERHEAD_S
+    eager = _moe_ops("eager")
+    part = _moe_ops({"cuda_graph_scope": ["attn", "moe_router", "moe_preprocess"]})
+    gap = LAUNCH_OVERHEAD_S[False] - LAUNCH_OVERHEAD_S[True]
+    kernel_s = HOST_COSTS["eager"].kernel_s
+    assert eager.keys() == part.keys()
+    names = {k[0] for k in eager}
+    assert {"attn", "moe_pre", "experts", "moe_post"} <= names
+    for key, e in eager.items():
+        p = part[key]
+        if key[0] == "attn":                          # the whole block is graphed
+            assert p.host_s == 0.0
+            assert p.duration_s == pytest.approx(e.duration_s - e.host_ops * gap, rel=1e-12)
+        elif key[0] in ("experts", "moe_post"):       # eager, untouched
+            assert p == e
+        elif key[0] == "moe_pre":                     # norm and router graphed, the permutation eager
+            assert 0 < p.host_s < e.host_s
+            graphed_kernels = (e.host_s - p.host_s) / kernel_s
+            assert graphed_kernels == pytest.approx(round(graphed_kernels), abs=1e-9)
+            assert p.duration_s == pytest.approx(e.duration_s - graphed_kernels * gap, rel=1e-12)
+    # the 'moe' scope graphs the whole MoE block: the layers' host time is gone
+    whole = _moe_ops({"cuda_graph_scope": ["attn", "moe"]})
+    assert all(op.host_s == 0.0 for k, op in whole.items() if k[2] >= 0)
+
+
+def test_a_host_bound_step_with_partial_graphs_is_still_the_cursor_recurrence():
+    res = run(_one_gpu(model="tiny-moe", host={"cuda_graph_scope": ["attn", "moe_router"]}, gbs=2))
+    ops = res.program.classes[0].ops
+    assert res.metrics["step_time_s"] == pytest.approx(_cursor_step(ops), rel=1e-9)
+    graphs = run(_one_gpu(model="tiny-moe", host="cuda_graphs", gbs=2)).metrics["step_time_s"]
+    eager = run(_one_gpu(model="tiny-moe", gbs=2)).metrics["step_time_s"]
+    assert graphs < res.metrics["step_time_s"] < eager
+
+
+def test_the_graph_scope_is_validated():
+    with pytest.raises(ConfigError, match="scenario.host.cuda_graph_scope"):
+        load_scenario(_one_gpu(host={"cuda_graph_scope": ["experts"]}))
+    with pytest.raises(ConfigError, match="scenario.host.cuda_graph_scope"):
+        load_scenario(_one_gpu(host={"cuda_graph_scope": []}))
+    assert load_scenario(_one_gpu(host={"cuda_graph_scope": ["attn"], "kernel_us": 50})).host["kernel_us"] == 50

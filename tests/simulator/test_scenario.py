@@ -156,10 +156,10 @@ def test_precision_options_override_the_recipe_and_say_what_is_wrong():
             "precision": "nvfp4"}
     plain = _load(base)
     assert plain.recipe_or_name == "nvfp4"                     # no options: the name, as before
-    sc = _load({**base, "precision_options": {"bf16_first_layers": 0, "bf16_last_layers": 0}})
+    sc = _load({**base, "precision_options": {"bf16_first_layers": 1, "bf16_last_layers": 1}})
     r = sc.recipe_or_name
-    assert (r.bf16_first_layers, r.bf16_last_layers) == (0, 0)
-    assert all(r.is_low_precision_layer(i, 4) for i in range(4))
+    assert (r.bf16_first_layers, r.bf16_last_layers) == (1, 1)
+    assert [r.is_low_precision_layer(i, 4) for i in range(4)] == [False, True, True, False]
     with _pytest.raises(_CE, match="precision_options.bf16_last_layers"):
         _load({**base, "precision_options": {"bf16_last_layers": -1}})
     with _pytest.raises(_CE, match="precision_options"):

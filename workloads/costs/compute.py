@@ -63,9 +63,9 @@ from .precision import DTYPE_BYTES, PrecisionRecipe, get_recipe
 
 __all__ = ["ComputeModel", "RooflineComputeModel", "MeasuredComputeModel", "GemmModel", "AttentionModel",
            "MemoryModel", "LaunchModel", "OpCost", "SM_COUNTS", "GEMM_TILES", "MAMF_BEST_SHAPES",
-           "MAMF_FALLBACK_FRACTION", "FLASH_ATTENTION_EFFICIENCY", "SUSTAINED_FRACTION", "CHIP_SPREAD",
+           "MAMF_FALLBACK_FRACTION", "FLASH_ATTENTION_EFFICIENCY", "FA_HEAD_DIM_FACTOR", "head_dim_factor", "SUSTAINED_FRACTION", "CHIP_SPREAD",
            "slowest_chip_factor", "expected_max_normal", "HBM_EFFICIENCY", "LAUNCH_OVERHEAD_S",
-           "HOST_MODES", "HOST_COSTS", "HostCosts", "host_costs", "COMPUTE_MODELS", "get_compute_model", "num_sms"]
+           "HOST_MODES", "HOST_COSTS", "HostCosts", "host_costs", "CUDA_GRAPH_SCOPES", "COMPUTE_MODELS", "get_compute_model", "num_sms"]
 
 
 # -- constants, each with its source -----------------------------------------------------------
@@ -165,6 +165,18 @@ FLASH_ATTENTION_EFFICIENCY: dict[tuple[str, str], dict[str, float]] = {
     ("blackwell", "fp16"): {"F": 0.71, "B": 0.51},
     ("blackwell", "fp8"): {"F": 0.60, "B": 0.45},
 }
+
+FA_HEAD_DIM_FACTOR: tuple[tuple[int, float], ...] = (
+    # (head dim, attention efficiency relative to head dim 128): FLASH_ATTENTION_EFFICIENCY
+    # holds for head dim 128.  FlashAttention-3 paper (Shah et al., arXiv:2407.08608), its
+    # BF16 forward benchmark on H100 SXM5 at 16k tokens: 497 TFLOP/s at head dim 64 against
+    # 648 at head dim 128 (cuDNN's kernel in the same figures: 413 against 595, 0.69): fewer
+    # FLOPs per byte of K/V loaded and per softmax element.  Taken for the backward and for
+    # Blackwell as well (no published head-dim-64 figure of either): an assumption.  Linear
+    # in between; head dims below 64 take the 64 factor, above 128 the 128 one.
+    (64, 497.0 / 648.0),
+    (128, 1.0),
+)
 
 FA_SEQ_HALF = 384
 """Sequence-length ramp of attention efficiency: ``eff(s) = eff_16k x r(s) / r(16384)``
@@ -298,6 +310,25 @@ class HostCosts(NamedTuple):
     checkpoint_s: float
     """Per layer and micro-batch under full recompute (the checkpoint function itself:
     saving and restoring RNG states, the no-grad forward, re-entering autograd)."""
+    graphed: frozenset = frozenset()
+    """Per-module CUDA-graph scopes (:data:`CUDA_GRAPH_SCOPES`): the ops of these modules are
+    replayed from captured graphs (no per-kernel host cost, the graph launch gap on the GPU);
+    everything else is issued eagerly at ``kernel_s``.  Empty: no per-module graphs."""
+
+
+CUDA_GRAPH_SCOPES: dict[str, str] = {
+    # Megatron-Core's per-layer capture regions (megatron/core/transformer/enums.py
+    # ``CudaGraphModule``; what each covers: transformer_layer.py
+    # ``_get_submodules_under_cudagraphs`` and the MoE layer's partial-graph forward).
+    # The experts, the token permutation, the dispatch and combine stay eager under every
+    # scope but ``moe`` (which Megatron allows only for drop-and-pad MoE layers).
+    "attn": "input norm and self-attention (incl. the output projection and residual)",
+    "mlp": "pre-MLP norm and the dense MLP (dense layers only)",
+    "moe": "the whole MoE block (drop-and-pad MoE layers only)",
+    "moe_router": "pre-MLP norm and the router (top-k) of MoE layers",
+    "moe_preprocess": "the dispatcher's token-count preprocessing (no modelled kernels of its own)",
+    "mamba": "a Mamba layer's norm and mixer",
+}
 
 
 HOST_COSTS: dict[str, HostCosts] = {
@@ -335,7 +366,9 @@ HOST_COSTS: dict[str, HostCosts] = {
 def host_costs(spec, where: str = "host") -> HostCosts:
     """The :class:`HostCosts` of a scenario's ``host``: a mode of :data:`HOST_MODES`, or a
     mapping of ``kernel_us``, ``call_us``, ``checkpoint_us`` (microseconds, each >= 0;
-    missing ones take the eager defaults) for a host measured with ``gpu_bench.py``."""
+    missing ones take the eager defaults) for a host measured with ``gpu_bench.py``, and
+    ``cuda_graph_scope`` (a list of :data:`CUDA_GRAPH_SCOPES`): eager issue except for the
+    modules captured in per-layer graphs."""
     if isinstance(spec, HostCosts):
         return spec
     if isinstance(spec, str):
@@ -345,16 +378,33 @@ def host_costs(spec, where: str = "host") -> HostCosts:
         return HOST_COSTS[spec]
     if isinstance(spec, dict):
         keys = {"kernel_us": "kernel_s", "call_us": "call_s", "checkpoint_us": "checkpoint_s"}
-        bad = sorted(set(spec) - set(keys))
+        bad = sorted(set(spec) - set(keys) - {"cuda_graph_scope"})
         if bad:
-            raise ConfigError(f"{where}.{bad[0]}", spec[bad[0]], f"unknown key; known: {', '.join(keys)}")
+            raise ConfigError(f"{where}.{bad[0]}", spec[bad[0]],
+                              f"unknown key; known: {', '.join(keys)}, cuda_graph_scope")
         vals = HOST_COSTS["eager"]._asdict()
+        if "cuda_graph_scope" in spec:
+            vals["graphed"] = _graph_scope(spec["cuda_graph_scope"], f"{where}.cuda_graph_scope")
         for k, v in spec.items():
+            if k == "cuda_graph_scope":
+                continue
             if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < math.inf:
                 raise ConfigError(f"{where}.{k}", v, "must be a number of microseconds >= 0")
             vals[keys[k]] = float(v) * 1e-6
         return HostCosts(**vals)
     raise ConfigError(where, spec, f"must be one of {', '.join(HOST_MODES)} or a mapping")
+
+
+def _graph_scope(scope, where: str) -> frozenset:
+    """The validated set of a ``cuda_graph_scope`` list (names of :data:`CUDA_GRAPH_SCOPES`)."""
+    if isinstance(scope, str):
+        scope = [scope]
+    if not isinstance(scope, (list, tuple)) or not scope:
+        raise ConfigError(where, scope, f"must be a non-empty list of {', '.join(CUDA_GRAPH_SCOPES)}")
+    for name in scope:
+        if name not in CUDA_GRAPH_SCOPES:
+            raise ConfigError(where, name, f"unknown scope; known: {', '.join(CUDA_GRAPH_SCOPES)}")
+    return frozenset(scope)
 
 
 # -- sub-models ----------------------------------------------------------------------------------
@@ -453,9 +503,10 @@ class AttentionModel:
     table: dict = field(default_factory=lambda: dict(FLASH_ATTENTION_EFFICIENCY))
     seq_half: int = FA_SEQ_HALF
 
-    def efficiency(self, phase: str, dtype: str, seq_len: float) -> float:
+    def efficiency(self, phase: str, dtype: str, seq_len: float, head_dim: float | None = None) -> float:
         """Fraction of the ``dtype`` peak for a forward (``F``) or backward (``B``) pass with
-        ``seq_len`` queries per sequence on the rank."""
+        ``seq_len`` queries per sequence on the rank and query/key heads of ``head_dim``
+        (None: 128, the head dim the table holds for; :data:`FA_HEAD_DIM_FACTOR`)."""
         try:
             eff = self.table[(self.generation, dtype)][phase]
         except KeyError:
@@ -463,7 +514,25 @@ class AttentionModel:
                                                   f"{self.generation} GPUs") from None
         s = max(float(seq_len), 1.0)
         ramp = (s / (s + self.seq_half)) / (_FA_REFERENCE_SEQ / (_FA_REFERENCE_SEQ + self.seq_half))
-        return eff * min(1.0, ramp)
+        return eff * min(1.0, ramp) * head_dim_factor(head_dim)
+
+
+def head_dim_factor(head_dim: float | None) -> float:
+    """Attention efficiency at ``head_dim`` relative to head dim 128 (:data:`FA_HEAD_DIM_FACTOR`).
+
+    >>> head_dim_factor(64), head_dim_factor(128), head_dim_factor(192), round(head_dim_factor(96), 3)
+    (0.7669753086419753, 1.0, 1.0, 0.883)
+    """
+    if not head_dim:
+        return 1.0
+    pts = FA_HEAD_DIM_FACTOR
+    d = float(head_dim)
+    if d <= pts[0][0]:
+        return pts[0][1]
+    for (d0, f0), (d1, f1) in zip(pts, pts[1:]):
+        if d <= d1:
+            return f0 + (f1 - f0) * (d - d0) / (d1 - d0)
+    return pts[-1][1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -603,7 +672,7 @@ class RooflineComputeModel(ComputeModel):
         if op.op_class == "attention":
             dtype = self.recipe.attention_dtype
             phase = "F" if (op.phase == "F" or op.recompute) else "B"
-            eff = self.attention.efficiency(phase, dtype, op.m) * self.sustained["attention"]
+            eff = self.attention.efficiency(phase, dtype, op.m, op.k) * self.sustained["attention"]
             compute_s = op.flops / (self.attention.peak_flops[dtype] * eff) if op.flops else 0.0
             return OpCost(compute_s, self.memory.time_s(op.mem_bytes), launch_s, dtype, eff)
         if op.op_class == "elementwise":

@@ -238,10 +238,15 @@ PRECISION_RECIPES: dict[str, PrecisionRecipe] = {r.name: r for r in (
         # assumption: SP all-gathers stay BF16 (the global amax and the wgrad-side Hadamard
         # transform need the gathered tensor); conservative
         tp_gather_bytes_per_element=2.0,
-        bf16_first_layers=2, bf16_last_layers=8,
+        # no BF16 layers at the ends: Megatron-Bridge's bf16_with_nvfp4_mixed
+        # (src/megatron/bridge/training/mixed_precision.py) leaves MixedPrecisionConfig's
+        # first_last_layers_bf16 at False (0 + 0), as its performance recipes run it; NVIDIA's
+        # NVFP4 pretraining study (arXiv:2509.25149) kept about 16 % of the blocks in BF16 for
+        # accuracy -- ask for that with precision_options bf16_first_layers / _last_layers
         generations=("blackwell",),
         source=f"{_TE}: NVFP4BlockScaling (E2M1, 16-element blocks, E4M3 scales); NVIDIA, Pretraining LLMs "
-               "with NVFP4, arXiv:2509.25149 (RHT on wgrad inputs, 2D weight scaling, SR, ~16% BF16 layers)"),
+               "with NVFP4, arXiv:2509.25149 (RHT on wgrad inputs, 2D weight scaling, SR); Megatron-Bridge "
+               "bf16_with_nvfp4_mixed (no BF16 layers at the ends)"),
 )}
 """Recipes by name: ``bf16``, ``fp8_delayed``, ``fp8_tensorwise``, ``fp8_blockwise``, ``mxfp8``, ``nvfp4``."""
 
@@ -274,7 +279,7 @@ def get_recipe(name: str | PrecisionRecipe, *, grad_reduce_dtype: str | None = N
     bf16_first_layers, bf16_last_layers
         Leading / trailing decoder layers whose GEMMs stay BF16 (Transformer Engine's
         ``num_layers_at_start_in_bf16`` / ``_at_end_in_bf16``); None: the recipe's
-        (``nvfp4`` keeps 2 + 8, the others none).  Low-precision recipes only.
+        (every recipe keeps none unless told).  Low-precision recipes only.
 
     Raises
     ------
