@@ -298,11 +298,10 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     coll = CollectiveEngine(env, cluster, calibration)
     coll.coupled_all_to_all = "coupled_all_to_all" in sc.approximations
     colors = [pert.rank_color(r) for r in range(grid.world_size)]
-    # ranks of different classes or colours never share a cell: a lower bound on the work,
-    # checked before folding (per-GPU jitter: every rank its own cell, known at once)
-    if not isinstance(fold, Folding):
-        distinct = {(int(prog.class_of_rank[r]), colors[r]) for r in range(grid.world_size)} if fold else None
-        check_work_budget([c for c, _ in distinct] if fold else [int(c) for c in prog.class_of_rank],
+    if fold and not isinstance(fold, Folding):
+        # ranks of different classes or colours never share a cell: a lower bound on the cells,
+        # known before folding (per-GPU jitter: every rank its own cell); checked again after
+        check_work_budget([c for c, _ in {(int(prog.class_of_rank[r]), colors[r]) for r in range(grid.world_size)}],
                           prog, sc.num_steps)
     if isinstance(fold, Folding):
         folding = fold
@@ -505,11 +504,11 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
             turn = pair_turns.get(lo)
             if turn is None:
                 turn = pair_turns[lo] = _pair_turns(ops, lanes)
-            nxt = dict.fromkeys(turn, 0)
+            issued = dict.fromkeys(turn, 0)     # per stream: its calls issued so far
 
             def may_issue(j):
                 o = ops[j]
-                return o.kind == KIND_COMPUTE or turn[o.stream][nxt[o.stream]] == j
+                return o.kind == KIND_COMPUTE or turn[o.stream][issued[o.stream]] == j
 
             cur = 0
             while pos[0] < len(lanes[0]) or pos[1] < len(lanes[1]) or any(blocked):
@@ -537,7 +536,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 if op.kind == KIND_COMPUTE:
                     yield from compute(op, step, j)
                     continue
-                nxt[op.stream] += 1
+                issued[op.stream] += 1
                 yield from host_issue(op)
                 fin = on_stream(op, step, step * per_kind[op.group] + op.seq, axis_of[j])
                 inflight.append(fin)
