@@ -89,6 +89,7 @@ from ..collectives import CollectiveEngine
 from ..collectives.ep_dispatch import flex_compute_slowdown, flex_pair_scale
 from ..network import FlowNetwork, NetworkSnapshot
 from ..scenario import Scenario, WhatIf, load_scenario
+from . import limits
 from .fold import Folding, fold as fold_program
 from .perturb import JobStopped, Perturbation
 
@@ -681,8 +682,8 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     # step until every actor is done or the queue empties (simpy's run(until=T) would move the
     # clock to T even when nothing is left, hiding a deadlock behind a runaway)
     step_event = env.step
-    if progress_after_s > 0:
-        _loop_with_progress(env, left, max_sim_time_s, step_latch, n_cells, progress_after_s)
+    if progress_after_s > 0 or limits.armed():
+        _loop_in_chunks(env, left, max_sim_time_s, step_latch, n_cells, progress_after_s)
     while left[0] and env.peek() <= max_sim_time_s:
         step_event()
     clock.lap("event_loop")
@@ -782,13 +783,15 @@ class _Clock:
         self._t = now
 
 
-def _loop_with_progress(env, left, max_sim_time_s, step_latch, n_cells, after_s) -> None:
-    """The event loop, telling stderr where it is once it has run ``after_s`` seconds and
-    every 5 s after (the simulated instant, the step, the cells still running it, events).
-    It stops at the same event as the plain loop, which then finds nothing left to do."""
+def _loop_in_chunks(env, left, max_sim_time_s, step_latch, n_cells, after_s) -> None:
+    """The event loop in chunks of 4,096 events, between which it checks this thread's
+    wall-clock limit (:mod:`.limits`) and, when ``after_s > 0``, tells stderr where it is once
+    it has run ``after_s`` seconds and every 5 s after (the simulated instant, the step, the
+    cells still running it, events).  It stops at the same event as the plain loop, which then
+    finds nothing left to do."""
     import sys
     t0 = time.perf_counter()
-    next_report = t0 + after_s
+    next_report = t0 + after_s if after_s > 0 else float("inf")
     step_event, events, printed = env.step, 0, False
     while left[0] and env.peek() <= max_sim_time_s:
         for _ in range(4096):
@@ -796,6 +799,7 @@ def _loop_with_progress(env, left, max_sim_time_s, step_latch, n_cells, after_s)
                 break
             step_event()
         events += 4096
+        limits.check()
         now = time.perf_counter()
         if now >= next_report:
             step = next((k for k, latch in enumerate(step_latch) if not latch.event.triggered), len(step_latch) - 1)

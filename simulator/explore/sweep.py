@@ -26,9 +26,7 @@ Workers return results; they never touch the database.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import ctypes
 import functools
 import hashlib
 import itertools
@@ -36,7 +34,6 @@ import json
 import os
 import sqlite3
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from importlib import metadata
@@ -44,6 +41,7 @@ from pathlib import Path
 
 from topologies import ConfigError
 
+from ..engine.limits import TimeLimitExceeded, time_limit
 from ..scenario import read_yaml
 
 __all__ = ["expand", "load_sweep", "config_hash", "Store", "Executor", "LocalExecutor", "DaskExecutor",
@@ -303,45 +301,10 @@ def make_executor(dask: str | None = None, workers: int | None = None) -> Execut
 
 
 # -- one point --------------------------------------------------------------------------------
-class PointTimeout(BaseException):
-    """Raised inside a point's run when it outlives the per-point limit.  A BaseException, as
-    KeyboardInterrupt is, so that no ``except Exception`` on the way swallows it."""
-
-
-@contextlib.contextmanager
-def _time_limit(seconds: float | None):
-    """Raise :class:`PointTimeout` in this thread once ``seconds`` have passed.
-
-    A timer thread sets an asynchronous exception on the running thread (CPython's
-    ``PyThreadState_SetAsyncExc``), delivered at its next bytecode: the simulator's event
-    loop is Python, so it lands within microseconds.  Unlike SIGALRM this works in any
-    thread, so the same limit holds in a local worker process and in a Dask worker's task
-    thread.  The exception can only land before the timer is disarmed under the lock; one
-    set but not yet delivered then is cleared, so it never escapes into the caller."""
-    if not seconds:
-        yield
-        return
-    tid = ctypes.c_ulong(threading.get_ident())
-    lock = threading.Lock()
-    state = {"armed": True, "fired": False}
-
-    def fire():
-        with lock:
-            if state["armed"]:
-                state["fired"] = True
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(tid, ctypes.py_object(PointTimeout))
-
-    timer = threading.Timer(seconds, fire)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        with lock:
-            state["armed"] = False
-        timer.cancel()
-        if state["fired"]:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(tid, None)
+# A point past its limit is stopped by the engine's wall-clock limit (simulator.engine.limits:
+# checked in the event loop, and an asynchronous exception for the rest); the name is kept here
+# for callers of the sweep API.
+PointTimeout = TimeLimitExceeded
 
 
 def simulate_point(config: dict, timeout_s: float | None = None) -> dict:
@@ -352,7 +315,7 @@ def simulate_point(config: dict, timeout_s: float | None = None) -> dict:
     try:
         from ..engine import SimulationError, run
         try:
-            with _time_limit(timeout_s):
+            with time_limit(timeout_s):
                 res = run(config)
         except PointTimeout:
             return {"status": "timeout", "metrics": None, "wall_s": time.perf_counter() - t0,
