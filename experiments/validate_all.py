@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import re
 import sys
 import time
 from pathlib import Path
@@ -70,9 +71,16 @@ def ci_select(name: str):
 
 
 def run_set(name: str, out_dir: Path | None, *, limit: int | None = None, max_gpus: int | None = None,
-            subset: str | None = None, quiet: bool = False, workers: int = 1) -> list[dict]:
-    """Validate one set; write ``predictions_<name>.csv`` under ``out_dir`` (None: not written)."""
+            subset: str | None = None, quiet: bool = False, workers: int = 1,
+            match: str | None = None) -> list[dict]:
+    """Validate one set; write ``predictions_<name>.csv`` under ``out_dir`` (None: not written).
+    ``match``: a regular expression; only rows whose ``row_id`` or ``model`` it finds are run."""
     select = ci_select(name) if subset == "ci" else None
+    if match is not None:
+        pattern, inner = re.compile(match, re.IGNORECASE), select
+        select = lambda row: (bool(pattern.search(str(row.get("row_id", "")))   # noqa: E731
+                                   or pattern.search(str(row.get("model", ""))))
+                              and (inner is None or inner(row)))
     t0 = time.perf_counter()
 
     def progress(i, n, r):
@@ -95,12 +103,19 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="only the first N rows of each set")
     ap.add_argument("--max-gpus", type=int, default=None,
                     help="report rows on more GPUs as unsupported instead of simulating them")
+    ap.add_argument("--match", default=None, metavar="REGEX",
+                    help="only rows whose row_id or model matches (case-insensitive), e.g. 'nemotron|^31[0-9]$'")
     ap.add_argument("--subset", choices=("ci",), default=None, help="the CI regression test's deterministic subset")
     ap.add_argument("--out-dir", default=str(ROOT / "results" / "validation"), help="where CSVs and the plot go")
     ap.add_argument("--no-plot", action="store_true", help="skip scatter.png")
     ap.add_argument("--quiet", action="store_true", help="no per-row progress lines")
     ap.add_argument("--workers", type=int, default=1, help="rows simulated at once, one process each (default 1)")
     args = ap.parse_args(argv)
+    if args.match is not None:
+        try:
+            re.compile(args.match)
+        except re.error as e:
+            ap.error(f"--match {args.match!r}: not a regular expression ({e})")
 
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -108,7 +123,7 @@ def main(argv=None) -> int:
     results: list[dict] = []
     for name in names:
         results += run_set(name, out_dir, limit=args.limit, max_gpus=args.max_gpus, subset=args.subset,
-                           quiet=args.quiet, workers=args.workers)
+                           quiet=args.quiet, workers=args.workers, match=args.match)
     print()
     text = summary(results)
     print(text)
