@@ -18,6 +18,10 @@ legitimately).  What is checked:
   turns on it); a cell's compute ops of step ``k + 1`` start after its compute ops of step
   ``k`` end, and no compute op of step ``k`` ends after the step does; every blocking wait
   lies inside the run;
+* **bytes conserved**: on every link of the simulated network (the quotient links when
+  folded), the bytes its counters integrated from the flows' rates, plus what flows still
+  running have left, equal the bytes the started flows asked of it (size x weight x link
+  coefficient, summed over flows), to 1e-9 of the larger;
 * **network**: per physical link, bytes and busy time are finite and not negative; a link
   that carried bytes was busy; no link moved more than its capacity times its busy time
   (the max-min allocation never oversubscribes a link); no link was busy longer than the
@@ -38,6 +42,7 @@ import math
 
 import numpy as np
 
+from topologies.specs import TIERS
 from workloads.ops import Stream
 
 __all__ = ["InvariantError", "check_invariants", "check_same_run", "REL_TOL"]
@@ -64,6 +69,7 @@ def check_invariants(res) -> None:
     _check_breakdowns(res)
     _check_causality(res)
     _check_network(res)
+    _check_bytes_conserved(res)
 
 
 def _numbers(x, path=""):
@@ -238,3 +244,21 @@ def check_same_run(folded, unfolded) -> None:
         u, v = folded.scenario.cluster.link_nodes[i]
         _fail("folded == unfolded", f"link {u} -> {v} carried {x[i]!r} bytes folded, {y[i]!r} unfolded "
                                     f"({int(diff.sum())} links differ)")
+
+
+def _check_bytes_conserved(res) -> None:
+    net = res.network
+    if net is None:
+        return
+    carried, left, asked = net.byte_balance()
+    diff = np.abs(carried + left - asked)
+    bad = diff > REL_TOL * np.maximum(asked, carried) + 1e-6
+    if bad.any():
+        q = int(np.nonzero(bad)[0][0])
+        link_cell = res.folding.link_cell
+        i = q if link_cell is None else int(np.nonzero(np.asarray(link_cell) == q)[0][0])
+        u, v = res.scenario.cluster.link_nodes[i]
+        tier = TIERS[int(res.scenario.cluster.link_tier[i])]
+        _fail("bytes conserved", f"link {u} -> {v} (tier {tier}): carried {carried[q]:.9g} B + {left[q]:.9g} B "
+                                 f"still in flight, but the flows started on it asked for {asked[q]:.9g} B "
+                                 f"({int(bad.sum())} links differ)")

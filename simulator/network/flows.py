@@ -145,6 +145,9 @@ class FlowNetwork:
         self._occ = [0] * self.num_links        # live flows + reservations per link
         self._iso: dict[int, tuple] = {}        # isolated group id -> (template, start, event)
         self._templates: dict = {}
+        # every template started at least once, in first-start order, with its start count on
+        # it (Template.admitted): what the flows were asked to carry, for byte_balance()
+        self._admitted: dict = {}
         self._route_ids: dict = {}              # (links, coefs) bytes -> route id
         self._solved: dict = {}                 # live flow set -> (rates, loaded links, load): see _solve_rates
         self.isolate = isolate                  # False: every group goes through the solver (tests)
@@ -219,6 +222,9 @@ class FlowNetwork:
                 owner = self._iso_owner
                 for o in sorted({owner[i] for i in t.links if owner[i] in iso}):
                     self._materialize(o)
+        if items:
+            t.admitted += 1
+            self._admitted[t] = None
         count = 0
         for (links, coefs, size, weight, cap), rid in zip(items, t.rids):
             key = (rid, size, cap)
@@ -259,6 +265,33 @@ class FlowNetwork:
         self._flush_isolated()
         return self._link_busy_s
 
+    def byte_balance(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per link: (bytes carried so far, bytes still to carry for flows started and not
+        finished, bytes the started flows were asked to carry).  Bytes are conserved when the
+        first two add up to the third (to rounding): the links' counters integrate rates over
+        time, and the asked-for side is each started flow's size times its weight and link
+        coefficient, so a solver or accounting error shows up as a difference.  Brings the
+        counters up to now."""
+        self._advance()
+        now = self.env.now
+        carried = self.link_bytes.copy()
+        left = np.zeros(self.num_links)
+        act = self._act()
+        if act.size:
+            links, coefs = self._gather(act)
+            lens = self._len[act]
+            np.add.at(left, links, np.repeat(self._rem[act] * self._weight[act], lens) * coefs)
+        for t, t0, _ev in self._iso.values():       # isolated groups running or about to
+            t.expected_bytes()
+            done = t.per_s * max(now - t0, 0.0)
+            carried[t.uniq] += done
+            left[t.uniq] += t.expected - done
+        asked = np.zeros(self.num_links)
+        for t in self._admitted:
+            if t.admitted:
+                asked[t.uniq] += t.admitted * t.expected_bytes()
+        return carried, left, asked
+
     def _flush_isolated(self) -> None:
         for t in self._done_templates:
             self._link_bytes[t.uniq] += t.total_bytes * t.done_runs
@@ -285,6 +318,8 @@ class FlowNetwork:
             owner[i] = gid
         self._iso[gid] = (t, start, ev)
         self.num_flows += len(t.items)
+        t.admitted += 1
+        self._admitted[t] = None
         self.env.timeout(start - self.env.now + t.duration).callbacks.append(
             lambda _e, g=gid: self._finish_isolated(g))
         return True
@@ -315,6 +350,7 @@ class FlowNetwork:
         self._release(t)
         if now < t0:
             self.num_flows -= len(t.items)          # counted again when they start
+            t.admitted -= 1
             self.env.timeout(t0 - now).callbacks.append(lambda _e: self._admit(gid, t, ev))
             return
         el = now - t0
@@ -611,7 +647,7 @@ class _Template:
     bytes it puts there (cached: rates depend only on routes and capacities)."""
 
     __slots__ = ("items", "rids", "uniq", "links", "rate", "isolatable", "duration", "per_s", "total_bytes",
-                 "done_runs", "done_busy_s")
+                 "done_runs", "done_busy_s", "admitted", "expected")
 
     def __init__(self, flows):
         items = []
@@ -631,6 +667,18 @@ class _Template:
         self.per_s = self.total_bytes = None
         self.done_runs = 0
         self.done_busy_s = 0.0
+        self.admitted = 0                           # times started on a network
+        self.expected = None
+
+    def expected_bytes(self) -> np.ndarray:
+        """Per distinct link (``uniq``), the bytes one run of the group puts there:
+        sum of size x weight x coefficient over its flows (cached)."""
+        if self.expected is None:
+            out = np.zeros(self.uniq.size)
+            for links, coefs, size, weight, _cap in self.items:
+                np.add.at(out, np.searchsorted(self.uniq, links), size * weight * coefs)
+            self.expected = out
+        return self.expected
 
     def solve_alone(self, capacity: np.ndarray) -> None:
         items = self.items

@@ -103,6 +103,24 @@ def test_a_link_over_capacity_is_caught(small):
         check_invariants(_broken(small, network=Net()))
 
 
+def test_bytes_lost_on_a_link_are_caught(small):
+    """A link whose counters carried less than its flows asked for (an accounting or solver
+    defect: here half its bytes dropped) breaks conservation, though no capacity is exceeded."""
+    net = small.network
+
+    class Net:
+        capacity, link_busy_s, link_bytes = net.capacity, net.link_busy_s, net.link_bytes
+
+        def byte_balance(self):
+            carried, left, asked = net.byte_balance()
+            carried = carried.copy()
+            carried[int(np.argmax(carried))] *= 0.5
+            return carried, left, asked
+
+    with pytest.raises(InvariantError, match=r"bytes conserved.*link .* \(tier \w+\)"):
+        check_invariants(_broken(small, network=Net()))
+
+
 def test_folded_and_unfolded_must_agree(small):
     other = run({**CASES["tp-pp-dp"], "num_steps": 2, "parallel": {**CASES["tp-pp-dp"]["parallel"],
                                                                     "global_batch_size": 16}})

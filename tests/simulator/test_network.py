@@ -59,6 +59,30 @@ def test_every_byte_is_delivered_and_no_link_exceeds_capacity():
     assert np.all(net.link_bytes[busy] / net.link_busy_s[busy] <= cap[busy] * (1 + 1e-9))
 
 
+def test_byte_balance_mid_flight_and_at_the_end():
+    """byte_balance(): carried + still to carry = asked, per link, at any instant.  Link 0
+    (10 B/s) is shared by a (10 B) and b (20 B, also on link 1); link 2 has an isolated flow
+    c (30 B at 10 B/s) to itself.  At t = 1: a and b ran at 5 B/s, c at 10 B/s."""
+    env = simpy.Environment()
+    net = FlowNetwork(env, np.array([10.0, 10.0, 10.0]))
+    net.transfer(np.array([0]), 10.0)
+    net.transfer(np.array([0, 1]), 20.0)
+    net.transfer_group([(np.array([2]), None, 30.0, 1.0, np.inf)], key="c")
+    env.run(until=1.0)
+    carried, left, asked = net.byte_balance()
+    np.testing.assert_allclose(carried, [10.0, 5.0, 10.0])
+    np.testing.assert_allclose(left, [20.0, 15.0, 20.0])
+    np.testing.assert_allclose(asked, [30.0, 20.0, 30.0])
+    env.run()
+    carried, left, asked = net.byte_balance()
+    np.testing.assert_allclose(left, 0.0, atol=1e-9)
+    np.testing.assert_allclose(carried, asked, rtol=1e-12)
+    # a group started again counts again: same key, one more run of c
+    net.transfer_group([(np.array([2]), None, 30.0, 1.0, np.inf)], key="c")
+    env.run()
+    np.testing.assert_allclose(net.byte_balance()[2], [30.0, 20.0, 60.0])
+
+
 def test_rates_are_solved_once_per_instant():
     env = simpy.Environment()
     net = FlowNetwork(env, np.array([100.0]))
