@@ -17,7 +17,9 @@ legitimately).  What is checked:
   compute ops do not overlap one another (one compute stream per GPU: F&B pairs take
   turns on it); a cell's compute ops of step ``k + 1`` start after its compute ops of step
   ``k`` end, and no compute op of step ``k`` ends after the step does; every blocking wait
-  lies inside the run;
+  lies inside the run; no compute op runs while its cell's compute stream waits; a wait on
+  an input (a collective, a p2p receive) ends exactly when one of the cell's communication
+  ops ends, so the op that waited starts no earlier than its input arrived;
 * **bytes conserved**: on every link of the simulated network (the quotient links when
   folded), the bytes its counters integrated from the flows' rates, plus what flows still
   running have left, equal the bytes the started flows asked of it (size x weight x link
@@ -181,6 +183,53 @@ def _check_causality(res) -> None:
         for a, b, axis in ws:
             if not (0 <= a <= b <= t_end + eps):
                 _fail("causality", f"cell {cid} waits on {axis} over [{a!r}, {b!r}], outside the run [0, {t_end!r}]")
+    _check_waits(res, comp, tl[tl["stream"] != Stream.COMPUTE], eps)
+
+
+#: Waits that end when an input arrives on the waiting cell's own communication streams
+#: (a collective or a p2p receive it takes part in).  A ``bubble`` wait ends at a peer's send
+#: and a ``host_issue`` wait at the host's launch, neither of which is a row of this cell.
+_INPUT_AXES = ("tp", "cp", "ep", "dp", "pp")
+
+
+def _check_waits(res, comp, comm, eps) -> None:
+    """Causality against inputs: while a cell's compute stream waits (an input, the host's
+    issue, a pipeline bubble), no compute op of that cell runs; and a wait on an input ends
+    exactly when one of the cell's communication ops ends (the op that waited then starts no
+    earlier than its input arrived)."""
+    comp_by_cell = {cid: rows for cid, rows in comp.groupby("cell", sort=True)}
+    comm_ends = {cid: np.sort(rows["end_s"].to_numpy(dtype=float)) for cid, rows in comm.groupby("cell", sort=True)}
+    for cid, ws in res.waits.items():
+        if not ws:
+            continue
+        a = np.array([w[0] for w in ws], dtype=float)
+        b = np.array([w[1] for w in ws], dtype=float)
+        axis = np.array([w[2] for w in ws], dtype=object)
+        rows = comp_by_cell.get(cid)
+        if rows is not None:
+            order = np.argsort(rows["start_s"].to_numpy(), kind="stable")
+            s = rows["start_s"].to_numpy(dtype=float)[order]
+            e = rows["end_s"].to_numpy(dtype=float)[order]
+            # compute ops serialise (checked above), so only the last one starting before a
+            # wait ends can run inside it
+            k = np.searchsorted(s, b - eps) - 1
+            hit = (k >= 0) & (e[np.maximum(k, 0)] > a + eps) & (b - a > 2 * eps)
+            if hit.any():
+                j = int(np.nonzero(hit)[0][0])
+                op = rows.iloc[order[k[j]]]
+                _fail("causality", f"cell {cid}: {op['name']} (step {op['step']}) runs [{op['start_s']!r}, "
+                                   f"{op['end_s']!r}] while the compute stream waits on {axis[j]} over "
+                                   f"[{a[j]!r}, {b[j]!r}]")
+        inp = np.isin(axis, _INPUT_AXES)
+        if inp.any():
+            ends = comm_ends.get(cid, np.empty(0))
+            bi = b[inp]
+            i = np.minimum(np.searchsorted(ends, bi - eps), max(ends.size - 1, 0))
+            ok = (ends.size > 0) & (np.abs(ends[i] - bi) <= eps) if ends.size else np.zeros(bi.size, dtype=bool)
+            if not ok.all():
+                j = int(np.nonzero(~ok)[0][0])
+                _fail("causality", f"cell {cid}: a wait on {axis[inp][j]} ends at {bi[j]!r}, when none of the "
+                                   f"cell's communication ops ends: the compute stream resumed without its input")
 
 
 def _check_network(res) -> None:

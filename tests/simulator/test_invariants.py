@@ -86,6 +86,28 @@ def test_overlapping_compute_is_caught(small):
         check_invariants(_broken(small, timeline=tl))
 
 
+def test_compute_during_a_wait_is_caught(small):
+    """A compute op moved into an interval where its cell's compute stream waits."""
+    cid, (a, b, axis) = next((c, w) for c, ws in small.waits.items() for w in ws if w[1] - w[0] > 0)
+    tl = small.timeline.copy()
+    later = tl.index[(tl["stream"] == "compute") & (tl["cell"] == cid) & (tl["start_s"] >= b)]
+    i = later[tl.loc[later, "start_s"].argmin()]
+    tl.loc[i, "start_s"] = (a + b) / 2                    # starts before the wait is over
+    with pytest.raises(InvariantError, match=f"causality.*while the compute stream waits on {axis}"):
+        check_invariants(_broken(small, timeline=tl))
+
+
+def test_a_wait_that_ends_before_its_input_is_caught(small):
+    """A wait on a collective that ends when none of the cell's communication ops does: the
+    op after it would start before its input arrived."""
+    cid, j = next((c, j) for c, ws in small.waits.items() for j, w in enumerate(ws) if w[2] == "tp" and w[1] > w[0])
+    waits = {c: list(ws) for c, ws in small.waits.items()}
+    a, b, axis = waits[cid][j]
+    waits[cid][j] = (a, a + (b - a) / 2, axis)
+    with pytest.raises(InvariantError, match="resumed without its input"):
+        check_invariants(_broken(small, waits=waits))
+
+
 def test_a_breakdown_that_misses_time_is_caught(small):
     bd = dict(small.metrics["breakdown_s"])
     bd["compute"] *= 0.5
