@@ -649,7 +649,7 @@ def execute(text: str, unfold: bool, workdir: str) -> dict:
     stdout, stderr, wall time, and any traceback or broken invariant."""
     import simulator.engine as engine
     from simulator.cli import main
-    from simulator.engine.invariants import check_invariants, check_same_run
+    from simulator.engine.invariants import check_estimate, check_invariants, check_same_run
 
     path = Path(workdir) / "draw.yaml"
     path.write_text(text)
@@ -681,6 +681,7 @@ def execute(text: str, unfold: bool, workdir: str) -> dict:
     if rc == 0 and res is not None:
         try:
             check_invariants(res)
+            check_estimate(res)
             json_numbers = json.loads(out.getvalue())
             bad = [k for k, v in _flat(json_numbers) if isinstance(v, float) and not math.isfinite(v)]
             if bad:

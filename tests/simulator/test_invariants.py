@@ -8,7 +8,8 @@ import pytest
 
 from simulator import run
 from topologies import ConfigError
-from simulator.engine.invariants import InvariantError, check_invariants, check_same_run
+from simulator.engine import invariants
+from simulator.engine.invariants import InvariantError, check_estimate, check_invariants, check_same_run
 
 H100 = {"preset": "dgx-h100", "num_nodes": 1}
 
@@ -141,6 +142,34 @@ def test_bytes_lost_on_a_link_are_caught(small):
 
     with pytest.raises(InvariantError, match=r"bytes conserved.*link .* \(tier \w+\)"):
         check_invariants(_broken(small, network=Net()))
+
+
+ONE_HOST_PP = {"model": {"preset": "llama3-8b", "num_layers": 8},
+               "cluster": {"preset": "dgx-h100", "num_nodes": 1, "gpus_per_host": 8, "nics_per_host": 8},
+               "parallel": {"tp": 2, "pp": 4, "dp": 1, "global_batch_size": 8, "seq_len": 2048}, "num_steps": 1}
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "interleaved_1f1b"])
+def test_the_estimate_is_within_its_tolerance_where_it_applies(schedule):
+    sc = copy.deepcopy(ONE_HOST_PP)
+    sc["parallel"].update(schedule=schedule, vpp=2 if schedule == "interleaved_1f1b" else 1)
+    rel = check_estimate(run(sc))
+    assert rel is not None and abs(rel) <= invariants.ESTIMATE_TOL
+
+
+def test_the_estimate_check_skips_what_the_estimator_leaves_out(small):
+    assert check_estimate(small) is None                   # dp = 2: gradient buckets beside compute
+    sc = copy.deepcopy(ONE_HOST_PP)
+    sc["overlap"] = {"p2p": True}
+    assert check_estimate(run(sc)) is None
+
+
+def test_an_estimate_outside_the_tolerance_is_caught(monkeypatch):
+    res = run(ONE_HOST_PP)
+    rel = check_estimate(res)
+    monkeypatch.setattr(invariants, "ESTIMATE_TOL", abs(rel) / 2)
+    with pytest.raises(InvariantError, match="estimate within tolerance"):
+        check_estimate(res)
 
 
 def test_folded_and_unfolded_must_agree(small):
