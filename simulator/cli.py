@@ -390,7 +390,8 @@ def _search(args) -> int:
     spec = SearchSpec.from_dict(raw)
     store = Store(args.db) if args.db else None
     with make_executor(args.dask, args.workers) as ex:
-        out = search(spec, executor=ex, store=store, progress=not args.no_progress and not args.json)
+        out = search(spec, executor=ex, store=store, progress=not args.no_progress and not args.json,
+                     timeout_s=args.point_timeout)
     table, counts, timing = out["table"], out["counts"], out["timing"]
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -418,7 +419,8 @@ def _search(args) -> int:
           f"{'zero':>4} {'mem GB':>7} {'est s':>8} {'sim s':>8} {'MFU':>6}  exposed comm")
     for i, (_, r) in enumerate(ok.iterrows(), 1):
         sched = r["schedule"] + (f" vpp{r['vpp']}" if r["vpp"] > 1 else "")
-        sim = "" if math.isnan(r["sim_step_s"]) else f"{r['sim_step_s']:8.3f}"
+        sim = f"{r['sim_step_s']:8.3f}" if not math.isnan(r["sim_step_s"]) else \
+            (r["sim_status"] if r["sim_status"] in ("timeout", "error") else "")
         mfu = "" if math.isnan(r["sim_mfu"]) else f"{r['sim_mfu']:6.1%}"
         exp = r["exposed_comm_s"] if isinstance(r["exposed_comm_s"], dict) else {}
         exp_s = " ".join(f"{k} {v:.2f}s" for k, v in sorted(exp.items()) if v > 0.005)
@@ -659,6 +661,8 @@ def _add_explore(sub) -> None:
     p.add_argument("--db", metavar="SQLITE", help="database of simulated candidates (resumable)")
     p.add_argument("--out", metavar="CSV", help="write every candidate (status, reason, memory, estimate, simulation)")
     p.add_argument("--plot", metavar="PNG", help="step time vs memory, coloured by tp x pp, Pareto set marked")
+    p.add_argument("--point-timeout", type=float, default=None, metavar="SECONDS",
+                   help="stop a candidate's simulation that runs longer; it keeps its estimate, marked 'timeout'")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -320,14 +320,20 @@ def pareto_mask(df: pd.DataFrame, x: str, y: str) -> pd.Series:
     return keep
 
 
-def search(spec: SearchSpec, *, executor=None, store=None, progress: bool = True) -> dict:
+def search(spec: SearchSpec, *, executor=None, store=None, progress: bool = True,
+           timeout_s: float | None = None) -> dict:
     """The whole search: candidates, screening, simulation of the best ``spec.simulate``.
+
+    ``timeout_s``: the per-candidate limit on its simulation; a candidate past it keeps its
+    estimate and gets ``sim_status`` ``timeout`` (the search goes on with the others).
 
     Returns ``{"table": DataFrame (every candidate, simulated ones ranked first by
     simulated step time, then the rest by estimate), "counts": {...}, "timing": {...},
     "cluster": the spec's Cluster}``.
     """
     from .sweep import LocalExecutor, Store, config_hash, run_points
+    if timeout_s is not None and not timeout_s > 0:         # refused before any work
+        raise ConfigError("--point-timeout", timeout_s, "must be a number of seconds > 0")
     t0 = time.perf_counter()
     cluster = _build_cluster(spec)
     model = load_model(spec.model)
@@ -350,7 +356,7 @@ def search(spec: SearchSpec, *, executor=None, store=None, progress: bool = True
             store = Store(tempfile.mkdtemp(prefix="clustersim-search-") + "/search.sqlite")
         ex = executor or LocalExecutor()
         try:
-            run_points(configs, store, ex, progress=progress, desc="simulate")
+            run_points(configs, store, ex, progress=progress, desc="simulate", timeout_s=timeout_s)
         finally:
             if executor is None:
                 ex.close()

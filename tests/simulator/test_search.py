@@ -2,9 +2,11 @@
 
 import json
 import math
+import time
 
 import numpy as np
 import pytest
+import yaml
 
 from simulator.cli import main
 from simulator.engine import run
@@ -251,3 +253,29 @@ def test_cp_may_cross_nvlink_domains_only_with_ring_attention():
     for kind in ("all_gather", "a2a"):
         rule = placement_violation(par(kind), 8)
         assert rule and f"cp_comm_type '{kind}'" in rule and "cp_across_nvlink_domains" in rule
+
+
+def test_a_candidate_past_the_point_timeout_keeps_its_estimate(tmp_path, capsys):
+    """``--point-timeout`` stops a candidate's simulation; it stays in the table with its
+    estimate, marked ``timeout``, and the search finishes.  A limit that is not positive is
+    refused before any candidate is enumerated."""
+    spec = SearchSpec.from_dict({"model": "llama3-70b", "cluster": CASE, "global_batch_size": 128, "seq_len": 4096,
+                                 "fixed": {"tp": 8, "pp": 4, "recompute": "full", "zero_stage": 1},
+                                 "simulate": 1})
+    t0 = time.perf_counter()
+    out = search(spec, executor=LocalExecutor(1), progress=False, timeout_s=0.05)
+    assert time.perf_counter() - t0 < 30
+    sim = out["table"][out["table"]["sim_status"] != ""]
+    assert len(sim) == 1 and sim["sim_status"].iloc[0] == "timeout"
+    assert np.isnan(sim["sim_step_s"].iloc[0]) and sim["est_step_s"].iloc[0] > 0
+    assert "0.05 s" in sim["reason"].iloc[0]
+    with pytest.raises(ConfigError, match="--point-timeout"):
+        search(spec, progress=False, timeout_s=0)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"model": "llama3-70b", "cluster": CASE, "global_batch_size": 128,
+                                    "seq_len": 4096, "simulate": 1,
+                                    "fixed": {"tp": 8, "pp": 4, "recompute": "full", "zero_stage": 1}}))
+    assert main(["search", str(path), "--workers", "1", "--no-progress", "--point-timeout", "0.05",
+                 "--top", "1"]) == 0
+    assert "timeout" in capsys.readouterr().out.splitlines()[-1]
+    assert main(["search", str(path), "--point-timeout", "-1"]) == 2
