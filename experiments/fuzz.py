@@ -649,7 +649,8 @@ def execute(text: str, unfold: bool, workdir: str) -> dict:
     stdout, stderr, wall time, and any traceback or broken invariant."""
     import simulator.engine as engine
     from simulator.cli import main
-    from simulator.engine.invariants import check_estimate, check_invariants, check_same_run
+    from simulator.engine.invariants import (InvariantError, check_estimate, check_invariants, check_same_run,
+                                             rounding_spread)
 
     path = Path(workdir) / "draw.yaml"
     path.write_text(text)
@@ -689,7 +690,15 @@ def execute(text: str, unfold: bool, workdir: str) -> dict:
             if unfold:
                 ref = real_run(res.scenario, fold=False)
                 check_invariants(ref)
-                check_same_run(res, ref)
+                try:
+                    check_same_run(res, ref)
+                except InvariantError:
+                    # folded and unfolded differ in the last bits; most runs forget it, but a
+                    # run whose collectives meet in near ties takes one order or the other:
+                    # hold folding to the run's own rounding spread (docs/reliability.md)
+                    spread = rounding_spread(res.scenario, ref)
+                    check_same_run(res, ref, spread_s=spread)
+                    outcome["rounding_spread_s"] = spread
         except AssertionError as e:
             outcome["invariant"] = str(e)
         except BaseException:       # noqa: BLE001
@@ -846,6 +855,9 @@ class Tally:
     timeouts: list = field(default_factory=list)
     known: list = field(default_factory=list)
     walls: list = field(default_factory=list)
+    rounding: list = field(default_factory=list)
+    """Draws that ran but whose folded and unfolded runs differed by more than 1e-9: held to
+    their own rounding spread (simulator.engine.invariants.rounding_spread) instead."""
 
     def add(self, d: Draw, outcome: str, reason: str, wall: float) -> None:
         self.counts[outcome] += 1
@@ -876,6 +888,8 @@ def fuzz(seed: int, draws: int, workers: int = 1, timeout_s: float = DEFAULT_TIM
                 else:
                     (outcome, reason), wall = classify(d, o), o["wall_s"]
                 tally.add(d, outcome, reason, wall)
+                if o is not None and o.get("rounding_spread_s") and outcome == "ran":
+                    tally.rounding.append({"draw": f"{d.seed}:{d.index}", "spread_s": o["rounding_spread_s"]})
                 if log is not None:
                     log.write(json.dumps({"draw": d.index, "family": d.family, "outcome": outcome,
                                           "wall_s": round(wall, 4), "reason": reason}) + "\n")
@@ -934,10 +948,12 @@ def main(argv=None) -> int:
                "draw_wall_s": {"median": walls[len(walls) // 2] if walls else None,
                                "p99": walls[int(len(walls) * 0.99)] if walls else None,
                                "max": walls[-1] if walls else None},
-               "failures": tally.failures, "timeouts": tally.timeouts, "known": tally.known}
+               "failures": tally.failures, "timeouts": tally.timeouts, "known": tally.known,
+               "rounding_sensitive": tally.rounding}
     out.write_text(json.dumps(summary, indent=1))
     print(f"seed {args.seed}, {args.draws} draws: " + ", ".join(f"{k} {v}" for k, v in tally.counts.items())
-          + f" (timeout limit {args.timeout:g} s); summary {out}")
+          + f" (timeout limit {args.timeout:g} s); {len(tally.rounding)} ran held to their rounding spread; "
+          f"summary {out}")
     return 1 if tally.failures else 0
 
 

@@ -54,7 +54,8 @@ import numpy as np
 from topologies.specs import TIERS
 from workloads.ops import Stream
 
-__all__ = ["InvariantError", "check_invariants", "check_same_run", "check_estimate", "estimate_applies",
+__all__ = ["InvariantError", "check_invariants", "check_same_run", "rounding_spread", "check_estimate",
+           "estimate_applies",
            "REL_TOL", "ESTIMATE_TOL"]
 
 #: Relative tolerance of sums of floating-point intervals (the breakdown, the step bounds).
@@ -287,13 +288,16 @@ def _check_network(res) -> None:
             _fail("link capacity", f"tier {tier}: utilisation {u!r} in the reported step")
 
 
-def check_same_run(folded, unfolded) -> None:
-    """A folded run against its unfolded reference: the same step bounds (to 1e-9) and the
-    same bytes on every physical link (so on every tier)."""
+def check_same_run(folded, unfolded, spread_s: float = 0.0) -> None:
+    """A folded run against its unfolded reference: the same step bounds (to 1e-9, or to
+    three times ``spread_s``, the run's own sensitivity to rounding: :func:`rounding_spread`)
+    and the same bytes on every physical link (so on every tier: a flow's bytes do not
+    depend on when it runs, so this part is exact whatever the spread)."""
     a, b = folded.step_bounds, unfolded.step_bounds
     for k, ((a0, a1), (b0, b1)) in enumerate(zip(a, b)):
-        if abs(a1 - b1) > REL_TOL * max(abs(b1), 1e-30):
-            _fail("folded == unfolded", f"step {k} ends at {a1!r} folded, {b1!r} unfolded")
+        if abs(a1 - b1) > max(REL_TOL * max(abs(b1), 1e-30), 3.0 * spread_s):
+            more = f" (more than 3x the run's rounding spread, {spread_s:.3g} s)" if spread_s else ""
+            _fail("folded == unfolded", f"step {k} ends at {a1!r} folded, {b1!r} unfolded{more}")
     fa, fb = folded.network, unfolded.network
     if fa is None or fb is None:
         return
@@ -359,3 +363,30 @@ def check_estimate(res) -> float | None:
         _fail("estimate within tolerance", f"estimate {est:.6g} s against the engine's {eng:.6g} s "
                                            f"({rel:+.1%}; tolerance {ESTIMATE_TOL:.0%})")
     return rel
+
+
+#: The relative change of one rank's compute that stands for rounding in :func:`rounding_spread`.
+ROUNDING_NUDGE = 1e-15
+
+
+def rounding_spread(scenario, ref=None, ranks=None) -> float:
+    """How far the unfolded run's step ends move (seconds, the largest over steps and
+    nudges) when one rank's compute is nudged by :data:`ROUNDING_NUDGE` (about one ulp), for
+    the first, a middle and the last rank (or ``ranks``); ``ref``: the unfolded run, if at hand.
+
+    Folding is exact in exact arithmetic, but a folded run sums link loads in another order
+    than the unfolded one, so their event times differ in the last bits.  Most runs forget
+    that; a run where near-simultaneous collectives meet on one stream (a permuted placement
+    with jitter or thermal throttling, say) takes one order or the other, and its step moves
+    by far more than the rounding (0.4 % from a 1e-15 nudge in one fuzz draw).  That spread
+    is the run's own, not folding's: :func:`check_same_run` is held to it."""
+    from .simulate import run
+    ref = run(scenario, fold=False) if ref is None else ref
+    world = ref.program.grid.world_size if ranks is None else None
+    ranks = ranks if ranks is not None else sorted({0, world // 2, world - 1})
+    ends = np.array([e for _, e in ref.step_bounds])
+    spread = 0.0
+    for r in ranks:
+        nudged = run(scenario, fold=False, compute_scale={int(r): 1.0 + ROUNDING_NUDGE})
+        spread = max(spread, float(np.max(np.abs(np.array([e for _, e in nudged.step_bounds]) - ends))))
+    return spread
