@@ -83,7 +83,7 @@ __all__ = ["Op", "RankClass", "Program", "build_program"]
 _ATTN_OPS = {"attn_norm", "qkv_proj", "q_down_proj", "kv_down_proj", "q_norm", "kv_norm", "q_up_proj", "kv_up_proj",
              "q_proj", "rope", "core_attn", "out_proj", "attn_residual", "qk_norm",
              # a Mamba layer's mixer stands where attention does (one segment between TP collectives)
-             "mamba_norm", "in_proj", "conv1d", "ssd_scan", "gated_norm", "mamba_out_proj", "mamba_residual"}
+             "mamba_norm", "in_proj", "mamba_layout", "conv1d", "ssd_scan", "gated_norm", "mamba_out_proj", "mamba_residual"}
 _PRE_EXPERT = {"mlp_norm", "router", "router_topk", "moe_permute", "latent_down_proj"}
 _POST_EXPERT = {"moe_unpermute", "mlp_residual", "latent_up_proj"}
 _ATTN_POST = {"out_proj", "attn_residual"}

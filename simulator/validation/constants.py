@@ -331,6 +331,11 @@ REGISTRY: tuple[Constant, ...] = (
              "chosen a little below the 90-92 % a STREAM copy reaches on H100",
              "time of every memory-bound op (norms, activations, casts, optimizer)",
              bound=(f"{_C}MemoryModel.efficiency",)),
+    Constant(f"{_C}KERNEL_HBM_FRACTION", "SSD scan F 0.492 / B 0.485, Mamba grouped RMSNorm 0.816 / 0.206",
+             "microbenchmark",
+             "experiments/microbench/mamba_bench.py on one H200 (mamba_ssm's Triton kernels at the Nemotron 3 "
+             "shapes); the same fractions on other GPUs assumed",
+             "time of a Mamba-2 layer's scan and gated norm"),
     Constant(f"{_F}ACT_BYTES", "2", "framework source", "Megatron --bf16: BF16 activations between kernels",
              "bytes of element-wise ops"),
     Constant(f"{_F}_ADAM_BYTES_PER_PARAM", "30", "framework source",

@@ -4,6 +4,7 @@ recipe validation, measured per-op times."""
 import dataclasses
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -360,7 +361,6 @@ def test_sub_models_are_replaceable():
 # -- host issue time ----------------------------------------------------------------------------
 def _bench_module():
     import importlib.util
-    from pathlib import Path
     path = Path(__file__).resolve().parents[2] / "experiments" / "microbench" / "compare_gpu_bench.py"
     spec = importlib.util.spec_from_file_location("compare_gpu_bench", path)
     mod = importlib.util.module_from_spec(spec)
@@ -398,20 +398,59 @@ def test_the_eager_host_costs_are_the_measured_ones():
 # -- hybrid Mamba-2 layers ----------------------------------------------------------------------
 def test_mamba_scan_conv_and_gated_norm_are_timed_by_their_bytes():
     # the conv1d, the chunked SSD scan and the gated norm are memory-bound kernels: bytes over
-    # HBM at the element-wise efficiency plus their launches; in_proj / out_proj are GEMMs
+    # HBM plus their launches -- the scan and the norm at the fractions of HBM their kernels
+    # reached on an H200 (KERNEL_HBM_FRACTION), the conv at the element-wise efficiency;
+    # in_proj / out_proj are GEMMs
+    from workloads.costs.compute import KERNEL_HBM_FRACTION
     from workloads.costs.flops import mamba_scan_bytes
     m = load_model("nemotron3-nano")
     par = ParallelConfig(tp=1, ep=8, micro_batch_size=1, seq_len=8192, recompute="none")
     ops = {(o.name, o.phase): o for o in layer_ops(m, par, 0)}
     model = RooflineComputeModel(H100)
-    scan = ops["ssd_scan", "F"]
-    f_bytes, _ = mamba_scan_bytes(8192, 4096, 64, 8, 128, 128)
-    assert model.op_time_s(scan) == pytest.approx(
-        f_bytes / (3.35e12 * HBM_EFFICIENCY) + scan.num_kernels * LAUNCH_OVERHEAD_S[False])
+    f_bytes, b_bytes = mamba_scan_bytes(8192, 4096, 64, 8, 128, 128)
+    for ph, nb in (("F", f_bytes), ("B", b_bytes)):
+        scan = ops["ssd_scan", ph]
+        assert model.op_time_s(scan) == pytest.approx(
+            nb / (3.35e12 * KERNEL_HBM_FRACTION["ssd_scan"][ph]) + scan.num_kernels * LAUNCH_OVERHEAD_S[False])
+    # a recomputed scan forward runs at the forward's fraction
+    rec = [o for o in layer_ops(m, dataclasses.replace(par, recompute="full"), 0) if o.recompute and o.name == "ssd_scan"]
+    assert model.op_time_s(rec[0]) == pytest.approx(model.op_time_s(ops["ssd_scan", "F"]))
     conv = ops["conv1d", "F"]
     assert model.op_time_s(conv) == pytest.approx(
         2 * 2 * 8192 * (4096 + 2 * 8 * 128) / (3.35e12 * HBM_EFFICIENCY) + LAUNCH_OVERHEAD_S[False])
     assert ops["in_proj", "F"].op_class == ops["mamba_out_proj", "F"].op_class == "gemm"
+
+
+_MAMBA_BENCH = Path(__file__).resolve().parents[2] / "experiments" / "microbench" / "data"
+_MAMBA_SHAPES = {"nano_tp1_mbs2": ("nemotron3-nano", dict(tp=1, micro_batch_size=2)),
+                 "super_tp2_mbs1": ("nemotron3-super", dict(tp=2, micro_batch_size=1, sequence_parallel=True)),
+                 "super_tp1_mbs1": ("nemotron3-super", dict(tp=1, micro_batch_size=1))}
+
+
+@pytest.mark.parametrize("shape", sorted(_MAMBA_SHAPES))
+def test_mamba_layer_reproduces_the_h200_measurement(shape):
+    """The Mamba-2 mixer of the Nemotron 3 rows (per-rank shapes, sequence 8192, BF16) on one
+    H200 (experiments/microbench/mamba_bench.py): the SSD scan's CUDA-graphed forward and
+    forward + backward within 8 %, the grouped RMSNorm's kernels within 5 %, and in_proj +
+    scan + norm + out_proj, forward and backward, within 6 % (measured 8.9 / 5.5 / 11.2 ms;
+    the conv1d was measured only through a PyTorch stand-in and is left out)."""
+    import json
+    p1 = json.loads((_MAMBA_BENCH / "h200_mamba.json").read_text())["shapes"][shape]
+    p2 = json.loads((_MAMBA_BENCH / "h200_mamba_part2.json").read_text())["shapes"][shape]
+    preset, kw = _MAMBA_SHAPES[shape]
+    ops = layer_ops(load_model(preset), ParallelConfig(seq_len=8192, recompute="none", **kw), 0)
+    model = RooflineComputeModel("H200", "bf16", cuda_graphs=True)
+
+    def t(name, phase=None):
+        return sum(model.op_time_s(o) for o in ops if o.name == name and phase in (None, o.phase))
+    g = p2["graph"]
+    norm = sum(row[2] for row in p2["kern"]["norm_fb"]) * 1e-6
+    assert t("ssd_scan", "F") == pytest.approx(g["scan_f"], rel=0.08)
+    assert t("ssd_scan") == pytest.approx(g["scan_fb"], rel=0.08)
+    assert t("gated_norm") == pytest.approx(norm, rel=0.05)
+    layer = t("in_proj") + t("ssd_scan") + t("gated_norm") + t("mamba_out_proj")
+    measured = p1["t"]["in_proj_fb"] + g["scan_fb"] + norm + p1["t"]["out_proj_fb"]
+    assert layer == pytest.approx(measured, rel=0.06)
 
 
 def test_attention_at_head_dim_64_runs_at_the_fa3_papers_ratio():

@@ -451,7 +451,7 @@ def test_unfused_attention_runs_full_scores_and_moves_them_through_hbm():
 
 
 # -- hybrid Mamba-2 stacks (Nemotron 3) ---------------------------------------------------------
-from workloads.costs.flops import mamba_scan_bytes  # noqa: E402
+from workloads.costs.flops import MAMBA_SCAN_LAUNCHES, mamba_scan_bytes, mamba_scan_kernels  # noqa: E402
 from workloads.model import ModelSpec  # noqa: E402
 
 
@@ -498,21 +498,38 @@ def test_mamba_layer_ops_shapes_and_bytes():
     assert (ops["in_proj", "F"].m, ops["in_proj", "F"].n, ops["in_proj", "F"].k) == (T, width // tp, 64)
     assert ops["mamba_out_proj", "F"].flops == 2 * T * 64 * 32
     conv = 2 * T * (32 + 2 * 1 * 8)                           # x, B, C of this rank, BF16
-    assert ops["conv1d", "F"].mem_bytes == 2 * conv and ops["conv1d", "B"].mem_bytes == 3 * conv
+    # the backward runs the conv forward again (mamba_ssm's fused function keeps only zxBCdt)
+    assert ops["conv1d", "F"].mem_bytes == 2 * conv and ops["conv1d", "B"].mem_bytes == 5 * conv
     f, b = mamba_scan_bytes(T, 32, 2, 1, 8, 128)
     assert ops["ssd_scan", "F"].mem_bytes == f and ops["ssd_scan", "B"].mem_bytes == b
+    assert (ops["ssd_scan", "F"].num_kernels, ops["ssd_scan", "B"].num_kernels) == MAMBA_SCAN_LAUNCHES == (5, 38)
     assert ops["ssd_scan", "F"].op_class == "elementwise" and ops["ssd_scan", "F"].flops == 0
-    assert ops["gated_norm", "F"].mem_bytes == 3 * 2 * T * 32
+    # the grouped RMSNorm runs without z (the gate is applied inside the scan): y in, out out
+    assert ops["gated_norm", "F"].mem_bytes == 2 * 2 * T * 32 and ops["gated_norm", "B"].mem_bytes == 3 * 2 * T * 32
     assert {n for n, _ in ops} >= {"mamba_norm", "mamba_residual"}
+    assert ("mamba_layout", "F") not in ops                   # micro-batch 1: the rearranges are views
+
+
+def test_mamba_layout_copies_at_micro_batch_above_one():
+    # Megatron-Core's rearrange("l b d -> b l d").contiguous() of in_proj's output and the
+    # reverse of the scan's: copies when b > 1, and the in_proj gradient's copy backward
+    m = _hybrid()
+    ops = {(o.name, o.phase): o for o in layer_ops(m, ParallelConfig(tp=1, micro_batch_size=2, seq_len=256), 0)}
+    T, width, d = 512, 2 * 64 + 2 * 2 * 8 + 4, 64
+    assert ops["mamba_layout", "F"].mem_bytes == 2 * 2 * T * (width + d)
+    assert ops["mamba_layout", "B"].mem_bytes == 2 * 2 * T * width
 
 
 def test_mamba_scan_bytes_closed_form():
+    # the sums of mamba_scan_kernels' per-kernel table (its docstring)
     T, d, nh, G, N, Q = 1024, 256, 4, 2, 64, 128
-    xy, bc = 2 * T * d, 2 * T * G * N
-    states, cb, dt = 4 * T * d * N / Q, 4 * T * G * Q, T * nh * (2 + 24)
+    Td, S, TGN, TGQ, TH = T * d, T * d * N / Q, T * G * N, T * G * Q, T * nh
     f, b = mamba_scan_bytes(T, d, nh, G, N, Q)
-    assert f == 2 * xy + 3 * bc + 4 * states + 2 * cb + dt
-    assert b == f + 4 * xy + 2 * bc + 3 * states + 2 * cb + dt
+    assert f == 10 * Td + 12 * S + 8 * TGN + 8 * TGQ + 26 * TH
+    assert b == 34 * Td + 34 * S + 30 * TGN + 24 * TGQ + 116 * TH
+    fk, bk = mamba_scan_kernels(T, d, nh, G, N, Q)
+    assert [n for n, _ in fk] == ["chunk_cumsum", "chunk_state", "state_passing", "bmm_chunk", "chunk_scan"]
+    assert len(bk) == 15 and all(x > 0 for _, x in fk + bk)
 
 
 def test_latent_moe_projects_around_the_experts():

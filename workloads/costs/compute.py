@@ -64,7 +64,7 @@ from .precision import DTYPE_BYTES, PrecisionRecipe, get_recipe
 __all__ = ["ComputeModel", "RooflineComputeModel", "MeasuredComputeModel", "GemmModel", "AttentionModel",
            "MemoryModel", "LaunchModel", "OpCost", "SM_COUNTS", "GEMM_TILES", "MAMF_BEST_SHAPES",
            "MAMF_FALLBACK_FRACTION", "FLASH_ATTENTION_EFFICIENCY", "FA_HEAD_DIM_FACTOR", "head_dim_factor", "SUSTAINED_FRACTION", "CHIP_SPREAD",
-           "slowest_chip_factor", "expected_max_normal", "HBM_EFFICIENCY", "LAUNCH_OVERHEAD_S",
+           "slowest_chip_factor", "expected_max_normal", "HBM_EFFICIENCY", "KERNEL_HBM_FRACTION", "LAUNCH_OVERHEAD_S",
            "HOST_MODES", "HOST_COSTS", "HostCosts", "host_costs", "CUDA_GRAPH_SCOPES", "COMPUTE_MODELS", "get_compute_model", "num_sms"]
 
 
@@ -281,6 +281,31 @@ device-to-device copy or STREAM triad on H100 SXM measures about 3.0-3.1 TB/s of
 (90-92 %, public STREAM/nvbandwidth reports); kernels with reductions (norms, softmax)
 or strided access (permutation) run somewhat below a copy, hence 0.85 for all
 generations."""
+
+KERNEL_HBM_FRACTION: dict[str, dict[str, float]] = {
+    # op name -> {"F": forward, "B": backward}: the fraction of the datasheet HBM bandwidth
+    # that these element-wise ops' real kernels reach, used instead of HBM_EFFICIENCY.
+    # Measured on one H200 SXM (4.8 TB/s; experiments/microbench/mamba_bench.py, data in
+    # experiments/microbench/data/h200_mamba*.json): bytes counted by workloads.costs.flops
+    # over the measured time, the median of the three per-rank Mamba layers of the Nemotron 3
+    # rows (Nano TP 1 micro-batch 2; Super TP 2 and TP 1, micro-batch 1; sequence 8192).
+    # ssd_scan: mamba_ssm 2.3.2's Triton SSD kernels (mamba_scan_kernels' bytes) replayed from
+    #   a CUDA graph, less 0.5 us per launch: forward 0.522 / 0.475 / 0.492, backward 0.485 /
+    #   0.451 / 0.489.  Neither bound holds: their FLOPs (3.4 MFLOP per token and layer forward
+    #   for Nano) take under a tenth of the time at the tensor peak, and the bytes about half.
+    # gated_norm: mamba_ssm's Triton grouped RMSNorm (RMSNormGated without z), the kernels'
+    #   own times (torch.profiler): forward 0.685 / 0.816 / 0.820, backward 0.219 / 0.197 /
+    #   0.206 (its backward kernel loops over rows inside each of SMs x groups programs).
+    # A plain copy of the same T x d tensor reached 0.66-0.79 on that GPU.
+    # Blackwell (and every other GPU): the same fractions of its own datasheet bandwidth (B200,
+    # GB200: 8 TB/s, topologies/specs.py), the rule HBM_EFFICIENCY applies to all element-wise
+    # kernels.  An assumption, not measured: kernels this far below their bandwidth are partly
+    # bound by latency and SM issue; if they scaled with SMs x clock instead (148 x 1.965 GHz
+    # against 132 x 1.98 GHz, 1.11x rather than the bandwidth's 1.67x), they would take 1.5x
+    # the time modelled here on Blackwell.
+    "ssd_scan": {"F": 0.492, "B": 0.485},
+    "gated_norm": {"F": 0.816, "B": 0.206},
+}
 
 LAUNCH_OVERHEAD_S: dict[bool, float] = {
     # Per kernel.  Eager: a CUDA kernel launch costs a few microseconds of host time
@@ -676,7 +701,11 @@ class RooflineComputeModel(ComputeModel):
             compute_s = op.flops / (self.attention.peak_flops[dtype] * eff) if op.flops else 0.0
             return OpCost(compute_s, self.memory.time_s(op.mem_bytes), launch_s, dtype, eff)
         if op.op_class == "elementwise":
-            return OpCost(0.0, self.memory.time_s(op.mem_bytes), launch_s, "", 0.0)
+            measured = KERNEL_HBM_FRACTION.get(op.name)
+            if measured is None:
+                return OpCost(0.0, self.memory.time_s(op.mem_bytes), launch_s, "", 0.0)
+            frac = measured["F" if (op.phase == "F" or op.recompute) else "B"]
+            return OpCost(0.0, op.mem_bytes / (self.memory.hbm_bandwidth_bytes_per_s * frac), launch_s, "", 0.0)
         raise ValueError(f"unknown op class {op.op_class!r} of op {op.name!r}")
 
     def op_time_s(self, op: ComputeOp) -> float:

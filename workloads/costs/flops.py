@@ -111,7 +111,7 @@ from ..model import ModelSpec
 from ..parallel import ParallelConfig
 
 __all__ = ["ComputeOp", "OP_CLASSES", "PHASES", "GEMM_ROLES", "ACT_BYTES", "ATTN_BLOCK_SIZE",
-           "layer_ops", "embedding_ops", "mamba_scan_bytes", "check_mamba_split", "output_ops", "optimizer_ops", "gemm_role", "sum_flops",
+           "layer_ops", "embedding_ops", "mamba_scan_bytes", "mamba_scan_kernels", "MAMBA_SCAN_LAUNCHES", "check_mamba_split", "output_ops", "optimizer_ops", "gemm_role", "sum_flops",
            "balanced_tokens_per_expert", "capacity_tokens_per_expert", "padded_vocab_size",
            "causal_executed_fraction", "window_executed_fraction", "FLOP_CONVENTIONS", "DEFAULT_FLOP_CONVENTION",
            "get_flop_convention", "model_flops_per_step", "model_flops_per_token"]
@@ -645,72 +645,128 @@ def _attention_block(model: ModelSpec, sh: _Shard, L: int, causal: bool, block: 
 
 
 # Chunked SSD scan (mamba_ssm ``mamba_split_conv1d_scan_combined``, the training path of
-# Megatron-Core's MambaMixer) costed as the bytes its Triton kernels move; see _mamba_block.
+# Megatron-Core's MambaMixer) costed kernel by kernel as the bytes its Triton kernels move; see
+# mamba_scan_kernels and _mamba_block.
 _SCAN_FP32 = _FP32
+
+MAMBA_SCAN_LAUNCHES = (5, 38)
+"""Kernels the chunked SSD scan launches forward and backward (the backward with its
+recomputed forward, the small PyTorch reductions, flips, cumulative sums and fills around
+the Triton kernels): 43 per forward + backward in the torch.profiler table of
+``experiments/microbench/data/h200_mamba.json`` (mamba_ssm 2.3.2, one H200), 5 of them
+the forward."""
+
+
+def mamba_scan_kernels(T: float, d: int, heads: int, groups: int, state: int,
+                       chunk: int) -> tuple[tuple[tuple[str, float], ...], tuple[tuple[str, float], ...]]:
+    """The chunked SSD scan's kernels, forward and backward, each with the HBM bytes it
+    reads and writes once, for ``T`` tokens of one rank with ``d`` inner channels, ``heads``
+    heads, ``groups`` B/C groups (this rank's share), state size ``N = state`` and chunk
+    length ``Q = chunk``.
+
+    The sequence is mamba_ssm's (state-spaces/mamba ``mamba_ssm/ops/triton/ssd_combined.py``,
+    ``_mamba_chunk_scan_combined_fwd`` / ``_bwd``; Dao & Gu, Mamba-2, 2024) as Megatron-Core's
+    ``_ssm_training`` runs it (z gated inside the chunk scan, states in the activation dtype).
+    Activations, x, z, B, C, dt and their gradients are BF16 (2 bytes); ``dA_cumsum``, the
+    processed dt, ``C B^T`` (``T G Q`` per pass) and the chunk states (``S = T d N / Q``
+    elements) as the kernels write them: FP32, the passed states BF16 in the forward.  ``TH``
+    = ``T x heads``.
+
+    ====================================  ==========================================================
+    forward kernel                        bytes
+    ====================================  ==========================================================
+    chunk_cumsum                          dt in, dA_cumsum and dt out: ``10 TH``
+    chunk_state                           x, B, dt, dA in, FP32 states out: ``2Td + 2TGN + 8TH + 4S``
+    state_passing                         FP32 states in, BF16 states out: ``6S``
+    bmm_chunk                             B, C in, FP32 ``C B^T`` out: ``4TGN + 4TGQ``
+    chunk_scan                            ``C B^T``, x, z, C, states, dt, dA in, out and out_x out:
+                                          ``8Td + 2TGN + 4TGQ + 2S + 8TH``
+    ====================================  ==========================================================
+
+    Backward: dt copied (``4 TH``); the forward's cumsum, ``C B^T``, chunk states and state
+    passing recomputed (the passing now writes FP32: ``8S``); ``chunk_scan_bwd_dz`` (x, z, out,
+    dy in; dz, dy' out: ``12Td``); ``bwd_dstates`` (``2Td + 2TGN + 4TH + 4S``);
+    ``state_passing_bwd`` (FP32 states and their gradients in, both BF16 out: ``12S``); the
+    fused ``bwd_dx`` (``6Td + 4TGQ + 2TGN + 2S + 12TH``), ``bwd_db``
+    (``2Td + 2S + 4TGN + 12TH``), ``bwd_dC`` (``2Td + 2S + 4TGN + 8TH``), ``bwd_dcb`` (``4Td + 4TGQ + 8TH``), two
+    ``bmm_chunk_bwd`` (``6TGN + 4TGQ`` each), ``bwd_ddAcs`` (``4Td + 4TGQ + 12TH``) and the
+    FP32 passes over ``ddA``/``ddt`` (reverse cumsum, adds, ``chunk_cumsum_bwd``: ``38TH``).
+    In all: forward ``10Td + 12S + 8TGN + 8TGQ + 26TH``, backward ``34Td + 34S + 30TGN + 24TGQ
+    + 116TH``.  Reads that several programs share through L2 (B and C per head) are counted
+    once; the time model applies the measured fraction of HBM bandwidth these kernels reach
+    (:data:`~workloads.costs.compute.KERNEL_HBM_FRACTION`), which absorbs what the counts miss.
+    """
+    a, f = ACT_BYTES, _SCAN_FP32
+    Td, TGN, TGQ, TH = T * d, T * groups * state, T * groups * chunk, T * heads
+    S = T * d * state / chunk
+    cumsum = ("chunk_cumsum", TH * (a + 2 * f))
+    cstate = ("chunk_state", a * Td + a * TGN + 2 * f * TH + f * S)
+    bmm = ("bmm_chunk", 2 * a * TGN + f * TGQ)
+    fwd = (cumsum, cstate, ("state_passing", f * S + a * S), bmm,
+           ("chunk_scan", 4 * a * Td + a * TGN + f * TGQ + a * S + 2 * f * TH))
+    bwd = (("dt_copy", 2 * a * TH), cumsum, bmm, cstate, ("state_passing", 2 * f * S),
+           ("chunk_scan_bwd_dz", 6 * a * Td),
+           ("chunk_scan_bwd_dstates", a * Td + a * TGN + f * TH + f * S),
+           ("state_passing_bwd", 2 * f * S + 2 * a * S),
+           ("chunk_scan_chunk_state_bwd_dx", 3 * a * Td + f * TGQ + a * TGN + a * S + 3 * f * TH),
+           ("chunk_state_bwd_db", a * Td + a * S + 2 * a * TGN + 3 * f * TH),
+           ("chunk_scan_bwd_dC", a * Td + a * S + 2 * a * TGN + 2 * f * TH),
+           ("chunk_scan_bwd_dcb", 2 * a * Td + f * TGQ + 2 * f * TH),
+           ("bmm_chunk_bwd", 2 * (3 * a * TGN + f * TGQ)),
+           ("chunk_scan_bwd_ddAcs", 2 * a * Td + f * TGQ + 3 * f * TH),
+           ("ddA_passes", 38 * TH))
+    return tuple((n, float(x)) for n, x in fwd), tuple((n, float(x)) for n, x in bwd)
 
 
 def mamba_scan_bytes(T: float, d: int, heads: int, groups: int, state: int, chunk: int) -> tuple[float, float]:
-    """(forward, backward) HBM bytes of the chunked SSD scan for ``T`` tokens of one rank
-    with ``d`` inner channels, ``heads`` heads and ``groups`` B/C groups (this rank's share),
-    state size ``state`` and chunk length ``chunk``.
-
-    Our estimate of the kernels of mamba_ssm's ``ssd_combined`` (Dao & Gu, Mamba-2, 2024;
-    ``mamba_ssm/ops/triton/ssd_*.py``), each reading its inputs and writing its outputs once,
-    activations BF16, chunk states, decays and the ``C B^T`` chunk products FP32:
-
-    * forward: dt cumsum (read dt, write dt and its cumulative decay, FP32), ``C B^T`` per
-      chunk (read B, C; write ``T G Q`` FP32), chunk states (read x, B, dt; write
-      ``T / Q x d x N`` FP32), state passing (read and write the states), chunk scan (read
-      ``C B^T``, x, C, the states, dt; write y): x and y cost ``2 x 2 T d``, B and C
-      ``3 x 2 T G N``, the states ``4 x 4 T d N / Q``, ``C B^T`` ``2 x 4 T G Q``, dt
-      ``(2 + 3 x 8) T heads``.
-    * backward: the forward's reads again (its states are recomputed, not stored), plus the
-      incoming ``dy`` read twice, ``dx``, ``dB``, ``dC``, ``ddt`` written, the state gradients
-      written and passed back (``3 x 4 T d N / Q``) and the ``d(C B^T)`` products
-      (``2 x 4 T G Q``).
-
-    The kernels also compute (the intra-chunk matmuls); at state 128 and chunk 128 their
-    arithmetic intensity is a few tens of FLOPs per byte, so a bytes-only time is a lower
-    bound -- an assumption of this model, not a measurement.
-    """
-    xy = ACT_BYTES * T * d
-    bc = ACT_BYTES * T * groups * state
-    states = _SCAN_FP32 * T * d * state / chunk
-    cb = _SCAN_FP32 * T * groups * chunk
-    dt = T * heads * (ACT_BYTES + 3 * _FP32 * 2)
-    fwd = 2 * xy + 3 * bc + 4 * states + 2 * cb + dt
-    bwd = fwd + (2 * xy + 2 * xy) + 2 * bc + 3 * states + 2 * cb + dt
-    return float(fwd), float(bwd)
+    """(forward, backward) HBM bytes of the chunked SSD scan: the sums of
+    :func:`mamba_scan_kernels` (same arguments)."""
+    f, b = mamba_scan_kernels(T, d, heads, groups, state, chunk)
+    return float(sum(x for _, x in f)), float(sum(x for _, x in b))
 
 
 def _mamba_block(model: ModelSpec, sh: _Shard, L: int, ops: _LayerOps) -> None:
-    """A Mamba-2 layer (Megatron-Core ``MambaLayer`` / ``MambaMixer``, training path):
-    pre-norm, ``in_proj`` (column-parallel, z x B C dt), the depthwise causal conv1d with
-    SiLU over x, B, C, the chunked SSD scan, the gated RMSNorm (``y * silu(z)`` normalised per
-    group), ``out_proj`` (row-parallel), residual.
+    """A Mamba-2 layer (Megatron-Core ``MambaLayer`` / ``MambaMixer._ssm_training``):
+    pre-norm, ``in_proj`` (column-parallel, z x B C dt), the layout copy to batch-major, the
+    depthwise causal conv1d with SiLU over x, B, C, the chunked SSD scan gated by
+    ``silu(z)``, the copy back to sequence-major, the grouped RMSNorm, ``out_proj``
+    (row-parallel), residual.
 
     TP splits heads and groups (``d = d_inner / tp``); context parallelism transposes the
     sequence-split activations to head-split ones before the conv1d and back after the scan
     (a rank then runs the whole sequence for ``1 / cp`` of its heads), which leaves the
     per-rank bytes unchanged: ``T`` tokens x ``d`` channels either way.
 
-    conv1d (``causal_conv1d``): F reads and writes the ``d + 2 G N / tp`` channels; B reads x
-    and dy, writes dx (the weight gradient reduced in the same kernel).  Gated norm: F
-    reads y and z, writes the output; B reads y, z and dy, writes dy and dz.  Scan:
-    :func:`mamba_scan_bytes`.  All three are element-wise ops (bytes over HBM).
+    * ``mamba_layout``: ``rearrange(zxBCdt, "l b d -> b l d").contiguous()`` before the
+      scan and the reverse on its output (a copy each when the micro-batch is above 1; a view
+      at 1), and the copy of the ``in_proj`` output gradient in the backward.
+    * conv1d (causal_conv1d's CUDA kernels): F reads and writes the ``d + 2 G N / tp``
+      channels; B runs the forward again (mamba_ssm's fused function saves only the
+      ``in_proj`` output) and then reads x and dy, writes dx (the weight gradient reduced in
+      the same kernel).
+    * scan: :func:`mamba_scan_kernels` (z gated inside the chunk scan).
+    * gated_norm (mamba_ssm's Triton ``RMSNormGated``, per group, called without z): F reads
+      y, writes the output; B reads y and dy, writes dy.
+
+    All are element-wise ops (bytes over HBM); the scan and the norm at the fractions of HBM
+    bandwidth their kernels reached on an H200
+    (:data:`~workloads.costs.compute.KERNEL_HBM_FRACTION`).
     """
     mb, h, tp = model.mamba, model.hidden_size, sh.tp
     d = mb.d_inner // tp
     heads, groups = mb.num_heads // tp, mb.num_groups // tp
     T, Tn = sh.T, sh.Tn
     ops.pair(_norm("mamba_norm", L, Tn, h))
-    ops.linear("in_proj", T, mb.in_proj_width // tp, h)
+    width = mb.in_proj_width // tp
+    ops.linear("in_proj", T, width, h)
+    if sh.b > 1:
+        ops.pair(_ew_pair("mamba_layout", L, 2 * ACT_BYTES * T * (width + d), 2 * ACT_BYTES * T * width, 2, 1))
     conv = ACT_BYTES * T * (d + 2 * groups * mb.state_dim)
-    ops.pair(_ew_pair("conv1d", L, 2 * conv, 3 * conv, 1, 2))
+    ops.pair(_ew_pair("conv1d", L, 2 * conv, 5 * conv, 1, 2))
     f, b = mamba_scan_bytes(T, d, heads, groups, mb.state_dim, mb.chunk_size)
-    ops.pair(_ew_pair("ssd_scan", L, f, b, 5, 8))
+    ops.pair(_ew_pair("ssd_scan", L, f, b, *MAMBA_SCAN_LAUNCHES))
     a = ACT_BYTES * T * d
-    ops.pair(_ew_pair("gated_norm", L, 3 * a, 5 * a))
+    ops.pair(_ew_pair("gated_norm", L, 2 * a, 3 * a, 1, 2))
     ops.linear("mamba_out_proj", T, h, d)
     ops.pair(_residual("mamba_residual", L, Tn, h, model.dropout))
 
