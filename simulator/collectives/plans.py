@@ -67,12 +67,20 @@ class Plan:
 
 def node_blocks(cluster: Cluster, members) -> list[list[int]]:
     """Members grouped by NVLink domain, domains in order of first appearance."""
+    # (a member per domain is cached per member tuple: a data-parallel group of 10^3 nodes is
+    # blocked for each of its plans and predictions; callers only read the lists)
+    key = tuple(members)
+    cache = cluster.router.__dict__.setdefault("_blocks_cache", {})
+    hit = cache.get(key)
+    if hit is not None:
+        return hit
     D = cluster.nvlink_domain_size          # cluster.domain_of, inline: groups of 10^3 GPUs
-    m = np.asarray(members, dtype=np.int64)
+    m = np.asarray(key, dtype=np.int64)
     if m.size > 1 and np.unique(m // D).size == m.size:
-        return [[g] for g in m.tolist()]    # a member per domain (data parallelism across nodes)
+        out = cache[key] = [[g] for g in m.tolist()]     # a member per domain (data parallelism across nodes)
+        return out
     blocks: dict[int, list[int]] = {}
-    for g in members:
+    for g in key:
         blocks.setdefault(g // D, []).append(g)
     return list(blocks.values())
 

@@ -314,28 +314,45 @@ def fold(prog, coll, *, network: bool = True, rank_colors=None, link_colors=None
 @dataclass
 class _Flows:
     """The flows on the network, in order: the route of each (links and coefficients, in
-    chunks of routes laid end to end, ``lens`` links each), its initial label, and the group
-    it belongs to (-1 for a pipeline transfer)."""
+    chunks of routes laid end to end, ``lens`` links each), its initial label (as the id of
+    the label among the distinct ones, in order of first occurrence: ``index``), and the
+    group it belongs to (-1 for a pipeline transfer)."""
 
     links: list = field(default_factory=list)
     coefs: list = field(default_factory=list)
     lens: list = field(default_factory=list)
-    label: list = field(default_factory=list)
+    ids: list = field(default_factory=list)
     owner: list = field(default_factory=list)
+    index: dict = field(default_factory=dict)
+    n: int = 0
 
     def __len__(self) -> int:
-        return len(self.label)
+        return self.n
+
+    def label_id(self, label) -> int:
+        return self.index.setdefault(label, len(self.index))
 
     def add(self, links: np.ndarray, coefs: np.ndarray, label, owner: int) -> None:
         self.add_many(links, coefs, np.array([links.size]), [label], owner)
 
     def add_many(self, links: np.ndarray, coefs: np.ndarray, lens: np.ndarray, labels: list, owner: int) -> None:
         """Flows whose routes lie end to end in ``links``/``coefs`` (``lens`` links each)."""
+        self.add_ids(links, coefs, lens, np.array([self.label_id(lb) for lb in labels], dtype=np.int64),
+                     np.full(len(labels), owner, dtype=np.int64))
+
+    def add_ids(self, links: np.ndarray, coefs: np.ndarray, lens: np.ndarray, ids: np.ndarray,
+                owner: np.ndarray) -> None:
+        """The same with the label ids given (from :meth:`label_id`, in the flows' order)."""
         self.links.append(links)
         self.coefs.append(coefs)
         self.lens.append(lens)
-        self.label += labels
-        self.owner += [owner] * len(labels)
+        self.ids.append(ids)
+        self.owner.append(owner)
+        self.n += ids.size
+
+    @property
+    def label(self) -> np.ndarray:
+        return np.concatenate(self.ids) if self.ids else np.empty(0, dtype=np.int64)
 
 
 @dataclass
@@ -407,7 +424,8 @@ def _structure(prog, coll, network: bool) -> tuple[_Graph, list, list]:
                 groups=groups, gkind=gkind, mem_g=mem_g, mem_r=mem_r, mem_kind=mem_kind, pairs=pairs,
                 p_src=np.array([p[0] for p in pairs], dtype=np.int64),
                 p_dst=np.array([p[1] for p in pairs], dtype=np.int64),
-                nf=nf, n_gflows=n_gflows, owner=np.array(flows.owner, dtype=np.int64),
+                nf=nf, n_gflows=n_gflows,
+                owner=np.concatenate(flows.owner) if nf else np.empty(0, dtype=np.int64),
                 inc_f=np.repeat(np.arange(nf), lens),
                 inc_l=np.concatenate(flows.links) if nf else np.empty(0, dtype=np.int64),
                 inc_w=inc_w, coef_id=coef_id)
@@ -467,33 +485,155 @@ def _group_flows(prog, coll, network: bool, groups: list, gkind: list, variants:
                  sizes_mat: list, flows: _Flows) -> list:
     """The initial label of every group -- kind, size, and each call it makes (on the network:
     with the algorithm, protocol and latency NCCL would pick) -- with the flows of its calls
-    appended to ``flows`` (one set per collective and algorithm)."""
-    grid = prog.grid
-    cls_of = prog.class_of_rank
+    appended to ``flows`` (one set per collective and algorithm).
+
+    Groups of one kind and size inside NVLink domains (a TP group on every node) go in one
+    batch (:func:`_domain_batch`); the rest one at a time (:func:`_one_group`)."""
     group_label: list = []
     union_cache: dict = {}
     form_calls: dict = {}       # (calls made, group form) -> their labels
-    for gi, g in enumerate(groups):
-        kind = gkind[gi]
-        ucls = tuple(sorted({int(cls_of[r]) for r in g}))
-        vs = union_cache.get((kind, ucls))
-        if vs is None:
-            vs = union_cache[(kind, ucls)] = sorted(set().union(*(variants.get((c, kind), set()) for c in ucls)))
-        if not network or len(g) == 1:
-            group_label.append((kind, len(g), tuple(vs)))
-            continue
-        gpus = grid.gpus(g)
-        calls = []
-        a2a = [(size, skey) for coll_kind, size, skey in vs if coll_kind == "all_to_all"]
-        if a2a:
-            calls += _a2a_flows(coll, gi, gpus, a2a, sizes_mat, flows)
-        planned = _planned_calls(coll, gpus, vs, form_calls)
-        calls += planned
-        group_label.append((kind, len(g), tuple(calls)))
-        for tkey, plan in _templates(coll, gpus, planned).items():
-            for f in plan.flows:
-                flows.add(f.links, f.coefs, (tkey, f.bytes_per_byte, f.inter_node), gi)
+    cls_of = prog.class_of_rank
+    gi = 0
+    while gi < len(groups):
+        # a run of groups of one kind and size
+        end = gi + 1
+        while end < len(groups) and gkind[end] == gkind[gi] and len(groups[end]) == len(groups[gi]):
+            end += 1
+        if network and len(groups[gi]) > 1 and end - gi > 1:
+            _domain_batch(prog, coll, groups, gkind, variants, sizes_mat, flows, gi, end, group_label, union_cache,
+                          form_calls)
+        else:
+            for i in range(gi, end):
+                ucls = tuple(sorted({int(cls_of[r]) for r in groups[i]}))
+                _one_group(prog, coll, network, groups, gkind, _variants(variants, union_cache, gkind[i], ucls),
+                           sizes_mat, flows, i, group_label, form_calls)
+        gi = end
     return group_label
+
+
+def _variants(variants: dict, union_cache: dict, kind: str, ucls: tuple) -> list:
+    """The distinct calls of a group of ``kind`` whose members are of classes ``ucls``."""
+    vs = union_cache.get((kind, ucls))
+    if vs is None:
+        vs = union_cache[(kind, ucls)] = sorted(set().union(*(variants.get((c, kind), set()) for c in ucls)))
+    return vs
+
+
+def _one_group(prog, coll, network: bool, groups: list, gkind: list, vs: list, sizes_mat: list, flows: _Flows,
+               gi: int, group_label: list, form_calls: dict) -> None:
+    """Group ``gi``'s label (appended to ``group_label``) and flows (to ``flows``)."""
+    g = groups[gi]
+    kind = gkind[gi]
+    if not network or len(g) == 1:
+        group_label.append((kind, len(g), tuple(vs)))
+        return
+    gpus = prog.grid.gpus(g)
+    calls = []
+    a2a = [(size, skey) for coll_kind, size, skey in vs if coll_kind == "all_to_all"]
+    if a2a:
+        calls += _a2a_flows(coll, gi, gpus, a2a, sizes_mat, flows)
+    planned = _planned_calls(coll, gpus, vs, form_calls)
+    calls += planned
+    group_label.append((kind, len(g), tuple(calls)))
+    for tkey, plan in _templates(coll, gpus, planned).items():
+        for f in plan.flows:
+            flows.add(f.links, f.coefs, (tkey, f.bytes_per_byte, f.inter_node), gi)
+
+
+def _domain_batch(prog, coll, groups: list, gkind: list, variants: dict, sizes_mat: list, flows: _Flows,
+                  lo: int, hi: int, group_label: list, union_cache: dict, form_calls: dict) -> None:
+    """Groups ``lo:hi`` (one kind, one size), as :func:`_one_group` would do them one by one.
+
+    The first group of each (calls made, NVLink-domain form) goes through :func:`_one_group`;
+    the others of that pair, when its calls are kept per form, get its labels and its
+    template plans moved onto their own ports -- the engine's order-preserving map between
+    sorted ports (:meth:`~simulator.collectives.CollectiveEngine.plan`), for all of them in
+    arrays.  Groups without a form, or making all-to-alls, go one by one."""
+    kind = gkind[lo]
+    rows = np.array(groups[lo:hi], dtype=np.int64)
+    m = rows.shape[0]
+    # the classes of each group's members (sorted, distinct), as an id per group
+    cls = np.sort(prog.class_of_rank[rows], axis=1)
+    ucls_rows, cls_first, cls_inv = np.unique(cls, axis=0, return_index=True, return_inverse=True)
+    vs_of = [_variants(variants, union_cache, kind, tuple(sorted(set(r)))) for r in ucls_rows.tolist()]
+    cls_inv = cls_inv.ravel()
+    placement = np.asarray(prog.grid.placement, dtype=np.int64)
+    forms, form_of, sorted_ports = coll.domain_forms(placement[rows])
+    # one id per (classes, form): groups sharing it share labels and (moved) templates
+    key = cls_inv * (len(forms) + 1) + (form_of + 1)
+    done: dict[int, tuple] = {}          # key -> (label, [(link index, coefs, label id) per flow]) or None
+    out_links, out_coefs, out_lens, out_ids, out_owner = [], [], [], [], []
+    pend: list[int] = []                  # groups waiting to be emitted in one chunk (same key)
+
+    def flush():
+        if not pend:
+            return
+        _, tmpl = done[int(key[pend[0]])]
+        sel = np.array(pend, dtype=np.int64)
+        idx = np.concatenate([t[0] for t in tmpl])
+        out_links.append(sorted_ports[sel][:, idx].ravel())
+        out_coefs.append(np.tile(np.concatenate([t[1] for t in tmpl]), sel.size))
+        out_lens.append(np.tile(np.array([t[0].size for t in tmpl], dtype=np.int64), sel.size))
+        out_ids.append(np.tile(np.array([t[2] for t in tmpl], dtype=np.int64), sel.size))
+        out_owner.append(np.repeat(sel + lo, len(tmpl)))
+        pend.clear()
+
+    def emit_pending():
+        flush()
+        for lk, cf, ln, ids, ow in zip(out_links, out_coefs, out_lens, out_ids, out_owner):
+            flows.add_ids(lk, cf, ln, ids, ow)
+        for lst in (out_links, out_coefs, out_lens, out_ids, out_owner):
+            lst.clear()
+
+    for i in range(m):
+        k = int(key[i])
+        hit = done.get(k, False)
+        if hit is False:
+            emit_pending()
+            hit = done[k] = _first_of_form(prog, coll, groups, gkind, vs_of[cls_inv[i]], sizes_mat, flows, lo + i,
+                                           group_label, form_calls, forms, int(form_of[i]), sorted_ports[i])
+            continue
+        if hit is None:
+            emit_pending()
+            _one_group(prog, coll, True, groups, gkind, vs_of[cls_inv[i]], sizes_mat, flows, lo + i, group_label,
+                       form_calls)
+            continue
+        group_label.append(hit[0])
+        if pend and int(key[pend[0]]) != k:
+            flush()
+        pend.append(i)
+    emit_pending()
+
+
+def _first_of_form(prog, coll, groups, gkind, vs, sizes_mat, flows, gi, group_label, form_calls, forms, form,
+                   ports):
+    """:func:`_one_group` for the first group of its (calls, form); returns what the others
+    of that pair reuse -- its label and, per template flow, the flow's links as positions
+    among the sorted ports, its coefficients and its label id -- or None when they must go
+    one by one (no form, all-to-alls, calls not kept per form)."""
+    n_label = len(group_label)
+    n_flows = len(flows)
+    _one_group(prog, coll, True, groups, gkind, vs, sizes_mat, flows, gi, group_label, form_calls)
+    if form < 0 or any(c == "all_to_all" for c, _, _ in vs):
+        return None
+    f = forms[form]
+    calls = form_calls.get((tuple(vs), f))
+    if calls is None:
+        return None
+    tmpl = []
+    for coll_kind, size, _, algo, *_ in calls:
+        if size > TINY_CALL_BYTES and all(t[0] != (coll_kind, algo) for t in tmpl):
+            ref = coll.form_plan(f, coll_kind, algo)
+            if ref is None:
+                return None
+            tmpl.append(((coll_kind, algo), ref))
+    out = []
+    for tkey, (plan, _, ref_ports) in tmpl:
+        for fl in plan.flows:
+            out.append((np.searchsorted(ref_ports, fl.links), fl.coefs,
+                        flows.label_id((tkey, fl.bytes_per_byte, fl.inter_node))))
+    assert len(group_label) == n_label + 1 and len(flows) == n_flows + len(out)
+    return group_label[-1], out
 
 
 def _a2a_flows(coll, gi: int, gpus: tuple, a2a: list, sizes_mat: list, flows: _Flows) -> list:
@@ -599,7 +739,7 @@ def _initial_colours(prog, coll, network: bool, group_label: list, flow_label: l
     init = [int(c) for c in cls_of] if rank_colors is None else list(zip(cls_of.tolist(), rank_colors))
     rank_c = _labels(init)
     group_c = _labels(group_label)
-    flow_c = _labels(flow_label)
+    flow_c = flow_label if isinstance(flow_label, np.ndarray) else _labels(flow_label)
     if not network:
         link_c = np.empty(0, dtype=np.int64)
     elif link_colors is None:
