@@ -245,6 +245,12 @@ def _pair_table(n_colours: int, offset: int, n: int) -> np.ndarray:
     return _pair(np.arange(n_colours)[:, None] + offset, np.arange(n)[None, :])
 
 
+def _gather_pairs(table: np.ndarray, colour: np.ndarray, coef_id: np.ndarray, n_coef: int) -> np.ndarray:
+    """``table[colour, coef_id]`` (a :func:`_pair_table`), gathered from its flat form."""
+    flat = table.ravel()
+    return flat[colour] if n_coef == 1 else flat[colour * n_coef + coef_id]
+
+
 def _sum_into(n: int, idx: np.ndarray, vals: np.ndarray) -> np.ndarray:
     acc = np.zeros(n, dtype=np.uint64)
     np.add.at(acc, idx, vals)
@@ -256,10 +262,12 @@ def _relabel(old: np.ndarray, h: np.ndarray) -> np.ndarray:
 
     The distinct keys come from a hash table (few: one per colour), and each element finds
     its key by binary search among them, which is cheaper than sorting the elements."""
+    import pandas as pd     # (its hash table: 4x numpy's unique on 10^6 keys of few values)
+
     if old.size == 0:
         return old
     key = _pair(old, h)
-    u = np.sort(np.unique(key))
+    u = np.sort(pd.unique(key))
     inv = np.searchsorted(u, key)
     first = np.full(u.size, key.size, dtype=np.int64)
     np.minimum.at(first, inv, np.arange(key.size))
@@ -275,6 +283,17 @@ def _labels(keys: list) -> np.ndarray:
     """Integer ids of hashable keys, in order of first occurrence."""
     ids: dict = {}
     return np.array([ids.setdefault(k, len(ids)) for k in keys], dtype=np.int64)
+
+
+def _first_ids(x: np.ndarray) -> np.ndarray:
+    """:func:`_labels` of an array's values (ints, or floats that are not NaN): ids of the
+    distinct values in order of first occurrence."""
+    if x.size == 0:
+        return np.empty(0, dtype=np.int64)
+    _, first, inv = np.unique(x, return_index=True, return_inverse=True)
+    rank = np.empty(first.size, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+    return rank[inv.ravel()]
 
 
 def _count(c: np.ndarray) -> int:
@@ -363,7 +382,7 @@ class _Graph:
     ``mem_g`` (group), ``mem_r`` (rank) and ``mem_kind`` (kind id).  Transfer ``i`` runs from
     rank ``p_src[i]`` to ``p_dst[i]``.  Flows ``gflow`` (the first ``n_gflows``) belong to group
     ``owner[f]``; flows ``pflow`` carry transfer ``p_of_flow`` (none without the network).
-    Entry ``k`` of the flow/link incidence: flow ``inc_f[k]`` crosses link ``inc_l[k]`` with
+    Entry ``k`` of the flow/link incidence (flow by flow: ``inc_f`` ascending): flow ``inc_f[k]`` crosses link ``inc_l[k]`` with
     coefficient ``inc_w[k]`` (``coef_id[k]``: its rank among the distinct coefficients).
     """
 
@@ -405,25 +424,26 @@ def _structure(prog, coll, network: bool) -> tuple[_Graph, list, list]:
     pipes = grid.groups("pp")
     variants, sizes_mat = _call_variants(prog)
     groups, gkind, kinds = _collective_groups(prog, variants, pipes)
-    mem_g = np.fromiter((i for i, g in enumerate(groups) for _ in g), dtype=np.int64)
-    mem_r = np.fromiter((r for g in groups for r in g), dtype=np.int64)
+    sizes = np.array([len(g) for g in groups], dtype=np.int64)
+    mem_g = np.repeat(np.arange(len(groups)), sizes)
+    mem_r = np.fromiter((r for g in groups for r in g), dtype=np.int64, count=int(sizes.sum()))
     kind_id = {k: i for i, k in enumerate(kinds)}
-    mem_kind = np.array([kind_id[gkind[i]] for i in mem_g.tolist()], dtype=np.int64)
+    mem_kind = np.repeat(np.array([kind_id[k] for k in gkind], dtype=np.int64), sizes)
 
     flows = _Flows()
     group_label = _group_flows(prog, coll, network, groups, gkind, variants, sizes_mat, flows)
     n_gflows = len(flows)
-    pairs = _pipeline_pairs(prog, pipes)
+    p_src, p_dst = _pipeline_pairs(prog, pipes)
+    pairs = list(zip(p_src.tolist(), p_dst.tolist()))
     if network and pairs:
-        _p2p_flows(coll, grid, pairs, flows)
+        _p2p_flows(coll, grid, p_src, p_dst, flows)
     nf = len(flows)
     lens = np.concatenate(flows.lens) if nf else np.empty(0, dtype=np.int64)
     inc_w = np.concatenate(flows.coefs) if nf else np.empty(0)
     coef_id = np.searchsorted(np.sort(np.unique(inc_w)), inc_w)     # rank among the few distinct coefficients
     gr = _Graph(n=grid.world_size, nl=coll.cluster.num_links if network else 0, pipes=pipes,
                 groups=groups, gkind=gkind, mem_g=mem_g, mem_r=mem_r, mem_kind=mem_kind, pairs=pairs,
-                p_src=np.array([p[0] for p in pairs], dtype=np.int64),
-                p_dst=np.array([p[1] for p in pairs], dtype=np.int64),
+                p_src=p_src, p_dst=p_dst,
                 nf=nf, n_gflows=n_gflows,
                 owner=np.concatenate(flows.owner) if nf else np.empty(0, dtype=np.int64),
                 inc_f=np.repeat(np.arange(nf), lens),
@@ -473,8 +493,16 @@ def _collective_groups(prog, variants: dict, pipes: list) -> tuple[list[tuple[in
             cand = [(p[0],) if len(p) == 1 else (p[0], p[-1]) for p in pipes]
         else:
             cand = grid.groups(kind)
-        for g in cand:
-            if any(int(cls_of[r]) in users for r in g) and (kind, g) not in seen:
+        # the candidates with a member of a class that calls on this kind (groups of one
+        # size in arrays)
+        used = np.zeros(int(cls_of.max()) + 1 if cls_of.size else 0, dtype=bool)
+        used[[c for c in users if 0 <= c < used.size]] = True
+        if cand and len({len(g) for g in cand}) == 1:
+            keep = used[cls_of[np.array(cand, dtype=np.int64)]].any(axis=1).tolist()
+        else:
+            keep = [any(int(cls_of[r]) in users for r in g) for g in cand]
+        for g, k in zip(cand, keep):
+            if k and (kind, g) not in seen:
                 seen.add((kind, g))
                 groups.append(g)
                 gkind.append(kind)
@@ -694,40 +722,50 @@ def _templates(coll, gpus: tuple, calls: list) -> dict:
     return templates
 
 
-def _pipeline_pairs(prog, pipes: list) -> list[tuple[int, int]]:
-    """Every pipeline transfer (src rank, dst rank), in order of first appearance."""
-    pipe_of = {r: p for p in pipes for r in p}
-    pairs: list[tuple[int, int]] = []
-    seen: set = set()
+def _pipeline_pairs(prog, pipes: list) -> tuple[np.ndarray, np.ndarray]:
+    """Every pipeline transfer (src rank, dst rank), in order of first appearance (classes in
+    order, each one's send peers in order of first op, its members in order), as two arrays."""
+    if not pipes:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    parr = np.array(pipes, dtype=np.int64)
+    pipe_of = np.empty(prog.grid.world_size, dtype=np.int64)
+    pipe_of[parr] = np.arange(parr.shape[0])[:, None]
+    src, dst = [], []
     for cls in prog.classes:
+        members = np.array(cls.members, dtype=np.int64)
         for peer, side in _peers(cls):
-            if side != "send":
-                continue
-            for r in cls.members:
-                dst = pipe_of[r][peer]
-                if (r, dst) not in seen:
-                    seen.add((r, dst))
-                    pairs.append((r, dst))
-    return pairs
+            if side == "send":
+                src.append(members)
+                dst.append(parr[pipe_of[members], peer])
+    if not src:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    src, dst = np.concatenate(src), np.concatenate(dst)
+    # the first of each distinct pair, in order
+    _, first = np.unique(src * prog.grid.world_size + dst, return_index=True)
+    first.sort()
+    return src[first], dst[first]
 
 
-def _p2p_flows(coll, grid, pairs: list, flows: _Flows) -> None:
+def _p2p_flows(coll, grid, p_src: np.ndarray, p_dst: np.ndarray, flows: _Flows) -> None:
     """One flow per pipeline transfer, appended to ``flows``."""
     cluster = coll.cluster
     # the route of every transfer (batch-routed), labelled by the latency its call waits
-    gs = np.array([grid.gpu_of(s) for s, _ in pairs], dtype=np.int64)
-    gd = np.array([grid.gpu_of(d) for _, d in pairs], dtype=np.int64)
+    placement = np.asarray(grid.placement, dtype=np.int64)
+    gs, gd = placement[p_src], placement[p_dst]
     inter = gs // cluster.nvlink_domain_size != gd // cluster.nvlink_domain_size    # domain_of
     links, coefs, lens = cluster.router.routes_flat(gs, gd, pxn=True)
     path_lat = np.where(inter, cluster.router.path_latencies(links, coefs, lens), 0.0)
-    lat_of: dict = {}
-    labels = []
-    for a, b, key in zip(gs.tolist(), gd.tolist(), zip(inter.tolist(), path_lat.tolist())):
-        lat = lat_of.get(key)
-        if lat is None:
-            lat = lat_of[key] = coll.latency_s("send_recv", p2p_plan(cluster, a, b), "Simple", 1.0)
-        labels.append(("p2p", lat, key[0]))
-    flows.add_many(links, coefs, lens, labels, -1)
+    # the latency of each distinct (inter-node, path latency), worked out on its first transfer;
+    # a path latency is a non-negative sum (+0.0 at least), so its bits are its float value
+    key = path_lat.view(np.uint64) | (inter.astype(np.uint64) << np.uint64(63))
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    ids = np.empty(first.size, dtype=np.int64)
+    for k in np.argsort(first, kind="stable").tolist():
+        i = int(first[k])
+        a, b = int(gs[i]), int(gd[i])
+        lat = coll.latency_s("send_recv", p2p_plan(cluster, a, b), "Simple", 1.0)
+        ids[k] = flows.label_id(("p2p", lat, bool(inter[i])))
+    flows.add_ids(links, coefs, lens, ids[inv.ravel()], np.full(gs.size, -1, dtype=np.int64))
 
 
 # -- colour refinement -------------------------------------------------------------------------
@@ -736,14 +774,14 @@ def _initial_colours(prog, coll, network: bool, group_label: list, flow_label: l
     """The colours of ranks (program class, and ``rank_colors``), groups and flows (their
     labels) and links (effective capacity, and ``link_colors``) that refinement starts from."""
     cls_of = prog.class_of_rank
-    init = [int(c) for c in cls_of] if rank_colors is None else list(zip(cls_of.tolist(), rank_colors))
-    rank_c = _labels(init)
+    rank_c = _first_ids(np.asarray(cls_of, dtype=np.int64)) if rank_colors is None else \
+        _labels(list(zip(cls_of.tolist(), rank_colors)))
     group_c = _labels(group_label)
     flow_c = flow_label if isinstance(flow_label, np.ndarray) else _labels(flow_label)
     if not network:
         link_c = np.empty(0, dtype=np.int64)
     elif link_colors is None:
-        link_c = _labels([float(x) for x in coll.capacity])
+        link_c = _first_ids(np.asarray(coll.capacity, dtype=float))
     else:
         link_c = _labels([(float(x), c) for x, c in zip(coll.capacity.tolist(), link_colors)])
     return rank_c, group_c, flow_c, link_c
@@ -759,16 +797,24 @@ def _refine(gr: _Graph, rank_c, group_c, flow_c, link_c):
     n_gflows, gflow, pflow = gr.n_gflows, gr.gflow, gr.pflow
     p_of_flow = pflow - n_gflows
     n_coef = _count(coef_id)
+    # the incidences lie flow by flow (inc_f ascending): a flow's sum is one np.add.reduceat
+    # over its run (integer sums wrap alike in any order), from each non-empty flow's start
+    f_lens = np.bincount(inc_f, minlength=nf) if nf else np.zeros(0, dtype=np.int64)
+    f_some = np.flatnonzero(f_lens)
+    f_start = (np.cumsum(f_lens) - f_lens)[f_some]
     iters = 0
     counts = None
     while True:
         iters += 1
         # links by the flow colours (and coefficients) that cross them
-        h_l = (_sum_into(nl, inc_l, _pair_table(_count(flow_c), 0, n_coef)[flow_c[inc_f], coef_id]) if nl
+        h_l = (_sum_into(nl, inc_l, _gather_pairs(_pair_table(_count(flow_c), 0, n_coef), np.repeat(flow_c, f_lens),
+                                                  coef_id, n_coef)) if nl
                else np.empty(0, np.uint64))
         # flows by their links, their group, or their endpoints
-        h_f = (_sum_into(nf, inc_f, _pair_table(_count(link_c), 1, n_coef)[link_c[inc_l], coef_id]) if nf
-               else np.empty(0, np.uint64))
+        h_f = np.zeros(nf, dtype=np.uint64)
+        if f_some.size:
+            h_f[f_some] = np.add.reduceat(_gather_pairs(_pair_table(_count(link_c), 1, n_coef), link_c[inc_l],
+                                                        coef_id, n_coef), f_start)
         if n_gflows:
             h_f[gflow] += _pair(group_c[owner[gflow]], 7)
         if pflow.size:
@@ -812,14 +858,25 @@ def _group_cells(grid, gr: _Graph, rank_c: np.ndarray, group_c: np.ndarray) -> t
         gmembers[c].append(gi)
     groups, gkind = gr.groups, gr.gkind
     group_cells = [GroupCell(gkind[m[0]], [groups[i] for i in m], grid.gpus(groups[m[0]])) for m in gmembers]
+    # per (rank cell, kind) -- in order of first occurrence over the memberships, group by
+    # group -- the group cells of its members' groups, ascending, with how many members
     groups_of: dict = {}
-    for gi, c in enumerate(group_c.tolist()):
-        kind = gkind[gi]
-        for r in groups[gi]:
-            key = (int(rank_c[r]), kind)
-            d = groups_of.setdefault(key, {})
-            d[c] = d.get(c, 0) + 1
-    return group_cells, {k: sorted(v.items()) for k, v in groups_of.items()}
+    if gr.mem_g.size:
+        n_kinds = _count(gr.mem_kind)
+        n_gc = len(gmembers)
+        key = rank_c[gr.mem_r] * n_kinds + gr.mem_kind
+        ukey, first = np.unique(key, return_index=True)
+        kind_name = {}
+        for gi, k in zip(gr.mem_g[first].tolist(), gr.mem_kind[first].tolist()):
+            kind_name[k] = gkind[gi]
+        pk, cnt = np.unique(key * n_gc + group_c[gr.mem_g], return_counts=True)
+        bounds = np.searchsorted(pk // n_gc, ukey)
+        bounds = np.append(bounds, pk.size)
+        items = list(zip((pk % n_gc).tolist(), cnt.tolist()))
+        for j in np.argsort(first, kind="stable").tolist():
+            k = int(ukey[j])
+            groups_of[(k // n_kinds, kind_name[k % n_kinds])] = items[bounds[j]:bounds[j + 1]]
+    return group_cells, groups_of
 
 
 def _p2p_cells(grid, gr: _Graph, rank_c: np.ndarray, flow_c: np.ndarray) -> tuple[list[P2PCell], dict]:
@@ -877,18 +934,40 @@ def _check_equitable(inc_f, inc_l, inc_w, flow_c, link_c, rtol: float = 1e-9) ->
     """Every flow of a cell has the same weighted count of links in every link cell, and
     every link of a cell the same weighted count of flows of every flow cell."""
     for a, b, ca, cb, what in ((inc_f, inc_l, flow_c, link_c, "flow"), (inc_l, inc_f, link_c, flow_c, "link")):
-        # per (member a, cell of b): summed coefficient
+        # per (member a, cell of b): summed coefficient (in the incidences' order, as a
+        # bincount over the sorted distinct keys; a stable sort: the flow side comes sorted by flow)
         ncb = _count(cb)
-        u, inv = np.unique(a.astype(np.int64) * ncb + cb[b], return_inverse=True)
-        s = np.bincount(inv.ravel(), weights=inc_w)
-        pu_key, pinv = np.unique(ca[u // ncb] * ncb + u % ncb, return_inverse=True)
-        pinv = pinv.ravel()
-        pu = np.stack([pu_key // ncb, pu_key % ncb], axis=1)
-        hi = np.full(pu.shape[0], -np.inf)
-        lo = np.full(pu.shape[0], np.inf)
+        key = a.astype(np.int64) * ncb + cb[b]
+        order = np.argsort(key, kind="stable")
+        ks = key[order]
+        new = np.empty(ks.size, dtype=bool)
+        new[:1] = True
+        np.not_equal(ks[1:], ks[:-1], out=new[1:])
+        starts = np.flatnonzero(new)
+        u = ks[starts]
+        inv = np.empty(ks.size, dtype=np.int64)
+        inv[order] = np.repeat(np.arange(starts.size), np.diff(starts, append=ks.size))
+        s = np.bincount(inv, weights=inc_w)
+        # per (cell of a, cell of b): how many members touch it, and the least and largest sum
+        nca = _count(ca)
+        pk = ca[u // ncb] * ncb + u % ncb
+        if nca * ncb <= max(4 * u.size, 1 << 20):       # a dense table (few cells)
+            pinv = pk
+            cnt = np.bincount(pinv, minlength=nca * ncb)
+            present = np.flatnonzero(cnt)
+            n_p = nca * ncb
+        else:
+            present, pinv = np.unique(pk, return_inverse=True)
+            pinv = pinv.ravel()
+            cnt = np.bincount(pinv, minlength=present.size)
+            n_p = present.size
+        hi = np.full(n_p, -np.inf)
+        lo = np.full(n_p, np.inf)
         np.maximum.at(hi, pinv, s)
         np.minimum.at(lo, pinv, s)
-        cnt = np.bincount(pinv, minlength=pu.shape[0])
+        if n_p != present.size:
+            hi, lo, cnt = hi[present], lo[present], cnt[present]
+        pu = np.stack([present // ncb, present % ncb], axis=1)
         size = np.bincount(ca)
         bad = (cnt != size[pu[:, 0]]) | (hi - lo > rtol * np.abs(hi))
         if bad.any():
