@@ -298,21 +298,22 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     env = simpy.Environment()
     coll = CollectiveEngine(env, cluster, calibration)
     coll.coupled_all_to_all = "coupled_all_to_all" in sc.approximations
-    colors = [pert.rank_color(r) for r in range(grid.world_size)]
+    colors = pert.rank_colors(grid.world_size)
+    plain = all(c == (1.0,) for c in colors)
     if fold and not isinstance(fold, Folding):
         # ranks of different classes or colours never share a cell: a lower bound on the cells,
         # known before folding (per-GPU jitter: every rank its own cell); checked again after
-        check_work_budget([c for c, _ in {(int(prog.class_of_rank[r]), colors[r]) for r in range(grid.world_size)}],
+        check_work_budget(np.unique(prog.class_of_rank).tolist() if plain else
+                          [c for c, _ in {(int(prog.class_of_rank[r]), colors[r]) for r in range(grid.world_size)}],
                           prog, sc.num_steps)
     if isinstance(fold, Folding):
         folding = fold
     elif fold:
-        plain = all(c == (1.0,) for c in colors)
         folding = fold_program(prog, coll, network=not free_comm, rank_colors=None if plain else colors,
                                link_colors=pert.link_colors())
     else:
         folding = Folding.identity(prog, cluster)
-    for c, members in enumerate(folding.cells):
+    for c, members in enumerate(folding.cells if not plain else ()):
         if len({colors[r] for r in members}) > 1:
             raise ConfigError("fold", c, "a rank cell mixes ranks with different compute_scale or what-ifs")
     coll.set_folding(folding if folding.link_cell is not None else None)
