@@ -51,7 +51,7 @@ import numpy as np
 from workloads.ops import Coll, OpKind, ep_a2a_matrix, is_p2p
 
 from ..collectives.engine import PORT_ALGOS, TINY_CALL_BYTES
-from ..collectives.plans import p2p_plan
+from ..collectives.plans import Plan, node_blocks, p2p_plan
 
 __all__ = ["Folding", "GroupCell", "P2PCell", "FoldError", "fold"]
 
@@ -668,19 +668,36 @@ def _a2a_flows(coll, gi: int, gpus: tuple, a2a: list, sizes_mat: list, flows: _F
     """Group ``gi``'s all-to-all calls (``(bytes, sizes key)`` each) as labelled, with their
     flows appended to ``flows``."""
     # one flow per (source, destination) pair for all the group's all-to-alls, labelled
-    # by the bytes it carries in each of them (skewed routing: per layer and micro-batch)
+    # by the bytes it carries in each of them (skewed routing: per layer and micro-batch).
+    # The pairs' routes and latency are those of the engine's all-to-all plan
+    # (CollectiveEngine.alltoall_routes: every pair, row-major, routed with PXN), batch-routed
+    # here without a plan per group.
+    cluster = coll.cluster
     n_m = len(gpus)
     mats = np.stack([sizes_mat[k] if k >= 0 else np.full((n_m, n_m), sz / n_m) for sz, k in a2a])
-    plan = coll.alltoall_routes(gpus)
-    lat = coll.latency_s("all_to_all", plan, "Simple", 0.0)
-    calls = [("all_to_all", sz, k, "direct", "Simple", lat, plan.n_nodes) for sz, k in a2a]
+    m = np.asarray(gpus, dtype=np.int64)
     ii, jj = np.nonzero(~np.eye(n_m, dtype=bool))
+    links, coefs, lens = cluster.router.routes_flat(m[ii], m[jj], pxn=True)
+    D = cluster.nvlink_domain_size
+    inter = m[ii] // D != m[jj] // D
+    lat = 0.0
+    if inter.any():
+        lat = max(lat, float(cluster.router.path_latencies(links, coefs, lens)[inter].max()))
+    shell = Plan("direct", [], n_m, len(node_blocks(cluster, gpus)), 1, lat)
+    lat = coll.latency_s("all_to_all", shell, "Simple", 0.0)
+    calls = [("all_to_all", sz, k, "direct", "Simple", lat, shell.n_nodes) for sz, k in a2a]
     bits = np.ascontiguousarray(mats[:, ii, jj]).view(np.uint64)
     lab = np.zeros(ii.size, dtype=np.uint64)
     for v in range(bits.shape[0]):
         lab += _pair(np.uint64(v), bits[v])
-    for f, lb in zip(plan.flows, lab.tolist()):
-        flows.add(f.links, f.coefs, ("a2a", lb, f.inter_node), gi)
+    # label ids of the distinct (label, inter-node), in order of first occurrence
+    _, lab_inv = np.unique(lab, return_inverse=True)
+    _, first, inv = np.unique(lab_inv.ravel() * 2 + inter, return_index=True, return_inverse=True)
+    ids = np.empty(first.size, dtype=np.int64)
+    for k in np.argsort(first, kind="stable").tolist():
+        i = int(first[k])
+        ids[k] = flows.label_id(("a2a", int(lab[i]), bool(inter[i])))
+    flows.add_ids(links, coefs, lens, ids[inv.ravel()], np.full(ii.size, gi, dtype=np.int64))
     return calls
 
 
