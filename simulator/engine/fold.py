@@ -51,7 +51,7 @@ import numpy as np
 from workloads.ops import Coll, OpKind, ep_a2a_matrix, is_p2p
 
 from ..collectives.engine import PORT_ALGOS, TINY_CALL_BYTES
-from ..collectives.plans import Plan, node_blocks, p2p_plan
+from ..collectives.plans import Plan, node_blocks, p2p_plan, prefetch_rings
 
 __all__ = ["Folding", "GroupCell", "P2PCell", "FoldError", "fold"]
 
@@ -587,6 +587,9 @@ def _domain_batch(prog, coll, groups: list, gkind: list, variants: dict, sizes_m
     cls_inv = cls_inv.ravel()
     placement = np.asarray(prog.grid.placement, dtype=np.int64)
     forms, form_of, sorted_ports = coll.domain_forms(placement[rows])
+    if (form_of < 0).sum() > 1:
+        # groups across NVLink domains (data parallelism at scale): their rings routed at once
+        prefetch_rings(coll.cluster, placement[rows[form_of < 0]])
     # one id per (classes, form): groups sharing it share labels and (moved) templates
     key = cls_inv * (len(forms) + 1) + (form_of + 1)
     done: dict[int, tuple] = {}          # key -> (label, [(link index, coefs, label id) per flow]) or None

@@ -81,7 +81,7 @@ import simpy
 from topologies import ConfigError
 from workloads import build_program
 from workloads.ops import (COLL_ALL_TO_ALL, GROUP_TP, KIND_COLLECTIVE, KIND_COMPUTE,
-                           KIND_SEND, PHASE_F, STREAM_COMPUTE, STREAM_PP, Group, ep_a2a_matrix, is_fsdp_gather,
+                           KIND_SEND, PHASE_F, STREAM_COMPUTE, STREAM_PP, Group, Op, ep_a2a_matrix, is_fsdp_gather,
                            is_cp_hop, is_grad_bucket, is_grad_norm, is_p2p, is_param_gather, is_step_sync)
 from workloads.program import Program
 
@@ -206,15 +206,18 @@ class _Recorder:
     def frame(self):
         import pandas as pd
         rows = self.rows
-        ops = [r[0] for r in rows]
-        cols = {"rank": [r[1] for r in rows], "node": [r[2] for r in rows], "stream": [r[3] for r in rows],
-                "kind": [o.kind for o in ops], "name": [o.name for o in ops], "layer": [o.layer for o in ops],
-                "microbatch": [o.microbatch for o in ops], "chunk": [o.chunk for o in ops],
-                "phase": [o.phase for o in ops], "axis": [r[4] for r in rows], "start_s": [r[5] for r in rows],
-                "end_s": [r[6] for r in rows], "flops": [o.flops for o in ops],
-                "size_bytes": [o.size_bytes for o in ops], "step": [r[7] for r in rows],
-                "cell": [r[8] for r in rows]}
-        return pd.DataFrame(cols)
+        if not rows:
+            return pd.DataFrame({k: [] for k in ("rank", "node", "stream", "kind", "name", "layer", "microbatch",
+                                                 "chunk", "phase", "axis", "start_s", "end_s", "flops", "size_bytes",
+                                                 "step", "cell")})
+        # the rows, then the ops' fields, transposed in one go each (zip: no per-row Python code)
+        ops, rank, node, stream, axis, start, end, step, cell = zip(*rows)
+        f = dict(zip(Op._fields, zip(*ops)))
+        cols = {"rank": rank, "node": node, "stream": stream, "kind": f["kind"], "name": f["name"],
+                "layer": f["layer"], "microbatch": f["microbatch"], "chunk": f["chunk"], "phase": f["phase"],
+                "axis": axis, "start_s": start, "end_s": end, "flops": f["flops"], "size_bytes": f["size_bytes"],
+                "step": step, "cell": cell}
+        return pd.DataFrame({k: list(v) for k, v in cols.items()})
 
 
 _AXIS = {Group.TP: "tp", Group.SP: "tp", Group.ETP: "tp", Group.CP: "cp", Group.EP: "ep", Group.DP: "dp",
