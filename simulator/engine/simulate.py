@@ -356,6 +356,8 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     # (Program.async_sends: PyTorch pipelining's, for ZB-V).
     nonblocking_sends = sc.overlap.get("p2p", False) or prog.async_sends
 
+    op_meta: dict = {}              # class id -> what the actor reads of its ops (_op_meta and flags)
+
     def actor(cid):
         cls = prog.classes[folding.cell_class[cid]]
         rep = folding.cells[cid][0]
@@ -381,8 +383,14 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         ops = cls.ops
         n_ops = len(ops)
         first_layer = min((o.layer for o in ops if o.kind == KIND_COMPUTE and o.layer >= 0), default=0)
-        axis_of, nonblocking_of = _op_meta(cls, sc.overlap)
-        has_fsdp = fsdp_prefetch and any(is_fsdp_gather(o) for o in ops)
+        # what the loop asks of each op by its name: once per class, not per op and step
+        meta = op_meta.get(cls.class_id)
+        if meta is None:
+            meta = op_meta[cls.class_id] = (*_op_meta(cls, sc.overlap), any(is_fsdp_gather(o) for o in ops),
+                                            [is_p2p(o) for o in ops], [is_grad_norm(o) for o in ops],
+                                            [is_cp_hop(o) for o in ops])
+        axis_of, nonblocking_of, any_fsdp, p2p_at, grad_norm_at, cp_hop_at = meta
+        has_fsdp = fsdp_prefetch and any_fsdp
         pair_turns: dict = {}        # F&B pair's first op -> its collectives' order per stream (_pair_turns)
 
         def compute_time(op, step=0, idx=0):
@@ -431,8 +439,12 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
 
         def compute(op, step, idx):
             # one compute op: issued, run, and not done before its last kernel (issued at
-            # the cursor) has run its share
-            yield from host_issue(op)
+            # the cursor) has run its share (host_issue, inline: one generator fewer per op)
+            if op.host_s > 0.0:
+                first = hc[0] + op.host_s / max(op.host_ops, 1)
+                hc[0] += op.host_s
+                if first > env.now:
+                    yield from host_wait(first)
             t0 = env.now
             dur, hops = compute_time(op, step, idx)
             if hops:
@@ -600,11 +612,11 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                         yield from _wait(env, list(overlapped), waits[cid], _AXIS.get(overlapped_axis[0], "cp"))
                         overlapped.clear()
                     continue
-                if is_p2p(op):
+                if p2p_at[i - 1]:
                     # consecutive send/recv ops form one batch, as Megatron's
                     # send_forward_recv_backward: all are posted, then all are awaited
                     batch = [op]
-                    while i < n_ops and is_p2p(ops[i]):
+                    while i < n_ops and p2p_at[i]:
                         batch.append(ops[i])
                         i += 1
                     yield from host_issue(op)           # one batch_isend_irecv call (its first op)
@@ -626,11 +638,15 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                     if env.now > t_wait:
                         waits[cid].append((t_wait, env.now, "dp"))
                     continue
-                yield from host_issue(op)
+                if op.host_s > 0.0:         # host_issue, inline
+                    t_host = hc[0] + op.host_s / max(op.host_ops, 1)
+                    hc[0] += op.host_s
+                    if t_host > env.now:
+                        yield from host_wait(t_host)
                 if overlapped and is_step_sync(op):
                     yield from _wait(env, list(overlapped), waits[cid], _AXIS.get(overlapped_axis[0], "cp"))
                     overlapped.clear()
-                if is_grad_norm(op):
+                if grad_norm_at[i - 1]:
                     pend = outstanding["grad"]
                     if pend:
                         yield from _wait(env, pend, waits[cid], "dp")
@@ -640,7 +656,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 sizes = sizes_of(op)
                 groups = groups_of[op.group]
                 t_issue = env.now
-                if (cp_overlap and is_cp_hop(op)) or (tp_overlap and op.group == GROUP_TP):
+                if (cp_overlap and cp_hop_at[i - 1]) or (tp_overlap and op.group == GROUP_TP):
                     ev = _issue(env, coll, groups, seq, op, free_comm, sizes)
                     fin = env.event()
                     ev.callbacks.append(lambda _x, op=op, t_issue=t_issue, step=step, fin=fin, axis=axis: (
@@ -648,7 +664,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                     overlapped.append(fin)
                     overlapped_axis[0] = op.group
                     inflight.append(fin)
-                    if is_cp_hop(op):
+                    if cp_hop_at[i - 1]:
                         hop_fins.add(fin)
                     continue
                 if nonblocking:
