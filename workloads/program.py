@@ -499,7 +499,7 @@ def _moe_signature(ctx: _Ctx, e: int, a2a_sizes: dict, loads: dict):
                 else:
                     load = loads[(layer, mb)] = expert_load(ctx.routing, pool, E, k, layer=layer, microbatch=mb,
                                                             seed=ctx.seed)
-            table[(layer, mb)] = tuple(int(x) for x in load[e * local:(e + 1) * local])
+            table[(layer, mb)] = tuple(map(int, load[e * local:(e + 1) * local].tolist()))
             if (layer, mb) not in a2a_sizes and par.ep > 1:
                 a2a_sizes[(layer, mb)] = dispatch_matrix(load, par.ep, bytes_per_token)
     return tuple(sorted(table.items())), table

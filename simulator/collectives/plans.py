@@ -337,12 +337,15 @@ def alltoall_plan(cluster: Cluster, members, sizes: np.ndarray) -> Plan:
     ii, jj = np.nonzero(off)                                  # row-major: (0, 1), (0, 2), ...
     routes = cluster.router.routes(m[ii], m[jj], pxn=True)
     D = cluster.nvlink_domain_size
-    inter = (m[ii] // D != m[jj] // D).tolist()
-    flows, lat = [], 0.0
-    for r, x, k in zip(routes, inter, sizes[ii, jj].tolist()):
-        if x:
-            lat = max(lat, cluster.router.path_latency(r))
-        flows.append(ChannelFlow(r.links, r.coefs, k, inter_node=x))
+    inter_a = m[ii] // D != m[jj] // D
+    inter = inter_a.tolist()
+    flows = [ChannelFlow(r.links, r.coefs, k, inter_node=x) for r, x, k in zip(routes, inter, sizes[ii, jj].tolist())]
+    lat = 0.0
+    if inter_a.any():           # the largest inter-node route latency (path_latency per route, batched)
+        xr = [r for r, x in zip(routes, inter) if x]
+        lat = max(lat, float(cluster.router.path_latencies(
+            np.concatenate([r.links for r in xr]), np.concatenate([r.coefs for r in xr]),
+            np.array([r.links.size for r in xr], dtype=np.int64)).max()))
     return Plan("direct", flows, len(members), len(blocks), 1, lat)
 
 
