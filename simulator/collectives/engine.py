@@ -376,7 +376,7 @@ class CollectiveEngine:
         if hit is None:
             blocks = node_blocks(self.cluster, members)
             ppn = len(members) // len(blocks)
-            hit = self._shapes[members] = (blocks, ppn, all(len(b) == ppn for b in blocks))
+            hit = self._shapes[members] = (blocks, ppn, set(map(len, blocks)) == {ppn})
         return hit
 
     def _predict(self, members: tuple[int, ...], kind: str, size: float) -> dict[tuple[str, str], float]:

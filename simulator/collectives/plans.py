@@ -154,7 +154,8 @@ def _channels(cluster: Cluster, blocks) -> list[list[int]]:
     gets the fewest any block offers.  Channels take the rails in turn, at most
     :data:`MAX_RING_CHANNELS`.  One block, blocks of one GPU, or hosts without NICs: one channel.
     """
-    if len(blocks) == 1 or cluster.nics_per_host == 0 or all(len(b) == 1 for b in blocks):
+    # (blocks are never empty: all of length one <=> their lengths sum to their number)
+    if len(blocks) == 1 or cluster.nics_per_host == 0 or sum(map(len, blocks)) == len(blocks):
         return [[b[0] for b in blocks]]     # a block of one offers its member, the channel that follows
     offers = []                 # per block: rail -> entry GPUs, one per distinct NIC
     for b in blocks:
