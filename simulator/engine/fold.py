@@ -663,7 +663,8 @@ def _first_of_form(prog, coll, groups, gkind, vs, sizes_mat, flows, gi, group_la
         for fl in plan.flows:
             out.append((np.searchsorted(ref_ports, fl.links), fl.coefs,
                         flows.label_id((tkey, fl.bytes_per_byte, fl.inter_node))))
-    assert len(group_label) == n_label + 1 and len(flows) == n_flows + len(out)
+    if len(group_label) != n_label + 1 or len(flows) != n_flows + len(out):
+        return None         # not the flows the templates stand for: the others go one by one too
     return group_label[-1], out
 
 
