@@ -38,10 +38,14 @@ a property of each GPU's port (up and down), as on HGX and NVL72 systems.
 
 from __future__ import annotations
 
-import networkx as nx
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .specs import LINK_LATENCY_S, TIER_INDEX, TIERS, Tier
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["GraphTable", "nvlink_domains", "host_nics", "leaf_spine", "cross_rack_core"]
 
@@ -133,6 +137,8 @@ class GraphTable:
 
     def graph(self) -> nx.DiGraph:
         """The ``nx.DiGraph`` of the table: the same nodes, attributes and edge order."""
+        import networkx as nx       # (only here: a run that never asks for the graph does not import it)
+
         g = nx.DiGraph()
         for kind, names, attrs in self._nodes:
             cols = {k: a.tolist() for k, a in attrs.items()}

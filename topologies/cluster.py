@@ -22,8 +22,8 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import numpy as np
 import yaml
 
@@ -32,6 +32,9 @@ from .errors import ConfigError, check_keys
 from .specs import (LINK_LATENCY_S, PCIE_BANDWIDTH, GPUSpec, Tier,
                     get_gpu_spec, get_nic_spec)
 from .units import fmt_bw, parse_bandwidth, parse_time
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["ClusterSpec", "Cluster", "build_cluster", "CLUSTER_PRESETS", "load_preset", "ROUTING_POLICIES",
            "domain_that_divides"]

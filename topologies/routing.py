@@ -407,6 +407,22 @@ class Router:
         ports = np.concatenate([self.nvl_up[g], self.nvl_down[g]])
         return None if (ports < 0).any() else ports
 
+    def domain_ports_many(self, gpus: np.ndarray) -> np.ndarray | None:
+        """:meth:`domain_ports` of many groups of one size (a row of GPUs each): a row of
+        ports per group, all -1 where :meth:`domain_ports` gives None (or None for all)."""
+        c = self.cluster
+        g = np.asarray(gpus, dtype=np.int64)
+        if g.ndim != 2 or g.shape[1] == 0:
+            return None
+        inside = ((g >= 0) & (g < c.num_gpus)).all(axis=1)
+        gs = np.where(inside[:, None], g, 0)
+        D = c.nvlink_domain_size
+        one = inside & (gs // D == gs[:, :1] // D).all(axis=1)
+        ports = np.concatenate([self.nvl_up[gs], self.nvl_down[gs]], axis=1)
+        ports[~one] = -1
+        ports[(ports < 0).any(axis=1)] = -1
+        return ports
+
     def reduction_tree(self, nics, plane: int) -> tuple[list[int], float]:
         """Switch links of a SHARP aggregation tree over ``nics`` rooted in spine plane ``plane``.
 
@@ -442,11 +458,27 @@ class Router:
         out = np.zeros(lens.size)
         lat = self.cluster.link_latency[links]
         starts = np.cumsum(lens) - lens
+        if lens.size <= 16:         # a few routes (a ring over a couple of nodes): each on its own
+            for i, (a, n) in enumerate(zip(starts.tolist(), lens.tolist())):
+                if n:
+                    idx = np.arange(a, a + n)
+                    out[i] = float(np.dot(lat[idx], coefs[idx]))
+            return out
+        # each link's (latency, coefficient) as a small id among the distinct pairs (bit patterns)
+        ul, li = np.unique(lat.view(np.uint64), return_inverse=True)
+        uc, ci = np.unique(np.asarray(coefs, dtype=float).view(np.uint64), return_inverse=True)
+        pid = li.ravel().astype(np.int64) * uc.size + ci.ravel()
+        k = max(ul.size * uc.size, 1)
         for n in np.unique(lens[lens > 0]).tolist():
             rows = np.flatnonzero(lens == n)
             idx = starts[rows, None] + np.arange(n)
-            bits = np.concatenate([lat[idx], coefs[idx]], axis=1).view(np.uint64)
-            _, first, inv = np.unique(bits, axis=0, return_index=True, return_inverse=True)
+            if k ** n < 2 ** 62:
+                # a route's sequence of pair ids as one integer (mixed radix k): equal iff equal
+                key = pid[idx] @ (k ** np.arange(n, dtype=np.int64))
+                _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+            else:
+                bits = np.concatenate([lat[idx], coefs[idx]], axis=1).view(np.uint64)
+                _, first, inv = np.unique(bits, axis=0, return_index=True, return_inverse=True)
             dots = [float(np.dot(lat[idx[i]], coefs[idx[i]])) for i in first.tolist()]
             out[rows] = np.array(dots)[inv.ravel()]
         return out

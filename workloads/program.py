@@ -444,29 +444,35 @@ def _rank_classes(ctx: _Ctx, grid: RankGrid, a2a_sizes: dict) -> tuple[list[Rank
     loads: dict = {}           # (layer, mb) -> tokens per expert: sampled once, sliced per EP coordinate
     sig_of_ep = {e: _moe_signature(ctx, e, a2a_sizes, loads) for e in ep_coords}
     classes: list[RankClass] = []
-    class_of_rank = np.empty(grid.world_size, dtype=np.int64)
-    by_key: dict = {}
     a2a, ring = par.cp_sizes()
     per_cp_rank = par.cp_split == "sequential" and ring > 1 and par.cp_comm_type != "a2a"
-    for rank in range(grid.world_size):
-        stage = grid.coords(rank)["pp"]
-        e = grid.coords(rank, "expert")["ep"] if model.moe is not None else 0
-        # a sequential CP split (what-if) gives each ring position its own attention work
-        pos = grid.coords(rank)["cp"] // a2a if per_cp_rank else 0
-        key = (stage, sig_of_ep[e][0], pos)
-        cid = by_key.get(key)
-        if cid is None:
-            cid = len(classes)
-            by_key[key] = cid
-            ctx.cp_pos = pos
-            ops = _stage_program(ctx, stage, sig_of_ep[e][1])
-            classes.append(RankClass(cid, stage, (), ops))
-        class_of_rank[rank] = cid
-    members: dict[int, list[int]] = {}
-    for r, c in enumerate(class_of_rank.tolist()):
-        members.setdefault(c, []).append(r)
+    # every rank's (stage, EP signature, CP ring position) in arrays (grid.coords, all at once)
+    ranks = np.arange(grid.world_size, dtype=np.int64)
+
+    def coord(axis: str, mesh: str = "dense") -> np.ndarray:
+        return (ranks // grid.strides[mesh][axis]) % grid.sizes[mesh][axis]
+
+    stage = coord("pp")
+    sig_id: dict = {}
+    sig_of = np.array([sig_id.setdefault(sig_of_ep[e][0], len(sig_id)) for e in ep_coords], dtype=np.int64)
+    e_of = coord("ep", "expert") if model.moe is not None else np.zeros_like(ranks)
+    # a sequential CP split (what-if) gives each ring position its own attention work
+    pos = coord("cp") // a2a if per_cp_rank else np.zeros_like(ranks)
+    key = (stage * len(sig_id) + sig_of[e_of]) * (int(pos.max()) + 1 if pos.size else 1) + pos
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    cid_of = np.empty(first.size, dtype=np.int64)
+    for cid, k in enumerate(np.argsort(first, kind="stable").tolist()):     # classes in order of first rank
+        r = int(first[k])
+        cid_of[k] = cid
+        ctx.cp_pos = int(pos[r])
+        e = int(e_of[r])
+        ops = _stage_program(ctx, int(stage[r]), sig_of_ep[e][1])
+        classes.append(RankClass(cid, int(stage[r]), (), ops))
+    class_of_rank = cid_of[inv.ravel()]
+    order = np.argsort(class_of_rank, kind="stable")
+    bounds = np.searchsorted(class_of_rank[order], np.arange(len(classes) + 1))
     for c in classes:
-        c.members = tuple(members[c.class_id])
+        c.members = tuple(order[bounds[c.class_id]:bounds[c.class_id + 1]].tolist())
     return classes, class_of_rank
 
 
@@ -493,7 +499,7 @@ def _moe_signature(ctx: _Ctx, e: int, a2a_sizes: dict, loads: dict):
                 else:
                     load = loads[(layer, mb)] = expert_load(ctx.routing, pool, E, k, layer=layer, microbatch=mb,
                                                             seed=ctx.seed)
-            table[(layer, mb)] = tuple(int(x) for x in load[e * local:(e + 1) * local])
+            table[(layer, mb)] = tuple(map(int, load[e * local:(e + 1) * local].tolist()))
             if (layer, mb) not in a2a_sizes and par.ep > 1:
                 a2a_sizes[(layer, mb)] = dispatch_matrix(load, par.ep, bytes_per_token)
     return tuple(sorted(table.items())), table

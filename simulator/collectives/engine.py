@@ -204,6 +204,37 @@ class CollectiveEngine:
             return None
         return (len(members), order.tobytes(), self.capacity[ports].tobytes()), sorted_ports
 
+    def domain_forms(self, gpus: np.ndarray) -> tuple[np.ndarray, list, np.ndarray]:
+        """:meth:`_domain_form` of many groups of one size at once (``gpus``: a row per
+        group): whether each has a form, the distinct forms in order of first occurrence,
+        each group's form (an index into them; -1 for none) and each group's sorted ports
+        (a row per group).  The same forms, bit for bit, as one group at a time."""
+        gpus = np.asarray(gpus, dtype=np.int64)
+        m, k = gpus.shape
+        ports = self.cluster.router.domain_ports_many(gpus)
+        ok = np.zeros(m, dtype=bool) if ports is None else (ports >= 0).all(axis=1)
+        if ports is None or not ok.any():
+            return [], np.full(m, -1, dtype=np.int64), np.empty((m, 2 * k), dtype=np.int64)
+        order = np.argsort(ports, axis=1, kind="stable")
+        sorted_ports = np.take_along_axis(ports, order, axis=1)
+        ok &= ~(sorted_ports[:, 1:] == sorted_ports[:, :-1]).any(axis=1)
+        caps = self.capacity[np.where(ports >= 0, ports, 0)]
+        key = np.concatenate([order.astype(np.int64), caps.view(np.int64)], axis=1)
+        rows = np.flatnonzero(ok)
+        _, first, inv = np.unique(key[rows], axis=0, return_index=True, return_inverse=True)
+        rank = np.empty(first.size, dtype=np.int64)
+        rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+        form_of = np.full(m, -1, dtype=np.int64)
+        form_of[rows] = rank[inv.ravel()]
+        firsts = rows[np.sort(first)]
+        forms = [(k, order[i].tobytes(), self.capacity[ports[i]].tobytes()) for i in firsts.tolist()]
+        return forms, form_of, sorted_ports
+
+    def form_plan(self, form: tuple, kind: str, algo: str):
+        """The plan kept for groups of ``form`` (``(plan, seconds per byte, its sorted ports)``,
+        see :meth:`plan`), or None when none has been built yet."""
+        return self._form_plans.get((form, kind, algo, None))
+
     def domain_form(self, members) -> tuple | None:
         """The form of a group inside one NVLink domain (:meth:`_domain_form`): groups of one
         form get the same predictions, hence the same choices, and the same plans of the
@@ -345,7 +376,7 @@ class CollectiveEngine:
         if hit is None:
             blocks = node_blocks(self.cluster, members)
             ppn = len(members) // len(blocks)
-            hit = self._shapes[members] = (blocks, ppn, all(len(b) == ppn for b in blocks))
+            hit = self._shapes[members] = (blocks, ppn, set(map(len, blocks)) == {ppn})
         return hit
 
     def _predict(self, members: tuple[int, ...], kind: str, size: float) -> dict[tuple[str, str], float]:

@@ -67,12 +67,20 @@ class Plan:
 
 def node_blocks(cluster: Cluster, members) -> list[list[int]]:
     """Members grouped by NVLink domain, domains in order of first appearance."""
+    # (a member per domain is cached per member tuple: a data-parallel group of 10^3 nodes is
+    # blocked for each of its plans and predictions; callers only read the lists)
+    key = tuple(members)
+    cache = cluster.router.__dict__.setdefault("_blocks_cache", {})
+    hit = cache.get(key)
+    if hit is not None:
+        return hit
     D = cluster.nvlink_domain_size          # cluster.domain_of, inline: groups of 10^3 GPUs
-    m = np.asarray(members, dtype=np.int64)
+    m = np.asarray(key, dtype=np.int64)
     if m.size > 1 and np.unique(m // D).size == m.size:
-        return [[g] for g in m.tolist()]    # a member per domain (data parallelism across nodes)
+        out = cache[key] = [[g] for g in m.tolist()]     # a member per domain (data parallelism across nodes)
+        return out
     blocks: dict[int, list[int]] = {}
-    for g in members:
+    for g in key:
         blocks.setdefault(g // D, []).append(g)
     return list(blocks.values())
 
@@ -98,6 +106,38 @@ def _concat(cluster: Cluster, edges, pxn: bool = True):
     return out
 
 
+def prefetch_rings(cluster: Cluster, gpus: np.ndarray) -> None:
+    """Route the ring edges of many groups of one GPU per NVLink domain (a row of GPUs
+    each; other rows are left alone) in one batch, and keep each group's in :func:`_concat`'s
+    cache: what :func:`ring_plan` of an all-reduce, all-gather or reduce-scatter asks for
+    (one channel, the members in order and back to the first), the same arrays and latency
+    bit for bit (routes and latencies are per edge), without routing 10^3 groups one by one."""
+    g = np.asarray(gpus, dtype=np.int64)
+    if g.ndim != 2 or g.shape[0] == 0 or g.shape[1] < 2:
+        return
+    D = cluster.nvlink_domain_size
+    dom = np.sort(g // D, axis=1)
+    g = g[(dom[:, 1:] != dom[:, :-1]).all(axis=1)]
+    cache = cluster.router.__dict__.setdefault("_concat_cache", {})
+    keys, rows = [], []
+    for i, row in enumerate(g.tolist()):
+        key = (tuple(zip(row, row[1:] + row[:1])), True)
+        if key not in cache:
+            keys.append(key)
+            rows.append(i)
+    if not rows:
+        return
+    src = g[rows]
+    dst = np.roll(src, -1, axis=1)
+    links, coefs, lens = cluster.router.routes_flat(src.ravel(), dst.ravel(), pxn=True)
+    lat = cluster.router.path_latencies(links, coefs, lens).reshape(src.shape)
+    inter = (src // D != dst // D)
+    row_len = lens.reshape(src.shape).sum(axis=1)
+    ends = np.cumsum(row_len)
+    for key, a, b, lt, it in zip(keys, (ends - row_len).tolist(), ends.tolist(), lat, inter):
+        cache[key] = (links[a:b], coefs[a:b], float(max(lt[it].max(initial=0.0), 0.0)))
+
+
 MAX_RING_CHANNELS = 32
 """NCCL's cap on channels per communicator (``MAXCHANNELS``, 32 in NCCL 2.x,
 ``src/include/device.h``)."""
@@ -114,7 +154,8 @@ def _channels(cluster: Cluster, blocks) -> list[list[int]]:
     gets the fewest any block offers.  Channels take the rails in turn, at most
     :data:`MAX_RING_CHANNELS`.  One block, blocks of one GPU, or hosts without NICs: one channel.
     """
-    if len(blocks) == 1 or cluster.nics_per_host == 0 or all(len(b) == 1 for b in blocks):
+    # (blocks are never empty: all of length one <=> their lengths sum to their number)
+    if len(blocks) == 1 or cluster.nics_per_host == 0 or sum(map(len, blocks)) == len(blocks):
         return [[b[0] for b in blocks]]     # a block of one offers its member, the channel that follows
     offers = []                 # per block: rail -> entry GPUs, one per distinct NIC
     for b in blocks:
@@ -297,12 +338,15 @@ def alltoall_plan(cluster: Cluster, members, sizes: np.ndarray) -> Plan:
     ii, jj = np.nonzero(off)                                  # row-major: (0, 1), (0, 2), ...
     routes = cluster.router.routes(m[ii], m[jj], pxn=True)
     D = cluster.nvlink_domain_size
-    inter = (m[ii] // D != m[jj] // D).tolist()
-    flows, lat = [], 0.0
-    for r, x, k in zip(routes, inter, sizes[ii, jj].tolist()):
-        if x:
-            lat = max(lat, cluster.router.path_latency(r))
-        flows.append(ChannelFlow(r.links, r.coefs, k, inter_node=x))
+    inter_a = m[ii] // D != m[jj] // D
+    inter = inter_a.tolist()
+    flows = [ChannelFlow(r.links, r.coefs, k, inter_node=x) for r, x, k in zip(routes, inter, sizes[ii, jj].tolist())]
+    lat = 0.0
+    if inter_a.any():           # the largest inter-node route latency (path_latency per route, batched)
+        xr = [r for r, x in zip(routes, inter) if x]
+        lat = max(lat, float(cluster.router.path_latencies(
+            np.concatenate([r.links for r in xr]), np.concatenate([r.coefs for r in xr]),
+            np.array([r.links.size for r in xr], dtype=np.int64)).max()))
     return Plan("direct", flows, len(members), len(blocks), 1, lat)
 
 

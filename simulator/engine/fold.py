@@ -51,7 +51,7 @@ import numpy as np
 from workloads.ops import Coll, OpKind, ep_a2a_matrix, is_p2p
 
 from ..collectives.engine import PORT_ALGOS, TINY_CALL_BYTES
-from ..collectives.plans import p2p_plan
+from ..collectives.plans import Plan, node_blocks, p2p_plan, prefetch_rings
 
 __all__ = ["Folding", "GroupCell", "P2PCell", "FoldError", "fold"]
 
@@ -245,6 +245,12 @@ def _pair_table(n_colours: int, offset: int, n: int) -> np.ndarray:
     return _pair(np.arange(n_colours)[:, None] + offset, np.arange(n)[None, :])
 
 
+def _gather_pairs(table: np.ndarray, colour: np.ndarray, coef_id: np.ndarray, n_coef: int) -> np.ndarray:
+    """``table[colour, coef_id]`` (a :func:`_pair_table`), gathered from its flat form."""
+    flat = table.ravel()
+    return flat[colour] if n_coef == 1 else flat[colour * n_coef + coef_id]
+
+
 def _sum_into(n: int, idx: np.ndarray, vals: np.ndarray) -> np.ndarray:
     acc = np.zeros(n, dtype=np.uint64)
     np.add.at(acc, idx, vals)
@@ -256,10 +262,12 @@ def _relabel(old: np.ndarray, h: np.ndarray) -> np.ndarray:
 
     The distinct keys come from a hash table (few: one per colour), and each element finds
     its key by binary search among them, which is cheaper than sorting the elements."""
+    import pandas as pd     # (its hash table: 4x numpy's unique on 10^6 keys of few values)
+
     if old.size == 0:
         return old
     key = _pair(old, h)
-    u = np.sort(np.unique(key))
+    u = np.sort(pd.unique(key))
     inv = np.searchsorted(u, key)
     first = np.full(u.size, key.size, dtype=np.int64)
     np.minimum.at(first, inv, np.arange(key.size))
@@ -275,6 +283,17 @@ def _labels(keys: list) -> np.ndarray:
     """Integer ids of hashable keys, in order of first occurrence."""
     ids: dict = {}
     return np.array([ids.setdefault(k, len(ids)) for k in keys], dtype=np.int64)
+
+
+def _first_ids(x: np.ndarray) -> np.ndarray:
+    """:func:`_labels` of an array's values (ints, or floats that are not NaN): ids of the
+    distinct values in order of first occurrence."""
+    if x.size == 0:
+        return np.empty(0, dtype=np.int64)
+    _, first, inv = np.unique(x, return_index=True, return_inverse=True)
+    rank = np.empty(first.size, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+    return rank[inv.ravel()]
 
 
 def _count(c: np.ndarray) -> int:
@@ -314,28 +333,45 @@ def fold(prog, coll, *, network: bool = True, rank_colors=None, link_colors=None
 @dataclass
 class _Flows:
     """The flows on the network, in order: the route of each (links and coefficients, in
-    chunks of routes laid end to end, ``lens`` links each), its initial label, and the group
-    it belongs to (-1 for a pipeline transfer)."""
+    chunks of routes laid end to end, ``lens`` links each), its initial label (as the id of
+    the label among the distinct ones, in order of first occurrence: ``index``), and the
+    group it belongs to (-1 for a pipeline transfer)."""
 
     links: list = field(default_factory=list)
     coefs: list = field(default_factory=list)
     lens: list = field(default_factory=list)
-    label: list = field(default_factory=list)
+    ids: list = field(default_factory=list)
     owner: list = field(default_factory=list)
+    index: dict = field(default_factory=dict)
+    n: int = 0
 
     def __len__(self) -> int:
-        return len(self.label)
+        return self.n
+
+    def label_id(self, label) -> int:
+        return self.index.setdefault(label, len(self.index))
 
     def add(self, links: np.ndarray, coefs: np.ndarray, label, owner: int) -> None:
         self.add_many(links, coefs, np.array([links.size]), [label], owner)
 
     def add_many(self, links: np.ndarray, coefs: np.ndarray, lens: np.ndarray, labels: list, owner: int) -> None:
         """Flows whose routes lie end to end in ``links``/``coefs`` (``lens`` links each)."""
+        self.add_ids(links, coefs, lens, np.array([self.label_id(lb) for lb in labels], dtype=np.int64),
+                     np.full(len(labels), owner, dtype=np.int64))
+
+    def add_ids(self, links: np.ndarray, coefs: np.ndarray, lens: np.ndarray, ids: np.ndarray,
+                owner: np.ndarray) -> None:
+        """The same with the label ids given (from :meth:`label_id`, in the flows' order)."""
         self.links.append(links)
         self.coefs.append(coefs)
         self.lens.append(lens)
-        self.label += labels
-        self.owner += [owner] * len(labels)
+        self.ids.append(ids)
+        self.owner.append(owner)
+        self.n += ids.size
+
+    @property
+    def label(self) -> np.ndarray:
+        return np.concatenate(self.ids) if self.ids else np.empty(0, dtype=np.int64)
 
 
 @dataclass
@@ -346,7 +382,7 @@ class _Graph:
     ``mem_g`` (group), ``mem_r`` (rank) and ``mem_kind`` (kind id).  Transfer ``i`` runs from
     rank ``p_src[i]`` to ``p_dst[i]``.  Flows ``gflow`` (the first ``n_gflows``) belong to group
     ``owner[f]``; flows ``pflow`` carry transfer ``p_of_flow`` (none without the network).
-    Entry ``k`` of the flow/link incidence: flow ``inc_f[k]`` crosses link ``inc_l[k]`` with
+    Entry ``k`` of the flow/link incidence (flow by flow: ``inc_f`` ascending): flow ``inc_f[k]`` crosses link ``inc_l[k]`` with
     coefficient ``inc_w[k]`` (``coef_id[k]``: its rank among the distinct coefficients).
     """
 
@@ -388,26 +424,28 @@ def _structure(prog, coll, network: bool) -> tuple[_Graph, list, list]:
     pipes = grid.groups("pp")
     variants, sizes_mat = _call_variants(prog)
     groups, gkind, kinds = _collective_groups(prog, variants, pipes)
-    mem_g = np.fromiter((i for i, g in enumerate(groups) for _ in g), dtype=np.int64)
-    mem_r = np.fromiter((r for g in groups for r in g), dtype=np.int64)
+    sizes = np.array([len(g) for g in groups], dtype=np.int64)
+    mem_g = np.repeat(np.arange(len(groups)), sizes)
+    mem_r = np.fromiter((r for g in groups for r in g), dtype=np.int64, count=int(sizes.sum()))
     kind_id = {k: i for i, k in enumerate(kinds)}
-    mem_kind = np.array([kind_id[gkind[i]] for i in mem_g.tolist()], dtype=np.int64)
+    mem_kind = np.repeat(np.array([kind_id[k] for k in gkind], dtype=np.int64), sizes)
 
     flows = _Flows()
     group_label = _group_flows(prog, coll, network, groups, gkind, variants, sizes_mat, flows)
     n_gflows = len(flows)
-    pairs = _pipeline_pairs(prog, pipes)
+    p_src, p_dst = _pipeline_pairs(prog, pipes)
+    pairs = list(zip(p_src.tolist(), p_dst.tolist()))
     if network and pairs:
-        _p2p_flows(coll, grid, pairs, flows)
+        _p2p_flows(coll, grid, p_src, p_dst, flows)
     nf = len(flows)
     lens = np.concatenate(flows.lens) if nf else np.empty(0, dtype=np.int64)
     inc_w = np.concatenate(flows.coefs) if nf else np.empty(0)
     coef_id = np.searchsorted(np.sort(np.unique(inc_w)), inc_w)     # rank among the few distinct coefficients
     gr = _Graph(n=grid.world_size, nl=coll.cluster.num_links if network else 0, pipes=pipes,
                 groups=groups, gkind=gkind, mem_g=mem_g, mem_r=mem_r, mem_kind=mem_kind, pairs=pairs,
-                p_src=np.array([p[0] for p in pairs], dtype=np.int64),
-                p_dst=np.array([p[1] for p in pairs], dtype=np.int64),
-                nf=nf, n_gflows=n_gflows, owner=np.array(flows.owner, dtype=np.int64),
+                p_src=p_src, p_dst=p_dst,
+                nf=nf, n_gflows=n_gflows,
+                owner=np.concatenate(flows.owner) if nf else np.empty(0, dtype=np.int64),
                 inc_f=np.repeat(np.arange(nf), lens),
                 inc_l=np.concatenate(flows.links) if nf else np.empty(0, dtype=np.int64),
                 inc_w=inc_w, coef_id=coef_id)
@@ -455,8 +493,16 @@ def _collective_groups(prog, variants: dict, pipes: list) -> tuple[list[tuple[in
             cand = [(p[0],) if len(p) == 1 else (p[0], p[-1]) for p in pipes]
         else:
             cand = grid.groups(kind)
-        for g in cand:
-            if any(int(cls_of[r]) in users for r in g) and (kind, g) not in seen:
+        # the candidates with a member of a class that calls on this kind (groups of one
+        # size in arrays)
+        used = np.zeros(int(cls_of.max()) + 1 if cls_of.size else 0, dtype=bool)
+        used[[c for c in users if 0 <= c < used.size]] = True
+        if cand and len({len(g) for g in cand}) == 1:
+            keep = used[cls_of[np.array(cand, dtype=np.int64)]].any(axis=1).tolist()
+        else:
+            keep = [any(int(cls_of[r]) in users for r in g) for g in cand]
+        for g, k in zip(cand, keep):
+            if k and (kind, g) not in seen:
                 seen.add((kind, g))
                 groups.append(g)
                 gkind.append(kind)
@@ -467,52 +513,195 @@ def _group_flows(prog, coll, network: bool, groups: list, gkind: list, variants:
                  sizes_mat: list, flows: _Flows) -> list:
     """The initial label of every group -- kind, size, and each call it makes (on the network:
     with the algorithm, protocol and latency NCCL would pick) -- with the flows of its calls
-    appended to ``flows`` (one set per collective and algorithm)."""
-    grid = prog.grid
-    cls_of = prog.class_of_rank
+    appended to ``flows`` (one set per collective and algorithm).
+
+    Groups of one kind and size inside NVLink domains (a TP group on every node) go in one
+    batch (:func:`_domain_batch`); the rest one at a time (:func:`_one_group`)."""
     group_label: list = []
     union_cache: dict = {}
     form_calls: dict = {}       # (calls made, group form) -> their labels
-    for gi, g in enumerate(groups):
-        kind = gkind[gi]
-        ucls = tuple(sorted({int(cls_of[r]) for r in g}))
-        vs = union_cache.get((kind, ucls))
-        if vs is None:
-            vs = union_cache[(kind, ucls)] = sorted(set().union(*(variants.get((c, kind), set()) for c in ucls)))
-        if not network or len(g) == 1:
-            group_label.append((kind, len(g), tuple(vs)))
-            continue
-        gpus = grid.gpus(g)
-        calls = []
-        a2a = [(size, skey) for coll_kind, size, skey in vs if coll_kind == "all_to_all"]
-        if a2a:
-            calls += _a2a_flows(coll, gi, gpus, a2a, sizes_mat, flows)
-        planned = _planned_calls(coll, gpus, vs, form_calls)
-        calls += planned
-        group_label.append((kind, len(g), tuple(calls)))
-        for tkey, plan in _templates(coll, gpus, planned).items():
-            for f in plan.flows:
-                flows.add(f.links, f.coefs, (tkey, f.bytes_per_byte, f.inter_node), gi)
+    cls_of = prog.class_of_rank
+    gi = 0
+    while gi < len(groups):
+        # a run of groups of one kind and size
+        end = gi + 1
+        while end < len(groups) and gkind[end] == gkind[gi] and len(groups[end]) == len(groups[gi]):
+            end += 1
+        if network and len(groups[gi]) > 1 and end - gi > 1:
+            _domain_batch(prog, coll, groups, gkind, variants, sizes_mat, flows, gi, end, group_label, union_cache,
+                          form_calls)
+        else:
+            for i in range(gi, end):
+                ucls = tuple(sorted({int(cls_of[r]) for r in groups[i]}))
+                _one_group(prog, coll, network, groups, gkind, _variants(variants, union_cache, gkind[i], ucls),
+                           sizes_mat, flows, i, group_label, form_calls)
+        gi = end
     return group_label
+
+
+def _variants(variants: dict, union_cache: dict, kind: str, ucls: tuple) -> list:
+    """The distinct calls of a group of ``kind`` whose members are of classes ``ucls``."""
+    vs = union_cache.get((kind, ucls))
+    if vs is None:
+        vs = union_cache[(kind, ucls)] = sorted(set().union(*(variants.get((c, kind), set()) for c in ucls)))
+    return vs
+
+
+def _one_group(prog, coll, network: bool, groups: list, gkind: list, vs: list, sizes_mat: list, flows: _Flows,
+               gi: int, group_label: list, form_calls: dict) -> None:
+    """Group ``gi``'s label (appended to ``group_label``) and flows (to ``flows``)."""
+    g = groups[gi]
+    kind = gkind[gi]
+    if not network or len(g) == 1:
+        group_label.append((kind, len(g), tuple(vs)))
+        return
+    gpus = prog.grid.gpus(g)
+    calls = []
+    a2a = [(size, skey) for coll_kind, size, skey in vs if coll_kind == "all_to_all"]
+    if a2a:
+        calls += _a2a_flows(coll, gi, gpus, a2a, sizes_mat, flows)
+    planned = _planned_calls(coll, gpus, vs, form_calls)
+    calls += planned
+    group_label.append((kind, len(g), tuple(calls)))
+    for tkey, plan in _templates(coll, gpus, planned).items():
+        for f in plan.flows:
+            flows.add(f.links, f.coefs, (tkey, f.bytes_per_byte, f.inter_node), gi)
+
+
+def _domain_batch(prog, coll, groups: list, gkind: list, variants: dict, sizes_mat: list, flows: _Flows,
+                  lo: int, hi: int, group_label: list, union_cache: dict, form_calls: dict) -> None:
+    """Groups ``lo:hi`` (one kind, one size), as :func:`_one_group` would do them one by one.
+
+    The first group of each (calls made, NVLink-domain form) goes through :func:`_one_group`;
+    the others of that pair, when its calls are kept per form, get its labels and its
+    template plans moved onto their own ports -- the engine's order-preserving map between
+    sorted ports (:meth:`~simulator.collectives.CollectiveEngine.plan`), for all of them in
+    arrays.  Groups without a form, or making all-to-alls, go one by one."""
+    kind = gkind[lo]
+    rows = np.array(groups[lo:hi], dtype=np.int64)
+    m = rows.shape[0]
+    # the classes of each group's members (sorted, distinct), as an id per group
+    cls = np.sort(prog.class_of_rank[rows], axis=1)
+    ucls_rows, cls_first, cls_inv = np.unique(cls, axis=0, return_index=True, return_inverse=True)
+    vs_of = [_variants(variants, union_cache, kind, tuple(sorted(set(r)))) for r in ucls_rows.tolist()]
+    cls_inv = cls_inv.ravel()
+    placement = np.asarray(prog.grid.placement, dtype=np.int64)
+    forms, form_of, sorted_ports = coll.domain_forms(placement[rows])
+    if (form_of < 0).sum() > 1:
+        # groups across NVLink domains (data parallelism at scale): their rings routed at once
+        prefetch_rings(coll.cluster, placement[rows[form_of < 0]])
+    # one id per (classes, form): groups sharing it share labels and (moved) templates
+    key = cls_inv * (len(forms) + 1) + (form_of + 1)
+    done: dict[int, tuple] = {}          # key -> (label, [(link index, coefs, label id) per flow]) or None
+    out_links, out_coefs, out_lens, out_ids, out_owner = [], [], [], [], []
+    pend: list[int] = []                  # groups waiting to be emitted in one chunk (same key)
+
+    def flush():
+        if not pend:
+            return
+        _, tmpl = done[int(key[pend[0]])]
+        sel = np.array(pend, dtype=np.int64)
+        idx = np.concatenate([t[0] for t in tmpl])
+        out_links.append(sorted_ports[sel][:, idx].ravel())
+        out_coefs.append(np.tile(np.concatenate([t[1] for t in tmpl]), sel.size))
+        out_lens.append(np.tile(np.array([t[0].size for t in tmpl], dtype=np.int64), sel.size))
+        out_ids.append(np.tile(np.array([t[2] for t in tmpl], dtype=np.int64), sel.size))
+        out_owner.append(np.repeat(sel + lo, len(tmpl)))
+        pend.clear()
+
+    def emit_pending():
+        flush()
+        for lk, cf, ln, ids, ow in zip(out_links, out_coefs, out_lens, out_ids, out_owner):
+            flows.add_ids(lk, cf, ln, ids, ow)
+        for lst in (out_links, out_coefs, out_lens, out_ids, out_owner):
+            lst.clear()
+
+    for i in range(m):
+        k = int(key[i])
+        hit = done.get(k, False)
+        if hit is False:
+            emit_pending()
+            hit = done[k] = _first_of_form(prog, coll, groups, gkind, vs_of[cls_inv[i]], sizes_mat, flows, lo + i,
+                                           group_label, form_calls, forms, int(form_of[i]), sorted_ports[i])
+            continue
+        if hit is None:
+            emit_pending()
+            _one_group(prog, coll, True, groups, gkind, vs_of[cls_inv[i]], sizes_mat, flows, lo + i, group_label,
+                       form_calls)
+            continue
+        group_label.append(hit[0])
+        if pend and int(key[pend[0]]) != k:
+            flush()
+        pend.append(i)
+    emit_pending()
+
+
+def _first_of_form(prog, coll, groups, gkind, vs, sizes_mat, flows, gi, group_label, form_calls, forms, form,
+                   ports):
+    """:func:`_one_group` for the first group of its (calls, form); returns what the others
+    of that pair reuse -- its label and, per template flow, the flow's links as positions
+    among the sorted ports, its coefficients and its label id -- or None when they must go
+    one by one (no form, all-to-alls, calls not kept per form)."""
+    n_label = len(group_label)
+    n_flows = len(flows)
+    _one_group(prog, coll, True, groups, gkind, vs, sizes_mat, flows, gi, group_label, form_calls)
+    if form < 0 or any(c == "all_to_all" for c, _, _ in vs):
+        return None
+    f = forms[form]
+    calls = form_calls.get((tuple(vs), f))
+    if calls is None:
+        return None
+    tmpl = []
+    for coll_kind, size, _, algo, *_ in calls:
+        if size > TINY_CALL_BYTES and all(t[0] != (coll_kind, algo) for t in tmpl):
+            ref = coll.form_plan(f, coll_kind, algo)
+            if ref is None:
+                return None
+            tmpl.append(((coll_kind, algo), ref))
+    out = []
+    for tkey, (plan, _, ref_ports) in tmpl:
+        for fl in plan.flows:
+            out.append((np.searchsorted(ref_ports, fl.links), fl.coefs,
+                        flows.label_id((tkey, fl.bytes_per_byte, fl.inter_node))))
+    if len(group_label) != n_label + 1 or len(flows) != n_flows + len(out):
+        return None         # not the flows the templates stand for: the others go one by one too
+    return group_label[-1], out
 
 
 def _a2a_flows(coll, gi: int, gpus: tuple, a2a: list, sizes_mat: list, flows: _Flows) -> list:
     """Group ``gi``'s all-to-all calls (``(bytes, sizes key)`` each) as labelled, with their
     flows appended to ``flows``."""
     # one flow per (source, destination) pair for all the group's all-to-alls, labelled
-    # by the bytes it carries in each of them (skewed routing: per layer and micro-batch)
+    # by the bytes it carries in each of them (skewed routing: per layer and micro-batch).
+    # The pairs' routes and latency are those of the engine's all-to-all plan
+    # (CollectiveEngine.alltoall_routes: every pair, row-major, routed with PXN), batch-routed
+    # here without a plan per group.
+    cluster = coll.cluster
     n_m = len(gpus)
     mats = np.stack([sizes_mat[k] if k >= 0 else np.full((n_m, n_m), sz / n_m) for sz, k in a2a])
-    plan = coll.alltoall_routes(gpus)
-    lat = coll.latency_s("all_to_all", plan, "Simple", 0.0)
-    calls = [("all_to_all", sz, k, "direct", "Simple", lat, plan.n_nodes) for sz, k in a2a]
+    m = np.asarray(gpus, dtype=np.int64)
     ii, jj = np.nonzero(~np.eye(n_m, dtype=bool))
+    links, coefs, lens = cluster.router.routes_flat(m[ii], m[jj], pxn=True)
+    D = cluster.nvlink_domain_size
+    inter = m[ii] // D != m[jj] // D
+    lat = 0.0
+    if inter.any():
+        lat = max(lat, float(cluster.router.path_latencies(links, coefs, lens)[inter].max()))
+    shell = Plan("direct", [], n_m, len(node_blocks(cluster, gpus)), 1, lat)
+    lat = coll.latency_s("all_to_all", shell, "Simple", 0.0)
+    calls = [("all_to_all", sz, k, "direct", "Simple", lat, shell.n_nodes) for sz, k in a2a]
     bits = np.ascontiguousarray(mats[:, ii, jj]).view(np.uint64)
     lab = np.zeros(ii.size, dtype=np.uint64)
     for v in range(bits.shape[0]):
         lab += _pair(np.uint64(v), bits[v])
-    for f, lb in zip(plan.flows, lab.tolist()):
-        flows.add(f.links, f.coefs, ("a2a", lb, f.inter_node), gi)
+    # label ids of the distinct (label, inter-node), in order of first occurrence
+    _, lab_inv = np.unique(lab, return_inverse=True)
+    _, first, inv = np.unique(lab_inv.ravel() * 2 + inter, return_index=True, return_inverse=True)
+    ids = np.empty(first.size, dtype=np.int64)
+    for k in np.argsort(first, kind="stable").tolist():
+        i = int(first[k])
+        ids[k] = flows.label_id(("a2a", int(lab[i]), bool(inter[i])))
+    flows.add_ids(links, coefs, lens, ids[inv.ravel()], np.full(ii.size, gi, dtype=np.int64))
     return calls
 
 
@@ -554,40 +743,50 @@ def _templates(coll, gpus: tuple, calls: list) -> dict:
     return templates
 
 
-def _pipeline_pairs(prog, pipes: list) -> list[tuple[int, int]]:
-    """Every pipeline transfer (src rank, dst rank), in order of first appearance."""
-    pipe_of = {r: p for p in pipes for r in p}
-    pairs: list[tuple[int, int]] = []
-    seen: set = set()
+def _pipeline_pairs(prog, pipes: list) -> tuple[np.ndarray, np.ndarray]:
+    """Every pipeline transfer (src rank, dst rank), in order of first appearance (classes in
+    order, each one's send peers in order of first op, its members in order), as two arrays."""
+    if not pipes:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    parr = np.array(pipes, dtype=np.int64)
+    pipe_of = np.empty(prog.grid.world_size, dtype=np.int64)
+    pipe_of[parr] = np.arange(parr.shape[0])[:, None]
+    src, dst = [], []
     for cls in prog.classes:
+        members = np.array(cls.members, dtype=np.int64)
         for peer, side in _peers(cls):
-            if side != "send":
-                continue
-            for r in cls.members:
-                dst = pipe_of[r][peer]
-                if (r, dst) not in seen:
-                    seen.add((r, dst))
-                    pairs.append((r, dst))
-    return pairs
+            if side == "send":
+                src.append(members)
+                dst.append(parr[pipe_of[members], peer])
+    if not src:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    src, dst = np.concatenate(src), np.concatenate(dst)
+    # the first of each distinct pair, in order
+    _, first = np.unique(src * prog.grid.world_size + dst, return_index=True)
+    first.sort()
+    return src[first], dst[first]
 
 
-def _p2p_flows(coll, grid, pairs: list, flows: _Flows) -> None:
+def _p2p_flows(coll, grid, p_src: np.ndarray, p_dst: np.ndarray, flows: _Flows) -> None:
     """One flow per pipeline transfer, appended to ``flows``."""
     cluster = coll.cluster
     # the route of every transfer (batch-routed), labelled by the latency its call waits
-    gs = np.array([grid.gpu_of(s) for s, _ in pairs], dtype=np.int64)
-    gd = np.array([grid.gpu_of(d) for _, d in pairs], dtype=np.int64)
+    placement = np.asarray(grid.placement, dtype=np.int64)
+    gs, gd = placement[p_src], placement[p_dst]
     inter = gs // cluster.nvlink_domain_size != gd // cluster.nvlink_domain_size    # domain_of
     links, coefs, lens = cluster.router.routes_flat(gs, gd, pxn=True)
     path_lat = np.where(inter, cluster.router.path_latencies(links, coefs, lens), 0.0)
-    lat_of: dict = {}
-    labels = []
-    for a, b, key in zip(gs.tolist(), gd.tolist(), zip(inter.tolist(), path_lat.tolist())):
-        lat = lat_of.get(key)
-        if lat is None:
-            lat = lat_of[key] = coll.latency_s("send_recv", p2p_plan(cluster, a, b), "Simple", 1.0)
-        labels.append(("p2p", lat, key[0]))
-    flows.add_many(links, coefs, lens, labels, -1)
+    # the latency of each distinct (inter-node, path latency), worked out on its first transfer;
+    # a path latency is a non-negative sum (+0.0 at least), so its bits are its float value
+    key = path_lat.view(np.uint64) | (inter.astype(np.uint64) << np.uint64(63))
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    ids = np.empty(first.size, dtype=np.int64)
+    for k in np.argsort(first, kind="stable").tolist():
+        i = int(first[k])
+        a, b = int(gs[i]), int(gd[i])
+        lat = coll.latency_s("send_recv", p2p_plan(cluster, a, b), "Simple", 1.0)
+        ids[k] = flows.label_id(("p2p", lat, bool(inter[i])))
+    flows.add_ids(links, coefs, lens, ids[inv.ravel()], np.full(gs.size, -1, dtype=np.int64))
 
 
 # -- colour refinement -------------------------------------------------------------------------
@@ -596,14 +795,14 @@ def _initial_colours(prog, coll, network: bool, group_label: list, flow_label: l
     """The colours of ranks (program class, and ``rank_colors``), groups and flows (their
     labels) and links (effective capacity, and ``link_colors``) that refinement starts from."""
     cls_of = prog.class_of_rank
-    init = [int(c) for c in cls_of] if rank_colors is None else list(zip(cls_of.tolist(), rank_colors))
-    rank_c = _labels(init)
+    rank_c = _first_ids(np.asarray(cls_of, dtype=np.int64)) if rank_colors is None else \
+        _labels(list(zip(cls_of.tolist(), rank_colors)))
     group_c = _labels(group_label)
-    flow_c = _labels(flow_label)
+    flow_c = flow_label if isinstance(flow_label, np.ndarray) else _labels(flow_label)
     if not network:
         link_c = np.empty(0, dtype=np.int64)
     elif link_colors is None:
-        link_c = _labels([float(x) for x in coll.capacity])
+        link_c = _first_ids(np.asarray(coll.capacity, dtype=float))
     else:
         link_c = _labels([(float(x), c) for x, c in zip(coll.capacity.tolist(), link_colors)])
     return rank_c, group_c, flow_c, link_c
@@ -619,16 +818,24 @@ def _refine(gr: _Graph, rank_c, group_c, flow_c, link_c):
     n_gflows, gflow, pflow = gr.n_gflows, gr.gflow, gr.pflow
     p_of_flow = pflow - n_gflows
     n_coef = _count(coef_id)
+    # the incidences lie flow by flow (inc_f ascending): a flow's sum is one np.add.reduceat
+    # over its run (integer sums wrap alike in any order), from each non-empty flow's start
+    f_lens = np.bincount(inc_f, minlength=nf) if nf else np.zeros(0, dtype=np.int64)
+    f_some = np.flatnonzero(f_lens)
+    f_start = (np.cumsum(f_lens) - f_lens)[f_some]
     iters = 0
     counts = None
     while True:
         iters += 1
         # links by the flow colours (and coefficients) that cross them
-        h_l = (_sum_into(nl, inc_l, _pair_table(_count(flow_c), 0, n_coef)[flow_c[inc_f], coef_id]) if nl
+        h_l = (_sum_into(nl, inc_l, _gather_pairs(_pair_table(_count(flow_c), 0, n_coef), np.repeat(flow_c, f_lens),
+                                                  coef_id, n_coef)) if nl
                else np.empty(0, np.uint64))
         # flows by their links, their group, or their endpoints
-        h_f = (_sum_into(nf, inc_f, _pair_table(_count(link_c), 1, n_coef)[link_c[inc_l], coef_id]) if nf
-               else np.empty(0, np.uint64))
+        h_f = np.zeros(nf, dtype=np.uint64)
+        if f_some.size:
+            h_f[f_some] = np.add.reduceat(_gather_pairs(_pair_table(_count(link_c), 1, n_coef), link_c[inc_l],
+                                                        coef_id, n_coef), f_start)
         if n_gflows:
             h_f[gflow] += _pair(group_c[owner[gflow]], 7)
         if pflow.size:
@@ -672,14 +879,25 @@ def _group_cells(grid, gr: _Graph, rank_c: np.ndarray, group_c: np.ndarray) -> t
         gmembers[c].append(gi)
     groups, gkind = gr.groups, gr.gkind
     group_cells = [GroupCell(gkind[m[0]], [groups[i] for i in m], grid.gpus(groups[m[0]])) for m in gmembers]
+    # per (rank cell, kind) -- in order of first occurrence over the memberships, group by
+    # group -- the group cells of its members' groups, ascending, with how many members
     groups_of: dict = {}
-    for gi, c in enumerate(group_c.tolist()):
-        kind = gkind[gi]
-        for r in groups[gi]:
-            key = (int(rank_c[r]), kind)
-            d = groups_of.setdefault(key, {})
-            d[c] = d.get(c, 0) + 1
-    return group_cells, {k: sorted(v.items()) for k, v in groups_of.items()}
+    if gr.mem_g.size:
+        n_kinds = _count(gr.mem_kind)
+        n_gc = len(gmembers)
+        key = rank_c[gr.mem_r] * n_kinds + gr.mem_kind
+        ukey, first = np.unique(key, return_index=True)
+        kind_name = {}
+        for gi, k in zip(gr.mem_g[first].tolist(), gr.mem_kind[first].tolist()):
+            kind_name[k] = gkind[gi]
+        pk, cnt = np.unique(key * n_gc + group_c[gr.mem_g], return_counts=True)
+        bounds = np.searchsorted(pk // n_gc, ukey)
+        bounds = np.append(bounds, pk.size)
+        items = list(zip((pk % n_gc).tolist(), cnt.tolist()))
+        for j in np.argsort(first, kind="stable").tolist():
+            k = int(ukey[j])
+            groups_of[(k // n_kinds, kind_name[k % n_kinds])] = items[bounds[j]:bounds[j + 1]]
+    return group_cells, groups_of
 
 
 def _p2p_cells(grid, gr: _Graph, rank_c: np.ndarray, flow_c: np.ndarray) -> tuple[list[P2PCell], dict]:
@@ -737,18 +955,40 @@ def _check_equitable(inc_f, inc_l, inc_w, flow_c, link_c, rtol: float = 1e-9) ->
     """Every flow of a cell has the same weighted count of links in every link cell, and
     every link of a cell the same weighted count of flows of every flow cell."""
     for a, b, ca, cb, what in ((inc_f, inc_l, flow_c, link_c, "flow"), (inc_l, inc_f, link_c, flow_c, "link")):
-        # per (member a, cell of b): summed coefficient
+        # per (member a, cell of b): summed coefficient (in the incidences' order, as a
+        # bincount over the sorted distinct keys; a stable sort: the flow side comes sorted by flow)
         ncb = _count(cb)
-        u, inv = np.unique(a.astype(np.int64) * ncb + cb[b], return_inverse=True)
-        s = np.bincount(inv.ravel(), weights=inc_w)
-        pu_key, pinv = np.unique(ca[u // ncb] * ncb + u % ncb, return_inverse=True)
-        pinv = pinv.ravel()
-        pu = np.stack([pu_key // ncb, pu_key % ncb], axis=1)
-        hi = np.full(pu.shape[0], -np.inf)
-        lo = np.full(pu.shape[0], np.inf)
+        key = a.astype(np.int64) * ncb + cb[b]
+        order = np.argsort(key, kind="stable")
+        ks = key[order]
+        new = np.empty(ks.size, dtype=bool)
+        new[:1] = True
+        np.not_equal(ks[1:], ks[:-1], out=new[1:])
+        starts = np.flatnonzero(new)
+        u = ks[starts]
+        inv = np.empty(ks.size, dtype=np.int64)
+        inv[order] = np.repeat(np.arange(starts.size), np.diff(starts, append=ks.size))
+        s = np.bincount(inv, weights=inc_w)
+        # per (cell of a, cell of b): how many members touch it, and the least and largest sum
+        nca = _count(ca)
+        pk = ca[u // ncb] * ncb + u % ncb
+        if nca * ncb <= max(4 * u.size, 1 << 20):       # a dense table (few cells)
+            pinv = pk
+            cnt = np.bincount(pinv, minlength=nca * ncb)
+            present = np.flatnonzero(cnt)
+            n_p = nca * ncb
+        else:
+            present, pinv = np.unique(pk, return_inverse=True)
+            pinv = pinv.ravel()
+            cnt = np.bincount(pinv, minlength=present.size)
+            n_p = present.size
+        hi = np.full(n_p, -np.inf)
+        lo = np.full(n_p, np.inf)
         np.maximum.at(hi, pinv, s)
         np.minimum.at(lo, pinv, s)
-        cnt = np.bincount(pinv, minlength=pu.shape[0])
+        if n_p != present.size:
+            hi, lo, cnt = hi[present], lo[present], cnt[present]
+        pu = np.stack([present // ncb, present % ncb], axis=1)
         size = np.bincount(ca)
         bad = (cnt != size[pu[:, 0]]) | (hi - lo > rtol * np.abs(hi))
         if bad.any():

@@ -177,6 +177,13 @@ class Perturbation:
     def _jitter_of(self, gpu: int) -> list:
         return [(j, e) for j, e in enumerate(self.wi.jitter) if e.gpus is None or gpu in e.gpus]
 
+    def rank_colors(self, world_size: int) -> list:
+        """:meth:`rank_color` of every rank (one shared ``(1.0,)`` when no what-if touches compute)."""
+        if not self.factor and not self.wi.thermal and not self.wi.jitter:
+            plain = (1.0,)
+            return [plain] * world_size
+        return [self.rank_color(r) for r in range(world_size)]
+
     def rank_color(self, rank: int):
         """What the what-ifs do to ``rank``'s compute, as a hashable (equal only if equal)."""
         gpu = self.gpu_of(rank)

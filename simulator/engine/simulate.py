@@ -81,7 +81,7 @@ import simpy
 from topologies import ConfigError
 from workloads import build_program
 from workloads.ops import (COLL_ALL_TO_ALL, GROUP_TP, KIND_COLLECTIVE, KIND_COMPUTE,
-                           KIND_SEND, PHASE_F, STREAM_COMPUTE, STREAM_PP, Group, ep_a2a_matrix, is_fsdp_gather,
+                           KIND_SEND, PHASE_F, STREAM_COMPUTE, STREAM_PP, Group, Op, ep_a2a_matrix, is_fsdp_gather,
                            is_cp_hop, is_grad_bucket, is_grad_norm, is_p2p, is_param_gather, is_step_sync)
 from workloads.program import Program
 
@@ -206,15 +206,18 @@ class _Recorder:
     def frame(self):
         import pandas as pd
         rows = self.rows
-        ops = [r[0] for r in rows]
-        cols = {"rank": [r[1] for r in rows], "node": [r[2] for r in rows], "stream": [r[3] for r in rows],
-                "kind": [o.kind for o in ops], "name": [o.name for o in ops], "layer": [o.layer for o in ops],
-                "microbatch": [o.microbatch for o in ops], "chunk": [o.chunk for o in ops],
-                "phase": [o.phase for o in ops], "axis": [r[4] for r in rows], "start_s": [r[5] for r in rows],
-                "end_s": [r[6] for r in rows], "flops": [o.flops for o in ops],
-                "size_bytes": [o.size_bytes for o in ops], "step": [r[7] for r in rows],
-                "cell": [r[8] for r in rows]}
-        return pd.DataFrame(cols)
+        if not rows:
+            return pd.DataFrame({k: [] for k in ("rank", "node", "stream", "kind", "name", "layer", "microbatch",
+                                                 "chunk", "phase", "axis", "start_s", "end_s", "flops", "size_bytes",
+                                                 "step", "cell")})
+        # the rows, then the ops' fields, transposed in one go each (zip: no per-row Python code)
+        ops, rank, node, stream, axis, start, end, step, cell = zip(*rows)
+        f = dict(zip(Op._fields, zip(*ops)))
+        cols = {"rank": rank, "node": node, "stream": stream, "kind": f["kind"], "name": f["name"],
+                "layer": f["layer"], "microbatch": f["microbatch"], "chunk": f["chunk"], "phase": f["phase"],
+                "axis": axis, "start_s": start, "end_s": end, "flops": f["flops"], "size_bytes": f["size_bytes"],
+                "step": step, "cell": cell}
+        return pd.DataFrame({k: list(v) for k, v in cols.items()})
 
 
 _AXIS = {Group.TP: "tp", Group.SP: "tp", Group.ETP: "tp", Group.CP: "cp", Group.EP: "ep", Group.DP: "dp",
@@ -298,21 +301,22 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     env = simpy.Environment()
     coll = CollectiveEngine(env, cluster, calibration)
     coll.coupled_all_to_all = "coupled_all_to_all" in sc.approximations
-    colors = [pert.rank_color(r) for r in range(grid.world_size)]
+    colors = pert.rank_colors(grid.world_size)
+    plain = all(c == (1.0,) for c in colors)
     if fold and not isinstance(fold, Folding):
         # ranks of different classes or colours never share a cell: a lower bound on the cells,
         # known before folding (per-GPU jitter: every rank its own cell); checked again after
-        check_work_budget([c for c, _ in {(int(prog.class_of_rank[r]), colors[r]) for r in range(grid.world_size)}],
+        check_work_budget(np.unique(prog.class_of_rank).tolist() if plain else
+                          [c for c, _ in {(int(prog.class_of_rank[r]), colors[r]) for r in range(grid.world_size)}],
                           prog, sc.num_steps)
     if isinstance(fold, Folding):
         folding = fold
     elif fold:
-        plain = all(c == (1.0,) for c in colors)
         folding = fold_program(prog, coll, network=not free_comm, rank_colors=None if plain else colors,
                                link_colors=pert.link_colors())
     else:
         folding = Folding.identity(prog, cluster)
-    for c, members in enumerate(folding.cells):
+    for c, members in enumerate(folding.cells if not plain else ()):
         if len({colors[r] for r in members}) > 1:
             raise ConfigError("fold", c, "a rank cell mixes ranks with different compute_scale or what-ifs")
     coll.set_folding(folding if folding.link_cell is not None else None)
@@ -352,6 +356,8 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     # (Program.async_sends: PyTorch pipelining's, for ZB-V).
     nonblocking_sends = sc.overlap.get("p2p", False) or prog.async_sends
 
+    op_meta: dict = {}              # class id -> what the actor reads of its ops (_op_meta and flags)
+
     def actor(cid):
         cls = prog.classes[folding.cell_class[cid]]
         rep = folding.cells[cid][0]
@@ -377,8 +383,14 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         ops = cls.ops
         n_ops = len(ops)
         first_layer = min((o.layer for o in ops if o.kind == KIND_COMPUTE and o.layer >= 0), default=0)
-        axis_of, nonblocking_of = _op_meta(cls, sc.overlap)
-        has_fsdp = fsdp_prefetch and any(is_fsdp_gather(o) for o in ops)
+        # what the loop asks of each op by its name: once per class, not per op and step
+        meta = op_meta.get(cls.class_id)
+        if meta is None:
+            meta = op_meta[cls.class_id] = (*_op_meta(cls, sc.overlap), any(is_fsdp_gather(o) for o in ops),
+                                            [is_p2p(o) for o in ops], [is_grad_norm(o) for o in ops],
+                                            [is_cp_hop(o) for o in ops])
+        axis_of, nonblocking_of, any_fsdp, p2p_at, grad_norm_at, cp_hop_at = meta
+        has_fsdp = fsdp_prefetch and any_fsdp
         pair_turns: dict = {}        # F&B pair's first op -> its collectives' order per stream (_pair_turns)
 
         def compute_time(op, step=0, idx=0):
@@ -427,8 +439,12 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
 
         def compute(op, step, idx):
             # one compute op: issued, run, and not done before its last kernel (issued at
-            # the cursor) has run its share
-            yield from host_issue(op)
+            # the cursor) has run its share (host_issue, inline: one generator fewer per op)
+            if op.host_s > 0.0:
+                first = hc[0] + op.host_s / max(op.host_ops, 1)
+                hc[0] += op.host_s
+                if first > env.now:
+                    yield from host_wait(first)
             t0 = env.now
             dur, hops = compute_time(op, step, idx)
             if hops:
@@ -596,11 +612,11 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                         yield from _wait(env, list(overlapped), waits[cid], _AXIS.get(overlapped_axis[0], "cp"))
                         overlapped.clear()
                     continue
-                if is_p2p(op):
+                if p2p_at[i - 1]:
                     # consecutive send/recv ops form one batch, as Megatron's
                     # send_forward_recv_backward: all are posted, then all are awaited
                     batch = [op]
-                    while i < n_ops and is_p2p(ops[i]):
+                    while i < n_ops and p2p_at[i]:
                         batch.append(ops[i])
                         i += 1
                     yield from host_issue(op)           # one batch_isend_irecv call (its first op)
@@ -622,11 +638,15 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                     if env.now > t_wait:
                         waits[cid].append((t_wait, env.now, "dp"))
                     continue
-                yield from host_issue(op)
+                if op.host_s > 0.0:         # host_issue, inline
+                    t_host = hc[0] + op.host_s / max(op.host_ops, 1)
+                    hc[0] += op.host_s
+                    if t_host > env.now:
+                        yield from host_wait(t_host)
                 if overlapped and is_step_sync(op):
                     yield from _wait(env, list(overlapped), waits[cid], _AXIS.get(overlapped_axis[0], "cp"))
                     overlapped.clear()
-                if is_grad_norm(op):
+                if grad_norm_at[i - 1]:
                     pend = outstanding["grad"]
                     if pend:
                         yield from _wait(env, pend, waits[cid], "dp")
@@ -636,7 +656,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 sizes = sizes_of(op)
                 groups = groups_of[op.group]
                 t_issue = env.now
-                if (cp_overlap and is_cp_hop(op)) or (tp_overlap and op.group == GROUP_TP):
+                if (cp_overlap and cp_hop_at[i - 1]) or (tp_overlap and op.group == GROUP_TP):
                     ev = _issue(env, coll, groups, seq, op, free_comm, sizes)
                     fin = env.event()
                     ev.callbacks.append(lambda _x, op=op, t_issue=t_issue, step=step, fin=fin, axis=axis: (
@@ -644,7 +664,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                     overlapped.append(fin)
                     overlapped_axis[0] = op.group
                     inflight.append(fin)
-                    if is_cp_hop(op):
+                    if cp_hop_at[i - 1]:
                         hop_fins.add(fin)
                     continue
                 if nonblocking:

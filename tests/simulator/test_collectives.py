@@ -411,3 +411,39 @@ def test_node_blocks_and_channels_of_one_gpu_per_node():
         # the general matching, on blocks that are not all of one GPU (a copy of the first block)
         padded = _channels(c, blocks + [[blocks[0][0], blocks[0][0] ^ 1]])
         assert _channels(c, blocks) == [[b[0] for b in blocks]] == [ch[:-1] for ch in padded][:1]
+
+
+def test_batched_forms_rings_and_latencies_equal_one_at_a_time(dgx2):
+    """What folding works out for many groups at once -- NVLink-domain forms, ring routes of
+    groups across domains, path latencies of many routes -- is what the engine and the
+    router give one group, one ring, one route at a time, bit for bit."""
+    from simulator.collectives import plans
+
+    slow = np.ones(dgx2.num_links)
+    slow[dgx2.router.nvl_up[11]] = 0.5                  # one port of the second host degraded
+    c = dgx2.perturbed(capacity_factor=slow)
+    eng = CollectiveEngine(simpy.Environment(), c)
+    groups = np.array([[0, 1, 2, 3], [8, 9, 10, 11], [12, 13, 14, 15], [3, 2, 1, 0], [4, 5, 6, 12], [0, 1, 1, 2]])
+    forms, form_of, ports = eng.domain_forms(groups)
+    for g, f, p in zip(groups.tolist(), form_of.tolist(), ports):
+        one = CollectiveEngine(simpy.Environment(), c)._domain_form(tuple(g))
+        assert (f < 0) == (one is None)
+        if one is not None:
+            assert forms[f] == one[0] and np.array_equal(p, one[1])
+    assert form_of[0] != form_of[1] and form_of[0] != form_of[3]           # capacity, order
+    # rings of one GPU per host: prefetched in one batch, then planned as usual
+    rings = np.array([[0, 8], [8, 0], [1, 9], [0, 1]])
+    plans.prefetch_rings(dgx2, rings)
+    pre = dict(dgx2.router._concat_cache)
+    dgx2.router._concat_cache.clear()
+    assert len(pre) == 3
+    for (edges, pxn), (links, coefs, lat) in pre.items():
+        l0, c0, lat0 = plans._concat(dgx2, list(edges), pxn)
+        assert np.array_equal(links, l0) and np.array_equal(coefs, c0) and lat == lat0
+    # path latencies of many routes (over 16: deduplicated) and of a few (one by one)
+    r = dgx2.router
+    for n in (40, 5):
+        src, dst = np.arange(n) % 16, (np.arange(n) * 7 + 3) % 16
+        links, coefs, lens = r.routes_flat(src, dst)
+        got = r.path_latencies(links, coefs, lens)
+        assert [float(x) for x in got] == [r.path_latency(q) for q in r.routes(src, dst)]
