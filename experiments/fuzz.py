@@ -649,8 +649,8 @@ def execute(text: str, unfold: bool, workdir: str) -> dict:
     stdout, stderr, wall time, and any traceback or broken invariant."""
     import simulator.engine as engine
     from simulator.cli import main
-    from simulator.engine.invariants import (InvariantError, check_estimate, check_invariants, check_same_run,
-                                             rounding_spread)
+    from simulator.engine.invariants import InvariantError, check_invariants, check_same_run, rounding_spread
+    from simulator.explore.estimate import check_estimate
 
     path = Path(workdir) / "draw.yaml"
     path.write_text(text)

@@ -30,12 +30,8 @@ legitimately).  What is checked:
   run; a failed link (``whatif.failed_links``) carries nothing; per-tier utilisation of
   the reported step is within ``[0, 1]``.
 
-:func:`check_estimate` holds the closed-form estimator (:mod:`simulator.explore.estimate`)
-to the engine on the scenarios where the engine's extra physics cannot arise: one host, no
-data, context or expert parallelism, no what-if (:func:`estimate_applies`).  There the two
-differ only by how the host runs ahead across actions and DualPipe's F&B overlap; the
-tolerance :data:`ESTIMATE_TOL` is documented with its measured spread in
-``docs/reliability.md``.
+The closed-form estimator is held to the engine by its own module
+(:func:`simulator.explore.estimate.check_estimate`), which sits above the engine.
 
 :func:`check_same_run` compares a folded run with the unfolded reference: folding is exact,
 so every step bound and every link's bytes (so every tier's total: bytes are conserved
@@ -54,15 +50,10 @@ import numpy as np
 from topologies.specs import TIERS
 from workloads.ops import Stream
 
-__all__ = ["InvariantError", "check_invariants", "check_same_run", "rounding_spread", "check_estimate",
-           "estimate_applies",
-           "REL_TOL", "ESTIMATE_TOL"]
+__all__ = ["InvariantError", "check_invariants", "check_same_run", "rounding_spread", "REL_TOL"]
 
 #: Relative tolerance of sums of floating-point intervals (the breakdown, the step bounds).
 REL_TOL = 1e-9
-#: The estimator's step time against the engine's, on scenarios :func:`estimate_applies` to:
-#: |estimate / engine - 1| at most this (measured spread in docs/reliability.md).
-ESTIMATE_TOL = 0.15
 #: Capacity slack: rates come from a max-min solve in float64; a link's bytes over its busy
 #: time may exceed its capacity only by rounding.
 CAPACITY_SLACK = 1e-6
@@ -326,43 +317,6 @@ def _check_bytes_conserved(res) -> None:
         _fail("bytes conserved", f"link {u} -> {v} (tier {tier}): carried {carried[q]:.9g} B + {left[q]:.9g} B "
                                  f"still in flight, but the flows started on it asked for {asked[q]:.9g} B "
                                  f"({int(bad.sum())} links differ)")
-
-
-def estimate_applies(sc) -> bool:
-    """Whether ``sc`` (a loaded Scenario) is one where the estimator and the engine model the
-    same things: every GPU on one host (no fabric, so no flows that contend across jobs of the
-    step), no data, context or expert parallelism (no gradient buckets, rings or all-to-alls
-    running beside compute), no what-if, and no overlapped pipeline p2p (the estimator charges
-    a receive where it is posted; the engine's batched, overlapped p2p also frees the host to
-    run ahead, which a host-bound step shows: +31 % on one 4-layer draw); nor a zero-bubble
-    schedule."""
-    p = sc.parallel
-    return (sc.cluster.num_hosts == 1 and p.dp == 1 and p.cp == 1 and getattr(p, "ep", 1) == 1
-            and sc.whatif.empty and not sc.overlap.get("p2p", False)
-            and p.schedule not in _ESTIMATE_SCHEDULES_OFF)
-
-
-#: Zero-bubble schedules: the estimator's longest path is off by more than the tolerance on
-#: them (ZB-V +26..+51 %, ZB-H1 to -15 % on fuzz draws; docs/reliability.md), a known gap of
-#: the estimator, not of the engine.
-_ESTIMATE_SCHEDULES_OFF = ("zb_h1", "zb_v")
-
-
-def check_estimate(res) -> float | None:
-    """On a scenario :func:`estimate_applies` to, the estimate's step time must lie within
-    :data:`ESTIMATE_TOL` of the engine's; returns the relative difference (None where the
-    check does not apply)."""
-    sc = res.scenario
-    if res.network is None or not estimate_applies(sc):     # free_comm runs have no network
-        return None
-    from ..explore.estimate import estimate
-    est = float(estimate(sc)["step_time_s"])
-    eng = float(res.metrics["step_time_s"])
-    rel = est / eng - 1.0
-    if not abs(rel) <= ESTIMATE_TOL:
-        _fail("estimate within tolerance", f"estimate {est:.6g} s against the engine's {eng:.6g} s "
-                                           f"({rel:+.1%}; tolerance {ESTIMATE_TOL:.0%})")
-    return rel
 
 
 #: The relative change of one rank's compute that stands for rounding in :func:`rounding_spread`.
