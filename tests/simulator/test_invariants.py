@@ -150,7 +150,8 @@ def test_bytes_lost_on_a_link_are_caught(small):
 
 ONE_HOST_PP = {"model": {"preset": "llama3-8b", "num_layers": 8},
                "cluster": {"preset": "dgx-h100", "num_nodes": 1, "gpus_per_host": 8, "nics_per_host": 8},
-               "parallel": {"tp": 2, "pp": 4, "dp": 1, "global_batch_size": 8, "seq_len": 2048}, "num_steps": 1}
+               "parallel": {"tp": 2, "pp": 4, "dp": 1, "global_batch_size": 8, "seq_len": 2048}, "num_steps": 1,
+               "host": "cuda_graphs"}
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "interleaved_1f1b"])
@@ -163,9 +164,8 @@ def test_the_estimate_is_within_its_tolerance_where_it_applies(schedule):
 
 def test_the_estimate_check_skips_what_the_estimator_leaves_out(small):
     assert check_estimate(small) is None                   # dp = 2: gradient buckets beside compute
-    sc = copy.deepcopy(ONE_HOST_PP)
-    sc["overlap"] = {"p2p": True}
-    assert check_estimate(run(sc)) is None
+    for over in ({"overlap": {"p2p": True}}, {"overlap": {"tp_comm": True}}, {"host": "eager"}):
+        assert check_estimate(run({**copy.deepcopy(ONE_HOST_PP), **over})) is None, over
 
 
 def test_an_estimate_outside_the_tolerance_is_caught(monkeypatch):
