@@ -82,12 +82,13 @@ def main(argv=None) -> list[dict]:
         ax.errorbar(ns, [x["ratio_mean"] for x in r],
                     yerr=[[x["ratio_mean"] - x["ratio_min"] for x in r], [x["ratio_max"] - x["ratio_mean"] for x in r]],
                     marker="o", capsize=3, color=color, label=f"simulated, scope {scope} (min-max over seeds)")
-    ax.set_xticks(ns, [f"{n:,}" if n < 1000 else f"{n // 1024}k" for n in ns])
     r = [x for x in rows if x["scope"] == "gpu_step"]
     ax.plot(ns, [x["expected_max_factor"] for x in r], ls="--", color="k", label="E[max of N draws] (factor)")
     ax.plot(ns, [x["expected_step_ratio"] for x in r], ls=":", color="grey",
             label="1 + compute share x (E[max] - 1)")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(ns, [str(n) if n < 1000 else f"{n // 1024}k" for n in ns])
+    ax.minorticks_off()
     ax.legend(fontsize=9)
     save(fig, out / "tail_at_scale.png")
     g = cfg["gantt_gpus"]
