@@ -27,6 +27,7 @@ window_attn_skip_freq /        ``layer_types`` (``sliding_attention`` = windowed
 window_layer_pattern           Qwen2's ``max_window_layers`` with ``use_sliding_window``;
                                else every layer windowed (Mistral 7B)
 attention_sinks                always for gpt_oss (per-head ``sinks``)
+activation_clamp               gpt_oss: ``swiglu_limit`` (the experts' clamped GLU)
 moe.num_experts                ``num_local_experts`` | ``n_routed_experts`` | ``num_experts``
 moe.top_k                      ``num_experts_per_tok``
 moe.expert_ffn_hidden_size     ``moe_intermediate_size``, else ``intermediate_size`` (Mixtral)
@@ -52,7 +53,7 @@ embedding; ``num_nextn_predict_layers`` MTP modules (their ``mtp_hybrid_override
 ``*E`` is the attention + MoE layer an MTP module holds here).  Linear biases
 (``mamba_proj_bias``, ``mlp_bias``, ``attention_bias``) must be false.
 
-Keys not listed (rope scaling, gpt-oss's ``swiglu_limit``, dtypes, token ids,
+Keys not listed (rope scaling, dtypes, token ids,
 quantisation) are ignored, so configs of unknown families load as Llama-like models when they carry the
 required keys.  Not represented exactly: Llama's ``attention_bias`` without
 ``mlp_bias`` (read as q/k/v biases; the output-projection bias, ``h`` per layer, is left
@@ -243,6 +244,7 @@ def model_from_hf_config(path_or_dict, *, name: str | None = None, seq_len: int 
         qkv_bias=model_type in _QKV_BIAS_TYPES or (attention_bias and not mlp_bias and model_type != "gpt_oss"),
         qk_norm=model_type in _QK_NORM_TYPES,
         attention_sinks=model_type in _SINK_TYPES,
+        activation_clamp=cfg.get("swiglu_limit") if model_type == "gpt_oss" else None,
         **_window(cfg, num_layers, where),
         mtp_layers=cfg.get("num_nextn_predict_layers") or 0,
         source=source,

@@ -98,6 +98,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -490,6 +491,12 @@ class ModelSpec:
     attention_sinks: bool = False
     """A learned sink logit per query head in every layer's softmax (gpt-oss ``sinks``;
     Megatron-Core's ``softmax_type="learnable"`` ``softmax_offset``): ``H`` parameters per layer."""
+    activation_clamp: float | None = None
+    """The routed experts' gated activation clamps its two inputs first (Megatron-Core's
+    ``activation_func_clamp_value``; gpt-oss: 7.0, Hugging Face's ``swiglu_limit``): the gate
+    half from above, the linear half to ``[-limit, limit]``.  Megatron-Core runs the clamps
+    eagerly ahead of the fused activation kernel (``workloads.costs.flops``, ``expert_clamp``).
+    None: no clamp.  Needs ``mlp: swiglu`` (a gated activation)."""
     dropout: float = 0.0
     """Hidden (residual) dropout probability, after attention and MLP; 0 disables it."""
     flash_attention: bool = True
@@ -578,6 +585,14 @@ class ModelSpec:
         _set(self, "mtp_layers", _int(w, "mtp_layers", self.mtp_layers, minimum=0))
         _bool(w, "mtp_repeated_layer", self.mtp_repeated_layer)
         self._check_window(w)
+        clamp = self.activation_clamp
+        if clamp is not None:
+            if isinstance(clamp, bool) or not isinstance(clamp, numbers.Real) or not 0 < clamp < math.inf:
+                raise ConfigError(f"{w}.activation_clamp", clamp, "must be a positive number, or null for no clamp")
+            if self.mlp != "swiglu":
+                raise ConfigError(f"{w}.activation_clamp", clamp, f"clamps a gated activation: needs mlp swiglu, "
+                                                                  f"not {self.mlp}")
+            _set(self, "activation_clamp", float(clamp))
         self._check_hybrid(w)
 
         if self.moe is not None:
