@@ -1,6 +1,7 @@
 """Executed FLOPs per op and model FLOPs by convention: closed forms, hand derivations, invariants."""
 
 import dataclasses
+import math
 
 import pytest
 
@@ -579,3 +580,19 @@ def test_the_experts_clamps_and_fc2_bias_run_as_megatron_core_issues_them():
         dataclasses.replace(m, activation_clamp=-1.0)
     with pytest.raises(ConfigError, match="model.activation_clamp"):
         dataclasses.replace(m, mlp="gelu")
+
+
+def test_a_yarn_factor_runs_the_unfused_rope():
+    """Megatron-Core's fused RoPE does not take YaRN's table factor (rope_utils.py), so
+    gpt-oss (factor 0.1 ln 32 + 1) runs the unfused one: 12a forward and 10a backward on q and
+    k (a bytes) in 12 and 10 kernels, where the fused kernel reads and writes each once."""
+    m = load_model("gpt-oss-120b")
+    assert m.rope_mscale == pytest.approx(0.1 * math.log(32) + 1, rel=1e-15)
+    a = 2 * 4096 * (64 + 8) * 64
+    yarn = {o.phase: o for o in layer_ops(m, NO_RECOMPUTE, 0, 1, 4096) if o.name == "rope"}
+    plain = {o.phase: o for o in layer_ops(dataclasses.replace(m, rope_mscale=1.0), NO_RECOMPUTE, 0, 1, 4096)
+             if o.name == "rope"}
+    assert (yarn["F"].mem_bytes, yarn["B"].mem_bytes, yarn["F"].num_kernels) == (12 * a, 10 * a, 12)
+    assert (plain["F"].mem_bytes, plain["B"].mem_bytes) == (2 * a, 2 * a)
+    with pytest.raises(ConfigError, match="model.rope_mscale"):
+        dataclasses.replace(m, rope_mscale=0.0)

@@ -636,7 +636,10 @@ def _attention_block(model: ModelSpec, sh: _Shard, L: int, causal: bool, block: 
             ops.pair(_ew_pair("qk_norm", L, 2 * a, 3 * a, 2, 2))
         if model.position_embedding == "rope":
             a = ACT_BYTES * T * (heads + kv_local) * d      # rotate q and k in place: read + write
-            ops.pair(_ew_pair("rope", L, 2 * a, 2 * a, 2, 2))
+            if model.rope_mscale == 1.0:
+                ops.pair(_ew_pair("rope", L, 2 * a, 2 * a, 2, 2))
+            else:
+                ops.pair(_unfused_rope(L, a))
         if model.flash_attention:
             ops.pair(_attention("core_attn", L, sh, heads, kv_local, d, d, causal, block, window))
         else:
@@ -773,6 +776,17 @@ def _moe_block(model: ModelSpec, parallel: ParallelConfig, sh: _Shard, L: int, t
         ops.pair(_activation("shared_act", L, sh.T, int(fs), model.mlp))
         ops.linear("shared_fc2", sh.T, h, int(fs))
     ops.pair(_residual("mlp_residual", L, Tn, h, model.dropout))
+
+
+def _unfused_rope(L: int, a: float) -> tuple[ComputeOp, ComputeOp]:
+    """Megatron-Core's unfused RoPE (rope_utils.py ``_apply_rotary_pos_emb_bshd``), which runs
+    when the tables carry a YaRN factor (``rope_mscale``), on q and k (``a`` bytes together):
+    ``t * cos`` (read and write ``a``), ``_rotate_half`` (``-x2``: ``a``; ``cat``: ``2a``),
+    ``* sin`` (``2a``), the sum (``3a``) and the final ``cat`` with the empty pass-through part
+    (``2a``): ``12a`` in 6 kernels per tensor (the cos / sin tables are small).  Backward by
+    autograd: the two products' gradients (``2a`` each), the negation's (``a``), the chunk's
+    halves concatenated (``2a``) and the two paths summed (``3a``): ``10a`` in 5 per tensor."""
+    return _ew_pair("rope", L, 12 * a, 10 * a, 12, 10)
 
 
 def _expert_clamp(L: int, routed: float, width: int) -> tuple[ComputeOp, ComputeOp]:
