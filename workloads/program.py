@@ -642,7 +642,9 @@ def _layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
         _cp_attention(ctx, em, seg, src, layer, mb, chunk, phase)
     tp_out()
     if is_moe:
-        em.compute(OpName.MOE_PRE, layer, mb, chunk, phase, *seg.get(f"{src}:pre", _NOSEG))
+        f, t, hs, k = seg.get(f"{src}:pre", _NOSEG)
+        n = _preprocess_calls(ctx)
+        em.compute(OpName.MOE_PRE, layer, mb, chunk, phase, f, t, hs + n * ctx.host.call_s, k + n)
         _emit_dispatch_sync(ctx, em, seg, "pre", layer, mb, chunk, phase)
         if par.ep > 1:
             _ep_comm(ctx, em, OpName.EP_DISPATCH, layer, mb, chunk, phase)
@@ -741,11 +743,13 @@ def _hybrid_layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
     host_extra = ctx.host.checkpoint_s if phase == Phase.R else 0.0
     if kind == "moe":
         f, t, hs, k = seg.get("F:pre", _NOSEG)
-        em.compute(OpName.MOE_PRE, layer, mb, chunk, phase, f, t, hs + host_extra, k)
+        n = _preprocess_calls(ctx)
+        em.compute(OpName.MOE_PRE, layer, mb, chunk, phase, f, t, hs + host_extra + n * ctx.host.call_s, k + n)
         _emit_dispatch_sync(ctx, em, seg, "pre", layer, mb, chunk, phase)
         if par.ep > 1:
             em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), OpName.EP_DISPATCH, layer, mb,
                     chunk, phase, tag=(layer, mb))
+            _ep_host_calls(ctx, em, OpName.EP_DISPATCH, phase)
             _emit_dispatch_sync(ctx, em, seg, "dispatch", layer, mb, chunk, phase)
         _expert_tp(ctx, em, Coll.ALL_GATHER, OpName.ETP_AG, layer, mb, chunk, phase)
         em.compute(OpName.EXPERTS, layer, mb, chunk, phase, *seg.get("F:mlp", _NOSEG))
@@ -795,6 +799,7 @@ def _hybrid_layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bo
         if par.ep > 1:
             em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), OpName.EP_DISPATCH_BWD, layer,
                     mb, chunk, Phase.B, tag=(layer, mb))
+            _ep_host_calls(ctx, em, OpName.EP_DISPATCH_BWD, Phase.B)
         em.compute(OpName.MOE_PRE_BWD, layer, mb, chunk, Phase.B, *seg.get("B:pre", _NOSEG))
     else:
         part = "mlp" if kind == "mlp" else "attn"
@@ -864,9 +869,46 @@ def _ep_comm(ctx, em, name, layer, mb, chunk, phase):
         tn = ctx.mbs * ctx.seq // (par.cp * par.tp) if par.sequence_parallel or par.tp == 1 else ctx.mbs * ctx.seq // par.cp
         em.coll(Stream.EP, _ALLGATHER_COLL[name], Group.EP, float(par.ep * tn * m.hidden_size * 2.0), name, layer, mb,
                 chunk, phase)
-        return
-    em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), name, layer, mb, chunk, phase,
-            tag=(layer, mb))
+    else:
+        em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), name, layer, mb, chunk, phase,
+                tag=(layer, mb))
+    _ep_host_calls(ctx, em, name, phase)
+
+
+def _ep_calls(ctx, name, phase) -> int:
+    """The collective calls the host issues at one EP communication point (the program
+    models their bytes as one collective).  From Megatron-Core's token_dispatcher.py:
+    ``alltoall`` dispatches the tokens and, in a second ``all_to_all``, their routing
+    probabilities (``token_dispatch``; their gradients likewise in the backward; the counts'
+    all-gather before is :func:`_preprocess_calls`); ``allgather`` gathers the routing map,
+    the probabilities and the tokens (the backward reduce-scatters the last two); the flex
+    dispatchers make one fused call; a combine is one call everywhere."""
+    disp = ctx.model.moe.token_dispatcher
+    if name not in (OpName.EP_DISPATCH, OpName.EP_DISPATCH_BWD) or disp == "flex":
+        return 1
+    if disp == "allgather":
+        return 3 if name == OpName.EP_DISPATCH else 2
+    return 2
+
+
+def _preprocess_calls(ctx) -> int:
+    """Collective calls inside an MoE layer's eager preprocessing (issued with ``moe_pre``):
+    the ``alltoall`` dispatcher all-gathers the per-expert counts over the TP x EP group
+    (token_dispatcher.py ``preprocess``) with EP or TP > 1, unless it pads to capacity or the
+    ``moe_preprocess`` graph holds it."""
+    m, par = ctx.model, ctx.par
+    if (m.moe is None or m.moe.token_dispatcher != "alltoall" or m.moe.pad_expert_input_to_capacity
+            or (par.ep == 1 and par.tp == 1) or "moe_preprocess" in ctx.host.graphed or not ctx.host.call_s):
+        return 0
+    return 1
+
+
+def _ep_host_calls(ctx, em, name, phase) -> None:
+    """Charge the host for every call of the EP communication point just emitted."""
+    n = _ep_calls(ctx, name, phase)
+    op = em.ops[-1]
+    if n > 1 and op.host_s > 0.0:
+        em.ops[-1] = op._replace(host_s=op.host_s * n, host_ops=n)
 
 
 def _qkv_out_bytes(ctx) -> tuple[float, float]:

@@ -245,20 +245,26 @@ def _syncs(prog):
 
 
 def test_the_dropless_dispatcher_sync_exposes_the_calls_issued_after_it():
-    """A host that issues kernels for free and each call in C = 500 us runs far ahead of the
+    """A host that issues kernels for free and each call in C = 250 us runs far ahead of the
     GPU -- except at the dispatcher's sync: the host resumes when the GPU reaches the point
     before the permutation (the sync's lag ``l`` ahead of the end of ``moe_pre``), then
-    issues the dispatch all-to-all, which starts ``C - l`` after the GPU is ready for it.
-    The experts then outlast the next call's issue, so each of the n = 2 layers x 2
-    micro-batches forward syncs adds exactly ``C - l``: the closed form.  Padding to capacity
+    issues the tokens' all-to-all, which starts ``C - l`` after the GPU is ready for it.
+    The experts then outlast the issue of the probabilities' all-to-all and the combine
+    (2C), so each of the n = 2 layers x 2 micro-batches forward syncs adds exactly ``C - l``:
+    the closed form.  Padding to capacity
     (Megatron-Core's drop_and_pad: the counts are known on the host) is the same program
     without the syncs -- under balanced routing every expert receives exactly its capacity."""
-    call = 500e-6
+    call = 250e-6
     host = {"kernel_us": 0, "call_us": call * 1e6}
     sync, pad = run(_ep2(host)), run(_ep2(host, moe={"capacity_factor": 1.0, "pad_expert_input_to_capacity": True}))
     syncs = _syncs(sync.program)
     assert len(syncs) == 2 * 2 and not _syncs(pad.program)
-    assert [op for op in sync.program.classes[0].ops if op.kind != "host_sync"] == pad.program.classes[0].ops
+    # the same program but for the syncs and the counts' all-gather, issued with moe_pre (its
+    # host time lies before the sync, so it moves nothing)
+    def bare(op):
+        return op._replace(host_s=0.0, host_ops=0) if op.name == "moe_pre" else op
+    assert [bare(op) for op in sync.program.classes[0].ops if op.kind != "host_sync"] == \
+        [bare(op) for op in pad.program.classes[0].ops]
     lag = syncs[0].duration_s
     assert 0 < lag < call and all(op.duration_s == lag for op in syncs)
     delta = sync.metrics["step_time_s"] - pad.metrics["step_time_s"]
@@ -323,3 +329,30 @@ def test_the_dispatcher_syncs_fold_exactly(ep_overlap):
     ops = folded.program.classes[0].ops
     assert any(op.kind == "host_sync" and bool(op.lane) == ep_overlap for op in ops)
     assert_same_run(folded, run(sc, fold=False))
+
+
+def test_the_host_issues_every_call_of_a_dispatch():
+    """Megatron-Core's alltoall dispatcher all-gathers the per-expert counts in its eager
+    preprocessing (issued with moe_pre; inside the moe_preprocess graph when that is
+    captured), then dispatches the tokens and the probabilities in two all-to-alls, forward
+    and backward; allgather gathers three tensors and reduce-scatters two; the flex
+    dispatchers make one call; every combine one."""
+    call, kernel = HOST_COSTS["eager"].call_s, HOST_COSTS["eager"].kernel_s
+
+    def calls(sc):
+        return {(op.name, op.phase): op.host_ops for op in build(sc).classes[0].ops
+                if op.kind == "collective" and op.group == "ep"}
+    assert calls(_ep2()) == {("ep_dispatch", "F"): 2, ("ep_combine", "F"): 1, ("ep_combine_bwd", "B"): 1,
+                             ("ep_dispatch_bwd", "B"): 2}
+    pre = {g: next(op for op in build(_ep2(g)).classes[0].ops if op.name == "moe_pre")
+           for g in ("eager", "none")}
+    assert pre["eager"].host_s == pytest.approx((pre["eager"].host_ops - 1) * kernel + call, rel=1e-12)
+    graphed = build(_ep2({"cuda_graph_scope": ["moe_router", "moe_preprocess"]})).classes[0].ops
+    # graphed: only the eager permutation's kernels, no call
+    assert all(op.host_s / kernel == pytest.approx(round(op.host_s / kernel), abs=1e-9)
+               for op in graphed if op.name == "moe_pre")
+    assert calls(_ep2(moe={"token_dispatcher": "allgather"}))[("ep_dispatch", "F")] == 3
+    assert set(calls(_ep2(moe={"token_dispatcher": "flex"})).values()) == {1}
+    ops = [op for op in build(_ep2()).classes[0].ops if op.kind == "collective" and op.group == "ep"]
+    assert all(op.host_s == pytest.approx(op.host_ops * call, rel=1e-12) for op in ops)
+    assert all(op.host_s == 0.0 for op in build(_ep2("none")).classes[0].ops)
