@@ -27,6 +27,10 @@ window_attn_skip_freq /        ``layer_types`` (``sliding_attention`` = windowed
 window_layer_pattern           Qwen2's ``max_window_layers`` with ``use_sliding_window``;
                                else every layer windowed (Mistral 7B)
 attention_sinks                always for gpt_oss (per-head ``sinks``)
+activation_clamp               gpt_oss: ``swiglu_limit`` (the experts' clamped GLU)
+rope_mscale                    gpt_oss (Megatron-Bridge runs it with YaRN): ``rope_scaling``'s
+                               ``attention_factor``, else Megatron-Core's concentration factor
+                               (``0.1 ln(factor) + 1``, or the ``mscale`` / ``mscale_all_dim`` ratio)
 moe.num_experts                ``num_local_experts`` | ``n_routed_experts`` | ``num_experts``
 moe.top_k                      ``num_experts_per_tok``
 moe.expert_ffn_hidden_size     ``moe_intermediate_size``, else ``intermediate_size`` (Mixtral)
@@ -52,7 +56,7 @@ embedding; ``num_nextn_predict_layers`` MTP modules (their ``mtp_hybrid_override
 ``*E`` is the attention + MoE layer an MTP module holds here).  Linear biases
 (``mamba_proj_bias``, ``mlp_bias``, ``attention_bias``) must be false.
 
-Keys not listed (rope scaling, gpt-oss's ``swiglu_limit``, dtypes, token ids,
+Keys not listed (rope scaling, dtypes, token ids,
 quantisation) are ignored, so configs of unknown families load as Llama-like models when they carry the
 required keys.  Not represented exactly: Llama's ``attention_bias`` without
 ``mlp_bias`` (read as q/k/v biases; the output-projection bias, ``h`` per layer, is left
@@ -64,6 +68,7 @@ The importer only reads the file it is given.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 
@@ -152,6 +157,22 @@ def _moe(cfg: dict, num_layers: int, model_type: str, where: str) -> MoESpec | N
                 "moe_layer_pattern": "mlp_only_layers"}
         key = e.field.split(".", 1)[-1]
         raise ConfigError(f"{where}.{keys.get(key, key)}", e.value, e.rule) from None
+
+
+def _yarn_mscale(scaling) -> float:
+    """The factor YaRN scales the RoPE tables by (Megatron-Core yarn_rotary_pos_embedding.py
+    ``_yarn_get_mscale``: ``0.1 ln(factor) + 1``, or the config's ``attention_factor``); 1.0
+    for no or other scaling."""
+    if not isinstance(scaling, dict) or (scaling.get("rope_type") or scaling.get("type")) != "yarn":
+        return 1.0
+    if scaling.get("attention_factor"):
+        return float(scaling["attention_factor"])
+    factor = float(scaling.get("factor") or 1.0)
+
+    def get(m):
+        return 0.1 * m * math.log(factor) + 1.0 if factor > 1.0 else 1.0
+    ms, ms_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    return get(1.0) if ms is None or ms_all is None else get(float(ms)) / get(float(ms_all))
 
 
 def _window(cfg: dict, num_layers, where: str) -> dict:
@@ -243,6 +264,8 @@ def model_from_hf_config(path_or_dict, *, name: str | None = None, seq_len: int 
         qkv_bias=model_type in _QKV_BIAS_TYPES or (attention_bias and not mlp_bias and model_type != "gpt_oss"),
         qk_norm=model_type in _QK_NORM_TYPES,
         attention_sinks=model_type in _SINK_TYPES,
+        activation_clamp=cfg.get("swiglu_limit") if model_type == "gpt_oss" else None,
+        rope_mscale=_yarn_mscale(cfg.get("rope_scaling")) if model_type == "gpt_oss" else 1.0,
         **_window(cfg, num_layers, where),
         mtp_layers=cfg.get("num_nextn_predict_layers") or 0,
         source=source,

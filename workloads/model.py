@@ -98,6 +98,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -490,6 +491,18 @@ class ModelSpec:
     attention_sinks: bool = False
     """A learned sink logit per query head in every layer's softmax (gpt-oss ``sinks``;
     Megatron-Core's ``softmax_type="learnable"`` ``softmax_offset``): ``H`` parameters per layer."""
+    rope_mscale: float = 1.0
+    """The factor the rotary cos / sin tables are scaled by: YaRN's attention factor
+    (Megatron-Core's ``_yarn_get_concentration_factor``, ``0.1 ln(scaling factor) + 1``;
+    gpt-oss: 32x YaRN, 1.3466).  Megatron-Core's fused RoPE does not take it
+    (models/common/embeddings/rope_utils.py ``apply_rotary_pos_emb``): with ``rope`` and a
+    factor other than 1 the unfused RoPE runs (``workloads.costs.flops``).  1: plain RoPE."""
+    activation_clamp: float | None = None
+    """The routed experts' gated activation clamps its two inputs first (Megatron-Core's
+    ``activation_func_clamp_value``; gpt-oss: 7.0, Hugging Face's ``swiglu_limit``): the gate
+    half from above, the linear half to ``[-limit, limit]``.  Megatron-Core runs the clamps
+    eagerly ahead of the fused activation kernel (``workloads.costs.flops``, ``expert_clamp``).
+    None: no clamp.  Needs ``mlp: swiglu`` (a gated activation)."""
     dropout: float = 0.0
     """Hidden (residual) dropout probability, after attention and MLP; 0 disables it."""
     flash_attention: bool = True
@@ -578,6 +591,18 @@ class ModelSpec:
         _set(self, "mtp_layers", _int(w, "mtp_layers", self.mtp_layers, minimum=0))
         _bool(w, "mtp_repeated_layer", self.mtp_repeated_layer)
         self._check_window(w)
+        ms = self.rope_mscale
+        if isinstance(ms, bool) or not isinstance(ms, numbers.Real) or not 0 < ms < math.inf:
+            raise ConfigError(f"{w}.rope_mscale", ms, "must be a positive number (1: no YaRN scaling)")
+        _set(self, "rope_mscale", float(ms))
+        clamp = self.activation_clamp
+        if clamp is not None:
+            if isinstance(clamp, bool) or not isinstance(clamp, numbers.Real) or not 0 < clamp < math.inf:
+                raise ConfigError(f"{w}.activation_clamp", clamp, "must be a positive number, or null for no clamp")
+            if self.mlp != "swiglu":
+                raise ConfigError(f"{w}.activation_clamp", clamp, f"clamps a gated activation: needs mlp swiglu, "
+                                                                  f"not {self.mlp}")
+            _set(self, "activation_clamp", float(clamp))
         self._check_hybrid(w)
 
         if self.moe is not None:

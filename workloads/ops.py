@@ -5,7 +5,7 @@ dispatches on is a member of one of the enumerations below, never a string that 
 has to search for:
 
 ===========  ==================================================================================
-``kind``     :class:`OpKind`: compute, collective, send or recv
+``kind``     :class:`OpKind`: compute, collective, send, recv, or a host synchronisation
 ``stream``   :class:`Stream`: the GPU stream that runs it (compute, or the communication axis)
 ``coll``     :class:`Coll`: the collective (all-reduce, all-gather, reduce-scatter, all-to-all,
              send/recv)
@@ -50,7 +50,7 @@ from typing import NamedTuple
 
 __all__ = ["Op", "OpKind", "Stream", "Coll", "Group", "Phase", "OpName", "is_p2p", "is_collective",
            "is_grad_bucket", "is_param_gather", "is_fsdp_gather", "is_grad_norm", "is_ep_combine", "ep_a2a_matrix",
-           "is_step_sync", "is_cp_hop",
+           "is_step_sync", "is_cp_hop", "is_host_sync",
            "GRAD_BUCKETS", "PARAM_GATHERS", "FSDP_GATHERS", "EP_COMBINES", "EP_TO_SOURCE", "CP_HOPS", "STEP_SYNC_GROUPS"]
 
 
@@ -61,6 +61,11 @@ class OpKind(StrEnum):
     COLLECTIVE = "collective"
     SEND = "send"
     RECV = "recv"
+    HOST_SYNC = "host_sync"
+    """The host waits until the compute stream has reached this point of the program (a
+    device-to-host copy it needs the value of); nothing runs on the GPU.  ``duration_s``
+    holds the lag: the seconds of the preceding compute op that lie after the point the
+    host waits for (work the program places in that op but the framework runs later)."""
 
 
 class Stream(StrEnum):
@@ -136,6 +141,7 @@ class OpName(StrEnum):
     RECOMPUTE_MLP = "recompute_mlp"
     RECOMPUTE_PRE = "recompute_pre"
     RECOMPUTE_POST = "recompute_post"
+    MOE_HOST_SYNC = "moe_host_sync"         #: dropless MoE: the dispatcher copies token counts to the host
     EMBEDDING = "embedding"
     EMBEDDING_WGRAD = "embedding_wgrad"
     OUTPUT_LOSS = "output_loss"             #: output layer, cross-entropy loss (last stage)
@@ -236,6 +242,7 @@ reductions wait for a CP / TP collective still overlapping the last compute op."
 # module global under 0.02 us (timeit); the engine's actor loop, the estimator and the
 # predicates below compare with these.
 KIND_COMPUTE, KIND_COLLECTIVE, KIND_SEND, KIND_RECV = OpKind.COMPUTE, OpKind.COLLECTIVE, OpKind.SEND, OpKind.RECV
+KIND_HOST_SYNC = OpKind.HOST_SYNC
 STREAM_COMPUTE, STREAM_PP = Stream.COMPUTE, Stream.PP
 COLL_ALL_GATHER, COLL_ALL_TO_ALL = Coll.ALL_GATHER, Coll.ALL_TO_ALL
 GROUP_CP, GROUP_TP = Group.CP, Group.TP
@@ -247,6 +254,11 @@ _GRAD_NORM = OpName.GRAD_NORM
 def is_p2p(op: Op) -> bool:
     """A pipeline send or receive."""
     return op.kind in _P2P_KINDS
+
+
+def is_host_sync(op: Op) -> bool:
+    """A point where the host waits for the GPU (:attr:`OpKind.HOST_SYNC`)."""
+    return op.kind == KIND_HOST_SYNC
 
 
 def is_collective(op: Op) -> bool:

@@ -291,8 +291,74 @@ def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[
         acc[1] += float(t)
         acc[2] += host_s
         acc[3] += op.num_kernels
+        if base == "moe_permute" and phase != "B":
+            # (also kept apart: the GPU work after the dispatcher's host sync, _dispatch_sync)
+            seg[f"{phase}:permute_s"] = seg.get(f"{phase}:permute_s", 0.0) + float(t)
     ctx.seg_cache[key] = seg
     return seg
+
+
+def _dispatch_sync(ctx) -> str | None:
+    """Where Megatron-Core's token dispatcher makes the host wait for the GPU in every MoE
+    layer's forward (and a recomputed one), to read the per-expert token counts it sizes
+    buffers, all-to-all splits and Transformer Engine's grouped-GEMM ``m_splits`` with:
+    ``"pre"`` (ahead of the dispatch: the point the GPU must reach lies before the token
+    permutation), ``"dispatch"`` (after the dispatch collective), or None (no sync).
+
+    From megatron/core/transformer/moe/token_dispatcher.py (NVIDIA/Megatron-LM):
+
+    * ``alltoall`` (``MoEAlltoAllTokenDispatcher``): unless ``moe_pad_expert_input_to_capacity``
+      (``drop_and_pad``: the counts are known on the host), ``_maybe_dtoh_and_synchronize``
+      copies the counts and splits to the host on a side stream at ``cuda_dtoh_point``
+      (``before_permutation_1``; ``before_ep_alltoall`` when the ``moe_preprocess`` module
+      is CUDA-graphed) and waits for the copy (``d2h_event.synchronize()``) at
+      ``cuda_sync_point``: ``before_ep_alltoall`` with EP or TP > 1, ``before_finish``
+      otherwise, ``before_permutation_1`` with a capacity factor.  The host then issues the
+      all-to-all, the sort by local expert and the experts.
+    * ``allgather`` (``MoEAllGatherTokenDispatcher.dispatch_postprocess``):
+      ``local_map.sum(dim=0).long().cpu()`` after the all-gather, always.
+    * ``flex`` with DeepEP (``_DeepepManager`` -> ``fused_a2a.FusedDispatch``): DeepEP's
+      normal-mode ``Buffer.dispatch`` waits on the host for the received-token counts
+      ("the CPU will wait for GPU's signal to arrive"), always; with HybridEP
+      (``_HybridEPManager`` -> ``HybridEPDispatch``): ``non_blocking`` only when
+      ``num_permuted_tokens`` is known, i.e. with ``moe_expert_rank_capacity_factor`` or
+      padding to capacity.
+
+    The backward needs no sync (the splits are kept from the forward), and Transformer
+    Engine's ``GroupedLinear`` then gets host ``m_splits`` (``TEGroupedMLP.forward``'s
+    ``tokens_per_expert.tolist()`` of a host tensor).  A full-iteration CUDA graph cannot hold
+    a sync (Megatron-Core needs the rank budget for it): host modes without host costs
+    (``cuda_graphs``, ``none``) emit none, as the host never gates the GPU there."""
+    moe = ctx.model.moe
+    if moe is None or not any(ctx.host[:3]):
+        return None
+    if moe.token_dispatcher == "alltoall":
+        return None if moe.pad_expert_input_to_capacity else "pre"
+    if moe.token_dispatcher == "allgather":
+        return "dispatch" if ctx.par.ep > 1 else "pre"
+    if moe.flex_dispatcher_backend == "hybridep" and (moe.expert_rank_capacity_factor is not None
+                                                      or moe.pad_expert_input_to_capacity):
+        return None
+    return "pre"
+
+
+def _emit_dispatch_sync(ctx, em, seg, where: str, layer, mb, chunk, phase) -> None:
+    """The dispatcher's host sync (:func:`_dispatch_sync`) if it falls ``where`` (``pre`` or
+    ``dispatch``).  Its lag (the GPU seconds of the preceding op after the point the host
+    waits for): ``pre``, the permutation the program places in ``moe_pre`` -- all of it when
+    the counts are copied before permutation 1, only the sort by local expert after the
+    all-to-all (its ``2 k / (1 + 3 k)`` of the permutation's bytes, ``workloads.costs.flops``
+    ``_moe_block``, dropless) when the ``moe_preprocess`` graph holds permutation 1 and the
+    copy follows it (alltoall); ``dispatch``, none."""
+    if _dispatch_sync(ctx) != where:
+        return
+    lag = 0.0
+    if where == "pre":
+        lag = seg.get("F:permute_s", 0.0)          # a recomputed permutation is the forward's
+        if ctx.model.moe.token_dispatcher == "alltoall" and "moe_preprocess" in ctx.host.graphed:
+            k = ctx.model.moe.top_k
+            lag *= 2 * k / (1 + 3 * k)
+    em.host_sync(OpName.MOE_HOST_SYNC, layer, mb, chunk, phase, lag)
 
 
 _ROUTER_SCOPE = {"mlp_norm", "router", "router_topk", "shared_fc1", "shared_act", "shared_fc2"}
@@ -332,6 +398,10 @@ class _Emitter:
             self.ops.append(Op(Stream.COMPUTE, OpKind.COMPUTE, name, layer, mb, chunk, phase, flops, dur, Coll.NONE,
                                Group.NONE, -1, 0.0, -1, None,
                                self.lane, float(host), int(kernels)))
+
+    def host_sync(self, name, layer, mb, chunk, phase, lag=0.0):
+        self.ops.append(Op(Stream.COMPUTE, OpKind.HOST_SYNC, name, layer, mb, chunk, phase, 0.0, float(lag), Coll.NONE,
+                           Group.NONE, -1, 0.0, -1, None, self.lane, 0.0, 0))
 
     def coll(self, stream, coll, group, size, name, layer=-1, mb=-1, chunk=0, phase=Phase.F, tag=None):
         n = self.seq.get(group, 0)
@@ -578,9 +648,13 @@ def _layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
         _cp_attention(ctx, em, seg, src, layer, mb, chunk, phase)
     tp_out()
     if is_moe:
-        em.compute(OpName.MOE_PRE, layer, mb, chunk, phase, *seg.get(f"{src}:pre", _NOSEG))
+        f, t, hs, k = seg.get(f"{src}:pre", _NOSEG)
+        n = _preprocess_calls(ctx)
+        em.compute(OpName.MOE_PRE, layer, mb, chunk, phase, f, t, hs + n * ctx.host.call_s, k + n)
+        _emit_dispatch_sync(ctx, em, seg, "pre", layer, mb, chunk, phase)
         if par.ep > 1:
             _ep_comm(ctx, em, OpName.EP_DISPATCH, layer, mb, chunk, phase)
+            _emit_dispatch_sync(ctx, em, seg, "dispatch", layer, mb, chunk, phase)
         _expert_tp(ctx, em, Coll.ALL_GATHER, OpName.ETP_AG, layer, mb, chunk, phase)
         em.compute(OpName.EXPERTS, layer, mb, chunk, phase, *seg.get(f"{src}:mlp", _NOSEG))
         _expert_tp(ctx, em, Coll.REDUCE_SCATTER, OpName.ETP_RS, layer, mb, chunk, phase)
@@ -654,6 +728,10 @@ def _selective_recompute(ctx, em, seg, layer, mb, chunk) -> None:
             c, share = seg.get("R:core", _NOSEG), _cp_work_share(ctx)
             v = (v[0] + c[0] * share, v[1] + c[1] * share, v[2] + c[2], v[3] + c[3])
         em.compute(name, layer, mb, chunk, Phase.R, *v)
+        if part == "pre" and "R:permute_s" in seg and "moe" in ctx.par.recompute_modules:
+            # the recomputed MoE layer (Megatron-Core's moe_layer_recompute checkpoints the
+            # whole forward) runs its dispatcher again, sync included
+            _emit_dispatch_sync(ctx, em, seg, "pre", layer, mb, chunk, Phase.R)
 
 
 def _hybrid_layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
@@ -671,10 +749,14 @@ def _hybrid_layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
     host_extra = ctx.host.checkpoint_s if phase == Phase.R else 0.0
     if kind == "moe":
         f, t, hs, k = seg.get("F:pre", _NOSEG)
-        em.compute(OpName.MOE_PRE, layer, mb, chunk, phase, f, t, hs + host_extra, k)
+        n = _preprocess_calls(ctx)
+        em.compute(OpName.MOE_PRE, layer, mb, chunk, phase, f, t, hs + host_extra + n * ctx.host.call_s, k + n)
+        _emit_dispatch_sync(ctx, em, seg, "pre", layer, mb, chunk, phase)
         if par.ep > 1:
             em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), OpName.EP_DISPATCH, layer, mb,
                     chunk, phase, tag=(layer, mb))
+            _ep_host_calls(ctx, em, OpName.EP_DISPATCH, phase)
+            _emit_dispatch_sync(ctx, em, seg, "dispatch", layer, mb, chunk, phase)
         _expert_tp(ctx, em, Coll.ALL_GATHER, OpName.ETP_AG, layer, mb, chunk, phase)
         em.compute(OpName.EXPERTS, layer, mb, chunk, phase, *seg.get("F:mlp", _NOSEG))
         _expert_tp(ctx, em, Coll.REDUCE_SCATTER, OpName.ETP_RS, layer, mb, chunk, phase)
@@ -723,6 +805,7 @@ def _hybrid_layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bo
         if par.ep > 1:
             em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), OpName.EP_DISPATCH_BWD, layer,
                     mb, chunk, Phase.B, tag=(layer, mb))
+            _ep_host_calls(ctx, em, OpName.EP_DISPATCH_BWD, Phase.B)
         em.compute(OpName.MOE_PRE_BWD, layer, mb, chunk, Phase.B, *seg.get("B:pre", _NOSEG))
     else:
         part = "mlp" if kind == "mlp" else "attn"
@@ -792,9 +875,46 @@ def _ep_comm(ctx, em, name, layer, mb, chunk, phase):
         tn = ctx.mbs * ctx.seq // (par.cp * par.tp) if par.sequence_parallel or par.tp == 1 else ctx.mbs * ctx.seq // par.cp
         em.coll(Stream.EP, _ALLGATHER_COLL[name], Group.EP, float(par.ep * tn * m.hidden_size * 2.0), name, layer, mb,
                 chunk, phase)
-        return
-    em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), name, layer, mb, chunk, phase,
-            tag=(layer, mb))
+    else:
+        em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), name, layer, mb, chunk, phase,
+                tag=(layer, mb))
+    _ep_host_calls(ctx, em, name, phase)
+
+
+def _ep_calls(ctx, name, phase) -> int:
+    """The collective calls the host issues at one EP communication point (the program
+    models their bytes as one collective).  From Megatron-Core's token_dispatcher.py:
+    ``alltoall`` dispatches the tokens and, in a second ``all_to_all``, their routing
+    probabilities (``token_dispatch``; their gradients likewise in the backward; the counts'
+    all-gather before is :func:`_preprocess_calls`); ``allgather`` gathers the routing map,
+    the probabilities and the tokens (the backward reduce-scatters the last two); the flex
+    dispatchers make one fused call; a combine is one call everywhere."""
+    disp = ctx.model.moe.token_dispatcher
+    if name not in (OpName.EP_DISPATCH, OpName.EP_DISPATCH_BWD) or disp == "flex":
+        return 1
+    if disp == "allgather":
+        return 3 if name == OpName.EP_DISPATCH else 2
+    return 2
+
+
+def _preprocess_calls(ctx) -> int:
+    """Collective calls inside an MoE layer's eager preprocessing (issued with ``moe_pre``):
+    the ``alltoall`` dispatcher all-gathers the per-expert counts over the TP x EP group
+    (token_dispatcher.py ``preprocess``) with EP or TP > 1, unless it pads to capacity or the
+    ``moe_preprocess`` graph holds it."""
+    m, par = ctx.model, ctx.par
+    if (m.moe is None or m.moe.token_dispatcher != "alltoall" or m.moe.pad_expert_input_to_capacity
+            or (par.ep == 1 and par.tp == 1) or "moe_preprocess" in ctx.host.graphed or not ctx.host.call_s):
+        return 0
+    return 1
+
+
+def _ep_host_calls(ctx, em, name, phase) -> None:
+    """Charge the host for every call of the EP communication point just emitted."""
+    n = _ep_calls(ctx, name, phase)
+    op = em.ops[-1]
+    if n > 1 and op.host_s > 0.0:
+        em.ops[-1] = op._replace(host_s=op.host_s * n, host_ops=n)
 
 
 def _qkv_out_bytes(ctx) -> tuple[float, float]:

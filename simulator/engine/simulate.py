@@ -54,8 +54,10 @@ The host issues a rank's ops in program order (``scenario.host``, ``Op.host_s``)
 op starts no earlier than the issue of its first kernel and ends no earlier than the issue
 of its last plus that kernel's share of the run time; a collective or a batch of transfers
 starts no earlier than its issue.  The host runs ahead of the GPU and waits for it only
-after a batch of pipeline transfers (Megatron's ``batch_p2p_sync``; not with ``overlap.p2p``)
-and at the step end.  The GPU's wait is ``host_issue`` in the breakdown.
+after a batch of pipeline transfers (Megatron's ``batch_p2p_sync``; not with ``overlap.p2p``),
+at a host-sync op (a dropless MoE dispatcher reading its token counts: the host resumes
+when the compute stream reaches the op, less the op's lag) and at the step end.  The GPU's
+wait is ``host_issue`` in the breakdown.
 
 ``num_steps`` steps run back to back; the last is reported, so carry-over (parameter
 gathers running into the next step) sits where it runs.  A program that cannot finish
@@ -80,7 +82,7 @@ import simpy
 
 from topologies import ConfigError
 from workloads import build_program
-from workloads.ops import (COLL_ALL_TO_ALL, GROUP_TP, KIND_COLLECTIVE, KIND_COMPUTE,
+from workloads.ops import (COLL_ALL_TO_ALL, GROUP_TP, KIND_COLLECTIVE, KIND_COMPUTE, KIND_HOST_SYNC,
                            KIND_SEND, PHASE_F, STREAM_COMPUTE, STREAM_PP, Group, Op, ep_a2a_matrix, is_fsdp_gather,
                            is_cp_hop, is_grad_bucket, is_grad_norm, is_p2p, is_param_gather, is_step_sync)
 from workloads.program import Program
@@ -525,7 +527,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
 
             def may_issue(j):
                 o = ops[j]
-                return o.kind == KIND_COMPUTE or turn[o.stream][issued[o.stream]] == j
+                return o.kind == KIND_COMPUTE or o.kind == KIND_HOST_SYNC or turn[o.stream][issued[o.stream]] == j
 
             cur = 0
             while pos[0] < len(lanes[0]) or pos[1] < len(lanes[1]) or any(blocked):
@@ -552,6 +554,10 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 current[cid] = (step, op)
                 if op.kind == KIND_COMPUTE:
                     yield from compute(op, step, j)
+                    continue
+                if op.kind == KIND_HOST_SYNC:
+                    # one host thread drives both halves: it waits here for the compute stream
+                    hc[0] = max(hc[0], env.now - op.duration_s * factor)
                     continue
                 issued[op.stream] += 1
                 yield from host_issue(op)
@@ -611,6 +617,11 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                     if overlapped:
                         yield from _wait(env, list(overlapped), waits[cid], _AXIS.get(overlapped_axis[0], "cp"))
                         overlapped.clear()
+                    continue
+                if op.kind == KIND_HOST_SYNC:
+                    # the host waits until the compute stream has reached this point (the
+                    # preceding op, less the lag of its work that lies after the point)
+                    hc[0] = max(hc[0], env.now - op.duration_s * factor)
                     continue
                 if p2p_at[i - 1]:
                     # consecutive send/recv ops form one batch, as Megatron's
@@ -930,7 +941,7 @@ def _pair_turns(ops, lanes) -> dict:
     per_lane: dict = {}
     for h in (0, 1):
         for j in lanes[h]:
-            if ops[j].kind != KIND_COMPUTE:
+            if ops[j].kind != KIND_COMPUTE and ops[j].kind != KIND_HOST_SYNC:
                 per_lane.setdefault(ops[j].stream, ([], []))[h].append(j)
     turn = {st: [j for pair in itertools.zip_longest(*ls) for j in pair if j is not None]
             for st, ls in per_lane.items()}
@@ -941,7 +952,7 @@ def _pair_turns(ops, lanes) -> dict:
         for h in (0, 1):
             while pos[h] < len(lanes[h]):
                 o = ops[lanes[h][pos[h]]]
-                if o.kind != KIND_COMPUTE:
+                if o.kind != KIND_COMPUTE and o.kind != KIND_HOST_SYNC:
                     if turn[o.stream][nxt[o.stream]] != lanes[h][pos[h]]:
                         break
                     nxt[o.stream] += 1

@@ -36,6 +36,8 @@ def _cursor_step(ops) -> float:
             host += op.host_s
             start = max(gpu, first)
             gpu = max(start + op.duration_s, host + op.duration_s / k)
+        elif op.kind == "host_sync":    # the host waits for the GPU to reach the point
+            host = max(host, gpu - op.duration_s)
         else:                       # a call on a group of one: issued, then done
             host += op.host_s
             gpu = max(gpu, host)
@@ -225,3 +227,132 @@ def test_the_graph_scope_is_validated():
     with pytest.raises(ConfigError, match="scenario.host.cuda_graph_scope"):
         load_scenario(_one_gpu(host={"cuda_graph_scope": []}))
     assert load_scenario(_one_gpu(host={"cuda_graph_scope": ["attn"], "kernel_us": 50})).host["kernel_us"] == 50
+
+
+# -- the dropless MoE dispatcher's host sync ------------------------------------------------------
+_TWO_GPUS = {"gpu": "H100-SXM", "num_nodes": 1, "gpus_per_host": 2, "nvlink_domain_size": 2, "nics_per_host": 1}
+
+
+def _ep2(host="eager", moe=None, **par) -> dict:
+    """Qwen3-30B-A3B, two layers, EP 2 on two NVLink GPUs, two micro-batches."""
+    model = {"preset": "qwen3-30b-a3b", "num_layers": 2, **({"moe": moe} if moe else {})}
+    return {"model": model, "cluster": _TWO_GPUS, "host": host, "num_steps": 1,
+            "parallel": {"tp": 1, "pp": 1, "dp": 1, "ep": 2, "global_batch_size": 4, "seq_len": 4096, **par}}
+
+
+def _syncs(prog):
+    return [op for op in prog.classes[0].ops if op.kind == "host_sync"]
+
+
+def test_the_dropless_dispatcher_sync_exposes_the_calls_issued_after_it():
+    """A host that issues kernels for free and each call in C = 250 us runs far ahead of the
+    GPU -- except at the dispatcher's sync: the host resumes when the GPU reaches the point
+    before the permutation (the sync's lag ``l`` ahead of the end of ``moe_pre``), then
+    issues the tokens' all-to-all, which starts ``C - l`` after the GPU is ready for it.
+    The experts then outlast the issue of the probabilities' all-to-all and the combine
+    (2C), so each of the n = 2 layers x 2 micro-batches forward syncs adds exactly ``C - l``:
+    the closed form.  Padding to capacity
+    (Megatron-Core's drop_and_pad: the counts are known on the host) is the same program
+    without the syncs -- under balanced routing every expert receives exactly its capacity."""
+    call = 250e-6
+    host = {"kernel_us": 0, "call_us": call * 1e6}
+    sync, pad = run(_ep2(host)), run(_ep2(host, moe={"capacity_factor": 1.0, "pad_expert_input_to_capacity": True}))
+    syncs = _syncs(sync.program)
+    assert len(syncs) == 2 * 2 and not _syncs(pad.program)
+    # the same program but for the syncs and the counts' all-gather, issued with moe_pre (its
+    # host time lies before the sync, so it moves nothing)
+    def bare(op):
+        return op._replace(host_s=0.0, host_ops=0) if op.name == "moe_pre" else op
+    assert [bare(op) for op in sync.program.classes[0].ops if op.kind != "host_sync"] == \
+        [bare(op) for op in pad.program.classes[0].ops]
+    lag = syncs[0].duration_s
+    assert 0 < lag < call and all(op.duration_s == lag for op in syncs)
+    delta = sync.metrics["step_time_s"] - pad.metrics["step_time_s"]
+    assert delta == pytest.approx(len(syncs) * (call - lag), rel=1e-9)
+    assert sync.metrics["breakdown_s"]["host_issue"] - pad.metrics["breakdown_s"].get("host_issue", 0.0) == \
+        pytest.approx(delta, rel=1e-6)
+    # an infinitely fast host never waits for the GPU's counts (and gets no sync op)
+    assert not _syncs(run(_ep2("none")).program)
+
+
+def test_where_the_dispatchers_sync():
+    """Megatron-Core (token_dispatcher.py, fused_a2a.py): every dropless dispatcher syncs the
+    host once per MoE layer forward -- alltoall ahead of the all-to-all, allgather after its
+    all-gather, DeepEP and HybridEP inside the dispatch -- but not in the backward (the
+    splits are kept); padding to capacity and HybridEP's rank budget know the sizes on the
+    host; a recomputed MoE forward syncs again."""
+    from workloads.ops import OpName
+    ops = build(_ep2()).classes[0].ops
+    syncs = _syncs(build(_ep2()))
+    assert {(op.phase, op.name) for op in syncs} == {("F", OpName.MOE_HOST_SYNC)}
+    for s in syncs:                       # right after moe_pre, before the dispatch
+        i = ops.index(s)
+        assert ops[i - 1].name == "moe_pre" and ops[i + 1].name == "ep_dispatch"
+    gather = build(_ep2(moe={"token_dispatcher": "allgather"})).classes[0].ops
+    for i, op in enumerate(gather):
+        if op.kind == "host_sync":
+            assert gather[i - 1].name == "ep_dispatch" and op.duration_s == 0.0
+    assert len(_syncs(build(_ep2(moe={"token_dispatcher": "flex"})))) == 4
+    assert len(_syncs(build(_ep2(moe={"token_dispatcher": "flex", "flex_dispatcher_backend": "hybridep"})))) == 4
+    assert not _syncs(build(_ep2(moe={"token_dispatcher": "flex", "flex_dispatcher_backend": "hybridep",
+                                      "expert_rank_capacity_factor": 1.5})))
+    assert len(_syncs(build(_ep2(moe={"capacity_factor": 1.0})))) == 4          # dropping, not padded
+    assert not _syncs(build(_ep2("cuda_graphs")))
+    full = _syncs(build(_ep2(recompute="full")))
+    assert sorted(op.phase for op in full) == ["F"] * 4 + ["R"] * 4
+    moe = _syncs(build(_ep2(recompute="selective", recompute_modules=["moe"])))
+    assert sorted(op.phase for op in moe) == ["F"] * 4 + ["R"] * 4
+    # with the moe_preprocess graph the counts are copied after permutation 1: the lag is
+    # only the sort by local expert, 2k / (1 + 3k) of the permutation's bytes
+    eager = _syncs(build(_ep2()))[0].duration_s
+    graphed = _syncs(build(_ep2({"cuda_graph_scope": ["attn", "moe_router", "moe_preprocess"]})))[0].duration_s
+    assert graphed == pytest.approx(eager * 2 * 8 / (1 + 3 * 8), rel=1e-12)
+
+
+def build(sc):
+    from workloads import build_program
+    s = load_scenario(sc)
+    return build_program(s.model, s.parallel, s.cluster.gpu, precision=s.recipe_or_name, host=s.host)
+
+
+@pytest.mark.parametrize("ep_overlap", [False, True])
+def test_the_dispatcher_syncs_fold_exactly(ep_overlap):
+    """The sync moves one host cursor per cell, in the main loop and in the combined 1F1B's
+    halves (which share one host thread): folded runs equal unfolded ones."""
+    from tests.simulator.test_fold import assert_same_run
+    sc = {"model": {"preset": "tiny-moe", "num_layers": 4, "moe": {"num_experts": 8}},
+          "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+          "parallel": {"tp": 1, "pp": 2, "ep": 4, "dp": -1, "vpp": 2, "schedule": "interleaved_1f1b",
+                       "global_batch_size": 32, "micro_batch_size": 1, "seq_len": 2048},
+          "overlap": {"p2p": True, "moe_ep_comm": ep_overlap}, "num_steps": 1}
+    folded = run(sc)
+    ops = folded.program.classes[0].ops
+    assert any(op.kind == "host_sync" and bool(op.lane) == ep_overlap for op in ops)
+    assert_same_run(folded, run(sc, fold=False))
+
+
+def test_the_host_issues_every_call_of_a_dispatch():
+    """Megatron-Core's alltoall dispatcher all-gathers the per-expert counts in its eager
+    preprocessing (issued with moe_pre; inside the moe_preprocess graph when that is
+    captured), then dispatches the tokens and the probabilities in two all-to-alls, forward
+    and backward; allgather gathers three tensors and reduce-scatters two; the flex
+    dispatchers make one call; every combine one."""
+    call, kernel = HOST_COSTS["eager"].call_s, HOST_COSTS["eager"].kernel_s
+
+    def calls(sc):
+        return {(op.name, op.phase): op.host_ops for op in build(sc).classes[0].ops
+                if op.kind == "collective" and op.group == "ep"}
+    assert calls(_ep2()) == {("ep_dispatch", "F"): 2, ("ep_combine", "F"): 1, ("ep_combine_bwd", "B"): 1,
+                             ("ep_dispatch_bwd", "B"): 2}
+    pre = {g: next(op for op in build(_ep2(g)).classes[0].ops if op.name == "moe_pre")
+           for g in ("eager", "none")}
+    assert pre["eager"].host_s == pytest.approx((pre["eager"].host_ops - 1) * kernel + call, rel=1e-12)
+    graphed = build(_ep2({"cuda_graph_scope": ["moe_router", "moe_preprocess"]})).classes[0].ops
+    # graphed: only the eager permutation's kernels, no call
+    assert all(op.host_s / kernel == pytest.approx(round(op.host_s / kernel), abs=1e-9)
+               for op in graphed if op.name == "moe_pre")
+    assert calls(_ep2(moe={"token_dispatcher": "allgather"}))[("ep_dispatch", "F")] == 3
+    assert set(calls(_ep2(moe={"token_dispatcher": "flex"})).values()) == {1}
+    ops = [op for op in build(_ep2()).classes[0].ops if op.kind == "collective" and op.group == "ep"]
+    assert all(op.host_s == pytest.approx(op.host_ops * call, rel=1e-12) for op in ops)
+    assert all(op.host_s == 0.0 for op in build(_ep2("none")).classes[0].ops)

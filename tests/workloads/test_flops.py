@@ -1,6 +1,7 @@
 """Executed FLOPs per op and model FLOPs by convention: closed forms, hand derivations, invariants."""
 
 import dataclasses
+import math
 
 import pytest
 
@@ -560,3 +561,55 @@ def test_other_conventions_on_hybrid_stacks():
     # PaLM: 6N plus the attention term of the one attention layer (H = 4 heads of 16)
     n = m.num_active_params(include_embedding=False)
     assert FLOP_CONVENTIONS["palm_6n"](m, 256) == 256 * (6 * n + 6 * 1 * 4 * 32 * 256)
+
+
+def test_the_experts_clamps_and_fc2_bias_run_as_megatron_core_issues_them():
+    """gpt-oss's clamped GLU and expert biases (megatron/core/fusions/fused_bias_geglu.py,
+    moe/experts.py ``_apply_bias``): the clamps move 8a forward and 15a backward (a = routed
+    tokens x expert width x 2 bytes per half of the fc1 output) and are recomputed with
+    ``moe_act``; the fc2 bias 6c / 8c (c = routed tokens x h x 2 bytes), 2E + 1 and 4E + 1
+    kernels for E local experts.  Without the clamp and the biases neither op exists."""
+    m = load_model("gpt-oss-120b")
+    assert m.activation_clamp == 7.0 and m.add_bias_linear
+    par = ParallelConfig.from_dict({"tp": 1, "pp": 1, "dp": 1, "ep": 8, "micro_batch_size": 1,
+                                    "global_batch_size": 8, "seq_len": 4096, "recompute": "selective",
+                                    "recompute_modules": ["moe_act"]}).resolve(8)
+    ops = layer_ops(m, par, 0, 1, 4096)
+    routed = sum(balanced_tokens_per_expert(m, par, 1, 4096))
+    assert routed == 4096 * 4                              # every token to top_k = 4 experts
+    a, c = 2 * routed * 2880, 2 * routed * 2880
+    by = {(o.name, o.phase, o.recompute): o for o in ops if o.name in ("expert_clamp", "expert_bias")}
+    assert (by["expert_clamp", "F", False].mem_bytes, by["expert_clamp", "F", False].num_kernels) == (8 * a, 3)
+    assert (by["expert_clamp", "B", False].mem_bytes, by["expert_clamp", "B", False].num_kernels) == (15 * a, 7)
+    assert by["expert_clamp", "B", True].mem_bytes == 8 * a          # recomputed with the activation
+    local = 128 // 8
+    assert (by["expert_bias", "F", False].mem_bytes, by["expert_bias", "F", False].num_kernels) == (6 * c, 2 * local + 1)
+    assert (by["expert_bias", "B", False].mem_bytes, by["expert_bias", "B", False].num_kernels) == (8 * c, 4 * local + 1)
+    assert ("expert_bias", "B", True) not in by                      # outside the activation checkpoint
+    plain = dataclasses.replace(m, activation_clamp=None, add_bias_linear=False)
+    assert not {o.name for o in layer_ops(plain, par, 0, 1, 4096)} & {"expert_clamp", "expert_bias"}
+    # HybridEP's rank budget runs with Transformer Engine's op fuser, whose fused expert ops do both
+    fused = dataclasses.replace(m, moe=dataclasses.replace(m.moe, token_dispatcher="flex",
+                                                           flex_dispatcher_backend="hybridep",
+                                                           expert_rank_capacity_factor=1.5))
+    assert not {o.name for o in layer_ops(fused, par, 0, 1, 4096)} & {"expert_clamp", "expert_bias"}
+    with pytest.raises(ConfigError, match="model.activation_clamp"):
+        dataclasses.replace(m, activation_clamp=-1.0)
+    with pytest.raises(ConfigError, match="model.activation_clamp"):
+        dataclasses.replace(m, mlp="gelu")
+
+
+def test_a_yarn_factor_runs_the_unfused_rope():
+    """Megatron-Core's fused RoPE does not take YaRN's table factor (rope_utils.py), so
+    gpt-oss (factor 0.1 ln 32 + 1) runs the unfused one: 12a forward and 10a backward on q and
+    k (a bytes) in 12 and 10 kernels, where the fused kernel reads and writes each once."""
+    m = load_model("gpt-oss-120b")
+    assert m.rope_mscale == pytest.approx(0.1 * math.log(32) + 1, rel=1e-15)
+    a = 2 * 4096 * (64 + 8) * 64
+    yarn = {o.phase: o for o in layer_ops(m, NO_RECOMPUTE, 0, 1, 4096) if o.name == "rope"}
+    plain = {o.phase: o for o in layer_ops(dataclasses.replace(m, rope_mscale=1.0), NO_RECOMPUTE, 0, 1, 4096)
+             if o.name == "rope"}
+    assert (yarn["F"].mem_bytes, yarn["B"].mem_bytes, yarn["F"].num_kernels) == (12 * a, 10 * a, 12)
+    assert (plain["F"].mem_bytes, plain["B"].mem_bytes) == (2 * a, 2 * a)
+    with pytest.raises(ConfigError, match="model.rope_mscale"):
+        dataclasses.replace(m, rope_mscale=0.0)

@@ -38,7 +38,9 @@ def test_every_field_of_every_op_is_a_taxonomy_member(model, par):
             assert type(op.kind) is OpKind and type(op.stream) is Stream and type(op.name) is OpName
             assert type(op.phase) is Phase and type(op.coll) is Coll and type(op.group) is Group
             assert (op.kind == OpKind.COLLECTIVE) == (op.group != Group.NONE)
-            assert (op.kind == OpKind.COMPUTE) == (op.stream == Stream.COMPUTE) == (op.coll == Coll.NONE)
+            assert (op.kind in (OpKind.COMPUTE, OpKind.HOST_SYNC)) == (op.stream == Stream.COMPUTE) == \
+                (op.coll == Coll.NONE)
+            assert op.kind != OpKind.HOST_SYNC or (op.host_s == 0.0 and op.flops == 0.0 and op.duration_s >= 0.0)
             assert is_p2p(op) == (op.stream == Stream.PP) == (op.coll == Coll.SEND_RECV)
             names.add(op.name)
     assert names & GRAD_BUCKETS and OpName.GRAD_NORM in names

@@ -470,10 +470,11 @@ _MODULE_OF = {
     "core_attn": "core_attn",
     "q_up_proj": "mla_up_proj", "kv_up_proj": "mla_up_proj", "q_norm": "mla_up_proj", "kv_norm": "mla_up_proj",
     "fc1": "mlp", "mlp_act": "mlp", "fc2": "mlp",
-    "expert_act": "moe_act",
+    "expert_act": "moe_act", "expert_clamp": "moe_act",
     "shared_fc1": "shared_experts", "shared_act": "shared_experts", "shared_fc2": "shared_experts",
 }
-_MOE_OPS = {"router", "router_topk", "moe_permute", "expert_fc1", "expert_act", "expert_fc2", "moe_unpermute",
+_MOE_OPS = {"router", "router_topk", "moe_permute", "expert_fc1", "expert_clamp", "expert_act", "expert_fc2",
+            "expert_bias", "moe_unpermute",
             "shared_fc1", "shared_act", "shared_fc2", "latent_down_proj", "latent_up_proj"}
 
 
@@ -635,7 +636,10 @@ def _attention_block(model: ModelSpec, sh: _Shard, L: int, causal: bool, block: 
             ops.pair(_ew_pair("qk_norm", L, 2 * a, 3 * a, 2, 2))
         if model.position_embedding == "rope":
             a = ACT_BYTES * T * (heads + kv_local) * d      # rotate q and k in place: read + write
-            ops.pair(_ew_pair("rope", L, 2 * a, 2 * a, 2, 2))
+            if model.rope_mscale == 1.0:
+                ops.pair(_ew_pair("rope", L, 2 * a, 2 * a, 2, 2))
+            else:
+                ops.pair(_unfused_rope(L, a))
         if model.flash_attention:
             ops.pair(_attention("core_attn", L, sh, heads, kv_local, d, d, causal, block, window))
         else:
@@ -806,8 +810,18 @@ def _moe_block(model: ModelSpec, parallel: ParallelConfig, sh: _Shard, L: int, t
     ops.pair(_ew_pair("moe_permute", L, perm, perm, 3, 3))
     fe = moe.expert_ffn_hidden_size / etp
     ops.fbw(*_grouped_linear("expert_fc1", L, tokens, int(m1 * fe), w))
+    # Transformer Engine's op fuser (``use_transformer_engine_op_fuser``, TE >= 2.14) runs the
+    # clamped GLU and the probability-scaled fc2 bias inside its fused expert ops
+    # (moe/experts.py ``_is_fused_impl_supported``); Megatron-Core runs HybridEP's rank budget
+    # only with it or grouped tensors (transformer_config.py), and Megatron-Bridge's recipes
+    # that set the budget set the op fuser (perf_recipes/gpt_oss/common.py): taken as fused
+    eager = moe.expert_rank_capacity_factor is None
+    if model.activation_clamp is not None and eager:
+        ops.pair(_expert_clamp(L, routed, int(fe)))
     ops.pair(_activation("expert_act", L, routed, int(fe), model.mlp))
     ops.fbw(*_grouped_linear("expert_fc2", L, tokens, w, int(fe)))
+    if model.add_bias_linear and eager:
+        ops.pair(_expert_bias(L, routed, w, len(tokens)))
     # unpermute: the reverse of permute, plus the probability-weighted sum of the top_k copies
     ops.pair(_ew_pair("moe_unpermute", L, perm, perm, 3, 3))
     if moe.latent_size:
@@ -818,6 +832,46 @@ def _moe_block(model: ModelSpec, parallel: ParallelConfig, sh: _Shard, L: int, t
         ops.pair(_activation("shared_act", L, sh.T, int(fs), model.mlp))
         ops.linear("shared_fc2", sh.T, h, int(fs))
     ops.pair(_residual("mlp_residual", L, Tn, h, model.dropout))
+
+
+def _unfused_rope(L: int, a: float) -> tuple[ComputeOp, ComputeOp]:
+    """Megatron-Core's unfused RoPE (rope_utils.py ``_apply_rotary_pos_emb_bshd``), which runs
+    when the tables carry a YaRN factor (``rope_mscale``), on q and k (``a`` bytes together):
+    ``t * cos`` (read and write ``a``), ``_rotate_half`` (``-x2``: ``a``; ``cat``: ``2a``),
+    ``* sin`` (``2a``), the sum (``3a``) and the final ``cat`` with the empty pass-through part
+    (``2a``): ``12a`` in 6 kernels per tensor (the cos / sin tables are small).  Backward by
+    autograd: the two products' gradients (``2a`` each), the negation's (``a``), the chunk's
+    halves concatenated (``2a``) and the two paths summed (``3a``): ``10a`` in 5 per tensor."""
+    return _ew_pair("rope", L, 12 * a, 10 * a, 12, 10)
+
+
+def _expert_clamp(L: int, routed: float, width: int) -> tuple[ComputeOp, ComputeOp]:
+    """The clamps ahead of the experts' gated activation (``activation_clamp``), as
+    Megatron-Core runs them (megatron/core/fusions/fused_bias_geglu.py,
+    ``weighted_bias_quick_geglu_impl``; the unfused ``glu`` of moe/experts.py the same): the
+    fc1 output is chunked into its gate and linear halves (``a`` = routed tokens x width
+    elements each), each half is clamped (read and write ``a``) and the two are concatenated
+    (read and write ``2a``) before the fused activation kernel: ``8a`` in 3 kernels.  The
+    backward, by PyTorch's ``clamp_backward`` (``where`` over comparison masks of one byte per
+    element): the gate half ``le`` + ``where`` (``4a``, 2 kernels), the linear half ``ge``,
+    ``le``, ``logical_and_``, ``where`` (``7a``, 4 kernels), then the two gradients
+    concatenated for the chunk's input (``4a``, 1 kernel): ``15a`` in 7.  Under
+    ``recompute_modules: [moe_act]`` the clamps are recomputed with the activation."""
+    a = ACT_BYTES * routed * width
+    return _ew_pair("expert_clamp", L, 8 * a, 15 * a, 3, 7)
+
+
+def _expert_bias(L: int, routed: float, width: int, local_experts: int) -> tuple[ComputeOp, ComputeOp]:
+    """The routed experts' fc2 bias, weighted by the routing probability, as Megatron-Core's
+    ``TEGroupedMLP._apply_bias`` adds it (megatron/core/transformer/moe/experts.py; fc1's bias
+    is added inside Transformer Engine's grouped GEMM): per local expert ``t + b * p`` over its
+    tokens (``b * p`` writes ``c / E`` bytes, the add reads ``2 c / E`` and writes ``c / E``,
+    ``c`` = routed tokens x width x 2 bytes), then ``torch.cat`` (read and write ``c``): ``6c``
+    in ``2 E + 1`` kernels.  Backward: the bias gradient ``sum(grad * p)`` and the probability
+    gradient ``sum(grad * b)`` (a product and a reduction each, ``3c`` each) per expert, and
+    the split's gradient concatenated (``2c``): ``8c`` in ``4 E + 1``."""
+    c = ACT_BYTES * routed * width
+    return _ew_pair("expert_bias", L, 6 * c, 8 * c, 2 * local_experts + 1, 4 * local_experts + 1)
 
 
 def _mtp_prologue(model: ModelSpec, sh: _Shard, L: int, ops: _LayerOps) -> None:
