@@ -1,18 +1,13 @@
 """``experiments/validate_all.py``'s row filter (``--match``): the rows it keeps and its refusal
 of a pattern that is not a regular expression."""
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-_SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "validate_all.py"
+from tests.experiment_scripts import load_experiment
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("validate_all", _SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_experiment("validate_all")
 
 
 def test_match_keeps_only_the_rows_it_finds(tmp_path, capsys):

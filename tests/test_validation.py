@@ -14,16 +14,14 @@ the new numbers from ``python experiments/validate_all.py --subset ci``.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 from simulator.validation.report import _stats
+from tests.experiment_scripts import load_experiment
 
 pytestmark = pytest.mark.validation
 
-_SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "validate_all.py"
 
 REACHED = {
     # set: (rows, simulated rows, median |error| in % reached)
@@ -58,10 +56,7 @@ TOLERANCE_POINTS = 1.0
 
 
 def _validate_all():
-    spec = importlib.util.spec_from_file_location("validate_all", _SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_experiment("validate_all")
 
 
 @pytest.mark.parametrize("name", list(REACHED))

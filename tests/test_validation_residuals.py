@@ -1,21 +1,16 @@
 """experiments/validation_residuals.py: grouping and the attribution's least squares."""
 
 import csv
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 from simulator.validation import OUTPUT_COLUMNS
+from tests.experiment_scripts import load_experiment
 
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "validation_residuals.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("validation_residuals", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_experiment("validation_residuals")
 
 
 def _write(path, rows):
