@@ -8,7 +8,6 @@ from simulator.validation import OUTPUT_COLUMNS
 from tests.experiment_scripts import load_experiment
 
 
-
 def _module():
     return load_experiment("validation_residuals")
 
