@@ -158,6 +158,8 @@ def _check_causality(res) -> None:
                            f"[{row['start_s']!r}, {row['end_s']!r}]")
     eps = REL_TOL * max(t_end, 1e-30)
     comp = tl[tl["stream"] == Stream.COMPUTE]
+    comm = tl[tl["stream"] != Stream.COMPUTE]
+    comm_ends = {cid: np.sort(r["end_s"].to_numpy(dtype=float)) for cid, r in comm.groupby("cell", sort=True)}
     for cid, rows in comp.groupby("cell", sort=True):
         rows = rows.sort_values(["start_s", "end_s"], kind="stable")
         s, e = rows["start_s"].to_numpy(), rows["end_s"].to_numpy()
@@ -182,11 +184,11 @@ def _check_causality(res) -> None:
             if later.any() and s[later].min() < e[mine].max() - eps:
                 _fail("causality", f"cell {cid}: a compute op of a later step starts at {s[later].min()!r} before "
                                    f"step {k}'s compute ended at {e[mine].max()!r}")
+        _check_waits(cid, res.waits.get(cid, ()), rows, s, e, comm_ends.get(cid, np.empty(0)), eps)
     for cid, ws in res.waits.items():
         for a, b, axis in ws:
             if not (0 <= a <= b <= t_end + eps):
                 _fail("causality", f"cell {cid} waits on {axis} over [{a!r}, {b!r}], outside the run [0, {t_end!r}]")
-    _check_waits(res, comp, tl[tl["stream"] != Stream.COMPUTE], eps)
 
 
 #: Waits that end when an input arrives on the waiting cell's own communication streams
@@ -195,44 +197,39 @@ def _check_causality(res) -> None:
 _INPUT_AXES = ("tp", "cp", "ep", "dp", "pp")
 
 
-def _check_waits(res, comp, comm, eps) -> None:
-    """Causality against inputs: while a cell's compute stream waits (an input, the host's
-    issue, a pipeline bubble), no compute op of that cell runs; and a wait on an input ends
-    exactly when one of the cell's communication ops ends (the op that waited then starts no
-    earlier than its input arrived)."""
-    comp_by_cell = {cid: rows for cid, rows in comp.groupby("cell", sort=True)}
-    comm_ends = {cid: np.sort(rows["end_s"].to_numpy(dtype=float)) for cid, rows in comm.groupby("cell", sort=True)}
-    for cid, ws in res.waits.items():
-        if not ws:
-            continue
-        a = np.array([w[0] for w in ws], dtype=float)
-        b = np.array([w[1] for w in ws], dtype=float)
-        axis = np.array([w[2] for w in ws], dtype=object)
-        rows = comp_by_cell.get(cid)
-        if rows is not None:
-            order = np.argsort(rows["start_s"].to_numpy(), kind="stable")
-            s = rows["start_s"].to_numpy(dtype=float)[order]
-            e = rows["end_s"].to_numpy(dtype=float)[order]
-            # compute ops serialise (checked above), so only the last one starting before a
-            # wait ends can run inside it
-            k = np.searchsorted(s, b - eps) - 1
-            hit = (k >= 0) & (e[np.maximum(k, 0)] > a + eps) & (b - a > 2 * eps)
-            if hit.any():
-                j = int(np.nonzero(hit)[0][0])
-                op = rows.iloc[order[k[j]]]
-                _fail("causality", f"cell {cid}: {op['name']} (step {op['step']}) runs [{op['start_s']!r}, "
-                                   f"{op['end_s']!r}] while the compute stream waits on {axis[j]} over "
-                                   f"[{a[j]!r}, {b[j]!r}]")
-        inp = np.isin(axis, _INPUT_AXES)
-        if inp.any():
-            ends = comm_ends.get(cid, np.empty(0))
-            bi = b[inp]
-            i = np.minimum(np.searchsorted(ends, bi - eps), max(ends.size - 1, 0))
-            ok = (ends.size > 0) & (np.abs(ends[i] - bi) <= eps) if ends.size else np.zeros(bi.size, dtype=bool)
-            if not ok.all():
-                j = int(np.nonzero(~ok)[0][0])
-                _fail("causality", f"cell {cid}: a wait on {axis[inp][j]} ends at {bi[j]!r}, when none of the "
-                                   f"cell's communication ops ends: the compute stream resumed without its input")
+def _check_waits(cid, ws, rows, s, e, ends, eps) -> None:
+    """Causality against inputs, for cell ``cid`` (its compute ``rows`` sorted by start, with
+    starts ``s`` and ends ``e``; ``ends``: its communication ops' ends, sorted): while its
+    compute stream waits (an input, the host's issue, a pipeline bubble), no compute op runs;
+    and a wait on an input ends exactly when one of its communication ops ends (the op that
+    waited then starts no earlier than its input arrived)."""
+    if not ws:
+        return
+    a = np.array([w[0] for w in ws], dtype=float)
+    b = np.array([w[1] for w in ws], dtype=float)
+    axis = np.array([w[2] for w in ws], dtype=object)
+    # compute ops serialise (checked before), so only the last one starting before a wait
+    # ends can run inside it
+    k = np.searchsorted(s, b - eps) - 1
+    hit = (k >= 0) & (e[np.maximum(k, 0)] > a + eps) & (b - a > 2 * eps)
+    if hit.any():
+        j = int(np.nonzero(hit)[0][0])
+        op = rows.iloc[k[j]]
+        _fail("causality", f"cell {cid}: {op['name']} (step {op['step']}) runs [{op['start_s']!r}, "
+                           f"{op['end_s']!r}] while the compute stream waits on {axis[j]} over "
+                           f"[{a[j]!r}, {b[j]!r}]")
+    inp = np.isin(axis, _INPUT_AXES)
+    if inp.any():
+        bi = b[inp]
+        if ends.size:
+            i = np.minimum(np.searchsorted(ends, bi - eps), ends.size - 1)
+            ok = np.abs(ends[i] - bi) <= eps
+        else:
+            ok = np.zeros(bi.size, dtype=bool)
+        if not ok.all():
+            j = int(np.nonzero(~ok)[0][0])
+            _fail("causality", f"cell {cid}: a wait on {axis[inp][j]} ends at {bi[j]!r}, when none of the "
+                               f"cell's communication ops ends: the compute stream resumed without its input")
 
 
 def _check_network(res) -> None:
@@ -336,8 +333,9 @@ def rounding_spread(scenario, ref=None, ranks=None) -> float:
     is the run's own, not folding's: :func:`check_same_run` is held to it."""
     from .simulate import run
     ref = run(scenario, fold=False) if ref is None else ref
-    world = ref.program.grid.world_size if ranks is None else None
-    ranks = ranks if ranks is not None else sorted({0, world // 2, world - 1})
+    if ranks is None:
+        world = ref.program.grid.world_size
+        ranks = sorted({0, world // 2, world - 1})
     ends = np.array([e for _, e in ref.step_bounds])
     spread = 0.0
     for r in ranks:

@@ -320,7 +320,7 @@ def estimate_applies(sc) -> bool:
     (+31 %); TP overlap on latency-bound toy layers (+34 %); ZB-V (+26 to +51 %), ZB-H1 (to
     -15 %)."""
     p = sc.parallel
-    return (sc.cluster.num_hosts == 1 and p.dp == 1 and p.cp == 1 and getattr(p, "ep", 1) == 1
+    return (sc.cluster.num_hosts == 1 and p.dp == 1 and p.cp == 1 and p.ep == 1
             and sc.whatif.empty and sc.host in ("none", "cuda_graphs")
             and not sc.overlap.get("p2p", False) and not sc.overlap.get("tp_comm", False)
             and p.schedule not in _ESTIMATE_SCHEDULES_OFF)

@@ -282,10 +282,9 @@ class FlowNetwork:
             lens = self._len[act]
             np.add.at(left, links, np.repeat(self._rem[act] * self._weight[act], lens) * coefs)
         for t, t0, _ev in self._iso.values():       # isolated groups running or about to
-            t.expected_bytes()
             done = t.per_s * max(now - t0, 0.0)
             carried[t.uniq] += done
-            left[t.uniq] += t.expected - done
+            left[t.uniq] += t.expected_bytes() - done
         asked = np.zeros(self.num_links)
         for t in self._admitted:
             if t.admitted:
