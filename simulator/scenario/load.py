@@ -76,7 +76,8 @@ class Scenario:
     host: "str | dict" = "eager"
     """How the host issues the work: ``eager`` (PyTorch eager: the GPU waits when the host
     issues kernels slower than they run), ``cuda_graphs``, ``none`` (an infinitely fast
-    host), or a mapping of a measured host's ``kernel_us``, ``call_us``, ``checkpoint_us``;
+    host), or a mapping of a measured host's ``kernel_us``, ``call_us``, ``checkpoint_us``,
+    ``expert_launch_us``;
     see :data:`workloads.costs.compute.HOST_COSTS`."""
     approximations: tuple[str, ...] = ()
     """Opt-in approximations in force (names of :data:`APPROXIMATIONS`); empty: exact."""

@@ -245,7 +245,7 @@ def _syncs(prog):
 
 
 def test_the_dropless_dispatcher_sync_exposes_the_calls_issued_after_it():
-    """A host that issues kernels for free and each call in C = 250 us runs far ahead of the
+    """A host that issues kernels (per-expert ones too) for free and each call in C = 250 us runs far ahead of the
     GPU -- except at the dispatcher's sync: the host resumes when the GPU reaches the point
     before the permutation (the sync's lag ``l`` ahead of the end of ``moe_pre``), then
     issues the tokens' all-to-all, which starts ``C - l`` after the GPU is ready for it.
@@ -255,7 +255,7 @@ def test_the_dropless_dispatcher_sync_exposes_the_calls_issued_after_it():
     (Megatron-Core's drop_and_pad: the counts are known on the host) is the same program
     without the syncs -- under balanced routing every expert receives exactly its capacity."""
     call = 250e-6
-    host = {"kernel_us": 0, "call_us": call * 1e6}
+    host = {"kernel_us": 0, "expert_launch_us": 0, "call_us": call * 1e6}
     sync, pad = run(_ep2(host)), run(_ep2(host, moe={"capacity_factor": 1.0, "pad_expert_input_to_capacity": True}))
     syncs = _syncs(sync.program)
     assert len(syncs) == 2 * 2 and not _syncs(pad.program)
@@ -356,3 +356,32 @@ def test_the_host_issues_every_call_of_a_dispatch():
     ops = [op for op in build(_ep2()).classes[0].ops if op.kind == "collective" and op.group == "ep"]
     assert all(op.host_s == pytest.approx(op.host_ops * call, rel=1e-12) for op in ops)
     assert all(op.host_s == 0.0 for op in build(_ep2("none")).classes[0].ops)
+
+
+@pytest.mark.parametrize("precision, launches_per_gemm", [("bf16", 1), ("fp8_tensorwise", 2)])
+def test_each_further_local_expert_costs_the_host_its_looped_launches(precision, launches_per_gemm):
+    """Transformer Engine's grouped linear quantises each expert's slice and issues one
+    cuBLASLt GEMM per expert from a C++ loop.  With E experts on the rank, each of the two
+    grouped GEMMs (fc1, fc2) adds ``(E - 1)`` GEMM launches in every phase (F, B, W), and
+    under FP8 as many quantisations of its input in F and B (wgrad reuses them): closed
+    form against the same host with ``expert_launch_us: 0``."""
+    def experts(host):
+        sc = _one_gpu(model="tiny-moe", host=host, gbs=1, precision=precision)
+        ops = run(sc).program.classes[0].ops
+        return {(op.phase, op.layer): op for op in ops if op.kind == "compute" and op.name.startswith("experts")}
+    loop = HOST_COSTS["eager"].expert_launch_s
+    assert loop == pytest.approx(10e-6)
+    base = experts({"expert_launch_us": 0})
+    full = experts("eager")
+    per_phase = {"F": 2 * launches_per_gemm, "B": 2 * launches_per_gemm}
+    e = 4                                          # tiny-moe: 4 experts, all on this one rank
+    assert base.keys() == full.keys()
+    for (phase, layer), op in full.items():
+        extra = per_phase.get(phase, 2) * (e - 1)  # W: the two wgrad GEMMs
+        assert op.host_s - base[(phase, layer)].host_s == pytest.approx(extra * loop, rel=1e-9)
+        assert op.host_ops - base[(phase, layer)].host_ops == extra
+        assert op.duration_s == base[(phase, layer)].duration_s
+    # a graphed or ideal host issues no per-expert launches
+    assert all(op.host_s == 0.0 for op in experts("cuda_graphs").values())
+    # the measured-host mapping takes its own figure
+    assert load_scenario(_one_gpu(host={"expert_launch_us": 4})).host == {"expert_launch_us": 4}

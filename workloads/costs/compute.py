@@ -321,8 +321,8 @@ LAUNCH_OVERHEAD_S: dict[bool, float] = {
 HOST_MODES = ("eager", "cuda_graphs", "none")
 """How the host issues a rank's work (the scenario's ``host``): ``eager`` PyTorch,
 ``cuda_graphs`` (layers replayed from captured graphs), or ``none`` (an infinitely fast
-host: the GPU never waits for it).  A mapping ``{kernel_us, call_us, checkpoint_us}``
-is eager with a measured host's own costs (:func:`host_costs`)."""
+host: the GPU never waits for it).  A mapping ``{kernel_us, call_us, checkpoint_us,
+expert_launch_us}`` is eager with a measured host's own costs (:func:`host_costs`)."""
 
 
 class HostCosts(NamedTuple):
@@ -339,6 +339,12 @@ class HostCosts(NamedTuple):
     """Per-module CUDA-graph scopes (:data:`CUDA_GRAPH_SCOPES`): the ops of these modules are
     replayed from captured graphs (no per-kernel host cost, the graph launch gap on the GPU);
     everything else is issued eagerly at ``kernel_s``.  Empty: no per-module graphs."""
+    expert_launch_s: float = 0.0
+    """Per launch that Transformer Engine's grouped linear issues for each further local
+    expert from its C++ loop: the first expert's launches are in the op's ``kernel_s``, every
+    other expert that receives tokens adds one cuBLASLt GEMM per grouped GEMM (and one
+    quantisation per quantised grouped GEMM input) at this cost.  0: one launch covers all
+    experts (graphs, an ideal host)."""
 
 
 CUDA_GRAPH_SCOPES: dict[str, str] = {
@@ -382,7 +388,17 @@ HOST_COSTS: dict[str, HostCosts] = {
     # at TP 1 and ~5 ms at TP 8 under full recompute; these costs give 4.2 and 5.6 ms.
     # cuda_graphs: the host launches one graph per captured region and its kernels issue
     # from the device (LAUNCH_OVERHEAD_S[True]): no per-kernel host cost (an assumption).
-    "eager": HostCosts(kernel_s=73.6e-6, call_s=227e-6, checkpoint_s=0.891e-3),
+    # expert_launch: Transformer Engine's GroupedLinear (transformer_engine/pytorch/module/
+    # grouped_linear.py, v2.12-v2.18) quantises each expert's slice in ``tex.split_quantize``
+    # (one kernel and its output buffers per expert) and runs ``general_grouped_gemm``, a C++
+    # loop that issues one cuBLASLt GEMM per expert; common/gemm/cublaslt_gemm.cu creates the
+    # matmul and layout descriptors and queries ``cublasLtMatmulAlgoGetHeuristic`` on every
+    # call (no algorithm cache).  A cuBLASLt GEMM issued that way costs about 10 us of host
+    # time (NVIDIA/raft PR #1736, NVTX from entering the wrapper to the launch: ~10 us with a
+    # heuristic query per call, ~5 us memoised; x86); one small kernel launched from PyTorch
+    # cost 7-9 us on our H200 host (experiments/microbench/data/h200_moe_host.json).  10 us
+    # per launch for both; x86 hosts (Grace not measured here).
+    "eager": HostCosts(kernel_s=73.6e-6, call_s=227e-6, checkpoint_s=0.891e-3, expert_launch_s=10e-6),
     "cuda_graphs": HostCosts(0.0, 0.0, 0.0),
     "none": HostCosts(0.0, 0.0, 0.0),
 }
@@ -390,7 +406,7 @@ HOST_COSTS: dict[str, HostCosts] = {
 
 def host_costs(spec, where: str = "host") -> HostCosts:
     """The :class:`HostCosts` of a scenario's ``host``: a mode of :data:`HOST_MODES`, or a
-    mapping of ``kernel_us``, ``call_us``, ``checkpoint_us`` (microseconds, each >= 0;
+    mapping of ``kernel_us``, ``call_us``, ``checkpoint_us``, ``expert_launch_us`` (microseconds, each >= 0;
     missing ones take the eager defaults) for a host measured with ``gpu_bench.py``, and
     ``cuda_graph_scope`` (a list of :data:`CUDA_GRAPH_SCOPES`): eager issue except for the
     modules captured in per-layer graphs."""
@@ -399,10 +415,11 @@ def host_costs(spec, where: str = "host") -> HostCosts:
     if isinstance(spec, str):
         if spec not in HOST_COSTS:
             raise ConfigError(where, spec, f"must be one of {', '.join(HOST_MODES)} or a mapping of kernel_us, "
-                                           "call_us, checkpoint_us")
+                                           "call_us, checkpoint_us, expert_launch_us")
         return HOST_COSTS[spec]
     if isinstance(spec, dict):
-        keys = {"kernel_us": "kernel_s", "call_us": "call_s", "checkpoint_us": "checkpoint_s"}
+        keys = {"kernel_us": "kernel_s", "call_us": "call_s", "checkpoint_us": "checkpoint_s",
+                "expert_launch_us": "expert_launch_s"}
         bad = sorted(set(spec) - set(keys) - {"cuda_graph_scope"})
         if bad:
             raise ConfigError(f"{where}.{bad[0]}", spec[bad[0]],
