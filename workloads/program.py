@@ -604,13 +604,19 @@ def _routed_per_source(ctx, tn: int, layer: int, mb: int, a2a_sizes: dict, bytes
     return kept.sum(axis=0)
 
 
-def _tp_sizes(ctx) -> tuple[float, float, bool]:
-    """``(gathered input bytes, activation bytes, sequence parallel?)`` of one block's TP
-    collectives: the input is gathered in the recipe's quantised format, outputs in BF16."""
+def _tp_sizes(ctx, layer: int) -> tuple[float, float, bool]:
+    """``(gathered bytes, activation bytes, sequence parallel?)`` of one block's TP
+    collectives in ``layer``.  Transformer Engine quantises before it gathers under a
+    low-precision recipe (``gather_along_first_dim`` with the quantiser: the forward input of
+    a column-parallel linear in ``linear.py``, the output gradient of a row-parallel one in
+    ``base.py`` ``grad_output_preprocess``), so both all-gathers move the recipe's format in
+    the layers it quantises; reduce-scatters and all-reduces move BF16."""
     par, model = ctx.par, ctx.model
     tokens = ctx.mbs * ctx.seq / par.cp
-    return (tokens * model.hidden_size * ctx.recipe.tp_gather_bytes_per_element, tokens * model.hidden_size * 2.0,
-            par.sequence_parallel and par.tp > 1)
+    act = tokens * model.hidden_size * 2.0
+    low = ctx.recipe.is_low_precision_layer(layer, ctx.model.num_layers)
+    gathered = tokens * model.hidden_size * ctx.recipe.tp_gather_bytes_per_element if low else act
+    return gathered, act, par.sequence_parallel and par.tp > 1
 
 
 def _tp_forward_collectives(ctx, em, layer, mb, chunk, phase):
@@ -618,7 +624,7 @@ def _tp_forward_collectives(ctx, em, layer, mb, chunk, phase):
     Megatron places them: with sequence parallelism an all-gather of the (quantised) input
     before and a reduce-scatter of the output after; without it an all-reduce after."""
     par = ctx.par
-    tp_bytes, act_bytes, sp = _tp_sizes(ctx)
+    tp_bytes, act_bytes, sp = _tp_sizes(ctx, layer)
 
     def tp_in():
         if sp:
@@ -681,13 +687,13 @@ def _layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bool):
         _layer_forward(ctx, em, layer, mb, chunk, tpe, Phase.R, recompute)
     else:
         _selective_recompute(ctx, em, seg, layer, mb, chunk)
-    tp_bytes, act_bytes, sp = _tp_sizes(ctx)
+    tp_bytes, act_bytes, sp = _tp_sizes(ctx, layer)
     is_moe = model.moe is not None and layer < model.num_layers and model.is_moe_layer(layer)
 
     def block(part_names, name):
         # row-parallel output grad gathered, column-parallel input re-gathered, dgrad reduce-scattered
         if sp:
-            em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, act_bytes, OpName.SP_AG_DOUT, layer, mb, chunk, Phase.B)
+            em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, tp_bytes, OpName.SP_AG_DOUT, layer, mb, chunk, Phase.B)
             em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, tp_bytes, OpName.SP_AG_INPUT, layer, mb, chunk, Phase.B)
         if name == OpName.ATTN_BWD and par.cp > 1:
             _cp_attention(ctx, em, seg, "B", layer, mb, chunk, Phase.B)
@@ -797,7 +803,7 @@ def _hybrid_layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bo
         _hybrid_layer_forward(ctx, em, layer, mb, chunk, tpe, Phase.R, recompute)
     else:
         _selective_recompute(ctx, em, seg, layer, mb, chunk)
-    tp_bytes, act_bytes, sp = _tp_sizes(ctx)
+    tp_bytes, act_bytes, sp = _tp_sizes(ctx, layer)
     if kind == "moe":
         em.compute(OpName.MOE_POST_BWD, layer, mb, chunk, Phase.B, *seg.get("B:post", _NOSEG))
         if par.ep > 1:
@@ -814,7 +820,7 @@ def _hybrid_layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bo
     else:
         part = "mlp" if kind == "mlp" else "attn"
         if sp:
-            em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, act_bytes, OpName.SP_AG_DOUT, layer, mb, chunk, Phase.B)
+            em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, tp_bytes, OpName.SP_AG_DOUT, layer, mb, chunk, Phase.B)
             em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, tp_bytes, OpName.SP_AG_INPUT, layer, mb, chunk, Phase.B)
         mamba_cp = kind == "mamba" and par.cp > 1
         if kind == "attention" and par.cp > 1:

@@ -21,7 +21,10 @@ Streams and overlap (docs/design.md, "Streams and overlap"; each rule an ``overl
 * TP / SP, CP and EP collectives block compute until they complete (Megatron default);
   with ``tp_comm`` (Transformer Engine's userbuffer overlap) a TP collective instead runs
   while the next compute op (the GEMM block it feeds or follows) computes, and that op
-  then waits for it -- an approximation of TE's chunked ring overlap;
+  then waits for it -- an approximation of TE's chunked ring overlap.  Without it, the
+  backward's re-gather of a column-parallel input (``sp_ag_input``) still runs alongside
+  the next compute op (:data:`workloads.ops.TE_ASYNC`: TE issues it asynchronously and
+  computes the dgrad meanwhile), and slows that op only while it is in flight;
 * PP send/recv are rendezvous: a rank posts its transfers in batches where the schedule's
   implementation does (:mod:`workloads.schedules.comm`: Megatron's paired calls for 1F1B
   and interleaved 1F1B, DualPipe's per-chunk commits), and a batch completes once every
@@ -84,7 +87,8 @@ from topologies import ConfigError
 from workloads import build_program
 from workloads.ops import (COLL_ALL_TO_ALL, GROUP_TP, KIND_COLLECTIVE, KIND_COMPUTE, KIND_HOST_SYNC,
                            KIND_SEND, PHASE_F, STREAM_COMPUTE, STREAM_PP, Group, Op, ep_a2a_matrix, is_fsdp_gather,
-                           is_cp_hop, is_grad_bucket, is_grad_norm, is_p2p, is_param_gather, is_step_sync)
+                           is_cp_hop, is_grad_bucket, is_grad_norm, is_p2p, is_param_gather, is_step_sync,
+                           is_te_async)
 from workloads.program import Program
 
 from ..collectives import CollectiveEngine
@@ -390,8 +394,9 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         if meta is None:
             meta = op_meta[cls.class_id] = (*_op_meta(cls, sc.overlap), any(is_fsdp_gather(o) for o in ops),
                                             [is_p2p(o) for o in ops], [is_grad_norm(o) for o in ops],
-                                            [is_cp_hop(o) for o in ops])
-        axis_of, nonblocking_of, any_fsdp, p2p_at, grad_norm_at, cp_hop_at = meta
+                                            [is_cp_hop(o) for o in ops],
+                                            [is_te_async(o) for o in ops])
+        axis_of, nonblocking_of, any_fsdp, p2p_at, grad_norm_at, cp_hop_at, te_async_at = meta
         has_fsdp = fsdp_prefetch and any_fsdp
         pair_turns: dict = {}        # F&B pair's first op -> its collectives' order per stream (_pair_turns)
 
@@ -667,7 +672,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 sizes = sizes_of(op)
                 groups = groups_of[op.group]
                 t_issue = env.now
-                if (cp_overlap and cp_hop_at[i - 1]) or (tp_overlap and op.group == GROUP_TP):
+                if (cp_overlap and cp_hop_at[i - 1]) or (tp_overlap and op.group == GROUP_TP) or te_async_at[i - 1]:
                     ev = _issue(env, coll, groups, seq, op, free_comm, sizes)
                     fin = env.event()
                     ev.callbacks.append(lambda _x, op=op, t_issue=t_issue, step=step, fin=fin, axis=axis: (
@@ -675,8 +680,8 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                     overlapped.append(fin)
                     overlapped_axis[0] = op.group
                     inflight.append(fin)
-                    if cp_hop_at[i - 1]:
-                        hop_fins.add(fin)
+                    if cp_hop_at[i - 1] or (te_async_at[i - 1] and not tp_overlap):
+                        hop_fins.add(fin)        # short beside the op it overlaps: slows it while in flight
                     continue
                 if nonblocking:
                     fin = on_stream(op, step, seq, axis)

@@ -10,7 +10,8 @@ formula of its own:
   micro-batch runs.  Within an action its ops run back to back, each collective taking
   its uncontended predicted time (:meth:`~simulator.collectives.CollectiveEngine.predict`,
   NCCL's choice: the least predicted time); a collective the engine overlaps (CP ring
-  hops with ``cp_comm``, each a transfer to the ring neighbour, TP with ``tp_comm``, prefetched FSDP gathers) hides behind the next
+  hops with ``cp_comm``, each a transfer to the ring neighbour, TP with ``tp_comm``, the
+  backward's input re-gather always, prefetched FSDP gathers) hides behind the next
   compute op; a receive adds its p2p transfer; an action takes at least the host's time
   to issue its ops (``Op.host_s``, the engine's host cursor);
 * **the pipeline** is the schedule's longest path over those costs
@@ -45,7 +46,7 @@ from workloads.costs import model_flops_per_step
 from workloads.costs.compute import host_costs
 from workloads.schedules import get_schedule, min_microbatches, schedule_timing
 from workloads.ops import (GROUP_TP, KIND_COLLECTIVE, KIND_COMPUTE, KIND_RECV, PHASE_B,
-                           PHASE_R, is_cp_hop, is_fsdp_gather, is_grad_bucket, is_param_gather)
+                           PHASE_R, is_cp_hop, is_fsdp_gather, is_grad_bucket, is_param_gather, is_te_async)
 from workloads.schedules.actions import ActionKind
 
 from ..collectives import CollectiveEngine
@@ -193,7 +194,7 @@ class Estimator:
                 if t is None:
                     t = self.collective_s(group_gpus(op.group), op.coll, op.size_bytes)
                 if ((ov.get("cp_comm", True) and is_cp_hop(op))
-                        or (ov.get("tp_comm", False) and op.group == GROUP_TP)
+                        or (ov.get("tp_comm", False) and op.group == GROUP_TP) or is_te_async(op)
                         or (ov.get("fsdp_prefetch", True) and is_fsdp_gather(op))):
                     pending += t
                 else:

@@ -389,3 +389,36 @@ def test_pair_turns_alternate_and_mend_an_order_the_halves_cannot_follow():
     ops = ops_of(["S", "S", "T", "T", "S"])
     turn = _pair_turns(ops, ([0, 1, 2], [3, 4]))
     assert turn == {"S": [0, 1, 4], "T": [2, 3]}
+
+
+def test_the_backward_input_regather_runs_alongside_the_dgrad():
+    """Without userbuffer overlap, every TP collective blocks compute except the backward's
+    re-gather of a column-parallel input (``sp_ag_input``), which Transformer Engine issues
+    with ``async_op=True`` and overlaps with the dgrad GEMM: the compute op after it starts
+    when it starts, ends after it has landed, and is slowed by ``COMM_SLOWDOWN`` only while
+    it is in flight."""
+    from simulator.engine import COMM_SLOWDOWN
+    par = {"tp": 2, "pp": 1, "dp": 1, "global_batch_size": 2, "seq_len": 1024, "sequence_parallel": True}
+    res = run(scenario(par, num_steps=1, cluster={"gpu": "H100-SXM", "num_nodes": 1, "gpus_per_host": 2,
+                                                   "nvlink_domain_size": 2, "nics_per_host": 1}))
+    tl = res.timeline
+    tl = tl[tl["rank"] == 0].sort_values(["start_s", "end_s"], kind="stable").reset_index(drop=True)
+    comp = tl[tl["kind"] == "compute"]
+    ops = {(op.name, op.layer, op.microbatch, op.phase): op for op in res.program.classes[0].ops
+           if op.kind == "compute"}
+    slow = COMM_SLOWDOWN[res.scenario.cluster.gpu.generation]
+    seen = 0
+    for _, c in tl[tl["stream"] == "tp"].iterrows():
+        nxt = comp[comp["start_s"] >= c["start_s"] - 1e-15].iloc[0]
+        if c["name"] == "sp_ag_input":
+            seen += 1
+            assert nxt["start_s"] == pytest.approx(c["start_s"], abs=1e-12)
+            assert nxt["end_s"] >= c["end_s"]
+            own = ops[(nxt["name"], nxt["layer"], nxt["microbatch"], nxt["phase"])].duration_s
+            flight = c["end_s"] - c["start_s"]
+            # slowed while the gather is in flight, at full pace after it
+            assert nxt["end_s"] - nxt["start_s"] == pytest.approx(own + flight * (1 - 1 / slow), rel=1e-9)
+        else:
+            assert nxt["start_s"] >= c["end_s"] - 1e-15
+    layers = len({op.layer for op in res.program.classes[0].ops if op.layer >= 0})
+    assert seen == 2 * 2 * layers          # attention and MLP blocks x 2 micro-batches x layers

@@ -219,18 +219,20 @@ def test_dualpipe_with_zero3_issues_each_gather_once():
 
 def test_folding_is_held_to_the_runs_own_rounding_spread():
     """Fuzz draw 11:618 (GPT-1T layers on 16 GPUs, TP 2 PP 8 ZB-V, a permuted placement,
-    per-op jitter, thermal throttling): folded and unfolded runs differ in the last bits of
-    their link loads, and this run turns that into 1.5e-5 of its step, because collectives
-    meet in near ties and take one order or the other.  A 1e-15 nudge of one rank's compute
-    in the unfolded run alone moves the step by more (8.6e-4 s), so the difference is the
-    run's, not folding's: check_same_run fails at 1e-9 and passes against that spread."""
+    per-op jitter, thermal throttling), with jitter seed 700: folded and unfolded runs differ
+    in the last bits of their link loads, and this run turns that into 1.6e-7 of its step,
+    because collectives meet in near ties and take one order or the other.  A 1e-15 nudge
+    of one rank's compute in the unfolded run alone moves the step by more, so the
+    difference is the run's, not folding's: check_same_run fails at 1e-9 and passes against
+    that spread.  (The draw's own seed, 705, stopped amplifying once the backward's input
+    re-gather ran alongside the dgrad; another seed of the same draw does.)"""
     sc = {"model": {"preset": "megatron-gpt-1t", "num_layers": 32},
           "cluster": {"preset": "h100-16k", "num_nodes": 2, "hosts_per_rack": 1, "oversubscription": 2.0,
                       "seed": 37, "pxn": False, "nic": "xdr"},
           "parallel": {"tp": 2, "pp": 8, "schedule": "zb_v", "seq_len": 2048, "sequence_parallel": True,
                        "micro_batch_size": 2, "global_batch_size": 16, "vpp": 2, "dp": -1, "zero_stage": 3,
                        "recompute": "full"},
-          "num_steps": 1, "seed": 705, "precision": "fp8_tensorwise",
+          "num_steps": 1, "seed": 700, "precision": "fp8_tensorwise",
           "precision_options": {"fp8_param_gather": True}, "grad_reduce_dtype": "bf16",
           "overlap": {"param_gather": True, "tp_comm": False, "p2p": True, "comm_slowdown": False,
                       "fb_overlap": False},
@@ -242,6 +244,6 @@ def test_folding_is_held_to_the_runs_own_rounding_spread():
     with pytest.raises(InvariantError, match="folded == unfolded"):
         check_same_run(folded, unfolded)
     spread = rounding_spread(sc, unfolded)
-    assert spread > 1e3 * REL_TOL * unfolded.step_bounds[-1][1]     # far beyond rounding
+    assert spread > 100 * REL_TOL * unfolded.step_bounds[-1][1]     # far beyond rounding
     check_same_run(folded, unfolded, spread_s=spread)
     assert rounding_spread(CASES["tp-pp-dp"]) < 1e-12       # a run that forgets its rounding

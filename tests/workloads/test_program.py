@@ -266,3 +266,28 @@ def test_hybrid_pipeline_stages_split_the_pattern_by_layer_count():
     assert by_stage[1].count(OpName.MLP) == 2
     est = [memory_estimate(m, par.resolve(2), stage=s) for s in (0, 1)]
     assert est[0].activations["mamba_in_proj_output"] > 0 and "mamba_in_proj_output" not in est[1].activations
+
+
+@pytest.mark.parametrize("precision, gathered", [("bf16", 2.0), ("mxfp8", 1 + 1 / 32), ("nvfp4", 0.5 + 1 / 16)])
+def test_sequence_parallel_gathers_move_the_recipes_format(precision, gathered):
+    """Transformer Engine quantises before it all-gathers (``gather_along_first_dim`` with a
+    quantiser): the forward input, the backward's re-gathered input and the row-parallel
+    output gradient move ``gathered`` bytes per element -- NVFP4's packed 4-bit data plus one
+    E4M3 scale per 16 elements, MXFP8's byte plus one E8M0 scale per 32 -- while the
+    reduce-scatters move BF16.  Layers the recipe keeps in BF16 gather BF16."""
+    B200 = get_gpu_spec("B200")
+    opts = {"bf16_first_layers": 1} if precision != "bf16" else {}
+    recipe = get_recipe(precision, **opts)
+    p = build_program(load_model("tiny-dense"), ParallelConfig(tp=2, pp=1, dp=1, micro_batch_size=1,
+                                                               global_batch_size=1, seq_len=256),
+                      B200, precision=recipe)
+    elements = 256 * load_model("tiny-dense").hidden_size
+    sizes = collections.defaultdict(set)
+    for op in p.classes[0].ops:
+        if op.group == "tp":
+            sizes[(op.name, op.layer == 0)].add(op.size_bytes)
+    for name in ("sp_ag", "sp_ag_input", "sp_ag_dout"):
+        assert sorted(sizes[(name, False)]) == pytest.approx([gathered * elements])
+        assert sorted(sizes[(name, True)]) == pytest.approx([2.0 * elements])      # a BF16 layer
+    for name in ("sp_rs", "sp_rs_dgrad"):
+        assert sorted(sizes[(name, False)]) == sorted(sizes[(name, True)]) == pytest.approx([2.0 * elements])

@@ -235,9 +235,11 @@ PRECISION_RECIPES: dict[str, PrecisionRecipe] = {r.name: r for r in (
         quantize_bytes_per_element=2.0 + 2.0 + 0.5 + 0.5 + 2 / 16, quantize_kernels=2,
         weight_quantize_bytes_per_param=2.0 + 2.0 + 0.5 + 0.5 + 2 / 256,
         extra_weight_bytes_per_param=1.0 + 2 / 256,
-        # assumption: SP all-gathers stay BF16 (the global amax and the wgrad-side Hadamard
-        # transform need the gathered tensor); conservative
-        tp_gather_bytes_per_element=2.0,
+        # SP all-gathers move NVFP4: Transformer Engine's _all_gather_nvfp4
+        # (transformer_engine/pytorch/distributed.py, v2.10 on) quantises first and gathers the
+        # packed 4-bit data and one E4M3 scale per 16 elements (the per-tensor amax is reduced
+        # over the group beforehand: a few bytes); only shapes it cannot quantise go in BF16
+        tp_gather_bytes_per_element=0.5 + 1 / 16,
         # no BF16 layers at the ends: Megatron-Bridge's bf16_with_nvfp4_mixed
         # (src/megatron/bridge/training/mixed_precision.py) leaves MixedPrecisionConfig's
         # first_last_layers_bf16 at False (0 + 0), as its performance recipes run it; NVIDIA's
