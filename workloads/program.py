@@ -266,18 +266,17 @@ def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[
     # a graphed kernel leaves the GPU the graph's launch gap instead of the eager one
     gap = (LAUNCH_OVERHEAD_S[False] - LAUNCH_OVERHEAD_S[True]
            if graphed and isinstance(ctx.compute, RooflineComputeModel) and not ctx.compute.cuda_graphs else 0.0)
-    # Transformer Engine issues a grouped GEMM (and the quantisation of its input) once per
-    # local expert with tokens, from a C++ loop: launches beyond the first expert's
-    experts = {o.name: sum(1 for g in o.groups if g > 0) for o in ops if o.groups}
     for op, t in zip(ops, times):
         phase = "R" if op.recompute else op.phase
         base = op.quantizes or op.name        # a quantisation op belongs with its GEMM
-        looped = max(experts.get(base, 0) - 1, 0) if ctx.host.expert_launch_s else 0
+        # Transformer Engine issues a grouped GEMM (and the quantisation of its input) once per
+        # local expert with tokens, from a C++ loop: launches beyond the first expert's
+        looped = max(sum(1 for g in op.groups if g > 0) - 1, 0) if op.groups and ctx.host.expert_launch_s else 0
         host_s = op.num_kernels * ctx.host.kernel_s + looped * ctx.host.expert_launch_s
         scope = graph_scope_of(base, key[6], key[0]) if graphed else None
         if scope in graphed or (scope in ("moe_router", "moe") and "moe" in graphed):
             host_s = 0.0
-            t = float(t) - op.num_kernels * gap
+            t = float(t) - op.launches * gap
         if base in _ATTN_OPS and split_core and base == "core_attn":
             part = "core"                     # with CP: run per ring step, between the exchanges
         elif base in _ATTN_OPS and split_core and phase != "R" and base in _ATTN_POST:

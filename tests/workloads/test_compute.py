@@ -464,3 +464,22 @@ def test_attention_at_head_dim_64_runs_at_the_fa3_papers_ratio():
     assert e128 == m.efficiency("F", "bf16", 16384) == pytest.approx(0.72)
     assert head_dim_factor(192) == head_dim_factor(256) == 1.0 and head_dim_factor(32) == head_dim_factor(64)
     assert head_dim_factor(64) < head_dim_factor(96) < 1.0
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_grouped_op_launches_its_kernels_once_per_expert_with_tokens(graphs):
+    """Transformer Engine runs each local expert's GEMM, and the quantisation of its slice,
+    as kernels of their own: a grouped op over 4 experts, one without tokens, pays the
+    launch gap of 3 kernels (its quantisation 3 x the recipe's kernels), and adding empty
+    experts changes nothing."""
+    m = RooflineComputeModel("B200", "fp8_tensorwise", cuda_graphs=graphs)
+    groups = (512.0, 0.0, 256.0, 256.0)
+    op = ComputeOp("expert_fc1", "F", "gemm", 2.0 * 1024 * 2048 * 512, 1024, 2048, 512, 0.0, 1, 0, False, groups)
+    assert op.launches == 3
+    assert m.op_cost(op).launch_s == pytest.approx(3 * LAUNCH_OVERHEAD_S[graphs], rel=1e-12)
+    (q,) = quantize_ops(m.recipe, [op])
+    assert q.groups == groups and q.launches == 3 * m.recipe.quantize_kernels == 6
+    assert m.op_cost(q).launch_s == pytest.approx(6 * LAUNCH_OVERHEAD_S[graphs], rel=1e-12)
+    wider = op._replace(groups=groups + (0.0, 0.0))
+    assert m.op_cost(wider).launch_s == m.op_cost(op).launch_s
+    assert op._replace(groups=()).launches == 1

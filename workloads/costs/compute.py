@@ -701,7 +701,7 @@ class RooflineComputeModel(ComputeModel):
 
     def op_cost(self, op: ComputeOp) -> OpCost:
         """The parts of ``op``'s time (compute, memory, launch), its dtype and efficiency."""
-        launch_s = self.launch.time_s(op.num_kernels)
+        launch_s = self.launch.time_s(op.launches)
         if op.op_class == "gemm":
             dtype = self.recipe.op_gemm_dtype(op, self.num_layers)
             shapes = _sub_gemms(op)

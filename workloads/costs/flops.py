@@ -188,6 +188,15 @@ class ComputeOp(NamedTuple):
     """A quantisation op: the name of the GEMM whose input it quantises (it belongs to that
     GEMM's block); empty otherwise."""
 
+    @property
+    def launches(self) -> int:
+        """Kernels the op launches on the GPU: ``num_kernels``, once per group with tokens for
+        a grouped op (Transformer Engine's grouped linear runs each expert's GEMM, and the
+        quantisation of its slice, as kernels of their own)."""
+        if not self.groups:
+            return self.num_kernels
+        return self.num_kernels * max(sum(1 for g in self.groups if g > 0), 1)
+
 
 def gemm_role(op: ComputeOp) -> str:
     """``fprop`` for forward and recomputed GEMMs, ``dgrad`` for ``B``, ``wgrad`` for ``W``."""

@@ -346,7 +346,7 @@ def quantize_ops(recipe: PrecisionRecipe, ops: Iterable[ComputeOp], num_layers: 
         if elems:
             out.append(ComputeOp(f"{op.name}.quantize", op.phase, "elementwise", 0.0, 0, 0, 0,
                                  elems * recipe.quantize_bytes_per_element, recipe.quantize_kernels, op.layer,
-                                 op.recompute, quantizes=op.name))
+                                 op.recompute, op.groups, quantizes=op.name))
     return out
 
 
