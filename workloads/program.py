@@ -271,7 +271,7 @@ def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[
         base = op.quantizes or op.name        # a quantisation op belongs with its GEMM
         # Transformer Engine issues a grouped GEMM (and the quantisation of its input) once per
         # local expert with tokens, from a C++ loop: launches beyond the first expert's
-        looped = max(sum(1 for g in op.groups if g > 0) - 1, 0) if op.groups and ctx.host.expert_launch_s else 0
+        looped = op.kernel_rounds - 1 if ctx.host.expert_launch_s else 0
         host_s = op.num_kernels * ctx.host.kernel_s + looped * ctx.host.expert_launch_s
         scope = graph_scope_of(base, key[6], key[0]) if graphed else None
         if scope in graphed or (scope in ("moe_router", "moe") and "moe" in graphed):

@@ -385,3 +385,12 @@ def test_each_further_local_expert_costs_the_host_its_looped_launches(precision,
     assert all(op.host_s == 0.0 for op in experts("cuda_graphs").values())
     # the measured-host mapping takes its own figure
     assert load_scenario(_one_gpu(host={"expert_launch_us": 4})).host == {"expert_launch_us": 4}
+
+
+def test_batched_gemms_are_not_per_expert_launches():
+    """Unfused attention's batched GEMMs carry groups (heads x sequences) but launch one
+    kernel: a dense model's program is the same with or without per-expert launch costs."""
+    model = {"preset": "tiny-dense", "flash_attention": False}
+    with_loop = run(_one_gpu(model=model)).program.classes[0].ops
+    without = run(_one_gpu(model=model, host={"expert_launch_us": 0})).program.classes[0].ops
+    assert with_loop == without

@@ -483,3 +483,5 @@ def test_a_grouped_op_launches_its_kernels_once_per_expert_with_tokens(graphs):
     wider = op._replace(groups=groups + (0.0, 0.0))
     assert m.op_cost(wider).launch_s == m.op_cost(op).launch_s
     assert op._replace(groups=()).launches == 1
+    # a batched GEMM's groups (unfused attention's heads x sequences) are one kernel
+    assert op._replace(name="core_attn.qk").launches == 1

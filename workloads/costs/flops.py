@@ -110,7 +110,7 @@ from topologies import ConfigError
 from ..model import ModelSpec
 from ..parallel import ParallelConfig
 
-__all__ = ["ComputeOp", "OP_CLASSES", "PHASES", "GEMM_ROLES", "ACT_BYTES", "ATTN_BLOCK_SIZE",
+__all__ = ["ComputeOp", "EXPERT_GROUPED_LINEARS", "OP_CLASSES", "PHASES", "GEMM_ROLES", "ACT_BYTES", "ATTN_BLOCK_SIZE",
            "layer_ops", "embedding_ops", "mamba_scan_bytes", "mamba_scan_kernels", "MAMBA_SCAN_LAUNCHES", "check_mamba_split", "output_ops", "optimizer_ops", "gemm_role", "sum_flops",
            "balanced_tokens_per_expert", "capacity_tokens_per_expert", "padded_vocab_size",
            "causal_executed_fraction", "window_executed_fraction", "FLOP_CONVENTIONS", "DEFAULT_FLOP_CONVENTION",
@@ -189,13 +189,24 @@ class ComputeOp(NamedTuple):
     GEMM's block); empty otherwise."""
 
     @property
+    def kernel_rounds(self) -> int:
+        """How many times the op's ``num_kernels`` launch: once per local expert with tokens
+        for an expert grouped linear (:data:`EXPERT_GROUPED_LINEARS`) and the quantisation of
+        its input -- Transformer Engine's grouped linear runs each expert's GEMM and slice as
+        kernels of their own -- and once otherwise (a batched GEMM is one kernel)."""
+        if not self.groups or (self.quantizes or self.name) not in EXPERT_GROUPED_LINEARS:
+            return 1
+        return max(sum(1 for g in self.groups if g > 0), 1)
+
+    @property
     def launches(self) -> int:
-        """Kernels the op launches on the GPU: ``num_kernels``, once per group with tokens for
-        a grouped op (Transformer Engine's grouped linear runs each expert's GEMM, and the
-        quantisation of its slice, as kernels of their own)."""
-        if not self.groups:
-            return self.num_kernels
-        return self.num_kernels * max(sum(1 for g in self.groups if g > 0), 1)
+        """Kernels the op launches on the GPU: ``num_kernels x kernel_rounds``."""
+        return self.num_kernels * self.kernel_rounds
+
+
+EXPERT_GROUPED_LINEARS = frozenset({"expert_fc1", "expert_fc2"})
+"""The routed experts' grouped GEMMs (their ``groups`` are local experts; a batched GEMM's
+groups, e.g. unfused attention's, are one kernel)."""
 
 
 def gemm_role(op: ComputeOp) -> str:
