@@ -160,6 +160,8 @@ from dataclasses import dataclass
 
 from topologies import ConfigError
 
+from .blocks import layer_blocks
+from .blocks.moe import default_token_imbalance
 from .model import ModelSpec
 from .parallel import ParallelConfig, parse_pipeline_layout, split_layers
 from .schedules import ActionKind, get_schedule, peak_in_flight
@@ -523,7 +525,7 @@ class _Dims:
         attn_dropout = model.dropout if opt.attention_dropout is None else opt.attention_dropout
         imb = opt.moe_token_imbalance
         if imb is None:
-            imb = model.moe.capacity_factor if model.moe is not None and model.moe.capacity_factor else 1.0
+            imb = default_token_imbalance(model)
         div = int(opt.make_vocab_size_divisible_by) * t
         vocab = -(-model.vocab_size // div) * div
         return cls(model, parallel, opt, seq, s_loc, b, t, parallel.expert_tp, float(tok),
@@ -534,120 +536,20 @@ def _norm_elems(model: ModelSpec) -> int:
     return 2 if model.norm == "layernorm" else 1
 
 
-def _mlp_matrices(model: ModelSpec) -> int:
-    return 3 if model.mlp == "swiglu" else 2
-
-
 # -- activations of one layer -------------------------------------------------------------------------
-def _layer_terms(d: _Dims, moe_layer: bool, modules: frozenset[str], kind: str = "transformer") -> dict[str, float]:
-    """Bytes kept by one decoder layer for one micro-batch; ``modules`` are recomputed.
-    ``kind`` is :meth:`ModelSpec.layer_kind`: a hybrid layer keeps one sublayer's terms."""
-    if kind != "transformer":
-        return _hybrid_layer_terms(d, kind, modules)
-    return _transformer_layer_terms(d, moe_layer, modules)
-
-
-_ATTN_TERMS = ("attn_input", "q", "kv", "qk_norm_inputs", "mla_latents", "attn_scores", "attn_dropout_mask",
-               "softmax_stats", "attn_output")
-_FFN_TERMS = ("ffn_input", "mlp_fc1_output", "mlp_fc2_input", "router", "expert_input", "expert_fc1_output",
-              "expert_fc2_input", "moe_combine", "shared_fc1_output", "shared_fc2_input")
-
-
-def _hybrid_layer_terms(d: _Dims, kind: str, modules: frozenset[str]) -> dict[str, float]:
-    """One hybrid-stack layer: one pre-norm and one sublayer.  Attention, MLP and MoE layers
-    keep the matching half of a transformer layer's terms (one norm, one residual dropout
-    mask).  A Mamba layer (Megatron-Core's memory-efficient training path,
-    ``mamba_split_conv1d_scan_combined``, which recomputes the conv1d output in its
-    backward) keeps its norm input and statistics, the normed ``in_proj`` input, the
-    ``in_proj`` output (z, x, B, C, dt: the scan's saved input), the scan output (the gated
-    norm's input) and the ``out_proj`` input."""
+def _layer_terms(d: _Dims, blocks, modules: frozenset[str]) -> dict[str, float]:
+    """Bytes kept by one decoder layer (its ``blocks``) for one micro-batch; ``modules`` are
+    recomputed.  Each block keeps its pre-norm's input and statistics and, with dropout, its
+    residual's mask; the rest is the block's own (:meth:`workloads.blocks.Block.activation_terms`)."""
     m = d.model
-    base = _transformer_layer_terms(d, kind == "moe", modules)
+    h, n = m.hidden_size, len(blocks)
     out = dict.fromkeys(ACTIVATION_TERMS, 0.0)
-    out["norm_inputs"] = base["norm_inputs"] / 2
-    out["norm_stats"] = base["norm_stats"] / 2
-    out["dropout_masks"] = base["dropout_masks"] / 2
-    if kind == "attention":
-        for k in _ATTN_TERMS:
-            out[k] = base[k]
-    elif kind in ("mlp", "moe"):
-        for k in _FFN_TERMS:
-            out[k] = base[k]
-    else:
-        mb, h = m.mamba, m.hidden_size
-        if "layernorm" not in modules:
-            out["attn_input"] = d.tok_sp * h * d.lb
-        out["mamba_in_proj_output"] = d.tok * mb.in_proj_width / d.t * d.e
-        out["mamba_scan_output"] = d.tok * mb.d_inner / d.t * (d.e + d.lb)
-    return out
-
-
-def _transformer_layer_terms(d: _Dims, moe_layer: bool, modules: frozenset[str]) -> dict[str, float]:
-    """Bytes kept by one attention + MLP/MoE layer for one micro-batch."""
-    m = d.model
-    h, a_loc = m.hidden_size, m.num_attention_heads / d.t
-    e, lb, tok, tsp = d.e, d.lb, d.tok, d.tok_sp
-    out = dict.fromkeys(ACTIVATION_TERMS, 0.0)
-    out["norm_inputs"] = 2 * tsp * h * e
-    out["norm_stats"] = 2 * tsp * 4 * _norm_elems(m)
-    if "layernorm" not in modules:
-        out["attn_input"] = tsp * h * lb
-        out["ffn_input"] = tsp * h * lb
-    # attention
-    if m.mla is not None:
-        mla = m.mla
-        qk = mla.qk_head_dim
-        lat = 0.0
-        if mla.q_lora_rank is not None:          # q_down output (norm input) and the normed latent (q_up input)
-            lat += tsp * mla.q_lora_rank * e + tok * mla.q_lora_rank * lb + tsp * 4 * _norm_elems(m)
-        lat += tsp * (mla.kv_lora_rank + mla.qk_rope_head_dim) * e + tok * mla.kv_lora_rank * lb
-        out["mla_latents"] = lat
-        if "mla_up_proj" not in modules:
-            out["q"] = tok * a_loc * qk * e
-            out["kv"] = tok * a_loc * (qk + mla.v_head_dim) * e
-        dv = mla.v_head_dim
-    else:
-        hd = m.head_dim
-        out["q"] = tok * a_loc * hd * e
-        out["kv"] = 2 * tok * d.kv_heads * hd * e
-        if m.qk_norm:
-            out["qk_norm_inputs"] = tok * (a_loc + d.kv_heads) * hd * e
-        dv = hd
-    if "core_attn" not in modules:
-        if d.opt.flash_attention and m.flash_attention:
-            out["softmax_stats"] = 4 * a_loc * tok
-        else:
-            scores = a_loc * d.s_loc * d.seq * d.b          # this rank's queries against every key
-            dropout = d.attn_dropout > 0
-            out["attn_scores"] = (2 if dropout else 1) * e * scores
-            out["attn_dropout_mask"] = scores if dropout else 0.0
-    out["attn_output"] = tok * a_loc * dv * lb
+    out["norm_inputs"] = n * d.tok_sp * h * d.e
+    out["norm_stats"] = n * d.tok_sp * 4 * _norm_elems(m)
     if m.dropout > 0:
-        out["dropout_masks"] = 2 * tsp * h
-    # feed-forward
-    gate = 2 if m.mlp == "swiglu" else 1
-    if not moe_layer:
-        if "mlp" not in modules:
-            f = m.ffn_hidden_size / d.t
-            out["mlp_fc1_output"] = tok * gate * f * e
-            out["mlp_fc2_input"] = tok * f * lb
-        return out
-    moe = m.moe
-    if "moe" in modules:
-        return out
-    tokens = tsp                                   # tokens this rank routes
-    out["router"] = tokens * moe.num_experts * (4 + 1)
-    rows = tokens * moe.top_k * d.etp * d.imbalance
-    fe = moe.expert_ffn_hidden_size / d.etp
-    out["expert_input"] = rows * (moe.latent_size or h) * lb
-    out["expert_fc1_output"] = rows * gate * fe * e
-    if "moe_act" not in modules:
-        out["expert_fc2_input"] = rows * fe * lb
-    out["moe_combine"] = tokens * moe.top_k * (moe.latent_size or h) * e
-    if moe.num_shared_experts and "shared_experts" not in modules:
-        fs = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size / d.t
-        out["shared_fc1_output"] = tok * gate * fs * e
-        out["shared_fc2_input"] = tok * fs * lb
+        out["dropout_masks"] = n * d.tok_sp * h
+    for block in blocks:
+        block.activation_terms(d, modules, out)
     return out
 
 
@@ -685,53 +587,10 @@ def layer_activation_bytes(model: ModelSpec, parallel: ParallelConfig, layer: in
         out = dict.fromkeys(ACTIVATION_TERMS, 0.0)
         out["layer_input"] = d.tok_sp * model.hidden_size * d.e
         return out
-    moe_layer = model.is_moe_layer(min(layer, model.num_layers - 1))
-    return _layer_terms(d, moe_layer, _recomputed_modules(parallel), model.layer_kind(layer))
+    return _layer_terms(d, layer_blocks(model, layer), _recomputed_modules(parallel))
 
 
 # -- parameters one rank holds -------------------------------------------------------------------------
-def _attention_params(model: ModelSpec, t: int) -> tuple[float, float]:
-    """(parameters, of which GEMM weights) of one attention block on one TP rank."""
-    h, heads, bias = model.hidden_size, model.num_attention_heads, model.add_bias_linear
-    norm = _norm_elems(model)
-    if model.mla is not None:
-        m = model.mla
-        q_out = heads * m.qk_head_dim
-        kv_down, kv_up = m.kv_lora_rank + m.qk_rope_head_dim, heads * (m.qk_nope_head_dim + m.v_head_dim)
-        if m.q_lora_rank is None:
-            gemm = h * q_out / t
-            p = gemm + ((q_out / t) if bias else 0)
-        else:                                  # q_down and its norm are duplicated on every TP rank
-            gemm = h * m.q_lora_rank + m.q_lora_rank * q_out / t
-            p = gemm + norm * m.q_lora_rank + ((m.q_lora_rank + q_out / t) if bias else 0)
-        kv_gemm = h * kv_down + m.kv_lora_rank * kv_up / t
-        o_gemm = heads * m.v_head_dim * h / t
-        gemm += kv_gemm + o_gemm
-        p += kv_gemm + norm * m.kv_lora_rank + o_gemm + ((kv_down + kv_up / t + h) if bias else 0)
-        return p + (heads / t if model.attention_sinks else 0), gemm
-    q = heads * model.head_dim
-    kv = 2 * max(1, model.num_kv_heads // t) * model.head_dim     # replicated when tp > KV heads
-    gemm = h * q / t + h * kv + q * h / t
-    p = gemm
-    if bias or model.qkv_bias:
-        p += q / t + kv
-    if bias:
-        p += h                                  # row-parallel output bias, replicated
-    if model.qk_norm:
-        p += 2 * norm * model.head_dim
-    if model.attention_sinks:
-        p += heads / t                          # one sink logit per local query head
-    return p, gemm
-
-
-def _mlp_params(model: ModelSpec, f: float, t: int, width: int | None = None) -> tuple[float, float]:
-    """(parameters, GEMM weights) of one MLP of width ``f`` split over ``t`` ranks, reading and
-    writing ``width`` (default ``h``; a latent MoE's experts: the latent width)."""
-    h, mats = (model.hidden_size if width is None else width), _mlp_matrices(model)
-    gemm = mats * h * f / t
-    return gemm + ((((mats - 1) * f) / t + h) if model.add_bias_linear else 0), gemm
-
-
 @dataclass(slots=True)
 class _Params:
     dense: float = 0.0       # sharded over dp*cp
@@ -748,46 +607,20 @@ class _Params:
         self.largest_unit = max(self.largest_unit, dense + expert)
 
 
-def _layer_params(model: ModelSpec, parallel: ParallelConfig,
-                  moe_layer: bool, kind: str = "transformer") -> tuple[float, float, float, float]:
-    """(dense, expert, dense GEMM, expert GEMM) parameters of one decoder layer on one rank;
-    ``kind`` (:meth:`ModelSpec.layer_kind`) selects a hybrid layer's one sublayer."""
-    t = parallel.tp
+def _layer_params(model: ModelSpec, parallel: ParallelConfig, blocks) -> tuple[float, float, float, float]:
+    """(dense, expert, dense GEMM, expert GEMM) parameters of one decoder layer (its
+    ``blocks``) on one rank: each block's (:meth:`workloads.blocks.Block.rank_params`) and its
+    pre-norm, replicated over TP."""
     norm = _norm_elems(model) * model.hidden_size
-    if kind == "mamba":
-        # in_proj / out_proj column / row parallel; conv1d, dt_bias, A_log, D and the gated
-        # norm split with the heads (Megatron-Core MambaMixer); the pre-norm replicated
-        mb, h = model.mamba, model.hidden_size
-        gemm = (h * mb.in_proj_width + mb.d_inner * h) / t
-        return gemm + (mb.mixer_params(h) - h * mb.in_proj_width - mb.d_inner * h) / t + norm, 0.0, gemm, 0.0
-    if kind == "attention":
-        attn, attn_gemm = _attention_params(model, t)
-        return attn + norm, 0.0, attn_gemm, 0.0
-    if kind in ("mlp", "moe"):
-        dense, expert, gemm, gemm_expert = _ffn_params(model, parallel, kind == "moe")
-        return dense + norm, expert, gemm, gemm_expert
-    attn, attn_gemm = _attention_params(model, t)
-    dense, expert, gemm, gemm_expert = _ffn_params(model, parallel, moe_layer)
-    return attn + 2 * norm + dense, expert, attn_gemm + gemm, gemm_expert
-
-
-def _ffn_params(model: ModelSpec, parallel: ParallelConfig, moe_layer: bool) -> tuple[float, float, float, float]:
-    """(dense, expert, dense GEMM, expert GEMM) parameters of one MLP or MoE block on one rank."""
-    t = parallel.tp
-    dense = gemm = 0.0
-    if not moe_layer:
-        mlp, mlp_gemm = _mlp_params(model, model.ffn_hidden_size, t)
-        return dense + mlp, 0.0, gemm + mlp_gemm, 0.0
-    moe = model.moe
-    dense += model.hidden_size * moe.num_experts + (moe.num_experts if moe.router_bias else 0)   # replicated
-    if moe.latent_size:                     # the latent down / up projections, replicated over TP
-        dense += 2 * model.hidden_size * moe.latent_size
-        gemm += 2 * model.hidden_size * moe.latent_size
-    one, one_gemm = _mlp_params(model, moe.expert_ffn_hidden_size, parallel.expert_tp, moe.latent_size)
-    local = moe.num_experts / parallel.ep
-    shared, shared_gemm = _mlp_params(model, moe.num_shared_experts * moe.shared_expert_ffn_hidden_size, t) \
-        if moe.num_shared_experts else (0.0, 0.0)
-    return dense + shared, local * one, gemm + shared_gemm, local * one_gemm
+    first = blocks[0].rank_params(parallel)
+    dense, expert, gemm, gemm_expert = first.dense + len(blocks) * norm, first.expert, first.gemm, first.gemm_expert
+    for block in blocks[1:]:
+        p = block.rank_params(parallel)
+        dense += p.dense
+        expert += p.expert
+        gemm += p.gemm
+        gemm_expert += p.gemm_expert
+    return dense, expert, gemm, gemm_expert
 
 
 # -- pipeline placement ----------------------------------------------------------------------------------
@@ -892,11 +725,10 @@ class _Model:
         self.zero = effective_zero_stage(parallel)
 
     def layer(self, i: int, modules: frozenset[str]) -> dict[str, float]:
-        moe = self.model.is_moe_layer(min(i, self.model.num_layers - 1))
-        kind = self.model.layer_kind(i)
-        key = (moe, modules, kind)
+        blocks = layer_blocks(self.model, i)
+        key = (tuple(b.kind for b in blocks), modules)
         if key not in self._layer_cache:
-            self._layer_cache[key] = _layer_terms(self.d, moe, modules, kind)
+            self._layer_cache[key] = _layer_terms(self.d, blocks, modules)
         return self._layer_cache[key]
 
     # activations of one micro-batch in one chunk: (held terms, logits bytes, recompute working bytes)
@@ -945,12 +777,13 @@ class _Model:
         loss = any(c.loss for c in chunks)
         for c in chunks:
             for i in c.layers:
-                key = (m.is_moe_layer(i), m.layer_kind(i))
+                blocks = layer_blocks(m, i)
+                key = tuple(b.kind for b in blocks)
                 if key not in cache:
-                    cache[key] = _layer_params(m, par, key[0], key[1])
+                    cache[key] = _layer_params(m, par, blocks)
                 p.add(*cache[key])
             for _ in range(1 if (c.mtp and m.mtp_repeated_layer) else c.mtp):
-                dense, expert, gemm, gemm_expert = _layer_params(m, par, m.is_moe_layer(m.num_layers - 1))
+                dense, expert, gemm, gemm_expert = _layer_params(m, par, layer_blocks(m, m.num_layers))
                 proj = 2 * h * h / t
                 p.add(dense + proj + 3 * _norm_elems(m) * h, expert, gemm + proj, gemm_expert)
         if embedding:
@@ -989,12 +822,8 @@ class _Model:
             activations["recompute_working"] = working
         activations = {k: activations[k] for k in ACTIVATION_TERMS if activations.get(k)}
         # transient buffers
-        moe_layers = any(m.is_moe_layer(i) for c in chunks for i in c.layers) or \
-            (m.moe is not None and any(c.mtp for c in chunks) and m.is_moe_layer(m.num_layers - 1))
-        dispatch = 0.0
-        if moe_layers:
-            rows = d.tok_sp * m.moe.top_k * d.etp * d.imbalance
-            dispatch = 2 * rows * m.hidden_size * d.e            # send and receive buffers of one all-to-all
+        layers = [i for c in chunks for i in c.layers] + [m.num_layers] * any(c.mtp for c in chunks)
+        dispatch = max((b.dispatch_buffer_bytes(d) for i in layers for b in layer_blocks(m, i)), default=0.0)
         held_params = p.dense + p.expert
         buckets = gather = 0.0
         if self.zero == 2:
@@ -1030,17 +859,14 @@ def cp_buffer_bytes(model: ModelSpec, parallel: ParallelConfig, activation_bytes
     * ``a2a``: send and receive buffers of Q, K and V, ``2 (q + c)``;
     * ``a2a+p2p``: the a2a buffers and the ring's, ``2 (q + c) + 4 c``.
     """
-    if parallel.cp <= 1 or not any(model.layer_kind(i) in ("transformer", "attention")
-                                   for i in range(model.num_layers)):
+    if parallel.cp <= 1:
+        return 0.0
+    exchanged = next((dims for i in range(model.num_layers) for b in layer_blocks(model, i)
+                      if (dims := b.cp_exchange_elements(parallel.tp)) is not None), None)
+    if exchanged is None:
         return 0.0               # (a stack without attention layers exchanges no K/V)
     tok = (parallel.seq_len or model.seq_len) // parallel.cp * parallel.micro_batch_size
-    heads = model.num_attention_heads // parallel.tp
-    if model.mla is not None:
-        kv = heads * (model.mla.qk_head_dim + model.mla.v_head_dim)
-        q = heads * model.mla.qk_head_dim
-    else:
-        kv = 2 * max(1, model.num_kv_heads // parallel.tp) * model.head_dim
-        q = heads * model.head_dim
+    kv, q = exchanged
     c, qb = tok * kv * activation_bytes, tok * q * activation_bytes
     kind = parallel.cp_comm_type
     if kind == "p2p":

@@ -109,6 +109,8 @@ import yaml
 from topologies import ConfigError
 from topologies.errors import check_keys
 
+from .blocks import layer_blocks
+
 __all__ = ["BREAKDOWN_KEYS", "HYBRID_SYMBOLS", "MLP_KINDS", "MODEL_PRESETS", "NORM_KINDS", "POSITION_EMBEDDINGS",
            "MLASpec", "MambaSpec", "ModelSpec", "MoESpec", "load_model", "load_preset_mapping"]
 
@@ -780,37 +782,6 @@ class ModelSpec:
     def _norm(self, width: int) -> int:
         return _NORM_PARAMS_PER_ELEMENT[self.norm] * width
 
-    def _mlp(self, f: int, width: int | None = None) -> int:
-        h, m = (self.hidden_size if width is None else width), _MLP_MATRICES[self.mlp]
-        return m * h * f + (((m - 1) * f + h) if self.add_bias_linear else 0)
-
-    def _attention(self) -> int:
-        h, heads, bias = self.hidden_size, self.num_attention_heads, self.add_bias_linear
-        if self.mla is not None:
-            m = self.mla
-            q_out = heads * m.qk_head_dim
-            if m.q_lora_rank is None:
-                p = h * q_out + (q_out if bias else 0)
-            else:
-                p = h * m.q_lora_rank + self._norm(m.q_lora_rank) + m.q_lora_rank * q_out
-                p += (m.q_lora_rank + q_out) if bias else 0
-            kv_down, kv_up = m.kv_lora_rank + m.qk_rope_head_dim, heads * (m.qk_nope_head_dim + m.v_head_dim)
-            p += h * kv_down + self._norm(m.kv_lora_rank) + m.kv_lora_rank * kv_up
-            p += heads * m.v_head_dim * h
-            p += (kv_down + kv_up + h) if bias else 0
-            return p + (heads if self.attention_sinks else 0)
-        q, kv = heads * self.head_dim, 2 * self.num_kv_heads * self.head_dim
-        p = h * q + h * kv + q * h
-        if bias or self.qkv_bias:
-            p += q + kv
-        if bias:
-            p += h
-        if self.qk_norm:
-            p += 2 * self._norm(self.head_dim)
-        if self.attention_sinks:
-            p += heads
-        return p
-
     def layer_param_breakdown(self, i: int, *, active: bool = False) -> dict[str, int]:
         """Parameters of decoder layer ``i`` by component.
 
@@ -821,27 +792,11 @@ class ModelSpec:
         experts count ``top_k`` experts, the ones a token runs.  ``i == num_layers + k``
         names MTP module ``k``'s decoder layer, shaped like the last main layer.
         """
-        kind = self.layer_kind(i)
-        h = self.hidden_size
+        blocks = layer_blocks(self, i)
         out = {"attention": 0, "mamba": 0, "mlp": 0, "router": 0, "latent_proj": 0, "routed_experts": 0,
-               "shared_experts": 0, "norms": self._norm(h) * (2 if kind == "transformer" else 1)}
-        if kind in ("transformer", "attention"):
-            out["attention"] = self._attention()
-        if kind == "mamba":
-            out["mamba"] = self.mamba.mixer_params(h)
-        if kind in ("transformer", "moe", "mlp"):
-            moe_layer = kind == "moe" or (kind == "transformer" and self.is_moe_layer(min(i, self.num_layers - 1)))
-            if moe_layer:
-                moe = self.moe
-                out["router"] = h * moe.num_experts + (moe.num_experts if moe.router_bias else 0)
-                n_routed = moe.top_k if active else moe.num_experts
-                width = moe.latent_size or h
-                out["routed_experts"] = n_routed * self._mlp(moe.expert_ffn_hidden_size, width)
-                out["shared_experts"] = moe.num_shared_experts * self._mlp(moe.shared_expert_ffn_hidden_size)
-                if moe.latent_size:
-                    out["latent_proj"] = 2 * h * moe.latent_size + ((moe.latent_size + h) if self.add_bias_linear else 0)
-            else:
-                out["mlp"] = self._mlp(self.ffn_hidden_size)
+               "shared_experts": 0, "norms": self._norm(self.hidden_size) * len(blocks)}
+        for block in blocks:
+            out.update(block.params(active=active))
         return out
 
     def layer_num_params(self, i: int, *, active: bool = False) -> int:
@@ -869,7 +824,7 @@ class ModelSpec:
         out["position_embedding"] = self.seq_len * h if self.position_embedding == "learned" else 0
         per_kind: dict[tuple, dict[str, int]] = {}
         for i in range(self.num_layers):
-            kind = (self.layer_kind(i), self.is_moe_layer(i))
+            kind = tuple(b.kind for b in layer_blocks(self, i))
             if kind not in per_kind:
                 per_kind[kind] = self.layer_param_breakdown(i, active=active)
             for key, v in per_kind[kind].items():

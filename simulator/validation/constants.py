@@ -269,6 +269,8 @@ def scaled(name: str, factor: float) -> Iterator[None]:
 # -- the registry ------------------------------------------------------------------------------------
 _C = "workloads.costs.compute."
 _F = "workloads.costs.flops."
+_K = "workloads.blocks.kernels."
+_E = "workloads.blocks.edges."
 _N = "simulator.collectives.nccl."
 _S = "topologies.specs."
 _TUNING = "NVIDIA/nccl src/graph/tuning.cc (v2.27.7-1)"
@@ -322,7 +324,7 @@ REGISTRY: tuple[Constant, ...] = (
              "sequence-length ramp fitted by eye to the FA2/FA3 papers' curves",
              "attention efficiency at short per-rank sequences (CP shards)",
              bound=(f"{_C}AttentionModel.seq_half",)),
-    Constant(f"{_F}ATTN_BLOCK_SIZE", "128", "framework source", "FA3 causal tile size for head dim 128",
+    Constant(f"{_K}ATTN_BLOCK_SIZE", "128", "framework source", "FA3 causal tile size for head dim 128",
              "executed fraction of the causal attention FLOPs"),
     # compute: memory-bound ops and launches
     Constant(f"{_S}GPU_SPECS[*].hbm_bandwidth_bytes_per_s", "A100 2.04, H100 3.35, H200 4.8, B200 8 TB/s",
@@ -336,14 +338,14 @@ REGISTRY: tuple[Constant, ...] = (
              "experiments/microbench/mamba_bench.py on one H200 (mamba_ssm's Triton kernels at the Nemotron 3 "
              "shapes); the same fractions on other GPUs assumed",
              "time of a Mamba-2 layer's scan and gated norm"),
-    Constant(f"{_F}ACT_BYTES", "2", "framework source", "Megatron --bf16: BF16 activations between kernels",
+    Constant(f"{_K}ACT_BYTES", "2", "framework source", "Megatron --bf16: BF16 activations between kernels",
              "bytes of element-wise ops"),
     Constant(f"{_F}_ADAM_BYTES_PER_PARAM", "30", "framework source",
              "Megatron distributed-optimizer fused Adam: reads and writes of FP32 state and the BF16 copy",
              "optimizer step time"),
-    Constant(f"{_F}_CE_BYTES_PER_LOGIT", "unfused 38 / 22, fused 6 / 6", "framework source",
+    Constant(f"{_E}_CE_BYTES_PER_LOGIT", "unfused 38 / 22, fused 6 / 6", "framework source",
              "Megatron vocab-parallel cross entropy, pass by pass", "loss time over the vocabulary"),
-    Constant(f"{_F}_VOCAB_MULTIPLE", "128 (x tp)", "framework source",
+    Constant(f"{_E}_VOCAB_MULTIPLE", "128 (x tp)", "framework source",
              "Megatron --make-vocab-size-divisible-by default", "padded vocabulary: output-layer GEMM size"),
     Constant("workloads.costs.precision.DTYPE_BYTES", "fp32 4, bf16 2, fp8 1, fp4 0.5", "datasheet",
              "number-format definitions (IEEE 754, OCP FP8 / MX)", "bytes moved by GEMMs, casts and collectives"),

@@ -1,0 +1,284 @@
+"""Kernels: the typed records a block's work is made of, and their constructors.
+
+A :class:`ComputeOp` is one kernel (or one fused group of kernels) of one rank for one
+micro-batch, in one phase: ``F`` forward, ``B`` input gradient (and recomputation), ``W``
+weight gradient.  Its ``op_class`` says which descriptor it is and which sub-model of
+:mod:`workloads.costs.compute` times it:
+
+* ``gemm`` -- ``Y[m, n] = X[m, k] W[k, n]`` (``m, n, k``), optionally grouped (``groups``:
+  per-group sizes of the token dimension, e.g. one group per local expert);
+* ``attention`` -- fused core attention: ``m`` query tokens and ``n`` key tokens per
+  sequence on this rank, ``k`` the query/key head dimension, FLOPs already reduced to the
+  executed share of the mask (causal or windowed);
+* ``elementwise`` -- memory-bound: ``mem_bytes`` read and written once over HBM.
+
+The constructors here (:func:`linear`, :func:`grouped_linear`, :func:`ew_pair`,
+:func:`norm`, :func:`residual`, :func:`activation`, :func:`attention`, :func:`bmm`) are what
+the block modules build their kernels from; :class:`LayerOps` collects a layer's kernels as
+its blocks add them.  Nothing here knows a layer family.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from topologies import ConfigError
+
+__all__ = ["ACT_BYTES", "ATTN_BLOCK_SIZE", "ComputeOp", "EXPERT_GROUPED_LINEARS", "LayerOps", "Shard", "activation",
+           "attention", "bmm", "causal_executed_fraction", "ew", "ew_pair", "gemm_role", "grouped_linear", "linear",
+           "norm", "residual", "window_executed_fraction"]
+
+ACT_BYTES = 2
+"""Bytes per activation element: BF16 activations (Megatron ``--bf16``; FP8 recipes keep
+activations between GEMMs in BF16 too)."""
+
+ATTN_BLOCK_SIZE = 128
+"""FlashAttention key/query tile for the causal diagonal: 128 x 128 in FA3's causal
+forward for head dim 128 on H100 (Dao-AILab/flash-attention ``hopper/`` tile_size_fwd_sm90:
+kBlockM = kBlockN = 128 for causal hdim 128); FA2 on A100 uses 128 x 64 or 128 x 128."""
+
+FP32 = 4
+MASK_BYTES = 1        # torch dropout mask: one byte per element
+
+
+class ComputeOp(NamedTuple):
+    """One compute kernel (or fused group) of one rank for one micro-batch.
+
+    ``op_class`` selects the sub-model that times it: ``gemm`` (tile-quantised matmul
+    efficiency in the recipe's dtype), ``attention`` (FlashAttention efficiency) or
+    ``elementwise`` (bytes over HBM).
+    """
+
+    name: str
+    """Stable op name, e.g. ``qkv_proj``, ``core_attn``, ``mlp_norm`` (keys of measured CSVs)."""
+    phase: str
+    """``F`` forward, ``B`` input gradient (and recomputation), ``W`` weight gradient."""
+    op_class: str
+    """``gemm`` | ``attention`` | ``elementwise``."""
+    flops: float
+    """Executed FLOPs (0 for element-wise ops)."""
+    m: int = 0
+    """GEMM rows M (attention: query tokens per sequence on this rank)."""
+    n: int = 0
+    """GEMM columns N (attention: key tokens per sequence)."""
+    k: int = 0
+    """GEMM reduction K (attention: query/key head dimension)."""
+    mem_bytes: float = 0.0
+    """Bytes moved over HBM (GEMMs: at BF16 inputs; the compute model recomputes them per dtype)."""
+    num_kernels: int = 1
+    """Kernel launches the op stands for (launch-overhead model)."""
+    layer: int = -1
+    """Decoder layer index (``num_layers + j`` for MTP module ``j``); -1 outside layers."""
+    recompute: bool = False
+    """Forward work re-run during the backward (activation recomputation)."""
+    groups: tuple = ()
+    """Grouped GEMMs (MoE experts): per-group sizes of the token dimension -- ``m`` for
+    fprop and dgrad, ``k`` for wgrad (see :func:`gemm_role`).  Empty for one GEMM."""
+    quantizes: str = ""
+    """A quantisation op: the name of the GEMM whose input it quantises (it belongs to that
+    GEMM's block); empty otherwise."""
+
+    @property
+    def kernel_rounds(self) -> int:
+        """How many times the op's ``num_kernels`` launch: once per local expert with tokens
+        for an expert grouped linear (:data:`EXPERT_GROUPED_LINEARS`) and the quantisation of
+        its input -- Transformer Engine's grouped linear runs each expert's GEMM and slice as
+        kernels of their own -- and once otherwise (a batched GEMM is one kernel)."""
+        if not self.groups or (self.quantizes or self.name) not in EXPERT_GROUPED_LINEARS:
+            return 1
+        return max(sum(1 for g in self.groups if g > 0), 1)
+
+    @property
+    def launches(self) -> int:
+        """Kernels the op launches on the GPU: ``num_kernels x kernel_rounds``."""
+        return self.num_kernels * self.kernel_rounds
+
+
+EXPERT_GROUPED_LINEARS = frozenset({"expert_fc1", "expert_fc2"})
+"""The routed experts' grouped GEMMs (their ``groups`` are local experts; a batched GEMM's
+groups, e.g. unfused attention's, are one kernel)."""
+
+
+class Shard(NamedTuple):
+    """One rank's share of one micro-batch: ``b`` sequences of ``s`` tokens, ``tp`` / ``cp``
+    degrees, sequence parallelism ``sp``; ``T`` the tokens a rank's TP-sharded GEMMs see,
+    ``Tn`` those its norms, residual adds and router see (``T / tp`` with SP)."""
+
+    b: int
+    s: int
+    tp: int
+    cp: int
+    sp: bool
+    T: int
+    Tn: int
+
+
+def gemm_role(op: ComputeOp) -> str:
+    """``fprop`` for forward and recomputed GEMMs, ``dgrad`` for ``B``, ``wgrad`` for ``W``."""
+    if op.phase == "F" or op.recompute:
+        return "fprop"
+    return "dgrad" if op.phase == "B" else "wgrad"
+
+
+def window_executed_fraction(seq_len: int, window: int | None, block: int = ATTN_BLOCK_SIZE) -> float:
+    """Executed fraction of the full ``s x s`` attention work under a causal sliding window.
+
+    Query ``q`` attends to keys ``[q - window + 1, q]`` (``window`` tokens, itself included;
+    Hugging Face's ``sliding_window``).  FlashAttention skips every key block outside the band
+    and computes the blocks the band touches in full: query block ``i`` (rows ``[i B, i B +
+    r_i)``) runs the key blocks that intersect ``[i B - window + 1, i B + r_i - 1]``, i.e.
+    the columns from ``B * floor(max(0, i B - window + 1) / B)`` to the end of its own block.
+    With ``n = s / B`` blocks and ``window <= B + 1`` that is ``2 n - 1`` of ``n^2`` blocks (the
+    diagonal and the one left of it, none left of block 0).  ``window >= s`` (or None) is
+    :func:`causal_executed_fraction`.
+
+    >>> window_executed_fraction(4096, 128, 128) == (2 * 32 - 1) / 32 ** 2
+    True
+    """
+    s, bs = int(seq_len), int(block)
+    if window is None or window >= s:
+        return causal_executed_fraction(s, bs)
+    w = int(window)
+    if w < 1:
+        raise ConfigError("model.sliding_window", window, "must be an integer >= 1")
+    entries = 0
+    for i in range(-(-s // bs)):
+        start = i * bs
+        rows = min(bs, s - start)
+        first_key_block = max(0, start - w + 1) // bs
+        entries += rows * (start + rows - first_key_block * bs)
+    return entries / (s * s)
+
+
+def causal_executed_fraction(seq_len: int, block: int = ATTN_BLOCK_SIZE) -> float:
+    """Executed fraction of the full ``s x s`` attention work under a causal mask.
+
+    FlashAttention runs the ``n (n + 1) / 2`` blocks on or below the diagonal of ``n x n``
+    (``n = s / block``, the last block partial): ``1/2 + block / (2 s)`` when ``block``
+    divides ``s``.
+    """
+    s, bs = int(seq_len), int(block)
+    full, rem = divmod(s, bs)
+    # rows of complete query blocks: block i runs (i + 1) key blocks of bs x bs
+    entries = bs * bs * full * (full + 1) / 2
+    if rem:
+        # a partial last query block of rem rows sees every key column up to and including its own
+        entries += rem * (full * bs + rem)
+    return entries / (s * s)
+
+
+
+
+def gemm_bytes(m, n, k) -> float:
+    return float(ACT_BYTES * (m * k + k * n + m * n))
+
+
+def linear(name: str, layer: int, m: int, n: int, k: int) -> tuple[ComputeOp, ComputeOp, ComputeOp]:
+    """F, B, W ops of ``Y[m, n] = X[m, k] W[k, n]``."""
+    f = 2.0 * m * n * k
+    return (ComputeOp(name, "F", "gemm", f, m, n, k, gemm_bytes(m, n, k), 1, layer),
+            ComputeOp(name, "B", "gemm", f, m, k, n, gemm_bytes(m, k, n), 1, layer),
+            # wgrad accumulates into the FP32 main grad (gradient-accumulation fusion): read + write 4 B
+            ComputeOp(name, "W", "gemm", f, k, n, m, ACT_BYTES * (m * k + m * n) + 2.0 * FP32 * k * n, 1, layer))
+
+
+def grouped_linear(name: str, layer: int, tokens: Sequence[float], n: int, k: int):
+    """F, B, W ops of one grouped GEMM: group ``e`` is ``Y[t_e, n] = X[t_e, k] W_e[k, n]``."""
+    groups = tuple(float(t) for t in tokens)
+    t = sum(groups)
+    m = round(t)
+    f = 2.0 * t * n * k
+    ng = sum(1 for g in groups if g > 0)
+    return (ComputeOp(name, "F", "gemm", f, m, n, k, ACT_BYTES * (t * k + ng * k * n + t * n), 1, layer, False, groups),
+            ComputeOp(name, "B", "gemm", f, m, k, n, ACT_BYTES * (t * n + ng * k * n + t * k), 1, layer, False, groups),
+            ComputeOp(name, "W", "gemm", f, k, n, m, ACT_BYTES * (t * k + t * n) + 2.0 * FP32 * ng * k * n, 1, layer,
+                      False, groups))
+
+
+def ew(name: str, phase: str, layer: int, nbytes: float, kernels: int = 1) -> ComputeOp:
+    return ComputeOp(name, phase, "elementwise", 0.0, 0, 0, 0, float(nbytes), kernels, layer)
+
+
+def ew_pair(name: str, layer: int, f_bytes: float, b_bytes: float, kf: int = 1, kb: int = 1):
+    return ew(name, "F", layer, f_bytes, kf), ew(name, "B", layer, b_bytes, kb)
+
+
+def norm(name: str, layer: int, tokens: float, width: int):
+    # F: read x, write y.  B: read x and dy, write dx (dgamma reduced in the same kernel).
+    a = ACT_BYTES * tokens * width
+    return ew_pair(name, layer, 2 * a, 3 * a)
+
+
+def residual(name: str, layer: int, tokens: float, width: int, dropout: float):
+    # bias-dropout-add: F reads the branch output and the residual, writes the sum (+ mask);
+    # B reads dy (+ mask) and writes the branch gradient (the residual gradient passes through).
+    a = ACT_BYTES * tokens * width
+    mask = MASK_BYTES * tokens * width if dropout > 0 else 0
+    return ew_pair(name, layer, 3 * a + mask, 2 * a + mask)
+
+
+def activation(name: str, layer: int, tokens: float, width: int, mlp: str):
+    # swiglu: F reads gate and up (2 w), writes w; B reads gate, up, dy, writes dgate, dup (5 w).
+    # gelu: F reads w, writes w; B reads x and dy, writes dx (3 w).
+    a = ACT_BYTES * tokens * width
+    return ew_pair(name, layer, 3 * a, 5 * a) if mlp == "swiglu" else ew_pair(name, layer, 2 * a, 3 * a)
+
+
+def attention(name: str, layer: int, sh: Shard, heads: int, kv_heads: int, d_qk: int, d_v: int,
+               causal: bool, block: int, window: int | None = None) -> tuple[ComputeOp, ComputeOp]:
+    s, cp = sh.s, sh.cp
+    if not causal:
+        frac = 1.0
+    elif window is not None:
+        frac = window_executed_fraction(s, window, block)
+    else:
+        frac = causal_executed_fraction(s, block)
+    fwd = 2.0 * sh.b * heads * (d_qk + d_v) * s * s * frac / cp
+    sq = s // cp
+    # F: read Q, K, V (this rank's queries against all keys, K/V exchanged over CP), write O
+    # and the log-sum-exp; B additionally reads O and dO and writes dQ, dK, dV.
+    q = sh.b * sq * heads * d_qk
+    kv = sh.b * s * kv_heads * (d_qk + d_v)
+    o = sh.b * sq * heads * d_v
+    f_bytes = ACT_BYTES * (q + kv + o) + FP32 * sh.b * sq * heads
+    b_bytes = ACT_BYTES * (2 * q + 2 * kv + 2 * o) + FP32 * sh.b * sq * heads
+    # one kernel per ring step with CP; backward: preprocess (dO . O), main, dQ conversion
+    return (ComputeOp(name, "F", "attention", fwd, sq, s, d_qk, f_bytes, cp, layer),
+            ComputeOp(name, "B", "attention", 2.5 * fwd, sq, s, d_qk, b_bytes, 2 * cp + 1, layer))
+
+
+def bmm(name: str, phase: str, layer: int, batches: int, m: int, n: int, k: int) -> ComputeOp:
+    """``batches`` independent ``m x n x k`` GEMMs in one batched kernel (cuBLAS strided
+    batched): timed by the GEMM model as a grouped GEMM of ``batches`` groups of ``m`` rows."""
+    return ComputeOp(name, phase, "gemm", 2.0 * batches * m * n * k, m, n, k,
+                     ACT_BYTES * batches * (m * k + k * n + m * n), 1, layer, False, (float(m),) * batches)
+
+
+
+class LayerOps:
+    """A layer's ops as its blocks add them: the forward ops in order (``fwd``), their
+    ``B`` ops in forward order (``bwd``; :func:`workloads.costs.flops.layer_ops` reverses
+    them) and the ``W`` ops (``wgt``)."""
+
+    def __init__(self, layer: int):
+        self.layer = layer
+        self.fwd: list[ComputeOp] = []
+        self.bwd: list[ComputeOp] = []
+        self.wgt: list[ComputeOp] = []
+
+    def linear(self, name: str, m: int, n: int, k: int) -> None:
+        """The F, B and W GEMMs of ``Y[m, n] = X[m, k] W[k, n]``."""
+        self.fbw(*linear(name, self.layer, m, n, k))
+
+    def fbw(self, f: ComputeOp, b: ComputeOp, w: ComputeOp) -> None:
+        self.fwd.append(f)
+        self.bwd.append(b)
+        self.wgt.append(w)
+
+    def pair(self, pair: tuple[ComputeOp | None, ComputeOp | None]) -> None:
+        """A forward op and its ``B`` op (either may be None)."""
+        if pair[0] is not None:
+            self.fwd.append(pair[0])
+        if pair[1] is not None:
+            self.bwd.append(pair[1])

@@ -1,0 +1,48 @@
+"""A model as a composition of blocks: which blocks each decoder layer holds, and one rank's
+share of a micro-batch (:func:`shard`).
+
+* A layer of a plain stack (and every MTP module's layer) is a token mixer and a
+  feed-forward block: attention, then a dense MLP or an MoE block
+  (:meth:`ModelSpec.is_moe_layer`).
+* A layer of a hybrid stack (``hybrid_override_pattern``) is the one block its symbol names
+  (:data:`workloads.model.HYBRID_SYMBOLS`).
+
+Each block carries its own pre-norm and residual.  A new family registers its block class in
+:data:`BLOCK_CLASSES` and, if it has its own symbol or layer rule, in :func:`layer_blocks`.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from .attention import AttentionBlock
+from .base import Block
+from .mamba import MambaBlock
+from .mlp import DenseMLPBlock
+from .moe import MoEBlock
+from .shard import shard
+
+__all__ = ["BLOCK_CLASSES", "layer_blocks", "selected_for_recompute", "shard"]
+
+BLOCK_CLASSES: dict[str, type[Block]] = {cls.kind: cls for cls in (AttentionBlock, MambaBlock, DenseMLPBlock, MoEBlock)}
+"""Block classes by kind: the names of :data:`workloads.model.HYBRID_SYMBOLS`' values."""
+
+
+def layer_blocks(model, i: int) -> tuple[Block, ...]:
+    """The blocks of decoder layer ``i`` (0-based; ``num_layers + k`` is MTP module ``k``'s
+    layer, shaped like the last main layer), in execution order."""
+    return _layer_blocks(model, int(i))
+
+
+@lru_cache(maxsize=4096)
+def _layer_blocks(model, i: int) -> tuple[Block, ...]:
+    kind = model.layer_kind(i)
+    if kind != "transformer":
+        return (BLOCK_CLASSES[kind](model, i),)
+    ffn = MoEBlock if model.is_moe_layer(min(i, model.num_layers - 1)) else DenseMLPBlock
+    return AttentionBlock(model, i), ffn(model, i)
+
+
+def selected_for_recompute(name: str, modules, blocks) -> bool:
+    """Whether selective recomputation of ``modules`` re-runs op ``name`` of a layer of ``blocks``."""
+    return any(b.recompute_module_of(name, modules) for b in blocks)

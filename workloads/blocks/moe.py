@@ -1,0 +1,234 @@
+"""The mixture-of-experts block: pre-norm, router, token permutation, the local routed
+experts' grouped GEMMs (optionally in a latent width), unpermutation, shared experts,
+residual.  Which tokens go where (routing, dropping, dispatch) is
+:mod:`workloads.moe_routing`'s; the collectives between the parts are the program's."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from topologies import ConfigError
+
+from . import kernels as kn
+from .base import Block, RankParams, mlp_params, mlp_rank_params
+from .shard import shard
+
+__all__ = ["MoEBlock", "balanced_tokens", "default_token_imbalance", "balanced_tokens_per_expert", "capacity_tokens_per_expert"]
+
+
+def balanced_tokens(model, parallel, sh) -> tuple[float, ...]:
+    """Tokens each of a rank's ``E / ep`` local experts runs under perfectly balanced routing:
+    ``etp * ep * (T / tp) * top_k / E`` (may be fractional: an average)."""
+    moe, ep, etp = model.moe, parallel.ep, parallel.expert_tp
+    if moe.num_experts % ep:
+        raise ConfigError("parallel.ep", ep, f"must divide the number of experts ({moe.num_experts})")
+    per_expert = etp * ep * (sh.T / sh.tp) * moe.top_k / moe.num_experts
+    return (per_expert,) * (moe.num_experts // ep)
+
+
+def balanced_tokens_per_expert(model, parallel, micro_batch_size: int | None = None,
+                               seq_len: int | None = None) -> tuple[float, ...]:
+    """Tokens each of this rank's ``E / ep`` local experts runs under perfectly balanced routing.
+
+    ``etp * ep * (b s / cp / tp) * top_k / E`` per expert (see :mod:`workloads.costs.flops`);
+    may be fractional (an average).
+    """
+    if model.moe is None:
+        raise ConfigError("model.moe", None, "balanced_tokens_per_expert needs a mixture-of-experts model")
+    return balanced_tokens(model, parallel, shard(model, parallel, micro_batch_size, seq_len))
+
+
+def capacity_tokens_per_expert(model, parallel, micro_batch_size: int | None = None,
+                               seq_len: int | None = None) -> tuple[float, ...]:
+    """Tokens per local expert when inputs are padded to capacity (Megatron's
+    ``--moe-pad-expert-input-to-capacity``): ``ceil(capacity_factor x balanced)``."""
+    cf = model.moe.capacity_factor if model.moe is not None else None
+    if cf is None:
+        raise ConfigError("model.moe.capacity_factor", cf, "padding to capacity needs a capacity factor")
+    bal = balanced_tokens_per_expert(model, parallel, micro_batch_size, seq_len)
+    return tuple(float(math.ceil(cf * t)) for t in bal)
+
+
+def default_token_imbalance(model) -> float:
+    """Rows an expert's buffers hold, as a multiple of the balanced share, when nothing else
+    is said: the capacity factor with token dropping, else 1."""
+    return model.moe.capacity_factor if model.moe is not None and model.moe.capacity_factor else 1.0
+
+
+class MoEBlock(Block):
+    """A routed-expert feed-forward block (``model.moe``)."""
+
+    kind = "moe"
+    RECOMPUTE = {"mlp_norm": "layernorm", "expert_act": "moe_act", "expert_clamp": "moe_act",
+                 "shared_fc1": "shared_experts", "shared_act": "shared_experts", "shared_fc2": "shared_experts"}
+    MODULE_WIDE = "moe"
+    RECOMPUTE_ALL = frozenset({"router", "router_topk", "moe_permute", "expert_fc1", "expert_clamp", "expert_act",
+                               "expert_fc2", "expert_bias", "moe_unpermute", "shared_fc1", "shared_act", "shared_fc2",
+                               "latent_down_proj", "latent_up_proj"})
+
+    def params(self, *, active: bool = False) -> dict[str, int]:
+        m = self.model
+        moe, h = m.moe, m.hidden_size
+        n_routed = moe.top_k if active else moe.num_experts
+        out = {"router": h * moe.num_experts + (moe.num_experts if moe.router_bias else 0),
+               "routed_experts": n_routed * mlp_params(m, moe.expert_ffn_hidden_size, moe.latent_size or h),
+               "shared_experts": moe.num_shared_experts * mlp_params(m, moe.shared_expert_ffn_hidden_size),
+               "latent_proj": 0}
+        if moe.latent_size:
+            out["latent_proj"] = 2 * h * moe.latent_size + ((moe.latent_size + h) if m.add_bias_linear else 0)
+        return out
+
+    def rank_params(self, parallel) -> RankParams:
+        m, t = self.model, parallel.tp
+        moe = m.moe
+        dense = gemm = 0.0
+        dense += m.hidden_size * moe.num_experts + (moe.num_experts if moe.router_bias else 0)   # replicated
+        if moe.latent_size:                     # the latent down / up projections, replicated over TP
+            dense += 2 * m.hidden_size * moe.latent_size
+            gemm += 2 * m.hidden_size * moe.latent_size
+        one, one_gemm = mlp_rank_params(m, moe.expert_ffn_hidden_size, parallel.expert_tp, moe.latent_size)
+        local = moe.num_experts / parallel.ep
+        shared, shared_gemm = mlp_rank_params(m, moe.num_shared_experts * moe.shared_expert_ffn_hidden_size, t) \
+            if moe.num_shared_experts else (0.0, 0.0)
+        return RankParams(dense + shared, local * one, gemm + shared_gemm, local * one_gemm)
+
+    def add_kernels(self, ops, sh, args) -> None:
+        """Norm, router, permute, the local experts' grouped GEMMs, unpermute, shared
+        experts, residual."""
+        model, parallel, L = self.model, args.parallel, self.layer
+        moe, h = model.moe, model.hidden_size
+        ep, etp = parallel.ep, parallel.expert_tp
+        if moe.num_experts % ep:
+            raise ConfigError("parallel.ep", ep, f"must divide the number of experts ({moe.num_experts})")
+        local = moe.num_experts // ep
+        if args.tokens_per_expert is None:
+            tokens = balanced_tokens(model, parallel, sh)
+        else:
+            tokens = tuple(args.tokens_per_expert)
+            if len(tokens) != local or any(isinstance(t, bool) or not isinstance(t, numbers.Real) or t < 0
+                                           for t in tokens):
+                raise ConfigError("tokens_per_expert", list(tokens),
+                                  f"must be {local} non-negative numbers (experts per rank: {moe.num_experts} / ep {ep})")
+        routed = float(sum(tokens))
+        Tn, E, k = sh.Tn, moe.num_experts, moe.top_k
+        m1 = 2 if model.mlp == "swiglu" else 1
+        ops.pair(kn.norm("mlp_norm", L, Tn, h))
+        ops.linear("router", Tn, E, h)
+        # softmax / sigmoid, top-k, score normalisation and the load-balancing statistics, in FP32
+        ops.pair(kn.ew_pair("router_topk", L, 3 * kn.FP32 * Tn * E, 2 * kn.FP32 * Tn * E, 5, 3))
+        # permute: read the local tokens, write top_k copies sorted by expert; after the
+        # all-to-all, sort the received chunks by local expert (read + write the routed tokens)
+        # latent MoE: the routed tokens are projected down to the latent width before the
+        # dispatch (replicated over TP, on this rank's Tn tokens) and back up after the combine
+        w = moe.latent_size or h
+        if moe.latent_size:
+            ops.linear("latent_down_proj", Tn, w, h)
+        perm = kn.ACT_BYTES * w * (Tn * (1 + k) + 2 * routed)
+        ops.pair(kn.ew_pair("moe_permute", L, perm, perm, 3, 3))
+        fe = moe.expert_ffn_hidden_size / etp
+        ops.fbw(*kn.grouped_linear("expert_fc1", L, tokens, int(m1 * fe), w))
+        # Transformer Engine's op fuser (``use_transformer_engine_op_fuser``, TE >= 2.14) runs the
+        # clamped GLU and the probability-scaled fc2 bias inside its fused expert ops
+        # (moe/experts.py ``_is_fused_impl_supported``); Megatron-Core runs HybridEP's rank budget
+        # only with it or grouped tensors (transformer_config.py), and Megatron-Bridge's recipes
+        # that set the budget set the op fuser (perf_recipes/gpt_oss/common.py): taken as fused
+        eager = moe.expert_rank_capacity_factor is None
+        if model.activation_clamp is not None and eager:
+            ops.pair(_expert_clamp(L, routed, int(fe)))
+        ops.pair(kn.activation("expert_act", L, routed, int(fe), model.mlp))
+        ops.fbw(*kn.grouped_linear("expert_fc2", L, tokens, w, int(fe)))
+        if model.add_bias_linear and eager:
+            ops.pair(_expert_bias(L, routed, w, len(tokens)))
+        # unpermute: the reverse of permute, plus the probability-weighted sum of the top_k copies
+        ops.pair(kn.ew_pair("moe_unpermute", L, perm, perm, 3, 3))
+        if moe.latent_size:
+            ops.linear("latent_up_proj", Tn, h, w)
+        if moe.num_shared_experts:
+            fs = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size / sh.tp
+            ops.linear("shared_fc1", sh.T, int(m1 * fs), h)
+            ops.pair(kn.activation("shared_act", L, sh.T, int(fs), model.mlp))
+            ops.linear("shared_fc2", sh.T, h, int(fs))
+        ops.pair(kn.residual("mlp_residual", L, Tn, h, model.dropout))
+
+    def activation_terms(self, d, modules, out) -> None:
+        m = self.model
+        h = m.hidden_size
+        if "layernorm" not in modules:
+            out["ffn_input"] = d.tok_sp * h * d.lb
+        moe = m.moe
+        if "moe" in modules:
+            return
+        gate = 2 if m.mlp == "swiglu" else 1
+        tokens = d.tok_sp                              # tokens this rank routes
+        out["router"] = tokens * moe.num_experts * (4 + 1)
+        rows = tokens * moe.top_k * d.etp * d.imbalance
+        fe = moe.expert_ffn_hidden_size / d.etp
+        out["expert_input"] = rows * (moe.latent_size or h) * d.lb
+        out["expert_fc1_output"] = rows * gate * fe * d.e
+        if "moe_act" not in modules:
+            out["expert_fc2_input"] = rows * fe * d.lb
+        out["moe_combine"] = tokens * moe.top_k * (moe.latent_size or h) * d.e
+        if moe.num_shared_experts and "shared_experts" not in modules:
+            fs = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size / d.t
+            out["shared_fc1_output"] = d.tok * gate * fs * d.e
+            out["shared_fc2_input"] = d.tok * fs * d.lb
+
+    def dispatch_buffer_bytes(self, d) -> float:
+        rows = d.tok_sp * self.model.moe.top_k * d.etp * d.imbalance
+        return 2 * rows * self.model.hidden_size * d.e            # send and receive buffers of one all-to-all
+
+    def mlp_widths(self) -> tuple[float, float]:
+        """(routed width ``top_k x fe``, shared width ``S x fs``) of the block's MLPs per token."""
+        moe = self.model.moe
+        return moe.top_k * moe.expert_ffn_hidden_size, moe.num_shared_experts * moe.shared_expert_ffn_hidden_size
+
+    def ffn_width(self) -> float:
+        return sum(self.mlp_widths())
+
+    def mc_flops_per_token(self, seq_len: int) -> float:
+        """``6 m h (top_k fe + S fs)``: routed top-k and shared experts (the router is not counted)."""
+        m = self.model
+        routed, shared = self.mlp_widths()
+        return 6 * (3 if m.mlp == "swiglu" else 2) * m.hidden_size * (routed + shared)
+
+    def mc_hybrid_forward_per_token(self, seq_len: int) -> float:
+        """Megatron-Core's ``hybrid_flops`` forward count per token: ``4 h fe k`` (latent:
+        ``4 latent fe k + 4 h latent``) plus ``4 h S fs``, each x 3/2 for SwiGLU."""
+        m = self.model
+        h, moe = m.hidden_size, m.moe
+        scale = 1.5 if m.mlp == "swiglu" else 1.0
+        lat = moe.latent_size
+        routed = (4 * (lat or h) * moe.expert_ffn_hidden_size * moe.top_k * scale
+                  + (4 * h * lat if lat else 0))
+        shared = 4 * h * moe.num_shared_experts * moe.shared_expert_ffn_hidden_size * scale
+        return routed + shared
+
+
+def _expert_clamp(L: int, routed: float, width: int):
+    """The clamps ahead of the experts' gated activation (``activation_clamp``), as
+    Megatron-Core runs them (megatron/core/fusions/fused_bias_geglu.py,
+    ``weighted_bias_quick_geglu_impl``; the unfused ``glu`` of moe/experts.py the same): the
+    fc1 output is chunked into its gate and linear halves (``a`` = routed tokens x width
+    elements each), each half is clamped (read and write ``a``) and the two are concatenated
+    (read and write ``2a``) before the fused activation kernel: ``8a`` in 3 kernels.  The
+    backward, by PyTorch's ``clamp_backward`` (``where`` over comparison masks of one byte per
+    element): the gate half ``le`` + ``where`` (``4a``, 2 kernels), the linear half ``ge``,
+    ``le``, ``logical_and_``, ``where`` (``7a``, 4 kernels), then the two gradients
+    concatenated for the chunk's input (``4a``, 1 kernel): ``15a`` in 7.  Under
+    ``recompute_modules: [moe_act]`` the clamps are recomputed with the activation."""
+    a = kn.ACT_BYTES * routed * width
+    return kn.ew_pair("expert_clamp", L, 8 * a, 15 * a, 3, 7)
+
+
+def _expert_bias(L: int, routed: float, width: int, local_experts: int):
+    """The routed experts' fc2 bias, weighted by the routing probability, as Megatron-Core's
+    ``TEGroupedMLP._apply_bias`` adds it (megatron/core/transformer/moe/experts.py; fc1's bias
+    is added inside Transformer Engine's grouped GEMM): per local expert ``t + b * p`` over its
+    tokens (``b * p`` writes ``c / E`` bytes, the add reads ``2 c / E`` and writes ``c / E``,
+    ``c`` = routed tokens x width x 2 bytes), then ``torch.cat`` (read and write ``c``): ``6c``
+    in ``2 E + 1`` kernels.  Backward: the bias gradient ``sum(grad * p)`` and the probability
+    gradient ``sum(grad * b)`` (a product and a reduction each, ``3c`` each) per expert, and
+    the split's gradient concatenated (``2c``): ``8c`` in ``4 E + 1``."""
+    c = kn.ACT_BYTES * routed * width
+    return kn.ew_pair("expert_bias", L, 6 * c, 8 * c, 2 * local_experts + 1, 4 * local_experts + 1)
