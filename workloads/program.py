@@ -67,6 +67,7 @@ from topologies import ConfigError, GPUSpec
 from .costs import RooflineComputeModel, embedding_ops, get_recipe, layer_ops, model_flops_per_step, \
     optimizer_ops, output_ops
 from .costs.compute import LAUNCH_OVERHEAD_S, HostCosts, host_costs
+from .blocks import layer_blocks
 from .costs.precision import weight_quantize_op, with_quantize_ops
 from .mesh import RankGrid
 from .model import ModelSpec
@@ -639,88 +640,151 @@ def _tp_forward_collectives(ctx, em, layer, mb, chunk, phase):
 
 
 def _layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
-    """Forward (or recomputed forward, phase 'R') of one layer with its collectives."""
-    par, model = ctx.par, ctx.model
-    if model.layer_kind(layer) != "transformer":
-        return _hybrid_layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute)
+    """Forward (or recomputed forward, phase 'R') of one layer: each of its blocks
+    (:func:`workloads.blocks.layer_blocks`) with the collectives around it.  A recomputed
+    layer's checkpoint function costs the host once, with the layer's first block."""
     seg = _segments(ctx, layer, tpe, recompute)
-    src = "F"       # a recomputed forward does the forward's work
-    is_moe = model.moe is not None and layer < model.num_layers and model.is_moe_layer(layer)
-    tp_in, tp_out = _tp_forward_collectives(ctx, em, layer, mb, chunk, phase)
-
-    tp_in()
-    f, t, hs, k = seg.get(f"{src}:attn", _NOSEG)
-    if phase == Phase.R:        # the checkpoint function of a fully recomputed layer
-        hs += ctx.host.checkpoint_s
-    em.compute(OpName.ATTN, layer, mb, chunk, phase, f, t, hs, k)
-    if par.cp > 1:
-        _cp_attention(ctx, em, seg, src, layer, mb, chunk, phase)
-    tp_out()
-    if is_moe:
-        f, t, hs, k = seg.get(f"{src}:pre", _NOSEG)
-        n = _preprocess_calls(ctx)
-        em.compute(OpName.MOE_PRE, layer, mb, chunk, phase, f, t, hs + n * ctx.host.call_s, k + n)
-        _emit_dispatch_sync(ctx, em, seg, "pre", layer, mb, chunk, phase)
-        if par.ep > 1:
-            _ep_comm(ctx, em, OpName.EP_DISPATCH, layer, mb, chunk, phase)
-            _emit_dispatch_sync(ctx, em, seg, "dispatch", layer, mb, chunk, phase)
-        _expert_tp(ctx, em, Coll.ALL_GATHER, OpName.ETP_AG, layer, mb, chunk, phase)
-        em.compute(OpName.EXPERTS, layer, mb, chunk, phase, *seg.get(f"{src}:mlp", _NOSEG))
-        _expert_tp(ctx, em, Coll.REDUCE_SCATTER, OpName.ETP_RS, layer, mb, chunk, phase)
-        if par.ep > 1:
-            _ep_comm(ctx, em, OpName.EP_COMBINE, layer, mb, chunk, phase)
-        em.compute(OpName.MOE_POST, layer, mb, chunk, phase, *seg.get(f"{src}:post", _NOSEG))
-    else:
-        tp_in()
-        em.compute(OpName.MLP, layer, mb, chunk, phase, *seg.get(f"{src}:mlp", _NOSEG))
-        tp_out()
+    tp = _tp_forward_collectives(ctx, em, layer, mb, chunk, phase)
+    host_extra = ctx.host.checkpoint_s if phase == Phase.R else 0.0
+    for block in layer_blocks(ctx.model, layer):
+        _LOWERING[block.kind][0](ctx, em, seg, layer, mb, chunk, phase, tp, host_extra)
+        host_extra = 0.0
 
 
 def _layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bool):
-    par, model = ctx.par, ctx.model
-    if model.layer_kind(layer) != "transformer":
-        _hybrid_layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w)
-        return
+    """Backward of one layer: the recomputation it needs, then its blocks in reverse order
+    with the forward's collectives mirrored, then (``with_w``) its weight gradients."""
     seg = _segments(ctx, layer, tpe, recompute)
     if recompute == "full":
         _layer_forward(ctx, em, layer, mb, chunk, tpe, Phase.R, recompute)
     else:
         _selective_recompute(ctx, em, seg, layer, mb, chunk)
-    tp_bytes, act_bytes, sp = _tp_sizes(ctx, layer)
-    is_moe = model.moe is not None and layer < model.num_layers and model.is_moe_layer(layer)
-
-    def block(part_names, name):
-        # row-parallel output grad gathered, column-parallel input re-gathered, dgrad reduce-scattered
-        if sp:
-            em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, tp_bytes, OpName.SP_AG_DOUT, layer, mb, chunk, Phase.B)
-            em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, tp_bytes, OpName.SP_AG_INPUT, layer, mb, chunk, Phase.B)
-        if name == OpName.ATTN_BWD and par.cp > 1:
-            _cp_attention(ctx, em, seg, "B", layer, mb, chunk, Phase.B)
-        parts = [seg.get(f"B:{p}", _NOSEG) for p in part_names]
-        em.compute(name, layer, mb, chunk, Phase.B, *(sum(v[i] for v in parts) for i in range(4)))
-        if sp:
-            em.coll(Stream.TP, Coll.REDUCE_SCATTER, Group.TP, act_bytes, OpName.SP_RS_DGRAD, layer, mb, chunk, Phase.B)
-        elif par.tp > 1:
-            em.coll(Stream.TP, Coll.ALL_REDUCE, Group.TP, act_bytes, OpName.TP_AR_DGRAD, layer, mb, chunk, Phase.B)
-
-    if is_moe:
-        em.compute(OpName.MOE_POST_BWD, layer, mb, chunk, Phase.B, *seg.get("B:post", _NOSEG))
-        if par.ep > 1:
-            _ep_comm(ctx, em, OpName.EP_COMBINE_BWD, layer, mb, chunk, Phase.B)
-        _expert_tp(ctx, em, Coll.ALL_GATHER, OpName.ETP_AG_BWD, layer, mb, chunk, Phase.B)
-        em.compute(OpName.EXPERTS_BWD, layer, mb, chunk, Phase.B, *seg.get("B:mlp", _NOSEG))
-        _expert_tp(ctx, em, Coll.REDUCE_SCATTER, OpName.ETP_RS_BWD, layer, mb, chunk, Phase.B)
-        if par.ep > 1:
-            _ep_comm(ctx, em, OpName.EP_DISPATCH_BWD, layer, mb, chunk, Phase.B)
-        em.compute(OpName.MOE_PRE_BWD, layer, mb, chunk, Phase.B, *seg.get("B:pre", _NOSEG))
-    else:
-        block((OpName.MLP,), OpName.MLP_BWD)
-    block((OpName.ATTN,), OpName.ATTN_BWD)
+    tp = _tp_sizes(ctx, layer)
+    for block in reversed(layer_blocks(ctx.model, layer)):
+        _LOWERING[block.kind][1](ctx, em, seg, layer, mb, chunk, tp)
     if with_w:
         _layer_wgrad(ctx, em, layer, mb, chunk, tpe, recompute)
 
 
-# -- hybrid (Mamba / attention / MLP / MoE) layers: one sublayer each ---------------------------
+# -- each block kind with its collectives ----------------------------------------------------------
+def _attention_forward(ctx, em, seg, layer, mb, chunk, phase, tp, host_extra):
+    """Attention between the TP collectives, with its CP exchanges (:func:`_cp_attention`)."""
+    tp_in, tp_out = tp
+    tp_in()
+    f, t, hs, k = seg.get("F:attn", _NOSEG)
+    em.compute(OpName.ATTN, layer, mb, chunk, phase, f, t, hs + host_extra, k)
+    if ctx.par.cp > 1:
+        _cp_attention(ctx, em, seg, "F", layer, mb, chunk, phase)
+    tp_out()
+
+
+def _mamba_forward(ctx, em, seg, layer, mb, chunk, phase, tp, host_extra):
+    """A Mamba mixer between the TP collectives; with context parallelism in_proj's output
+    (z, x, B, C, dt) is transposed from sequence- to head-split before the conv1d and the
+    scan's output back after it (Megatron-Core ``MambaContextParallel``, whatever
+    ``cp_comm_type`` says)."""
+    tp_in, tp_out = tp
+    cp = ctx.par.cp > 1
+    tp_in()
+    if cp:
+        em.coll(Stream.CP, Coll.ALL_TO_ALL, Group.CP, _mamba_cp_bytes(ctx, ctx.model.mamba.in_proj_width),
+                OpName.CP_MAMBA_A2A, layer, mb, chunk, phase)
+    f, t, hs, k = seg.get("F:attn", _NOSEG)
+    em.compute(OpName.MAMBA, layer, mb, chunk, phase, f, t, hs + host_extra, k)
+    if cp:
+        em.coll(Stream.CP, Coll.ALL_TO_ALL, Group.CP, _mamba_cp_bytes(ctx, ctx.model.mamba.d_inner),
+                OpName.CP_MAMBA_A2A, layer, mb, chunk, phase)
+    tp_out()
+
+
+def _mlp_forward(ctx, em, seg, layer, mb, chunk, phase, tp, host_extra):
+    """A dense MLP between the TP collectives."""
+    tp_in, tp_out = tp
+    tp_in()
+    f, t, hs, k = seg.get("F:mlp", _NOSEG)
+    em.compute(OpName.MLP, layer, mb, chunk, phase, f, t, hs + host_extra, k)
+    tp_out()
+
+
+def _moe_forward(ctx, em, seg, layer, mb, chunk, phase, tp, host_extra):
+    """The MoE path: router and permutation (``moe_pre``), the dispatcher's host sync, the
+    EP dispatch, the experts between the expert-TP collectives, the combine, the
+    unpermutation (``moe_post``)."""
+    par = ctx.par
+    f, t, hs, k = seg.get("F:pre", _NOSEG)
+    n = _preprocess_calls(ctx)
+    em.compute(OpName.MOE_PRE, layer, mb, chunk, phase, f, t, hs + host_extra + n * ctx.host.call_s, k + n)
+    _emit_dispatch_sync(ctx, em, seg, "pre", layer, mb, chunk, phase)
+    if par.ep > 1:
+        _ep_comm(ctx, em, OpName.EP_DISPATCH, layer, mb, chunk, phase)
+        _emit_dispatch_sync(ctx, em, seg, "dispatch", layer, mb, chunk, phase)
+    _expert_tp(ctx, em, Coll.ALL_GATHER, OpName.ETP_AG, layer, mb, chunk, phase)
+    em.compute(OpName.EXPERTS, layer, mb, chunk, phase, *seg.get("F:mlp", _NOSEG))
+    _expert_tp(ctx, em, Coll.REDUCE_SCATTER, OpName.ETP_RS, layer, mb, chunk, phase)
+    if par.ep > 1:
+        _ep_comm(ctx, em, OpName.EP_COMBINE, layer, mb, chunk, phase)
+    em.compute(OpName.MOE_POST, layer, mb, chunk, phase, *seg.get("F:post", _NOSEG))
+
+
+def _tp_block_backward(ctx, em, layer, mb, chunk, tp, name, part, seg, inner=None) -> None:
+    """The backward of a block between TP collectives: the row-parallel output gradient
+    gathered and the column-parallel input re-gathered (SP), the block's ``B`` segment
+    ``part`` (``inner`` emits what runs around it), the dgrad reduce-scattered (SP) or
+    all-reduced."""
+    tp_bytes, act_bytes, sp = tp
+    if sp:
+        em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, tp_bytes, OpName.SP_AG_DOUT, layer, mb, chunk, Phase.B)
+        em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, tp_bytes, OpName.SP_AG_INPUT, layer, mb, chunk, Phase.B)
+    if inner is not None:
+        inner(True)
+    em.compute(name, layer, mb, chunk, Phase.B, *seg.get(f"B:{part}", _NOSEG))
+    if inner is not None:
+        inner(False)
+    if sp:
+        em.coll(Stream.TP, Coll.REDUCE_SCATTER, Group.TP, act_bytes, OpName.SP_RS_DGRAD, layer, mb, chunk, Phase.B)
+    elif ctx.par.tp > 1:
+        em.coll(Stream.TP, Coll.ALL_REDUCE, Group.TP, act_bytes, OpName.TP_AR_DGRAD, layer, mb, chunk, Phase.B)
+
+
+def _attention_backward(ctx, em, seg, layer, mb, chunk, tp):
+    def cp(before):
+        if before and ctx.par.cp > 1:
+            _cp_attention(ctx, em, seg, "B", layer, mb, chunk, Phase.B)
+    _tp_block_backward(ctx, em, layer, mb, chunk, tp, OpName.ATTN_BWD, "attn", seg, cp)
+
+
+def _mamba_backward(ctx, em, seg, layer, mb, chunk, tp):
+    def cp(before):
+        if ctx.par.cp > 1:
+            width = ctx.model.mamba.d_inner if before else ctx.model.mamba.in_proj_width
+            em.coll(Stream.CP, Coll.ALL_TO_ALL, Group.CP, _mamba_cp_bytes(ctx, width), OpName.CP_MAMBA_A2A_BWD,
+                    layer, mb, chunk, Phase.B)
+    _tp_block_backward(ctx, em, layer, mb, chunk, tp, OpName.MAMBA_BWD, "attn", seg, cp)
+
+
+def _mlp_backward(ctx, em, seg, layer, mb, chunk, tp):
+    _tp_block_backward(ctx, em, layer, mb, chunk, tp, OpName.MLP_BWD, "mlp", seg)
+
+
+def _moe_backward(ctx, em, seg, layer, mb, chunk, tp):
+    par = ctx.par
+    em.compute(OpName.MOE_POST_BWD, layer, mb, chunk, Phase.B, *seg.get("B:post", _NOSEG))
+    if par.ep > 1:
+        _ep_comm(ctx, em, OpName.EP_COMBINE_BWD, layer, mb, chunk, Phase.B)
+    _expert_tp(ctx, em, Coll.ALL_GATHER, OpName.ETP_AG_BWD, layer, mb, chunk, Phase.B)
+    em.compute(OpName.EXPERTS_BWD, layer, mb, chunk, Phase.B, *seg.get("B:mlp", _NOSEG))
+    _expert_tp(ctx, em, Coll.REDUCE_SCATTER, OpName.ETP_RS_BWD, layer, mb, chunk, Phase.B)
+    if par.ep > 1:
+        _ep_comm(ctx, em, OpName.EP_DISPATCH_BWD, layer, mb, chunk, Phase.B)
+    em.compute(OpName.MOE_PRE_BWD, layer, mb, chunk, Phase.B, *seg.get("B:pre", _NOSEG))
+
+
+_LOWERING = {"attention": (_attention_forward, _attention_backward), "mamba": (_mamba_forward, _mamba_backward),
+             "mlp": (_mlp_forward, _mlp_backward), "moe": (_moe_forward, _moe_backward)}
+"""Each block kind's forward and backward with the collectives between its kernels, as
+Megatron-Core with Transformer Engine places them."""
+
+
 def _mamba_cp_bytes(ctx, width: int) -> float:
     """Bytes one rank sends and receives in a Mamba layer's CP all-to-all: its ``T / cp``
     tokens x ``width / tp`` channels, BF16."""
@@ -741,103 +805,6 @@ def _selective_recompute(ctx, em, seg, layer, mb, chunk) -> None:
             # the recomputed MoE layer (Megatron-Core's moe_layer_recompute checkpoints the
             # whole forward) runs its dispatcher again, sync included
             _emit_dispatch_sync(ctx, em, seg, "pre", layer, mb, chunk, Phase.R)
-
-
-def _hybrid_layer_forward(ctx, em, layer, mb, chunk, tpe, phase, recompute):
-    """Forward (or recomputed forward) of one layer of a hybrid stack: the TP collectives
-    around its one sublayer, as for an attention or MLP block; a Mamba layer with context
-    parallelism transposes in_proj's output (z, x, B, C, dt) from sequence- to head-split
-    before the conv1d and the scan's output back after it (Megatron-Core
-    ``MambaContextParallel``, whatever ``cp_comm_type`` says); an attention layer exchanges
-    over CP as a transformer layer does (:func:`_cp_attention`); an MoE layer runs the MoE path."""
-    par, model = ctx.par, ctx.model
-    kind = model.layer_kind(layer)
-    seg = _segments(ctx, layer, tpe, recompute)
-    tp_in, tp_out = _tp_forward_collectives(ctx, em, layer, mb, chunk, phase)
-
-    host_extra = ctx.host.checkpoint_s if phase == Phase.R else 0.0
-    if kind == "moe":
-        f, t, hs, k = seg.get("F:pre", _NOSEG)
-        n = _preprocess_calls(ctx)
-        em.compute(OpName.MOE_PRE, layer, mb, chunk, phase, f, t, hs + host_extra + n * ctx.host.call_s, k + n)
-        _emit_dispatch_sync(ctx, em, seg, "pre", layer, mb, chunk, phase)
-        if par.ep > 1:
-            em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), OpName.EP_DISPATCH, layer, mb,
-                    chunk, phase, tag=(layer, mb))
-            _ep_host_calls(ctx, em, OpName.EP_DISPATCH, phase)
-            _emit_dispatch_sync(ctx, em, seg, "dispatch", layer, mb, chunk, phase)
-        _expert_tp(ctx, em, Coll.ALL_GATHER, OpName.ETP_AG, layer, mb, chunk, phase)
-        em.compute(OpName.EXPERTS, layer, mb, chunk, phase, *seg.get("F:mlp", _NOSEG))
-        _expert_tp(ctx, em, Coll.REDUCE_SCATTER, OpName.ETP_RS, layer, mb, chunk, phase)
-        if par.ep > 1:
-            em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), OpName.EP_COMBINE, layer, mb,
-                    chunk, phase, tag=(layer, mb))
-        em.compute(OpName.MOE_POST, layer, mb, chunk, phase, *seg.get("F:post", _NOSEG))
-        return
-    tp_in()
-    if kind == "mlp":
-        f, t, hs, k = seg.get("F:mlp", _NOSEG)
-        em.compute(OpName.MLP, layer, mb, chunk, phase, f, t, hs + host_extra, k)
-        tp_out()
-        return
-    if kind == "mamba" and par.cp > 1:
-        em.coll(Stream.CP, Coll.ALL_TO_ALL, Group.CP, _mamba_cp_bytes(ctx, model.mamba.in_proj_width),
-                OpName.CP_MAMBA_A2A, layer, mb, chunk, phase)
-    f, t, hs, k = seg.get("F:attn", _NOSEG)
-    em.compute(OpName.MAMBA if kind == "mamba" else OpName.ATTN, layer, mb, chunk, phase, f, t, hs + host_extra, k)
-    if kind == "attention" and par.cp > 1:     # the variant's exchanges, as a transformer layer
-        _cp_attention(ctx, em, seg, "F", layer, mb, chunk, phase)
-    if kind == "mamba" and par.cp > 1:
-        em.coll(Stream.CP, Coll.ALL_TO_ALL, Group.CP, _mamba_cp_bytes(ctx, model.mamba.d_inner),
-                OpName.CP_MAMBA_A2A, layer, mb, chunk, phase)
-    tp_out()
-
-
-def _hybrid_layer_backward(ctx, em, layer, mb, chunk, tpe, recompute, with_w: bool):
-    """Backward of one hybrid-stack layer: the forward's collectives mirrored."""
-    par, model = ctx.par, ctx.model
-    kind = model.layer_kind(layer)
-    seg = _segments(ctx, layer, tpe, recompute)
-    if recompute == "full":
-        _hybrid_layer_forward(ctx, em, layer, mb, chunk, tpe, Phase.R, recompute)
-    else:
-        _selective_recompute(ctx, em, seg, layer, mb, chunk)
-    tp_bytes, act_bytes, sp = _tp_sizes(ctx, layer)
-    if kind == "moe":
-        em.compute(OpName.MOE_POST_BWD, layer, mb, chunk, Phase.B, *seg.get("B:post", _NOSEG))
-        if par.ep > 1:
-            em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), OpName.EP_COMBINE_BWD, layer,
-                    mb, chunk, Phase.B, tag=(layer, mb))
-        _expert_tp(ctx, em, Coll.ALL_GATHER, OpName.ETP_AG_BWD, layer, mb, chunk, Phase.B)
-        em.compute(OpName.EXPERTS_BWD, layer, mb, chunk, Phase.B, *seg.get("B:mlp", _NOSEG))
-        _expert_tp(ctx, em, Coll.REDUCE_SCATTER, OpName.ETP_RS_BWD, layer, mb, chunk, Phase.B)
-        if par.ep > 1:
-            em.coll(Stream.EP, Coll.ALL_TO_ALL, Group.EP, _a2a_total(ctx, layer, mb), OpName.EP_DISPATCH_BWD, layer,
-                    mb, chunk, Phase.B, tag=(layer, mb))
-            _ep_host_calls(ctx, em, OpName.EP_DISPATCH_BWD, Phase.B)
-        em.compute(OpName.MOE_PRE_BWD, layer, mb, chunk, Phase.B, *seg.get("B:pre", _NOSEG))
-    else:
-        part = "mlp" if kind == "mlp" else "attn"
-        if sp:
-            em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, tp_bytes, OpName.SP_AG_DOUT, layer, mb, chunk, Phase.B)
-            em.coll(Stream.TP, Coll.ALL_GATHER, Group.TP, tp_bytes, OpName.SP_AG_INPUT, layer, mb, chunk, Phase.B)
-        mamba_cp = kind == "mamba" and par.cp > 1
-        if kind == "attention" and par.cp > 1:
-            _cp_attention(ctx, em, seg, "B", layer, mb, chunk, Phase.B)
-        if mamba_cp:
-            em.coll(Stream.CP, Coll.ALL_TO_ALL, Group.CP, _mamba_cp_bytes(ctx, model.mamba.d_inner),
-                    OpName.CP_MAMBA_A2A_BWD, layer, mb, chunk, Phase.B)
-        name = {"mlp": OpName.MLP_BWD, "mamba": OpName.MAMBA_BWD}.get(kind, OpName.ATTN_BWD)
-        em.compute(name, layer, mb, chunk, Phase.B, *seg.get(f"B:{part}", _NOSEG))
-        if mamba_cp:
-            em.coll(Stream.CP, Coll.ALL_TO_ALL, Group.CP, _mamba_cp_bytes(ctx, model.mamba.in_proj_width),
-                    OpName.CP_MAMBA_A2A_BWD, layer, mb, chunk, Phase.B)
-        if sp:
-            em.coll(Stream.TP, Coll.REDUCE_SCATTER, Group.TP, act_bytes, OpName.SP_RS_DGRAD, layer, mb, chunk, Phase.B)
-        elif par.tp > 1:
-            em.coll(Stream.TP, Coll.ALL_REDUCE, Group.TP, act_bytes, OpName.TP_AR_DGRAD, layer, mb, chunk, Phase.B)
-    if with_w:
-        _layer_wgrad(ctx, em, layer, mb, chunk, tpe, recompute)
 
 
 def _layer_wgrad(ctx, em, layer, mb, chunk, tpe, recompute):

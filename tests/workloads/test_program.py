@@ -291,3 +291,19 @@ def test_sequence_parallel_gathers_move_the_recipes_format(precision, gathered):
         assert sorted(sizes[(name, True)]) == pytest.approx([2.0 * elements])      # a BF16 layer
     for name in ("sp_rs", "sp_rs_dgrad"):
         assert sorted(sizes[(name, False)]) == sorted(sizes[(name, True)]) == pytest.approx([2.0 * elements])
+
+
+def test_hybrid_moe_layers_honour_the_allgather_dispatcher():
+    """A hybrid stack's MoE layers run the same lowering as a transformer's: with
+    ``token_dispatcher: allgather`` the EP points are all-gathers and reduce-scatters.  (Before
+    the block lowering, hybrid MoE layers had their own copy of the MoE path and always
+    emitted all-to-alls, whatever the dispatcher.)"""
+    m = load_model("nemotron3-nano")
+    m = load_model({**m.to_dict(), "moe": {**m.moe.to_dict(), "token_dispatcher": "allgather"}})
+    par = ParallelConfig(tp=2, pp=1, dp=2, ep=2, etp=1, micro_batch_size=1, global_batch_size=8,
+                         sequence_parallel=True, seq_len=4096)
+    ops = build_program(m, par, H100).classes[0].ops
+    ep = collections.Counter((o.name, o.coll) for o in ops if o.group == "ep")
+    n = m.hybrid_layer_counts()["moe"] * par.num_microbatches
+    assert ep == {("ep_dispatch", "all_gather"): n, ("ep_combine", "reduce_scatter"): n,
+                  ("ep_combine_bwd", "all_gather"): n, ("ep_dispatch_bwd", "reduce_scatter"): n}
