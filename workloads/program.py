@@ -81,14 +81,6 @@ from .schedules.comm import p2p_order
 
 __all__ = ["Op", "RankClass", "Program", "build_program"]
 
-_ATTN_OPS = {"attn_norm", "qkv_proj", "q_down_proj", "kv_down_proj", "q_norm", "kv_norm", "q_up_proj", "kv_up_proj",
-             "q_proj", "rope", "core_attn", "out_proj", "attn_residual", "qk_norm",
-             # a Mamba layer's mixer stands where attention does (one segment between TP collectives)
-             "mamba_norm", "in_proj", "mamba_layout", "conv1d", "ssd_scan", "gated_norm", "mamba_out_proj", "mamba_residual"}
-_PRE_EXPERT = {"mlp_norm", "router", "router_topk", "moe_permute", "latent_down_proj"}
-_POST_EXPERT = {"moe_unpermute", "mlp_residual", "latent_up_proj"}
-_ATTN_POST = {"out_proj", "attn_residual"}
-"""With CP, the attention ops after core attention (the output projection's side of the exchange)."""
 _DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 _RECOMPUTE_PARTS = (("attn", OpName.RECOMPUTE_ATTN), ("mlp", OpName.RECOMPUTE_MLP), ("pre", OpName.RECOMPUTE_PRE),
                     ("post", OpName.RECOMPUTE_POST))
@@ -250,10 +242,10 @@ def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[
     # everything that makes one layer's ops differ from another's: MoE or dense, MTP, the
     # routed load, recompute, whether the recipe runs this layer's GEMMs in low precision
     # (precision_options may keep layers at the ends in BF16), and its attention window
-    key = (ctx.model.moe is not None and layer < ctx.model.num_layers and ctx.model.is_moe_layer(layer),
-           layer >= ctx.model.num_layers, None if tokens_per_expert is None else tuple(tokens_per_expert), recompute,
-           ctx.recipe.is_low_precision_layer(layer, ctx.model.num_layers), ctx.model.attention_window(layer),
-           ctx.model.layer_kind(layer))
+    blocks = layer_blocks(ctx.model, layer)
+    key = (tuple(b.kind for b in blocks), layer >= ctx.model.num_layers,
+           None if tokens_per_expert is None else tuple(tokens_per_expert), recompute,
+           ctx.recipe.is_low_precision_layer(layer, ctx.model.num_layers), ctx.model.attention_window(layer))
     hit = ctx.seg_cache.get(key)
     if hit is not None:
         return hit
@@ -261,7 +253,8 @@ def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[
                     recompute=recompute)
     ops = with_quantize_ops(ctx.recipe, ops, ctx.model.num_layers)
     times = ctx.compute.op_times_s(ops)
-    split_core = ctx.par.cp > 1
+    parts = {name: part for b in blocks for name, part in b.SEGMENTS.items()}
+    cp_parts = {name: part for b in blocks for name, part in b.CP_SEGMENTS.items()} if ctx.par.cp > 1 else {}
     seg: dict[str, list] = {}
     graphed = ctx.host.graphed if layer < ctx.model.num_layers else frozenset()     # MTP modules stay eager
     # a graphed kernel leaves the GPU the graph's launch gap instead of the eager one
@@ -274,22 +267,13 @@ def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[
         # local expert with tokens, from a C++ loop: launches beyond the first expert's
         looped = op.kernel_rounds - 1 if ctx.host.expert_launch_s else 0
         host_s = op.num_kernels * ctx.host.kernel_s + looped * ctx.host.expert_launch_s
-        scope = graph_scope_of(base, key[6], key[0]) if graphed else None
+        scope = graph_scope_of(base, blocks) if graphed else None
         if scope in graphed or (scope in ("moe_router", "moe") and "moe" in graphed):
             host_s = 0.0
             t = float(t) - op.launches * gap
-        if base in _ATTN_OPS and split_core and base == "core_attn":
-            part = "core"                     # with CP: run per ring step, between the exchanges
-        elif base in _ATTN_OPS and split_core and phase != "R" and base in _ATTN_POST:
-            part = "attn_post"
-        elif base in _ATTN_OPS:
-            part = "attn"
-        elif base in _PRE_EXPERT and key[0]:
-            part = "pre"
-        elif base in _POST_EXPERT and key[0]:
-            part = "post"
-        else:
-            part = "mlp"
+        part = cp_parts.get(base)               # with CP: core attention per ring step, between the exchanges
+        if part is None or (part == "attn_post" and phase == "R"):
+            part = parts.get(base, "mlp")
         acc = seg.setdefault(f"{phase}:{part}", [0.0, 0.0, 0.0, 0])
         acc[0] += op.flops
         acc[1] += float(t)
@@ -365,27 +349,24 @@ def _emit_dispatch_sync(ctx, em, seg, where: str, layer, mb, chunk, phase) -> No
     em.host_sync(OpName.MOE_HOST_SYNC, layer, mb, chunk, phase, lag)
 
 
-_ROUTER_SCOPE = {"mlp_norm", "router", "router_topk", "shared_fc1", "shared_act", "shared_fc2"}
-"""Ops of an MoE layer that Megatron-Core's ``moe_router`` graph captures: the pre-MLP norm,
-the router and (not overlapped) shared experts (``_get_submodules_under_cudagraphs``)."""
-
-
-def graph_scope_of(name: str, layer_kind: str, moe_layer: bool) -> str | None:
+def graph_scope_of(name: str, blocks) -> str:
     """The per-module CUDA-graph scope (:data:`~workloads.costs.compute.CUDA_GRAPH_SCOPES`)
-    whose graph would hold the layer op ``name``, or None for ops that only the ``moe``
-    scope graphs or none does: the token permutation, the routed experts, the unpermutation
-    and the latent projections of an MoE layer, which run on per-step token counts.
+    whose graph would hold op ``name`` of a layer of ``blocks``: the first block that claims
+    it (:meth:`workloads.blocks.Block.graph_scope`), else ``mlp``.
 
-    >>> graph_scope_of("core_attn", "transformer", True), graph_scope_of("router", "transformer", True)
+    >>> from workloads import load_model
+    >>> from workloads.blocks import layer_blocks
+    >>> m = load_model("tiny-moe")
+    >>> graph_scope_of("core_attn", layer_blocks(m, 0)), graph_scope_of("router", layer_blocks(m, 0))
     ('attn', 'moe_router')
-    >>> graph_scope_of("expert_fc1", "moe", True), graph_scope_of("in_proj", "mamba", False)
-    ('moe', 'mamba')
+    >>> graph_scope_of("expert_fc1", layer_blocks(m, 0))
+    'moe'
     """
-    if name in _ATTN_OPS:
-        return "mamba" if layer_kind == "mamba" else "attn"
-    if not moe_layer:
-        return "mlp"
-    return "moe_router" if name in _ROUTER_SCOPE else "moe"
+    for block in blocks:
+        scope = block.graph_scope(name)
+        if scope is not None:
+            return scope
+    return "mlp"
 
 
 class _Emitter:

@@ -23,6 +23,15 @@ class AttentionBlock(Block):
     kind = "attention"
     RECOMPUTE = {"attn_norm": "layernorm", "core_attn": "core_attn", "q_up_proj": "mla_up_proj",
                  "kv_up_proj": "mla_up_proj", "q_norm": "mla_up_proj", "kv_norm": "mla_up_proj"}
+    SEGMENTS = dict.fromkeys(("attn_norm", "qkv_proj", "q_down_proj", "kv_down_proj", "q_norm", "kv_norm", "q_up_proj",
+                              "kv_up_proj", "q_proj", "rope", "core_attn", "out_proj", "attn_residual", "qk_norm"),
+                             "attn")
+    # (the unfused attention's ops, core_attn.qk and the like, are not listed: they run in the
+    # mlp segment, as they always have; see docs/design.md, "Layer families as blocks")
+    CP_SEGMENTS = {"core_attn": "core", "out_proj": "attn_post", "attn_residual": "attn_post"}
+
+    def graph_scope(self, name: str) -> str | None:
+        return "attn" if name in self.SEGMENTS else None
 
     # -- parameters ------------------------------------------------------------------------
     def params(self, *, active: bool = False) -> dict[str, int]:

@@ -94,6 +94,13 @@ class Block:
     """The block's name in a layer pattern and in reports."""
     RECOMPUTE: ClassVar[dict[str, str]] = {}
     MODULE_WIDE: ClassVar[str | None] = None
+    SEGMENTS: ClassVar[dict[str, str]] = {}
+    """The block's op names by the program segment they run in between communication points
+    (``attn``: the mixer's, ``pre`` / ``post``: around an MoE block's experts); names not
+    listed run in the ``mlp`` segment."""
+    CP_SEGMENTS: ClassVar[dict[str, str]] = {}
+    """With context parallelism: ops run in a segment of their own (``core``: per ring step,
+    between the exchanges; ``attn_post``: after them, not when recomputed)."""
 
     def __init__(self, model: ModelSpec, layer: int):
         self.model = model
@@ -122,6 +129,11 @@ class Block:
     def mc_hybrid_forward_per_token(self, seq_len: int) -> float:
         """Forward model FLOPs per token in Megatron-Core's count for hybrid stacks (``hybrid_flops``)."""
         raise NotImplementedError
+
+    def graph_scope(self, name: str) -> str | None:
+        """The per-module CUDA-graph scope (:data:`workloads.costs.compute.CUDA_GRAPH_SCOPES`)
+        whose graph would hold this block's op ``name``, or None if the op is not the block's."""
+        return None
 
     def ffn_width(self) -> float | None:
         """A feed-forward block's MLP width per token (NeMo's ``f``; MoE: ``top_k fe + S fs``);

@@ -94,6 +94,12 @@ class MambaBlock(Block):
 
     kind = "mamba"
     RECOMPUTE = {"mamba_norm": "layernorm"}
+    # the mixer stands where attention does: one segment between the TP collectives
+    SEGMENTS = dict.fromkeys(("mamba_norm", "in_proj", "mamba_layout", "conv1d", "ssd_scan", "gated_norm",
+                              "mamba_out_proj", "mamba_residual"), "attn")
+
+    def graph_scope(self, name: str) -> str | None:
+        return "mamba" if name in self.SEGMENTS else None
 
     def params(self, *, active: bool = False) -> dict[str, int]:
         return {"mamba": self.model.mamba.mixer_params(self.model.hidden_size)}

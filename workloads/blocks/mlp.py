@@ -15,6 +15,9 @@ class DenseMLPBlock(Block):
     kind = "mlp"
     RECOMPUTE = {"mlp_norm": "layernorm", "fc1": "mlp", "mlp_act": "mlp", "fc2": "mlp"}
 
+    def graph_scope(self, name: str) -> str:
+        return "mlp"
+
     def params(self, *, active: bool = False) -> dict[str, int]:
         return {"mlp": mlp_params(self.model, self.model.ffn_hidden_size)}
 

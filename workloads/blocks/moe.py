@@ -66,6 +66,16 @@ class MoEBlock(Block):
     RECOMPUTE_ALL = frozenset({"router", "router_topk", "moe_permute", "expert_fc1", "expert_clamp", "expert_act",
                                "expert_fc2", "expert_bias", "moe_unpermute", "shared_fc1", "shared_act", "shared_fc2",
                                "latent_down_proj", "latent_up_proj"})
+    SEGMENTS = {**dict.fromkeys(("mlp_norm", "router", "router_topk", "moe_permute", "latent_down_proj"), "pre"),
+                **dict.fromkeys(("moe_unpermute", "mlp_residual", "latent_up_proj"), "post")}
+    ROUTER_SCOPE = frozenset({"mlp_norm", "router", "router_topk", "shared_fc1", "shared_act", "shared_fc2"})
+    """Ops that Megatron-Core's ``moe_router`` graph captures: the pre-MLP norm, the router and
+    (not overlapped) shared experts (``_get_submodules_under_cudagraphs``); the token
+    permutation, the routed experts and the unpermutation run on per-step token counts and
+    only the ``moe`` scope graphs them."""
+
+    def graph_scope(self, name: str) -> str:
+        return "moe_router" if name in self.ROUTER_SCOPE else "moe"
 
     def params(self, *, active: bool = False) -> dict[str, int]:
         m = self.model
