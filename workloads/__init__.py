@@ -13,7 +13,7 @@ from .memory import (DEFAULT_RESERVE_BYTES, MemoryEstimate, MemoryOptions, bytes
 from .mesh import GROUP_AXES, RankGrid
 from .model import MODEL_PRESETS, MLASpec, ModelSpec, MoESpec, load_model
 from .parallel import ParallelConfig, split_layers
-from .ops import Coll, Group, Op, OpKind, OpName, Phase, Stream
+from .ops import Coll, Group, Issue, Op, OpKind, OpName, Phase, Stream
 from .program import Program, RankClass, build_program
 from .schedules import (SCHEDULES, Action, ActionCosts, ActionKind, Schedule, ScheduleError, ScheduleTiming,
                         format_table, get_schedule, min_microbatches, parse_action, peak_in_flight,

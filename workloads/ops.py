@@ -48,7 +48,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import NamedTuple
 
-__all__ = ["Op", "OpKind", "Stream", "Coll", "Group", "Phase", "OpName", "is_p2p", "is_collective",
+__all__ = ["Issue", "Op", "OpKind", "Stream", "Coll", "Group", "Phase", "OpName", "is_p2p", "is_collective",
            "is_grad_bucket", "is_param_gather", "is_fsdp_gather", "is_grad_norm", "is_ep_combine", "ep_a2a_matrix",
            "is_step_sync", "is_cp_hop", "is_te_async", "is_host_sync",
            "GRAD_BUCKETS", "PARAM_GATHERS", "FSDP_GATHERS", "EP_COMBINES", "EP_TO_SOURCE", "CP_HOPS", "TE_ASYNC",
@@ -200,6 +200,28 @@ class OpName(StrEnum):
     GRAD_NORM = "grad_norm"
 
 
+class Issue(StrEnum):
+    """How an op is issued relative to the rank's compute stream.  The kernel stack's lowering
+    sets it (:func:`workloads.stacks.megatron_te.issue.assign_issue_modes`, from the scenario's
+    ``overlap`` switches); the engine and the estimator read it and never re-derive it."""
+
+    BLOCKING = "blocking"
+    """The rank waits for the op before its next one (compute, and collectives by default)."""
+    BESIDE_NEXT = "beside_next"
+    """A short exchange that runs while the next compute op computes and slows it while in
+    flight; the op after that waits for it (CP ring hops, Transformer Engine's asynchronous
+    input re-gather)."""
+    OVERLAP_NEXT = "overlap_next"
+    """Runs alongside the next compute op (Transformer Engine's userbuffer TP overlap); the op
+    after that waits for it."""
+    DP_STREAM = "dp_stream"
+    """On the data-parallel stream; waited for only where its result is needed (overlapped
+    gradient buckets and parameter gathers)."""
+    PREFETCH = "prefetch"
+    """Issued ahead of its turn, before the compute op that precedes it (ZeRO-3 / FSDP
+    per-layer parameter gathers)."""
+
+
 class Op(NamedTuple):
     """One entry of a rank class's program (SI units)."""
 
@@ -221,6 +243,7 @@ class Op(NamedTuple):
     lane: int = 0        #: DualPipe F&B pair: 1 = its forward half, 2 = its backward half; 0 otherwise
     host_s: float = 0.0  #: host time to issue the op (compute: its kernels; a call or a p2p batch)
     host_ops: int = 0    #: kernels (compute) or calls the host issues for it
+    issue: Issue = Issue.BLOCKING    #: how the op is issued relative to compute (:class:`Issue`)
 
 
 # -- roles --------------------------------------------------------------------------------------

@@ -85,11 +85,14 @@ import simpy
 
 from topologies import ConfigError
 from workloads import build_program
-from workloads.ops import (COLL_ALL_TO_ALL, GROUP_TP, KIND_COLLECTIVE, KIND_COMPUTE, KIND_HOST_SYNC,
-                           KIND_SEND, PHASE_F, STREAM_COMPUTE, STREAM_PP, Group, Op, ep_a2a_matrix, is_fsdp_gather,
-                           is_cp_hop, is_grad_bucket, is_grad_norm, is_p2p, is_param_gather, is_step_sync,
-                           is_te_async)
+from workloads.ops import (COLL_ALL_TO_ALL, KIND_COLLECTIVE, KIND_COMPUTE, KIND_HOST_SYNC,
+                           KIND_SEND, PHASE_F, STREAM_COMPUTE, STREAM_PP, Group, Issue, Op, ep_a2a_matrix,
+                           is_grad_bucket, is_grad_norm, is_p2p, is_step_sync)
 from workloads.program import Program
+
+ISSUE_BESIDE_NEXT, ISSUE_DP_STREAM, ISSUE_PREFETCH = Issue.BESIDE_NEXT, Issue.DP_STREAM, Issue.PREFETCH
+_ALONGSIDE_NEXT = frozenset({Issue.BESIDE_NEXT, Issue.OVERLAP_NEXT})
+"""Issue modes of collectives that run while the next compute op computes."""
 
 from ..collectives import CollectiveEngine
 from ..collectives.ep_dispatch import flex_compute_slowdown, flex_pair_scale
@@ -289,7 +292,8 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     prog = build_program(sc.model, sc.parallel, sc.cluster.gpu, precision=sc.recipe_or_name,
                          moe_routing=sc.moe_routing, seed=sc.seed, grad_reduce_dtype=sc.grad_reduce_dtype,
                          p2p_overlap=sc.overlap.get("p2p", False), moe_ep_overlap=sc.overlap.get("moe_ep_comm", False),
-                         grad_reduce_overlap=sc.overlap.get("grad_reduce", True), host=sc.host)
+                         grad_reduce_overlap=sc.overlap.get("grad_reduce", True), host=sc.host,
+                         overlap=sc.overlap, framework=sc.framework)
     grid = prog.grid
     scale = {int(r): float(f) for r, f in (compute_scale or {}).items()}
     for r, f in scale.items():
@@ -351,9 +355,6 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     mailbox: dict = {}
 
     slowdown = COMM_SLOWDOWN[cluster.gpu.generation] if sc.overlap.get("comm_slowdown", True) and not free_comm else 1.0
-    cp_overlap = sc.overlap.get("cp_comm", True)
-    tp_overlap = sc.overlap.get("tp_comm", False)
-    fsdp_prefetch = sc.overlap.get("fsdp_prefetch", True)
     fb_overlap = sc.overlap.get("fb_overlap", True)
     flex = None if free_comm else _flex_dispatch(sc, prog, cluster, coll)   # (bytes scale, compute slowdown)
     # Sends are rendezvous: a batch of transfers completes once every peer has posted its side
@@ -392,12 +393,10 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
         # what the loop asks of each op by its name: once per class, not per op and step
         meta = op_meta.get(cls.class_id)
         if meta is None:
-            meta = op_meta[cls.class_id] = (*_op_meta(cls, sc.overlap), any(is_fsdp_gather(o) for o in ops),
+            meta = op_meta[cls.class_id] = (*_op_meta(cls), any(o.issue == ISSUE_PREFETCH for o in ops),
                                             [is_p2p(o) for o in ops], [is_grad_norm(o) for o in ops],
-                                            [is_cp_hop(o) for o in ops],
-                                            [is_te_async(o) for o in ops])
-        axis_of, nonblocking_of, any_fsdp, p2p_at, grad_norm_at, cp_hop_at, te_async_at = meta
-        has_fsdp = fsdp_prefetch and any_fsdp
+                                            [o.issue for o in ops])
+        axis_of, nonblocking_of, has_fsdp, p2p_at, grad_norm_at, issue_at = meta
         pair_turns: dict = {}        # F&B pair's first op -> its collectives' order per stream (_pair_turns)
 
         def compute_time(op, step=0, idx=0):
@@ -599,7 +598,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                         j = i
                         while j < n_ops and ops[j].kind != KIND_COMPUTE and not (ops[j].lane and fb_overlap):
                             nxt = ops[j]
-                            if is_fsdp_gather(nxt) and j not in prefetched:
+                            if nxt.issue == ISSUE_PREFETCH and j not in prefetched:
                                 hc[0] += nxt.host_s        # the host issues it now, ahead of its turn
                                 seq_j = step * per_kind[nxt.group] + nxt.seq
                                 prefetched[j] = (env.now, _issue(env, coll, groups_of[nxt.group], seq_j, nxt,
@@ -672,7 +671,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                 sizes = sizes_of(op)
                 groups = groups_of[op.group]
                 t_issue = env.now
-                if (cp_overlap and cp_hop_at[i - 1]) or (tp_overlap and op.group == GROUP_TP) or te_async_at[i - 1]:
+                if issue_at[i - 1] in _ALONGSIDE_NEXT:
                     ev = _issue(env, coll, groups, seq, op, free_comm, sizes)
                     fin = env.event()
                     ev.callbacks.append(lambda _x, op=op, t_issue=t_issue, step=step, fin=fin, axis=axis: (
@@ -680,7 +679,7 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
                     overlapped.append(fin)
                     overlapped_axis[0] = op.group
                     inflight.append(fin)
-                    if cp_hop_at[i - 1] or (te_async_at[i - 1] and not tp_overlap):
+                    if issue_at[i - 1] == ISSUE_BESIDE_NEXT:
                         hop_fins.add(fin)        # short beside the op it overlaps: slows it while in flight
                     continue
                 if nonblocking:
@@ -923,14 +922,13 @@ def _flex_dispatch(sc, prog, cluster, coll):
             flex_compute_slowdown(moe, cluster.gpu.generation, multi))
 
 
-def _op_meta(cls, overlap: dict) -> tuple[list, list]:
+def _op_meta(cls) -> tuple[list, list]:
     """Per op of a class: its timeline axis, and whether it runs on the DP stream without
-    blocking (gradient buckets and parameter gathers, as the overlap switches say)."""
+    blocking (its issue mode, set by the kernel stack from the overlap switches)."""
     axes, nonblocking = [], []
     for op in cls.ops:
         axes.append(_AXIS.get(op.group, op.stream))
-        nonblocking.append((is_grad_bucket(op) and overlap.get("grad_reduce", True))
-                           or (is_param_gather(op) and overlap.get("param_gather", True)))
+        nonblocking.append(op.issue == ISSUE_DP_STREAM)
     return axes, nonblocking
 
 

@@ -45,8 +45,8 @@ from workloads import build_program
 from workloads.costs import model_flops_per_step
 from workloads.costs.compute import host_costs
 from workloads.schedules import get_schedule, min_microbatches, schedule_timing
-from workloads.ops import (GROUP_TP, KIND_COLLECTIVE, KIND_COMPUTE, KIND_RECV, PHASE_B,
-                           PHASE_R, is_cp_hop, is_fsdp_gather, is_grad_bucket, is_param_gather, is_te_async)
+from workloads.ops import (KIND_COLLECTIVE, KIND_COMPUTE, KIND_RECV, PHASE_B, PHASE_R, Issue, is_grad_bucket,
+                           is_param_gather)
 from workloads.schedules.actions import ActionKind
 
 from ..collectives import CollectiveEngine
@@ -67,7 +67,13 @@ def _fewest_microbatches_program(sc, schedule: str):
     return build_program(sc.model, small, sc.cluster.gpu, precision=sc.recipe_or_name, moe_routing="balanced",
                          seed=sc.seed, grad_reduce_dtype=sc.grad_reduce_dtype,
                          p2p_overlap=sc.overlap.get("p2p", False),
-                         grad_reduce_overlap=sc.overlap.get("grad_reduce", True), host=sc.host)
+                         grad_reduce_overlap=sc.overlap.get("grad_reduce", True), host=sc.host,
+                         overlap=sc.overlap, framework=sc.framework)
+
+
+_PENDING_ISSUES = frozenset({Issue.BESIDE_NEXT, Issue.OVERLAP_NEXT, Issue.PREFETCH})
+"""Issue modes of collectives that run beside the next compute op: the action pays for them
+only where they outlast it."""
 
 
 class Estimator:
@@ -109,7 +115,8 @@ class Estimator:
         par = sc.parallel
         canon = "1f1b" if par.schedule in _ONE_CHUNK else par.schedule
         key = (sc.model, dataclasses.replace(par, global_batch_size=0, schedule=canon), sc.recipe_or_name,
-               sc.grad_reduce_dtype, tuple(sorted(sc.overlap.items())), host_costs(sc.host), sc.host == "cuda_graphs")
+               sc.grad_reduce_dtype, tuple(sorted(sc.overlap.items())), host_costs(sc.host), sc.host == "cuda_graphs",
+               sc.framework)
         hit = self._tables.get(key)
         if hit is not None:
             return hit
@@ -119,7 +126,7 @@ class Estimator:
         # ZeRO-2/3 reduce every micro-batch's gradients (the program's buckets repeat per micro-batch)
         grad_mbs = prog.parallel.num_microbatches if (par.zero_stage >= 2 and par.dp * par.cp > 1) else 1
         for cls in prog.classes:
-            table = self._class_table(prog.grid, cls, self._group_finder(prog.grid, gkey, cls), sc.overlap)
+            table = self._class_table(prog.grid, cls, self._group_finder(prog.grid, gkey, cls))
             table["grad_mbs"] = grad_mbs
             cur = per_stage.get(cls.stage)
             if cur is None or table["total"] > cur["total"]:
@@ -155,7 +162,7 @@ class Estimator:
 
         return group_gpus
 
-    def _class_table(self, grid, cls, group_gpus: Callable[[str], tuple], ov: dict) -> dict:
+    def _class_table(self, grid, cls, group_gpus: Callable[[str], tuple]) -> dict:
         """One program class's table (see :meth:`_stage_tables`), from its ops: the step ops
         (micro-batch -1) give the buckets, gathers and step-end time; the ops of the first
         micro-batch on each (F | B | W, chunk) the action's seconds."""
@@ -193,9 +200,7 @@ class Estimator:
                 t = self._cp_exchange_s(op, group_gpus, gpu_of(rep))
                 if t is None:
                     t = self.collective_s(group_gpus(op.group), op.coll, op.size_bytes)
-                if ((ov.get("cp_comm", True) and is_cp_hop(op))
-                        or (ov.get("tp_comm", False) and op.group == GROUP_TP) or is_te_async(op)
-                        or (ov.get("fsdp_prefetch", True) and is_fsdp_gather(op))):
+                if op.issue in _PENDING_ISSUES:      # runs beside the next compute op (the stack's issue mode)
                     pending += t
                 else:
                     action[akey] += t

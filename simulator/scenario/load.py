@@ -22,7 +22,9 @@ from topologies.errors import check_keys
 from workloads import ModelSpec, ParallelConfig, get_recipe, load_model, memory_estimates
 from workloads.costs import DEFAULT_FLOP_CONVENTION, get_flop_convention
 from workloads.costs.compute import host_costs
+from workloads.blocks import layer_blocks
 from workloads.memory import get_static_accounting
+from workloads.stacks import DEFAULT_STACK, get_stack
 
 from .whatif import WhatIf
 
@@ -40,7 +42,7 @@ PRECISION_OPTIONS = ("bf16_first_layers", "bf16_last_layers", "fp8_param_gather"
 
 _KEYS = {"name", "description", "model", "cluster", "parallel", "precision", "precision_options", "grad_reduce_dtype",
          "overlap", "whatif",
-         "num_steps", "seed", "moe_routing", "host", "approximations",
+         "num_steps", "seed", "moe_routing", "host", "approximations", "framework",
          "flop_convention", "memory_accounting", "hbm_headroom"}
 
 #: Largest ``hbm_headroom`` accepted: keeping more than half the HBM free is a typo, not a policy.
@@ -79,6 +81,9 @@ class Scenario:
     host), or a mapping of a measured host's ``kernel_us``, ``call_us``, ``checkpoint_us``,
     ``expert_launch_us``;
     see :data:`workloads.costs.compute.HOST_COSTS`."""
+    framework: str = DEFAULT_STACK
+    """The kernel stack that runs the model's blocks (:mod:`workloads.stacks`): which
+    collectives sit between the kernels and how each op is issued relative to compute."""
     approximations: tuple[str, ...] = ()
     """Opt-in approximations in force (names of :data:`APPROXIMATIONS`); empty: exact."""
     precision_options: dict = field(default_factory=dict)
@@ -224,12 +229,23 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
     parse_routing(routing, "scenario.moe_routing")
     host = data.get("host", "eager")
     host_costs(host, "scenario.host")
+    framework = _framework(data.get("framework", DEFAULT_STACK), model)
     approx = _approximations(data.get("approximations", []))
     accounting = _accounting(data)
     return Scenario(model=model, cluster=cluster, parallel=par, precision=precision, overlap=overlap, whatif=whatif,
                     num_steps=num_steps, seed=seed, moe_routing=routing, name=str(data.get("name", name)),
-                    grad_reduce_dtype=grad_dtype, source=data, host=host, approximations=approx,
+                    grad_reduce_dtype=grad_dtype, source=data, host=host, framework=framework, approximations=approx,
                     precision_options=dict(popts), **accounting)
+
+
+def _framework(name, model: ModelSpec) -> str:
+    """The ``framework`` key: a registered kernel stack that lowers every block of ``model``."""
+    try:
+        stack = get_stack(name)
+        stack.check_blocks(sorted({b.kind for i in range(model.num_layers) for b in layer_blocks(model, i)}))
+    except ConfigError as e:
+        raise ConfigError("scenario.framework", e.value, e.rule) from None
+    return stack.name
 
 
 def _accounting(data: dict) -> dict:

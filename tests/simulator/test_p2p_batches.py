@@ -4,7 +4,7 @@ import collections
 
 import pytest
 
-import workloads.program as program_module
+import workloads.stacks.megatron_te.pipeline as program_module
 from simulator.engine import DeadlockError, run
 from workloads.schedules import ActionKind, get_schedule
 from workloads.schedules.actions import COMM_KINDS, route_position

@@ -8,7 +8,8 @@ import pytest
 from topologies import ConfigError, get_gpu_spec
 from workloads import ParallelConfig, from_megatron_args, load_model
 from workloads.ops import OpName
-from workloads.program import _kv_bytes, build_program, cp_block_shares
+from workloads.program import build_program
+from workloads.stacks.megatron_te.context_parallel import _kv_bytes, cp_block_shares
 
 H100 = get_gpu_spec("H100-SXM")
 SEQ = 8192

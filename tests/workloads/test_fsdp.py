@@ -7,7 +7,9 @@ from topologies import get_gpu_spec
 from workloads import ParallelConfig, load_model
 from workloads.costs import get_recipe
 from workloads.ops import Group, OpName
-from workloads.program import _Ctx, _count_local_params, _embedding_params, _output_params, build_program
+from workloads.program import build_program
+from workloads.stacks.megatron_te.context import _Ctx
+from workloads.stacks.megatron_te.data_parallel import _count_local_params, _embedding_params, _output_params
 
 H100 = get_gpu_spec("H100-SXM")
 

@@ -1,0 +1,93 @@
+"""Kernel stacks (workloads/stacks/): the framework's rules live in the stack, the engine and
+the estimator read what it sets."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from topologies import ConfigError
+from workloads import Group, Issue, Op, OpKind, OpName, ParallelConfig, Phase, Stream, build_program, load_model
+from workloads.ops import Coll
+from workloads.stacks import DEFAULT_STACK, KERNEL_STACKS, get_stack
+from workloads.stacks.megatron_te.issue import issue_mode
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _coll(name, group=Group.TP):
+    return Op(Stream.TP, OpKind.COLLECTIVE, name, 0, 0, 0, Phase.F, 0.0, 0.0, Coll.ALL_GATHER, group, 0, 1e6, -1, None)
+
+
+@pytest.mark.parametrize("name, group, overlap, mode", [
+    (OpName.CP_HOP, Group.CP, {}, Issue.BESIDE_NEXT),
+    (OpName.CP_HOP, Group.CP, {"cp_comm": False}, Issue.BLOCKING),
+    (OpName.SP_AG, Group.TP, {}, Issue.BLOCKING),
+    (OpName.SP_AG, Group.TP, {"tp_comm": True}, Issue.OVERLAP_NEXT),
+    (OpName.SP_AG_INPUT, Group.TP, {}, Issue.BESIDE_NEXT),
+    (OpName.SP_AG_INPUT, Group.TP, {"tp_comm": True}, Issue.OVERLAP_NEXT),
+    (OpName.GRAD_DENSE, Group.DP_CP, {}, Issue.DP_STREAM),
+    (OpName.GRAD_DENSE, Group.DP_CP, {"grad_reduce": False}, Issue.BLOCKING),
+    (OpName.PARAM_GATHER_DENSE, Group.DP_CP, {}, Issue.DP_STREAM),
+    (OpName.PARAM_GATHER_EXPERT, Group.EDP, {"param_gather": False}, Issue.BLOCKING),
+    (OpName.FSDP_GATHER, Group.DP_CP, {}, Issue.PREFETCH),
+    (OpName.FSDP_GATHER, Group.DP_CP, {"fsdp_prefetch": False}, Issue.BLOCKING),
+    (OpName.GRAD_NORM, Group.WORLD, {"tp_comm": True}, Issue.BLOCKING),
+])
+def test_megatron_core_issue_modes(name, group, overlap, mode):
+    assert issue_mode(_coll(name, group), overlap) == mode
+
+
+def test_compute_is_blocking_whatever_the_switches():
+    op = Op(Stream.COMPUTE, OpKind.COMPUTE, OpName.ATTN, 0, 0, 0, Phase.F, 1.0, 1.0, Coll.NONE, Group.NONE, -1, 0.0,
+            -1, None)
+    assert issue_mode(op, {"tp_comm": True, "cp_comm": True}) == Issue.BLOCKING
+
+
+def test_the_program_carries_the_modes_the_overlap_switches_ask_for():
+    m = load_model("tiny-dense")
+    par = ParallelConfig(tp=2, pp=1, dp=1, sequence_parallel=True, micro_batch_size=1, global_batch_size=2)
+    plain = build_program(m, par, get_gpu())
+    overlapped = build_program(m, par, get_gpu(), overlap={"tp_comm": True})
+    tp = [o for o in plain.classes[0].ops if o.group == Group.TP]
+    assert {o.issue for o in tp} == {Issue.BLOCKING, Issue.BESIDE_NEXT}
+    assert {o.issue for o in overlapped.classes[0].ops if o.group == Group.TP} == {Issue.OVERLAP_NEXT}
+    assert plain.framework == DEFAULT_STACK
+
+
+def get_gpu():
+    from topologies import get_gpu_spec
+    return get_gpu_spec("H100")
+
+
+def test_unknown_framework_is_refused_with_the_known_ones():
+    with pytest.raises(ConfigError, match="megatron_core"):
+        get_stack("torchtitan")
+    assert set(KERNEL_STACKS) == {DEFAULT_STACK}
+
+
+def test_a_block_the_stack_does_not_lower_is_refused_before_any_work():
+    stack = get_stack()
+    with pytest.raises(ConfigError, match="does not run 'hyena' blocks"):
+        stack.check_blocks(["attention", "hyena"])
+
+
+RULE_NAMES = {"is_cp_hop", "is_te_async", "is_fsdp_gather"}
+
+
+@pytest.mark.parametrize("module, switches", [
+    ("simulator/engine/simulate.py", {"cp_comm", "tp_comm", "fsdp_prefetch", "param_gather"}),
+    # (the estimator still reads tp_comm once, scenario-wide: estimate_applies leaves TP overlap out of its domain)
+    ("simulator/explore/estimate.py", {"cp_comm", "fsdp_prefetch", "param_gather"}),
+])
+def test_engine_and_estimator_read_issue_modes_instead_of_the_overlap_rules(module, switches):
+    """The rules 'this collective runs beside the next compute op', 'on the DP stream' and
+    'prefetched' are the stack's (workloads/stacks/megatron_te/issue.py); the engine and the
+    estimator neither call the predicates they are made of nor read their switches."""
+    tree = ast.parse((ROOT / module).read_text())
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert not names & RULE_NAMES
+    assert not strings & switches

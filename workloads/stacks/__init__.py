@@ -1,0 +1,25 @@
+"""Kernel stacks: how each training framework runs the blocks (:mod:`.base`), by name.
+
+Only Megatron-Core with Transformer Engine (``megatron_core``, :mod:`.megatron_te`) exists so
+far; a new framework is a package beside it registered in :data:`KERNEL_STACKS`.
+"""
+
+from topologies import ConfigError
+
+from .base import KernelStack
+from .megatron_te import STACK as MEGATRON_CORE
+
+__all__ = ["DEFAULT_STACK", "KERNEL_STACKS", "KernelStack", "get_stack"]
+
+KERNEL_STACKS: dict[str, KernelStack] = {s.name: s for s in (MEGATRON_CORE,)}
+DEFAULT_STACK = MEGATRON_CORE.name
+
+
+def get_stack(name: str = DEFAULT_STACK) -> KernelStack:
+    """The stack registered under ``name``; ConfigError lists the known ones."""
+    if isinstance(name, KernelStack):
+        return name
+    try:
+        return KERNEL_STACKS[name]
+    except (KeyError, TypeError):
+        raise ConfigError("framework", name, f"unknown; known: {', '.join(KERNEL_STACKS)}") from None

@@ -1,0 +1,171 @@
+"""The build context of one program and the emitter of its ops; a layer's compute ops grouped
+into the segments between communication points."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from ...costs import RooflineComputeModel, layer_ops
+from ...costs.compute import LAUNCH_OVERHEAD_S, HostCosts
+from ...blocks import layer_blocks
+from ...costs.precision import with_quantize_ops
+from ...model import ModelSpec
+from ...ops import Coll, Group, Op, OpKind, Phase, Stream
+from ...parallel import ParallelConfig
+
+
+
+
+_DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+
+
+
+@dataclass
+class _Ctx:
+    model: ModelSpec
+    par: ParallelConfig
+    compute: object
+    recipe: object
+    mbs: int
+    seq: int
+    chunk_layers: list[range]
+    sched: object
+    routing: object
+    seed: int
+    seg_cache: dict = field(default_factory=dict)
+    param_cache: dict = field(default_factory=dict)
+    a2a_scale: dict = field(default_factory=dict)      #: (layer, mb) -> assignments sent / routed (dropping, padding)
+    drops: list = field(default_factory=lambda: [0, 0])   #: [routed, dropped] assignments of one EP group
+    p2p_overlap: bool = False
+    grad_overlap: bool = True
+    moe_ep_overlap: bool = False
+    host: HostCosts = HostCosts(0.0, 0.0, 0.0)
+    cp_pos: int = 0               #: ring position of the CP ranks being built (sequential split)
+    a2a_sizes: dict = field(default_factory=dict)
+
+
+
+_NOSEG = (0.0, 0.0, 0.0, 0)
+"""An absent segment: (FLOPs, seconds, host seconds, kernels)."""
+
+
+
+def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[str, list]:
+    """One layer's compute ops grouped into the segments between communication points:
+    ``{"<phase>:<part>": [FLOPs, seconds, host seconds, kernels]}``."""
+    # everything that makes one layer's ops differ from another's: MoE or dense, MTP, the
+    # routed load, recompute, whether the recipe runs this layer's GEMMs in low precision
+    # (precision_options may keep layers at the ends in BF16), and its attention window
+    blocks = layer_blocks(ctx.model, layer)
+    key = (tuple(b.kind for b in blocks), layer >= ctx.model.num_layers,
+           None if tokens_per_expert is None else tuple(tokens_per_expert), recompute,
+           ctx.recipe.is_low_precision_layer(layer, ctx.model.num_layers), ctx.model.attention_window(layer))
+    hit = ctx.seg_cache.get(key)
+    if hit is not None:
+        return hit
+    ops = layer_ops(ctx.model, ctx.par, layer, ctx.mbs, ctx.seq, tokens_per_expert=tokens_per_expert,
+                    recompute=recompute)
+    ops = with_quantize_ops(ctx.recipe, ops, ctx.model.num_layers)
+    times = ctx.compute.op_times_s(ops)
+    parts = {name: part for b in blocks for name, part in b.SEGMENTS.items()}
+    cp_parts = {name: part for b in blocks for name, part in b.CP_SEGMENTS.items()} if ctx.par.cp > 1 else {}
+    seg: dict[str, list] = {}
+    graphed = ctx.host.graphed if layer < ctx.model.num_layers else frozenset()     # MTP modules stay eager
+    # a graphed kernel leaves the GPU the graph's launch gap instead of the eager one
+    gap = (LAUNCH_OVERHEAD_S[False] - LAUNCH_OVERHEAD_S[True]
+           if graphed and isinstance(ctx.compute, RooflineComputeModel) and not ctx.compute.cuda_graphs else 0.0)
+    for op, t in zip(ops, times):
+        phase = "R" if op.recompute else op.phase
+        base = op.quantizes or op.name        # a quantisation op belongs with its GEMM
+        # Transformer Engine issues a grouped GEMM (and the quantisation of its input) once per
+        # local expert with tokens, from a C++ loop: launches beyond the first expert's
+        looped = op.kernel_rounds - 1 if ctx.host.expert_launch_s else 0
+        host_s = op.num_kernels * ctx.host.kernel_s + looped * ctx.host.expert_launch_s
+        scope = graph_scope_of(base, blocks) if graphed else None
+        if scope in graphed or (scope in ("moe_router", "moe") and "moe" in graphed):
+            host_s = 0.0
+            t = float(t) - op.launches * gap
+        part = cp_parts.get(base)               # with CP: core attention per ring step, between the exchanges
+        if part is None or (part == "attn_post" and phase == "R"):
+            part = parts.get(base, "mlp")
+        acc = seg.setdefault(f"{phase}:{part}", [0.0, 0.0, 0.0, 0])
+        acc[0] += op.flops
+        acc[1] += float(t)
+        acc[2] += host_s
+        acc[3] += op.num_kernels + looped
+        if base == "moe_permute" and phase != "B":
+            # (also kept apart: the GPU work after the dispatcher's host sync, _dispatch_sync)
+            seg[f"{phase}:permute_s"] = seg.get(f"{phase}:permute_s", 0.0) + float(t)
+    ctx.seg_cache[key] = seg
+    return seg
+
+
+
+def graph_scope_of(name: str, blocks) -> str:
+    """The per-module CUDA-graph scope (:data:`~workloads.costs.compute.CUDA_GRAPH_SCOPES`)
+    whose graph would hold op ``name`` of a layer of ``blocks``: the first block that claims
+    it (:meth:`workloads.blocks.Block.graph_scope`), else ``mlp``.
+
+    >>> from workloads import load_model
+    >>> from workloads.blocks import layer_blocks
+    >>> m = load_model("tiny-moe")
+    >>> graph_scope_of("core_attn", layer_blocks(m, 0)), graph_scope_of("router", layer_blocks(m, 0))
+    ('attn', 'moe_router')
+    >>> graph_scope_of("expert_fc1", layer_blocks(m, 0))
+    'moe'
+    """
+    for block in blocks:
+        scope = block.graph_scope(name)
+        if scope is not None:
+            return scope
+    return "mlp"
+
+
+
+class _Emitter:
+    """Builds one class's op list, numbering collectives per group kind."""
+
+    def __init__(self, host_call_s: float = 0.0):
+        self.ops: list[Op] = []
+        self.seq: dict[str, int] = {}
+        self.lane = 0            # set while emitting one half of a DualPipe F&B pair
+        self.host_call_s = host_call_s
+
+    def compute(self, name, layer, mb, chunk, phase, flops, dur, host=0.0, kernels=0):
+        if dur > 0 or flops > 0:
+            self.ops.append(Op(Stream.COMPUTE, OpKind.COMPUTE, name, layer, mb, chunk, phase, flops, dur, Coll.NONE,
+                               Group.NONE, -1, 0.0, -1, None,
+                               self.lane, float(host), int(kernels)))
+
+    def host_sync(self, name, layer, mb, chunk, phase, lag=0.0):
+        self.ops.append(Op(Stream.COMPUTE, OpKind.HOST_SYNC, name, layer, mb, chunk, phase, 0.0, float(lag), Coll.NONE,
+                           Group.NONE, -1, 0.0, -1, None, self.lane, 0.0, 0))
+
+    def coll(self, stream, coll, group, size, name, layer=-1, mb=-1, chunk=0, phase=Phase.F, tag=None):
+        n = self.seq.get(group, 0)
+        self.seq[group] = n + 1
+        self.ops.append(Op(stream, OpKind.COLLECTIVE, name, layer, mb, chunk, phase, 0.0, 0.0, coll, group, n, float(size),
+                           -1, tag, self.lane, self.host_call_s, 1))
+
+    def p2p(self, kind, name, peer, size, tag, mb, chunk, phase):
+        self.ops.append(Op(Stream.PP, kind, name, -1, mb, chunk, phase, 0.0, 0.0, Coll.SEND_RECV, Group.NONE, -1,
+                           float(size), peer, tag,
+                           self.lane, self.host_call_s, 1))
+
+
+@dataclass
+class _Stage:
+    """What every action of one stage's program needs to know about the stage."""
+
+    index: int
+    tokens: dict                  #: (layer, mb) -> tokens per local expert
+    layers: list                  #: the layers of each of the stage's chunks
+    num_layers: int               #: layers on the stage, all chunks
+    act_p2p: float                #: bytes of one pipeline transfer of a rank
+    last_mb: dict                 #: chunk -> the micro-batch whose weight gradient comes last
+    buckets: object               #: the stage's gradient buckets (data_parallel._GradBuckets)
+
+
+def _host_of(ctx, ops) -> tuple[float, int]:
+    """(host seconds, kernels) to issue ``ops``."""
+    k = sum(o.num_kernels for o in ops)
+    return k * ctx.host.kernel_s, k

@@ -1,0 +1,207 @@
+"""Data-parallel lowering: gradient buckets, the distributed optimizer's parameter gathers,
+ZeRO-3 / FSDP per-layer gathers, the step's end (tied-embedding and grad-norm reductions,
+the optimizer)."""
+
+from __future__ import annotations
+
+import numpy as np
+from ...costs import optimizer_ops
+from ...ops import Coll, Group, OpName, Phase, Stream
+from ...parallel import ParallelConfig
+from ...schedules import model_chunk
+
+from .context import _Ctx, _DTYPE_BYTES, _Emitter, _Stage, _host_of
+
+
+
+
+_GRAD_BUCKET = {"dense": OpName.GRAD_DENSE, "expert": OpName.GRAD_EXPERT}
+_PARAM_GATHER = {"dense": OpName.PARAM_GATHER_DENSE, "expert": OpName.PARAM_GATHER_EXPERT}
+
+
+
+def _grads_sharded(par: ParallelConfig) -> bool:
+    """ZeRO-2 / ZeRO-3 (Megatron-FSDP's ``optim_grads`` and ``optim_grads_params``): a rank
+    keeps only its shard of the gradients, so every micro-batch's gradients are
+    reduce-scattered as its backward produces them (Megatron-FSDP's post-backward hook per
+    micro-batch; DeepSpeed ZeRO-2 likewise) instead of once per step."""
+    return par.zero_stage >= 2 and par.dp * par.cp > 1
+
+
+
+def _fsdp_gather_layer(ctx, em, layer, mb, chunk, phase) -> None:
+    """ZeRO-3 / FSDP: gather layer ``layer``'s parameters before its forward or backward --
+    the dense ones over dp x cp, the routed experts' over the expert data-parallel group --
+    in FP8 where the recipe keeps FP8 parameters (``precision_options.fp8_param_gather``)
+    on a layer whose GEMMs run in low precision, else in BF16."""
+    par = ctx.par
+    if par.zero_stage != 3:
+        return
+    name = OpName.FSDP_GATHER if phase == Phase.F else OpName.FSDP_GATHER_BWD
+    d, e = _local_params(ctx, [layer])
+    nbytes = ctx.recipe.param_gather_bytes_per_param if ctx.recipe.is_low_precision_layer(
+        layer, ctx.model.num_layers) else 2.0
+    if par.dp * par.cp > 1 and d > 0:
+        em.coll(Stream.DP, Coll.ALL_GATHER, Group.DP_CP, d * nbytes, name, layer, mb, chunk, phase)
+    if par.expert_dp > 1 and e > 0:
+        em.coll(Stream.DP, Coll.ALL_GATHER, Group.EDP, e * nbytes, name, layer, mb, chunk, phase)
+
+
+
+def _fsdp_gather_edge(ctx, em, params, layer, mb, chunk, phase) -> None:
+    """ZeRO-3 / FSDP: the embedding or the output layer is a sharded module too, gathered
+    (BF16) before its forward and backward like a decoder layer."""
+    par = ctx.par
+    if par.zero_stage == 3 and par.dp * par.cp > 1 and params > 0:
+        name = OpName.FSDP_GATHER if phase == Phase.F else OpName.FSDP_GATHER_BWD
+        em.coll(Stream.DP, Coll.ALL_GATHER, Group.DP_CP, params * 2.0, name, layer, mb, chunk, phase)
+
+
+
+def _local_params(ctx, layers) -> tuple[int, int]:
+    """(dense, expert) parameters of ``layers`` held by one rank (TP / EP sharded)."""
+    key = tuple(layers)
+    hit = ctx.param_cache.get(key)
+    if hit is None:
+        hit = ctx.param_cache[key] = _count_local_params(ctx, key)
+    return hit
+
+
+
+def _count_local_params(ctx, layers) -> tuple[int, int]:
+    m, par = ctx.model, ctx.par
+    dense = expert = 0
+    for i in layers:
+        br = m.layer_param_breakdown(i)
+        for name, n in br.items():
+            if name.startswith("expert") or name.startswith("routed"):
+                expert += n / (par.ep * par.expert_tp)
+            elif "norm" in name or name.startswith("router") or name == "latent_proj":
+                dense += n
+            else:
+                dense += n / par.tp
+    return int(dense), int(expert)
+
+
+
+def _embedding_params(ctx) -> int:
+    """Input embedding (and learned positions) parameters of one first-stage rank."""
+    br = ctx.model.param_breakdown()
+    return int((br["embedding"] + br["position_embedding"]) / ctx.par.tp)
+
+
+
+def _output_params(ctx) -> int:
+    """Output layer + final norm parameters of one last-stage rank (its own copy when tied)."""
+    m, br = ctx.model, ctx.model.param_breakdown()
+    out = br["output_layer"]
+    if m.tied_embeddings and len(ctx.chunk_layers) > 1:
+        out = br["embedding"]
+    return int(out / ctx.par.tp + m.hidden_size)
+
+
+
+def _edge_params(ctx, k: int) -> int:
+    """Embedding (model chunk 0) and output-layer + final-norm (last chunk) parameters of one rank."""
+    return (_embedding_params(ctx) if k == 0 else 0) + \
+        (_output_params(ctx) if k == len(ctx.chunk_layers) - 1 else 0)
+
+
+
+class _GradBuckets:
+    """Gradient buckets of one stage: parameters accumulate in backward order during the
+    last micro-batch (ZeRO-2/3: during every micro-batch, :func:`_grads_sharded`), and a bucket of ``max(40M, 1M x dp x cp)`` parameters is reduced over
+    its data-parallel group (dense: dp x cp, experts: edp) once full.  Without
+    ``grad_reduce`` overlap the reductions wait for the stage's schedule to finish
+    (Megatron's ``finalize_model_grads`` after ``forward_backward_func``): :meth:`issue_deferred`."""
+
+    def __init__(self, ctx: _Ctx, em: _Emitter):
+        par = ctx.par
+        self.ctx, self.em = ctx, em
+        self.bucket_params = max(40_000_000, 1_000_000 * par.dp * par.cp)
+        self.grad_bytes = _DTYPE_BYTES.get(ctx.recipe.grad_reduce_dtype, 4.0)
+        self.coll = Coll.REDUCE_SCATTER if (par.distributed_optimizer or par.zero_stage >= 1) else Coll.ALL_REDUCE
+        self.degree = {"dense": par.dp * par.cp, "expert": par.expert_dp}
+        self.pending = {"dense": 0, "expert": 0}
+        self.deferred: list[tuple] = []
+
+    def flush(self, kind: str, chunk: int) -> None:
+        n = self.pending[kind]
+        if n <= 0:
+            return
+        if self.degree[kind] > 1:
+            group = Group.DP_CP if kind == "dense" else Group.EDP
+            args = (Stream.DP, self.coll, group, n * self.grad_bytes, _GRAD_BUCKET[kind])
+            if self.ctx.grad_overlap or _grads_sharded(self.ctx.par):
+                self.em.coll(*args, chunk=chunk, phase=Phase.W)
+            else:
+                self.deferred.append((args, chunk))
+        self.pending[kind] = 0
+
+    def flush_all(self, chunk: int) -> None:
+        self.flush("dense", chunk)
+        self.flush("expert", chunk)
+
+    def ready(self, layers, chunk: int, extra: int = 0) -> None:
+        """The gradients of ``layers`` (and ``extra`` dense parameters) are complete."""
+        d, e = _local_params(self.ctx, layers)
+        d += extra
+        for kind, n in (("dense", d), ("expert", e)):
+            self.pending[kind] += n
+            if self.pending[kind] >= self.bucket_params:
+                self.flush(kind, chunk)
+
+    def issue_deferred(self) -> None:
+        for args, chunk in self.deferred:
+            self.em.coll(*args, chunk=chunk, phase=Phase.W)
+
+
+
+def _step_end(ctx: _Ctx, em: _Emitter, st: _Stage) -> None:
+    """Tied-embedding gradients, the gradient norm, the optimizer step and (distributed
+    optimizer) the parameter all-gathers of the next step."""
+    par, model, sched = ctx.par, ctx.model, ctx.sched
+    # DualPipe's rank s holds model chunks s and pp - 1 - s: the embedding (chunk 0) and the
+    # output layer (chunk pp - 1) both sit on the two edge ranks; a middle rank holds neither,
+    # so it has no tied-embedding gradient to all-reduce
+    at_edge = st.index in (0, par.pp - 1)
+    first_stage = st.index == 0 or (sched.layout == "bidirectional" and at_edge)
+    last_stage = st.index == par.pp - 1 or (sched.layout == "bidirectional" and at_edge)
+    # ZB-V's V puts the embedding and the output layer both on stage 0: a tied embedding's
+    # two copies are one, and nothing is all-reduced between stages
+    if model.tied_embeddings and par.pp > 1 and (first_stage or last_stage) and sched.layout != "v":
+        emb = model.vocab_size * model.hidden_size / par.tp * st.buckets.grad_bytes
+        em.coll(Stream.DP, Coll.ALL_REDUCE, Group.EMBEDDING, emb, OpName.TIED_EMBEDDING_GRAD, phase=Phase.S)
+    em.coll(Stream.DP, Coll.ALL_REDUCE, Group.WORLD, 8.0, OpName.GRAD_NORM, phase=Phase.S)
+    d, e = _local_params(ctx, [i for r in st.layers for i in r])
+    edge = sum(_edge_params(ctx, model_chunk(sched, st.index, c)) for c in range(sched.num_chunks))
+    d += edge
+    shard = d / max(par.dp * par.cp, 1) + e / max(par.expert_dp, 1) if par.distributed_optimizer else d + e
+    opt = optimizer_ops(int(shard))
+    em.compute(OpName.OPTIMIZER, -1, -1, 0, Phase.S, 0.0, float(np.sum(ctx.compute.op_times_s(opt))),
+               *_host_of(ctx, opt))
+    if par.distributed_optimizer and par.zero_stage < 3:
+        _param_gathers(ctx, em, [i for r in st.layers for i in r], float(edge), st.buckets.bucket_params)
+
+
+
+def _param_gathers(ctx: _Ctx, em: _Emitter, order: list[int], edge_params: float, bucket_params: int) -> None:
+    """The distributed optimizer's parameter all-gathers, buckets in forward order (the
+    first layers' parameters are gathered first).  Each op's tag is the (first, last) layer
+    whose parameters it carries, so the engine can hold a layer's forward until its bucket
+    has arrived; the embedding and output layer go with the first dense bucket."""
+    par = ctx.par
+    for kind, group, deg in (("dense", Group.DP_CP, par.dp * par.cp), ("expert", Group.EDP, par.expert_dp)):
+        if deg <= 1:
+            continue
+        acc = edge_params if kind == "dense" else 0.0
+        first = None
+        for pos, layer in enumerate(order):
+            dl, el = _local_params(ctx, [layer])
+            acc += dl if kind == "dense" else el
+            first = layer if first is None else first
+            if acc >= bucket_params or pos == len(order) - 1:
+                if acc > 0:
+                    em.coll(Stream.DP, Coll.ALL_GATHER, group, acc * ctx.recipe.param_gather_bytes_per_param,
+                            _PARAM_GATHER[kind], phase=Phase.S, tag=(first, layer))
+                acc, first = 0.0, None
