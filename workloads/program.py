@@ -74,7 +74,7 @@ from .ops import Group, Op, OpKind, is_p2p
 from .parallel import ParallelConfig, split_layers
 from .schedules import get_schedule
 from .stacks.megatron_te.context import _Ctx
-from .stacks.megatron_te.moe import _check_moe_overlap, _drops_tokens, _moe_signature
+from .stacks.megatron_te.moe import _drops_tokens, _moe_signature
 from .stacks import DEFAULT_STACK, get_stack
 
 __all__ = ["Op", "RankClass", "Program", "build_program"]
@@ -252,9 +252,6 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     par = parallel.resolve(num_gpus) if num_gpus is not None else parallel
     par.check_model(model)
     par.check_schedule()
-    if model.moe is not None and model.moe.token_dispatcher == "allgather" and par.expert_tp > 1:
-        raise ConfigError("model.moe.token_dispatcher", "allgather", f"with expert tensor parallelism (etp = "
-                          f"{par.expert_tp}) is not modelled: use alltoall or flex, or etp 1")
     recipe = get_recipe(precision, gpu=gpu, grad_reduce_dtype=grad_reduce_dtype)
     compute = compute_model or RooflineComputeModel(gpu, precision, cuda_graphs=(host == "cuda_graphs"),
                                                     num_layers=model.num_layers,
@@ -269,8 +266,7 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     ctx = _Ctx(model, par, compute, recipe, par.micro_batch_size, seq, _chunk_layers(model, par, sched), sched,
                parse_routing(moe_routing), seed)
     ctx.p2p_overlap = p2p_overlap
-    if moe_ep_overlap:
-        _check_moe_overlap(model, par, sched)
+    stack.check_layout(model, par, sched, moe_ep_overlap=moe_ep_overlap)
     ctx.moe_ep_overlap = moe_ep_overlap
     ctx.grad_overlap = grad_reduce_overlap
     ctx.host = hc
@@ -310,8 +306,8 @@ def _rank_classes(ctx: _Ctx, grid: RankGrid, a2a_sizes: dict, stage_program) -> 
     """Group ranks into classes with identical programs: same pipeline stage and, for MoE,
     the same tokens per local expert in every (layer, micro-batch) -- EP coordinates whose
     routed loads are equal share a class.  Fills ``a2a_sizes`` with the dispatch matrices."""
-    model, par = ctx.model, ctx.par
-    ep_coords = range(par.ep) if model.moe is not None else [0]
+    par = ctx.par
+    ep_coords = range(par.ep)              # (1 without experts: ParallelConfig refuses ep > 1)
     loads: dict = {}           # (layer, mb) -> tokens per expert: sampled once, sliced per EP coordinate
     sig_of_ep = {e: _moe_signature(ctx, e, a2a_sizes, loads) for e in ep_coords}
     classes: list[RankClass] = []
@@ -326,7 +322,7 @@ def _rank_classes(ctx: _Ctx, grid: RankGrid, a2a_sizes: dict, stage_program) -> 
     stage = coord("pp")
     sig_id: dict = {}
     sig_of = np.array([sig_id.setdefault(sig_of_ep[e][0], len(sig_id)) for e in ep_coords], dtype=np.int64)
-    e_of = coord("ep", "expert") if model.moe is not None else np.zeros_like(ranks)
+    e_of = coord("ep", "expert")
     # a sequential CP split (what-if) gives each ring position its own attention work
     pos = coord("cp") // a2a if per_cp_rank else np.zeros_like(ranks)
     key = (stage * len(sig_id) + sig_of[e_of]) * (int(pos.max()) + 1 if pos.size else 1) + pos

@@ -14,10 +14,9 @@ from workloads.model import HYBRID_SYMBOLS, MODEL_PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
 
-FAMILY_FREE = ("workloads/costs/flops.py", "workloads/memory.py")
-"""Modules that must reach every layer family through the blocks.  (``workloads/program.py``
-still lowers the MoE dispatch and the Mamba and attention CP exchanges itself; it joins this
-list when those move behind the blocks' lowering.)"""
+FAMILY_FREE = ("workloads/costs/flops.py", "workloads/memory.py", "workloads/program.py")
+"""Modules that must reach every layer family through the blocks (the kernel stack's
+lowering, :mod:`workloads.stacks`, is where a framework's per-family rules live)."""
 
 SUB_SPECS = {"moe", "mla", "mamba"}
 SPEC_CLASSES = {"MoESpec", "MLASpec", "MambaSpec"}

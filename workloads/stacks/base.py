@@ -35,6 +35,9 @@ class KernelStack:
     """``(ctx, stage, tokens) -> list[Op]``: one pipeline stage's ops in program order."""
     assign_issue_modes: Callable
     """``(ops, overlap) -> ops``: the issue mode of every op under the overlap switches."""
+    check_layout: Callable
+    """``(model, parallel, schedule, *, moe_ep_overlap) -> None``: what the framework refuses
+    (or clustersim does not model for it) in a layout, as ConfigErrors, before any work."""
 
     def check_blocks(self, kinds) -> None:
         """Refuse, before any work, a model with a block kind the stack does not lower."""

@@ -12,6 +12,7 @@ Transformer Engine 2.x, Megatron-Bridge recipes), as modelled so far.
 from ..base import KernelStack
 from .issue import assign_issue_modes
 from .layers import _LOWERING
+from .moe import check_layout
 from .pipeline import _stage_program
 
 STACK = KernelStack(
@@ -21,4 +22,5 @@ STACK = KernelStack(
     lowering=_LOWERING,
     stage_program=_stage_program,
     assign_issue_modes=assign_issue_modes,
+    check_layout=check_layout,
 )

@@ -231,6 +231,17 @@ def _a2a_total(ctx, layer, mb) -> float:
 
 
 
+def check_layout(model, par, sched, *, moe_ep_overlap: bool = False) -> None:
+    """What Megatron-Core refuses, or clustersim does not model, in an MoE layout: the
+    ``allgather`` dispatcher with expert tensor parallelism, and the EP-overlap schedule's
+    conditions (:func:`_check_moe_overlap`)."""
+    if model.moe is not None and model.moe.token_dispatcher == "allgather" and par.expert_tp > 1:
+        raise ConfigError("model.moe.token_dispatcher", "allgather", f"with expert tensor parallelism (etp = "
+                          f"{par.expert_tp}) is not modelled: use alltoall or flex, or etp 1")
+    if moe_ep_overlap:
+        _check_moe_overlap(model, par, sched)
+
+
 def _check_moe_overlap(model, par, sched) -> None:
     """Megatron-Core's conditions for ``overlap_moe_expert_parallel_comm``
     (transformer_config.py ``__post_init__``), as ConfigErrors."""
