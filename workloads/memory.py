@@ -161,6 +161,7 @@ from dataclasses import dataclass
 from topologies import ConfigError
 
 from .blocks import layer_blocks
+from .blocks.layers import EXTRA_ACTIVATION_TERMS
 from .blocks.moe import default_token_imbalance
 from .model import ModelSpec
 from .parallel import ParallelConfig, parse_pipeline_layout, split_layers
@@ -356,7 +357,7 @@ ACTIVATION_TERMS = ("layer_input", "norm_inputs", "norm_stats", "attn_input", "q
                     "mlp_fc1_output", "mlp_fc2_input", "router", "expert_input", "expert_fc1_output",
                     "expert_fc2_input", "moe_combine", "shared_fc1_output", "shared_fc2_input", "dropout_masks",
                     "embedding", "output_head", "mtp_extra", "recompute_working", "mamba_in_proj_output",
-                    "mamba_scan_output")
+                    "mamba_scan_output") + EXTRA_ACTIVATION_TERMS
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,6 +110,9 @@ from topologies import ConfigError
 from topologies.errors import check_keys
 
 from .blocks import layer_blocks
+from .blocks.gated_deltanet import GatedDeltaNetSpec
+from .blocks.fields import bool_field as _bool, build as _build, choice_field as _choice, int_field as _int, \
+    set_field as _set, sub_spec as _sub_spec
 
 __all__ = ["BREAKDOWN_KEYS", "HYBRID_SYMBOLS", "MLP_KINDS", "MODEL_PRESETS", "NORM_KINDS", "POSITION_EMBEDDINGS",
            "MLASpec", "MambaSpec", "ModelSpec", "MoESpec", "load_model", "load_preset_mapping"]
@@ -124,64 +127,11 @@ PRESET_DIR = Path(__file__).parent / "presets" / "models"
 
 #: Keys of :meth:`ModelSpec.param_breakdown`, in order.
 BREAKDOWN_KEYS = ("embedding", "position_embedding", "attention", "mamba", "mlp", "router", "latent_proj",
-                  "routed_experts", "shared_experts", "norms", "output_layer", "mtp")
+                  "routed_experts", "shared_experts", "norms", "output_layer", "mtp", "linear_attention")
 
 #: Layer symbols of a hybrid pattern (Megatron-Core ``hybrid_layer_allocation.Symbols``): one
 #: character is one layer with one pre-normed sublayer.
 HYBRID_SYMBOLS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
-
-
-# -- small checks ------------------------------------------------------------------------------
-def _int(where: str, key: str, v, minimum: int = 1, optional: bool = False) -> int | None:
-    if v is None and optional:
-        return None
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
-        raise ConfigError(f"{where}.{key}", v, f"must be an integer >= {minimum}")
-    return int(v)
-
-
-def _bool(where: str, key: str, v) -> bool:
-    if not isinstance(v, bool):
-        raise ConfigError(f"{where}.{key}", v, "must be true or false")
-    return v
-
-
-def _choice(where: str, key: str, v, choices: tuple[str, ...]) -> str:
-    if v not in choices:
-        raise ConfigError(f"{where}.{key}", v, f"must be one of {', '.join(choices)}")
-    return v
-
-
-def _set(obj, key: str, value) -> None:
-    # frozen dataclass: __post_init__ normalises its own fields (defaults, int coercion)
-    object.__setattr__(obj, key, value)
-
-
-def _relabel(err: ConfigError, old: str, new: str) -> ConfigError:
-    """The same error with the field prefix ``old`` replaced by ``new``."""
-    if old == new or not (err.field == old or err.field.startswith(old + ".")):
-        return err
-    return ConfigError(new + err.field[len(old):], err.value, err.rule)
-
-
-def _sub_spec(cls, d, required: tuple[str, ...], default_where: str, where: str):
-    """A sub-specification (``moe``, ``mla``, ``mamba``) from its YAML mapping: a mapping,
-    no unknown keys, the ``required`` ones present, then the dataclass's own checks with
-    their field names under ``where``."""
-    if not isinstance(d, Mapping):
-        raise ConfigError(where, d, f"expected a mapping of {cls.__name__} fields")
-    check_keys(d, [f.name for f in dataclasses.fields(cls)], where)
-    for key in required:
-        if key not in d:
-            raise ConfigError(f"{where}.{key}", None, "required")
-    return _build(cls, dict(d), default_where, where)
-
-
-def _build(cls, kw: dict, default_where: str, where: str):
-    try:
-        return cls(**kw)
-    except ConfigError as e:
-        raise _relabel(e, default_where, where) from None
 
 
 # -- MoE and MLA -------------------------------------------------------------------------------
@@ -234,6 +184,10 @@ class MoESpec:
     flex_dispatcher_num_sms: int | None = None
     """SMs the flex dispatcher's kernels hold (``moe_flex_dispatcher_num_sms``); None: the
     backend's default (DeepEP 20, HybridEP 16: ``workloads.moe_routing`` cites both)."""
+    shared_expert_gate: bool = False
+    """A sigmoid gate scales the shared experts' output per token (Qwen2-MoE / Qwen3-Next
+    ``shared_expert_gate``, Megatron-Core's ``moe_shared_expert_gate``): ``h`` parameters per
+    MoE layer, one ``h -> 1`` projection and an element-wise product."""
     latent_size: int | None = None
     """Latent MoE (Nemotron 3 Super / Ultra; Megatron-Core's ``moe_latent_size``): the routed
     experts run in this reduced width.  A down projection ``h -> latent`` (``fc1_latent_proj``)
@@ -272,6 +226,9 @@ class MoESpec:
                 raise ConfigError(f"{w}.capacity_factor", cf, "must be a positive number, or null for dropless")
             _set(self, "capacity_factor", float(cf))
         _bool(w, "router_bias", self.router_bias)
+        _bool(w, "shared_expert_gate", self.shared_expert_gate)
+        if self.shared_expert_gate and not self.num_shared_experts:
+            raise ConfigError(f"{w}.shared_expert_gate", True, "gates the shared experts: needs num_shared_experts")
         _set(self, "latent_size", _int(w, "latent_size", self.latent_size, optional=True))
         self._check_dropping_and_dispatch(w)
 
@@ -529,6 +486,14 @@ class ModelSpec:
     pattern's length.  None: every layer is attention + MLP/MoE."""
     mamba: MambaSpec | None = None
     """Mamba-2 mixer dimensions; required when the hybrid pattern has ``M`` layers."""
+    gated_deltanet: GatedDeltaNetSpec | None = None
+    """Gated DeltaNet mixers (Qwen3-Next) in the place of attention in the layers its
+    ``full_attention_interval`` / ``layer_pattern`` names (:mod:`workloads.blocks.gated_deltanet`);
+    None: every layer attends."""
+    attention_output_gate: bool = False
+    """Gated attention (Qwen3-Next; Megatron-Core's ``attention_output_gate``): the query
+    projection also produces a per-channel gate, and the attention output is multiplied by its
+    sigmoid before the output projection: ``h x H d`` more parameters per attention layer."""
     source: str = ""
     """Where the numbers come from (paper table, config file)."""
 
@@ -606,6 +571,7 @@ class ModelSpec:
                                                                   f"not {self.mlp}")
             _set(self, "activation_clamp", float(clamp))
         self._check_hybrid(w)
+        self._check_linear_attention(w)
 
         if self.moe is not None:
             moe = self.moe
@@ -659,6 +625,23 @@ class ModelSpec:
             raise ConfigError(f"{w}.{key}", getattr(self, key) if key == "sliding_window" else "mla",
                               "is not modelled for hybrid (hybrid_override_pattern) models")
 
+    def _check_linear_attention(self, w: str) -> None:
+        """Validate the gated DeltaNet layers and the attention output gate (``__post_init__``)."""
+        _bool(w, "attention_output_gate", self.attention_output_gate)
+        if self.attention_output_gate and self.mla is not None:
+            raise ConfigError(f"{w}.attention_output_gate", True, "is not modelled with mla")
+        g = self.gated_deltanet
+        if g is None:
+            return
+        if not isinstance(g, GatedDeltaNetSpec):
+            raise ConfigError(f"{w}.gated_deltanet", g, "must be a GatedDeltaNetSpec (or a mapping, via from_dict)")
+        if self.hybrid_override_pattern is not None or self.mla is not None:
+            key = "mla" if self.mla is not None else "hybrid_override_pattern"
+            raise ConfigError(f"{w}.gated_deltanet", g.to_dict(), f"is not modelled together with {key}")
+        if g.layer_pattern is not None and len(g.layer_pattern) != self.num_layers:
+            raise ConfigError(f"{w}.gated_deltanet.layer_pattern", list(g.layer_pattern),
+                              f"has {len(g.layer_pattern)} flags; the model has num_layers = {self.num_layers}")
+
     def _check_window(self, w: str) -> None:
         """Validate and normalise the sliding-window fields (``__post_init__``)."""
         window = _int(w, "sliding_window", self.sliding_window, optional=True)
@@ -711,6 +694,8 @@ class ModelSpec:
             kw["mla"] = MLASpec.from_dict(kw["mla"], f"{where}.mla")
         if isinstance(kw.get("mamba"), Mapping):
             kw["mamba"] = MambaSpec.from_dict(kw["mamba"], f"{where}.mamba")
+        if isinstance(kw.get("gated_deltanet"), Mapping):
+            kw["gated_deltanet"] = GatedDeltaNetSpec.from_dict(kw["gated_deltanet"], f"{where}.gated_deltanet")
         return _build(cls, kw, "model", where)
 
     def to_dict(self) -> dict:
@@ -719,6 +704,7 @@ class ModelSpec:
         out["moe"] = None if self.moe is None else self.moe.to_dict()
         out["mla"] = None if self.mla is None else self.mla.to_dict()
         out["mamba"] = None if self.mamba is None else self.mamba.to_dict()
+        out["gated_deltanet"] = None if self.gated_deltanet is None else self.gated_deltanet.to_dict()
         if self.window_layer_pattern is not None:
             out["window_layer_pattern"] = list(self.window_layer_pattern)
         return out
@@ -948,7 +934,7 @@ def load_model(spec: str | Mapping | ModelSpec, where: str = "model") -> ModelSp
     for key, value in spec.items():
         if key == src:
             continue
-        if key in ("moe", "mla", "mamba") and isinstance(value, Mapping) and isinstance(base.get(key), Mapping):
+        if key in ("moe", "mla", "mamba", "gated_deltanet") and isinstance(value, Mapping) and isinstance(base.get(key), Mapping):
             merged[key] = {**base[key], **value}
         else:
             merged[key] = value

@@ -132,6 +132,8 @@ class OpName(StrEnum):
     MOE_POST = "moe_post"                   #: MoE: unpermute and residual after the combine
     MAMBA = "mamba"                         #: Mamba-2 mixer forward (norm, in_proj, conv1d, scan, gated norm, out_proj)
     MAMBA_BWD = "mamba_bwd"
+    GDN = "gdn"                             #: gated DeltaNet mixer forward (norm, in_proj, conv1d, scan, gated norm, out_proj)
+    GDN_BWD = "gdn_bwd"
     ATTN_BWD = "attn_bwd"
     MLP_BWD = "mlp_bwd"
     MOE_PRE_BWD = "moe_pre_bwd"

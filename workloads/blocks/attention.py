@@ -24,8 +24,9 @@ class AttentionBlock(Block):
     RECOMPUTE = {"attn_norm": "layernorm", "core_attn": "core_attn", "q_up_proj": "mla_up_proj",
                  "kv_up_proj": "mla_up_proj", "q_norm": "mla_up_proj", "kv_norm": "mla_up_proj"}
     SEGMENTS = dict.fromkeys(("attn_norm", "qkv_proj", "q_down_proj", "kv_down_proj", "q_norm", "kv_norm", "q_up_proj",
-                              "kv_up_proj", "q_proj", "rope", "core_attn", "out_proj", "attn_residual", "qk_norm"),
-                             "attn")
+                              "kv_up_proj", "q_proj", "rope", "core_attn", "out_proj", "attn_residual", "qk_norm",
+                              "attn_gate"), "attn")
+    ACTIVATION_KEYS = ("attn_gate",)
     # (the unfused attention's ops, core_attn.qk and the like, are not listed: they run in the
     # mlp segment, as they always have; see docs/design.md, "Layer families as blocks")
     CP_SEGMENTS = {"core_attn": "core", "out_proj": "attn_post", "attn_residual": "attn_post"}
@@ -52,6 +53,8 @@ class AttentionBlock(Block):
             return {"attention": p + (heads if m.attention_sinks else 0)}
         q, kv = heads * m.head_dim, 2 * m.num_kv_heads * m.head_dim
         p = h * q + h * kv + q * h
+        if m.attention_output_gate:           # the query projection's second half: the gate
+            p += h * q + (q if bias or m.qkv_bias else 0)
         if bias or m.qkv_bias:
             p += q + kv
         if bias:
@@ -84,7 +87,11 @@ class AttentionBlock(Block):
         q = heads * m.head_dim
         kv = 2 * max(1, m.num_kv_heads // t) * m.head_dim     # replicated when tp > KV heads
         gemm = h * q / t + h * kv + q * h / t
+        if m.attention_output_gate:
+            gemm += h * q / t
         p = gemm
+        if m.attention_output_gate and (bias or m.qkv_bias):
+            p += q / t
         if bias or m.qkv_bias:
             p += q / t + kv
         if bias:
@@ -126,7 +133,8 @@ class AttentionBlock(Block):
             d = model.head_dim
             kv = model.num_kv_heads
             kv_local = kv // tp if kv % tp == 0 else 1          # replicated KV heads when tp > kv
-            ops.linear("qkv_proj", T, (heads + 2 * kv_local) * d, h)
+            gate = heads if model.attention_output_gate else 0      # the gate comes out of the query projection
+            ops.linear("qkv_proj", T, (heads + gate + 2 * kv_local) * d, h)
             if model.qk_norm:
                 a = kn.ACT_BYTES * T * (heads + kv_local) * d
                 ops.pair(kn.ew_pair("qk_norm", L, 2 * a, 3 * a, 2, 2))
@@ -140,6 +148,8 @@ class AttentionBlock(Block):
                 ops.pair(kn.attention("core_attn", L, sh, heads, kv_local, d, d, causal, block, window))
             else:
                 _unfused_attention(L, sh, heads, d, model.dropout, ops)
+            if gate:
+                ops.pair(_output_gate(L, kn.ACT_BYTES * T * heads * d))
             ops.linear("out_proj", T, h, heads * d)
         ops.pair(kn.residual("attn_residual", L, Tn, h, model.dropout))
 
@@ -178,6 +188,8 @@ class AttentionBlock(Block):
                 out["attn_scores"] = (2 if dropout else 1) * e * scores
                 out["attn_dropout_mask"] = scores if dropout else 0.0
         out["attn_output"] = tok * a_loc * dv * lb
+        if m.attention_output_gate:          # the gate and the ungated output, for the product's backward
+            out["attn_gate"] = 2 * tok * a_loc * dv * e
 
     # -- model FLOPs -----------------------------------------------------------------------
     def mc_flops_per_token(self, seq_len: int) -> float:
@@ -198,6 +210,8 @@ class AttentionBlock(Block):
                         + h * m.qk_rope_head_dim + H * m.v_head_dim * h
                         + s * H * qk / 2 + s * H * m.v_head_dim / 2)
         q, g = model.head_dim * H, model.head_dim * model.num_kv_heads
+        if model.attention_output_gate:        # the gate's half of the query projection
+            return 6 * (h * (2 * q + 2 * g) + q * s / 2 * 2 + q * h)
         return 6 * (h * (q + 2 * g) + q * s / 2 * 2 + q * h)
 
     def mc_window_correction(self, seq_len: int) -> float:
@@ -245,6 +259,14 @@ class AttentionBlock(Block):
     def windowed(self) -> bool:
         """Whether this layer attends through a sliding window."""
         return self.model.attention_window(self.layer) is not None
+
+
+def _output_gate(L: int, a: float):
+    """Gated attention's ``o * sigmoid(gate)`` on ``a`` bytes of output, as Hugging Face's
+    ``Qwen3NextAttention`` runs it (eager PyTorch): the sigmoid (read and write ``a``) and the
+    product (read ``2a``, write ``a``), ``5a`` in 2 kernels; backward, the product's two
+    gradients and the sigmoid's (read ``2a``, write ``a`` each), ``9a`` in 3."""
+    return kn.ew_pair("attn_gate", L, 5 * a, 9 * a, 2, 3)
 
 
 def _unfused_rope(L: int, a: float):

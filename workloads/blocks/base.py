@@ -98,6 +98,9 @@ class Block:
     """The block's op names by the program segment they run in between communication points
     (``attn``: the mixer's, ``pre`` / ``post``: around an MoE block's experts); names not
     listed run in the ``mlp`` segment."""
+    ACTIVATION_KEYS: ClassVar[tuple[str, ...]] = ()
+    """Activation terms of the block's own, beyond :data:`workloads.memory.ACTIVATION_TERMS`'
+    shared ones (registered there through :data:`workloads.blocks.layers.EXTRA_ACTIVATION_TERMS`)."""
     CP_SEGMENTS: ClassVar[dict[str, str]] = {}
     """With context parallelism: ops run in a segment of their own (``core``: per ring step,
     between the exchanges; ``attn_post``: after them, not when recomputed)."""
@@ -134,6 +137,10 @@ class Block:
         """The per-module CUDA-graph scope (:data:`workloads.costs.compute.CUDA_GRAPH_SCOPES`)
         whose graph would hold this block's op ``name``, or None if the op is not the block's."""
         return None
+
+    def mc_window_correction(self, seq_len: int) -> float:
+        """What a sliding window changes in :meth:`mc_flops_per_token` for one windowed layer."""
+        return 0.0
 
     def ffn_width(self) -> float | None:
         """A feed-forward block's MLP width per token (NeMo's ``f``; MoE: ``top_k fe + S fs``);

@@ -2,8 +2,8 @@
 share of a micro-batch (:func:`shard`).
 
 * A layer of a plain stack (and every MTP module's layer) is a token mixer and a
-  feed-forward block: attention, then a dense MLP or an MoE block
-  (:meth:`ModelSpec.is_moe_layer`).
+  feed-forward block: attention (or, in the layers ``model.gated_deltanet`` names, a gated
+  DeltaNet), then a dense MLP or an MoE block (:meth:`ModelSpec.is_moe_layer`).
 * A layer of a hybrid stack (``hybrid_override_pattern``) is the one block its symbol names
   (:data:`workloads.model.HYBRID_SYMBOLS`).
 
@@ -17,15 +17,20 @@ from functools import lru_cache
 
 from .attention import AttentionBlock
 from .base import Block
+from .gated_deltanet import GatedDeltaNetBlock
 from .mamba import MambaBlock
 from .mlp import DenseMLPBlock
 from .moe import MoEBlock
 from .shard import shard
 
-__all__ = ["BLOCK_CLASSES", "layer_blocks", "selected_for_recompute", "shard"]
+__all__ = ["BLOCK_CLASSES", "EXTRA_ACTIVATION_TERMS", "layer_blocks", "selected_for_recompute", "shard"]
 
-BLOCK_CLASSES: dict[str, type[Block]] = {cls.kind: cls for cls in (AttentionBlock, MambaBlock, DenseMLPBlock, MoEBlock)}
-"""Block classes by kind: the names of :data:`workloads.model.HYBRID_SYMBOLS`' values."""
+BLOCK_CLASSES: dict[str, type[Block]] = {cls.kind: cls for cls in (AttentionBlock, MambaBlock, DenseMLPBlock, MoEBlock,
+                                                                   GatedDeltaNetBlock)}
+"""Block classes by kind (:data:`workloads.model.HYBRID_SYMBOLS`' values among them)."""
+
+EXTRA_ACTIVATION_TERMS: tuple[str, ...] = tuple(key for cls in BLOCK_CLASSES.values() for key in cls.ACTIVATION_KEYS)
+"""Activation-memory terms the blocks add to :data:`workloads.memory.ACTIVATION_TERMS`."""
 
 
 def layer_blocks(model, i: int) -> tuple[Block, ...]:
@@ -39,8 +44,10 @@ def _layer_blocks(model, i: int) -> tuple[Block, ...]:
     kind = model.layer_kind(i)
     if kind != "transformer":
         return (BLOCK_CLASSES[kind](model, i),)
-    ffn = MoEBlock if model.is_moe_layer(min(i, model.num_layers - 1)) else DenseMLPBlock
-    return AttentionBlock(model, i), ffn(model, i)
+    j = min(i, model.num_layers - 1)            # an MTP module's layer is shaped like the last one
+    ffn = MoEBlock if model.is_moe_layer(j) else DenseMLPBlock
+    linear = model.gated_deltanet is not None and model.gated_deltanet.is_linear(j)
+    return (GatedDeltaNetBlock if linear else AttentionBlock)(model, i), ffn(model, i)
 
 
 def selected_for_recompute(name: str, modules, blocks) -> bool:

@@ -61,14 +61,17 @@ class MoEBlock(Block):
 
     kind = "moe"
     RECOMPUTE = {"mlp_norm": "layernorm", "expert_act": "moe_act", "expert_clamp": "moe_act",
-                 "shared_fc1": "shared_experts", "shared_act": "shared_experts", "shared_fc2": "shared_experts"}
+                 "shared_fc1": "shared_experts", "shared_act": "shared_experts", "shared_fc2": "shared_experts",
+                 "shared_gate": "shared_experts", "shared_gate_mul": "shared_experts"}
     MODULE_WIDE = "moe"
     RECOMPUTE_ALL = frozenset({"router", "router_topk", "moe_permute", "expert_fc1", "expert_clamp", "expert_act",
                                "expert_fc2", "expert_bias", "moe_unpermute", "shared_fc1", "shared_act", "shared_fc2",
+                               "shared_gate", "shared_gate_mul",
                                "latent_down_proj", "latent_up_proj"})
     SEGMENTS = {**dict.fromkeys(("mlp_norm", "router", "router_topk", "moe_permute", "latent_down_proj"), "pre"),
                 **dict.fromkeys(("moe_unpermute", "mlp_residual", "latent_up_proj"), "post")}
-    ROUTER_SCOPE = frozenset({"mlp_norm", "router", "router_topk", "shared_fc1", "shared_act", "shared_fc2"})
+    ROUTER_SCOPE = frozenset({"mlp_norm", "router", "router_topk", "shared_fc1", "shared_act", "shared_fc2",
+                              "shared_gate", "shared_gate_mul"})
     """Ops that Megatron-Core's ``moe_router`` graph captures: the pre-MLP norm, the router and
     (not overlapped) shared experts (``_get_submodules_under_cudagraphs``); the token
     permutation, the routed experts and the unpermutation run on per-step token counts and
@@ -83,7 +86,8 @@ class MoEBlock(Block):
         n_routed = moe.top_k if active else moe.num_experts
         out = {"router": h * moe.num_experts + (moe.num_experts if moe.router_bias else 0),
                "routed_experts": n_routed * mlp_params(m, moe.expert_ffn_hidden_size, moe.latent_size or h),
-               "shared_experts": moe.num_shared_experts * mlp_params(m, moe.shared_expert_ffn_hidden_size),
+               "shared_experts": moe.num_shared_experts * mlp_params(m, moe.shared_expert_ffn_hidden_size)
+               + (h if moe.shared_expert_gate else 0),
                "latent_proj": 0}
         if moe.latent_size:
             out["latent_proj"] = 2 * h * moe.latent_size + ((moe.latent_size + h) if m.add_bias_linear else 0)
@@ -101,6 +105,8 @@ class MoEBlock(Block):
         local = moe.num_experts / parallel.ep
         shared, shared_gemm = mlp_rank_params(m, moe.num_shared_experts * moe.shared_expert_ffn_hidden_size, t) \
             if moe.num_shared_experts else (0.0, 0.0)
+        if moe.shared_expert_gate:              # h -> 1, replicated over TP
+            dense += m.hidden_size
         return RankParams(dense + shared, local * one, gemm + shared_gemm, local * one_gemm)
 
     def add_kernels(self, ops, sh, args) -> None:
@@ -159,6 +165,12 @@ class MoEBlock(Block):
             ops.linear("shared_fc1", sh.T, int(m1 * fs), h)
             ops.pair(kn.activation("shared_act", L, sh.T, int(fs), model.mlp))
             ops.linear("shared_fc2", sh.T, h, int(fs))
+            if moe.shared_expert_gate:
+                # sigmoid(x W_g) scales the shared output (HF Qwen3NextSparseMoeBlock, eager):
+                # the h -> 1 GEMM, the sigmoid, the product over the T x h output (read 2, write 1)
+                ops.linear("shared_gate", sh.T, 1, h)
+                a = kn.ACT_BYTES * sh.T * h
+                ops.pair(kn.ew_pair("shared_gate_mul", L, 3 * a, 5 * a, 2, 3))
         ops.pair(kn.residual("mlp_residual", L, Tn, h, model.dropout))
 
     def activation_terms(self, d, modules, out) -> None:

@@ -264,17 +264,21 @@ def _mixer(model: ModelSpec, i: int = 0):
     return layer_blocks(model, i)[0]
 
 
-def _ffn_counts(model: ModelSpec, layers: int) -> list[tuple[object, int]]:
-    """The feed-forward blocks of the first ``layers`` layers (MTP modules included past
-    ``num_layers``), one representative per block kind, each with its count, in the order
-    the kinds first appear."""
+def _block_counts(model: ModelSpec, layers: int, ffn: bool) -> list[tuple[object, int]]:
+    """The feed-forward blocks (``ffn``) or the token mixers of the first ``layers`` layers
+    (MTP modules included past ``num_layers``), one representative per block kind, each with
+    its count, in the order the kinds first appear."""
     out: dict[str, list] = {}
     for i in range(layers):
         for block in layer_blocks(model, i):
-            if block.ffn_width() is not None:
+            if (block.ffn_width() is not None) == ffn:
                 entry = out.setdefault(block.kind, [block, 0])
                 entry[1] += 1
     return [(b, n) for b, n in out.values()]
+
+
+def _ffn_counts(model: ModelSpec, layers: int) -> list[tuple[object, int]]:
+    return _block_counts(model, layers, True)
 
 
 def megatron_core_2025(model: ModelSpec, seq_len: int, vocab_size: int | None = None) -> float:
@@ -314,7 +318,9 @@ def megatron_core_2025(model: ModelSpec, seq_len: int, vocab_size: int | None = 
     h, s, L = model.hidden_size, seq_len, model.num_layers
     V = model.vocab_size if vocab_size is None else vocab_size
     mtp = model.mtp_layers
-    attn = _mixer(model).mc_flops_per_token(s)
+    mixers = 0
+    for block, n in _block_counts(model, L + mtp, False):
+        mixers += block.mc_flops_per_token(s) * n
     # sliding-window layers: the two core-attention terms see kbar keys per query instead of s / 2
     window_terms = 0.0
     correction = _mixer(model).mc_window_correction(s)
@@ -324,7 +330,7 @@ def megatron_core_2025(model: ModelSpec, seq_len: int, vocab_size: int | None = 
     mlp = 0
     for block, n in _ffn_counts(model, L + mtp):
         mlp += block.mc_flops_per_token(s) * n
-    per_token = mlp + attn * (L + mtp) + 6 * mtp * (3 * h + 2 * h * h) + 6 * h * V * (1 + mtp)
+    per_token = mlp + mixers + 6 * mtp * (3 * h + 2 * h * h) + 6 * h * V * (1 + mtp)
     if window_terms:
         per_token += window_terms
     return float(per_token * s)
@@ -375,7 +381,7 @@ def nemo_24(model: ModelSpec, seq_len: int, vocab_size: int | None = None) -> fl
     notes.  MLA is not covered by this formula (ConfigError); MTP modules are ignored, and so
     are sliding windows (every layer counts the full ``s^2``).
     """
-    for block in layer_blocks(model, 0):
+    for block, _ in _block_counts(model, model.num_layers, False):
         why = block.unsupported_convention("nemo_24")
         if why:
             raise ConfigError("flop_convention", "nemo_24", why)

@@ -206,8 +206,23 @@ def _moe_backward(ctx, em, seg, layer, mb, chunk, tp):
 
 
 
+def _gdn_forward(ctx, em, seg, layer, mb, chunk, phase, tp, host_extra):
+    """A gated DeltaNet mixer between the TP collectives, as an attention block without CP
+    (the block refuses context parallelism)."""
+    tp_in, tp_out = tp
+    tp_in()
+    f, t, hs, k = seg.get("F:attn", _NOSEG)
+    em.compute(OpName.GDN, layer, mb, chunk, phase, f, t, hs + host_extra, k)
+    tp_out()
+
+
+def _gdn_backward(ctx, em, seg, layer, mb, chunk, tp):
+    _tp_block_backward(ctx, em, layer, mb, chunk, tp, OpName.GDN_BWD, "attn", seg)
+
+
 _LOWERING = {"attention": (_attention_forward, _attention_backward), "mamba": (_mamba_forward, _mamba_backward),
-             "mlp": (_mlp_forward, _mlp_backward), "moe": (_moe_forward, _moe_backward)}
+             "mlp": (_mlp_forward, _mlp_backward), "moe": (_moe_forward, _moe_backward),
+             "gated_deltanet": (_gdn_forward, _gdn_backward)}
 """Each block kind's forward and backward with the collectives between its kernels, as
 Megatron-Core with Transformer Engine places them."""
 
