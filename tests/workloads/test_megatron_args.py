@@ -4,7 +4,7 @@ import pytest
 
 from topologies import ConfigError
 from workloads.megatron_args import from_megatron_args
-from workloads.model import load_model
+from workloads.model_loading import load_model
 
 LLAMA70B = """--num-layers 80 --hidden-size 8192 --ffn-hidden-size 28672 --num-attention-heads 64
  --group-query-attention --num-query-groups 8 --seq-length 8192 --max-position-embeddings 8192

@@ -9,7 +9,8 @@ import yaml
 
 from topologies import ConfigError
 from workloads.hf_config import model_from_hf_config
-from workloads.model import BREAKDOWN_KEYS, MODEL_PRESETS, ModelSpec, MoESpec, load_model
+from workloads.model import BREAKDOWN_KEYS, ModelSpec, MoESpec
+from workloads.model_loading import MODEL_PRESETS, load_model
 from workloads.parallel import ParallelConfig
 
 B = 10**9
