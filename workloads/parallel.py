@@ -34,7 +34,8 @@ from topologies.errors import check_keys
 
 from .schedules import SCHEDULE_NAMES, validate_schedule_config
 
-__all__ = ["ParallelConfig", "SCHEDULE_NAMES", "RECOMPUTE_KINDS", "split_layers", "parse_pipeline_layout"]
+__all__ = ["ParallelConfig", "SCHEDULE_NAMES", "RECOMPUTE_KINDS", "check_mamba_split", "split_layers",
+           "parse_pipeline_layout"]
 
 RECOMPUTE_KINDS = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
@@ -321,7 +322,6 @@ class ParallelConfig:
             raise ConfigError(f"{where}.tp", self.tp,
                               f"must divide the KV heads ({kv}) or be a multiple of them (replicated KV heads)")
         if getattr(model, "mamba", None) is not None:
-            from .costs.flops import check_mamba_split      # noqa: PLC0415 (costs imports this module)
             check_mamba_split(model, self.tp, self.cp)
         moe = getattr(model, "moe", None)
         if moe is not None:
@@ -373,6 +373,26 @@ class ParallelConfig:
     def check_schedule(self, where: str = "parallel") -> None:
         """Micro-batch and vpp rules of the pipeline schedule (minimum micro-batches per schedule)."""
         validate_schedule_config(self.schedule, self.pp, self.num_microbatches, self.vpp, where=where)
+
+
+def check_mamba_split(model, tp: int, cp: int) -> None:
+    """Megatron-Core's MambaMixer splits heads and groups over TP (``nheads % tp == 0``,
+    ``ngroups % tp == 0``) and, with context parallelism, a rank's heads and groups again
+    over CP (the head-transposing all-to-all; ``mamba_context_parallel.py``).  ``model`` is a
+    workloads ModelSpec with ``mamba`` set; the FLOP model checks the same split per shard."""
+    mb = model.mamba
+    for key, n in (("num_heads", mb.num_heads), ("num_groups", mb.num_groups)):
+        if n % tp:
+            raise ConfigError("parallel.tp", tp, f"must divide model.mamba.{key} = {n} (Mamba heads and groups "
+                                                 "are split over tensor parallelism)")
+    heads, groups = mb.num_heads // tp, mb.num_groups // tp
+    if heads % cp:
+        raise ConfigError("parallel.cp", cp, f"must divide model.mamba.num_heads / tp = {heads} (context "
+                                             "parallelism splits a Mamba layer's heads)")
+    if groups % cp and cp % groups:
+        # fewer groups than CP ranks: each group's state is replicated on cp / groups ranks
+        raise ConfigError("parallel.cp", cp, f"must divide model.mamba.num_groups / tp = {groups} or be a "
+                                             "multiple of it (context parallelism splits or replicates the groups)")
 
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ParallelConfig)}

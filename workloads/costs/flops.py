@@ -108,7 +108,7 @@ from typing import NamedTuple
 from topologies import ConfigError
 
 from ..model import ModelSpec
-from ..parallel import ParallelConfig
+from ..parallel import ParallelConfig, check_mamba_split
 
 __all__ = ["ComputeOp", "EXPERT_GROUPED_LINEARS", "OP_CLASSES", "PHASES", "GEMM_ROLES", "ACT_BYTES", "ATTN_BLOCK_SIZE",
            "layer_ops", "embedding_ops", "mamba_scan_bytes", "mamba_scan_kernels", "MAMBA_SCAN_LAUNCHES", "check_mamba_split", "output_ops", "optimizer_ops", "gemm_role", "sum_flops",
@@ -308,25 +308,6 @@ def _shard(model: ModelSpec, parallel: ParallelConfig, micro_batch_size, seq_len
     if model.mamba is not None:
         check_mamba_split(model, tp, cp)
     return _Shard(b, s, tp, cp, sp, T, T // tp if sp else T)
-
-
-def check_mamba_split(model: ModelSpec, tp: int, cp: int) -> None:
-    """Megatron-Core's MambaMixer splits heads and groups over TP (``nheads % tp == 0``,
-    ``ngroups % tp == 0``) and, with context parallelism, a rank's heads and groups again
-    over CP (the head-transposing all-to-all; ``mamba_context_parallel.py``)."""
-    mb = model.mamba
-    for key, n in (("num_heads", mb.num_heads), ("num_groups", mb.num_groups)):
-        if n % tp:
-            raise ConfigError("parallel.tp", tp, f"must divide model.mamba.{key} = {n} (Mamba heads and groups "
-                                                 "are split over tensor parallelism)")
-    heads, groups = mb.num_heads // tp, mb.num_groups // tp
-    if heads % cp:
-        raise ConfigError("parallel.cp", cp, f"must divide model.mamba.num_heads / tp = {heads} (context "
-                                             "parallelism splits a Mamba layer's heads)")
-    if groups % cp and cp % groups:
-        # fewer groups than CP ranks: each group's state is replicated on cp / groups ranks
-        raise ConfigError("parallel.cp", cp, f"must divide model.mamba.num_groups / tp = {groups} or be a "
-                                             "multiple of it (context parallelism splits or replicates the groups)")
 
 
 def _gemm_bytes(m, n, k) -> float:
