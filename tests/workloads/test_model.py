@@ -531,8 +531,7 @@ def test_hf_small_moe_with_sparse_step_and_shared_expert():
     cfg = {"model_type": "qwen2_moe", "num_hidden_layers": 4, "hidden_size": 64, "intermediate_size": 128,
            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "max_position_embeddings": 64,
            "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-           "shared_expert_intermediate_size": 96, "decoder_sparse_step": 2, "mlp_only_layers": [3],
-           "a_key_from_the_future": {"anything": [1, 2]}}
+           "shared_expert_intermediate_size": 96, "decoder_sparse_step": 2, "mlp_only_layers": [3]}
     m = model_from_hf_config(cfg)
     assert [m.is_moe_layer(i) for i in range(4)] == [False, True, False, False]
     assert m.moe.moe_layer_pattern == (0, 1, 0, 0)
