@@ -11,7 +11,8 @@ from .megatron_args import from_megatron_args
 from .memory import (DEFAULT_RESERVE_BYTES, MemoryEstimate, MemoryOptions, bytes_per_param, check_fits,
                      layer_activation_bytes, memory_estimate, memory_estimates)
 from .mesh import GROUP_AXES, RankGrid
-from .model import MODEL_PRESETS, MLASpec, ModelSpec, MoESpec, load_model
+from .model import MLASpec, ModelSpec, MoESpec
+from .model_loading import MODEL_PRESETS, load_model
 from .parallel import ParallelConfig, split_layers
 from .ops import Coll, Group, Issue, Op, OpKind, OpName, Phase, Stream
 from .program import Program, RankClass, build_program

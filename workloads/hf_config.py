@@ -56,13 +56,19 @@ embedding; ``num_nextn_predict_layers`` MTP modules (their ``mtp_hybrid_override
 ``*E`` is the attention + MoE layer an MTP module holds here).  Linear biases
 (``mamba_proj_bias``, ``mlp_bias``, ``attention_bias``) must be false.
 
-Keys not listed (rope scaling, dtypes, token ids,
-quantisation) are ignored, so configs of unknown families load as Llama-like models when they carry the
-required keys.  Not represented exactly: Llama's ``attention_bias`` without
-``mlp_bias`` (read as q/k/v biases; the output-projection bias, ``h`` per layer, is left
-out), DeepSeek's ``attention_bias`` with MLA (left out), and Qwen2-MoE's shared-expert
-gate (``h`` per layer).  No released checkpoint of these families sets the first two.
-The importer only reads the file it is given.
+What is not modelled is refused, never approximated silently: a ``model_type`` outside
+:data:`HF_MODEL_TYPES` (``qwen3_next``, say, whose linear-attention layers a Llama-style
+reading would count as full attention), and any key that is neither read for its model
+type nor in the documented set of keys with no effect on the structure or cost of a step
+(``_NO_EFFECT``: token ids, dtypes, RoPE tables, norm epsilons, loss weights, router
+arithmetic...) unless its value is inert (null, false, 0, empty, or a default such as
+``partial_rotary_factor: 1``).  So ``layer_types`` with ``linear_attention``,
+``full_attention_interval``, ``linear_*`` sizes, ``attn_output_gate``, ``qk_layernorm``,
+``partial_rotary_factor: 0.25``, a non-zero dropout, ``use_sliding_window: true`` outside
+Qwen, MoE keys without experts, and ``attention_bias`` without ``mlp_bias`` (the output
+projection's bias) or with MLA are errors naming the key.  Still not represented exactly:
+Qwen2-MoE's shared-expert gate (``h`` parameters per layer, always present in its modelling
+code, no config key).  The importer only reads the file it is given.
 """
 
 from __future__ import annotations
@@ -78,7 +84,7 @@ from .model import MambaSpec, MLASpec, ModelSpec, MoESpec
 
 __all__ = ["HF_MODEL_TYPES", "model_from_hf_config"]
 
-#: Families whose configs this importer knows; others load as Llama-like models.
+#: Families whose configs this importer models; others are refused.
 HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                   "deepseek_v2", "deepseek_v3", "gpt_oss", "nemotron_h")
 _ROUTER_BIAS_TYPES = ("deepseek_v3", "gpt_oss")
@@ -87,6 +93,109 @@ _LAYER_TYPES = {"sliding_attention": 1, "full_attention": 0}
 _QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")
 _QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 _GATED_ACTIVATIONS = ("silu", "swish")
+
+# -- what the importer refuses ------------------------------------------------------------------
+# Every key of a config is read (below, per model type), known to have no effect on the
+# structure or the cost of a training step (_NO_EFFECT, each with why), or inert (null, false,
+# 0, empty, or the default in _INERT_DEFAULTS); any other key is refused, naming it, so a field
+# that changes the model is never dropped silently.
+_COMMON_KEYS = frozenset({
+    "model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings", "tie_word_embeddings",
+    "num_nextn_predict_layers"})
+_LLAMA_STYLE_KEYS = _COMMON_KEYS | {"hidden_act", "attention_bias", "mlp_bias", "sliding_window", "layer_types"}
+_EXPERT_COUNT_KEYS = ("num_local_experts", "n_routed_experts", "num_experts")
+_MOE_KEYS = frozenset({"num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
+                       "shared_expert_intermediate_size", "first_k_dense_replace", "moe_layer_freq",
+                       "decoder_sparse_step", "mlp_only_layers", "topk_method"})
+_MLA_KEYS = frozenset({"kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"})
+_QWEN_WINDOW_KEYS = frozenset({"use_sliding_window", "max_window_layers"})
+_NEMOTRON_H_KEYS = _COMMON_KEYS | {
+    "hybrid_override_pattern", "layers_block_type", "mamba_proj_bias", "mlp_bias", "attention_bias",
+    "mlp_hidden_act", "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel",
+    "chunk_size", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_latent_size",
+    "n_shared_experts", "moe_shared_expert_intermediate_size", "mtp_hybrid_override_pattern"}
+_GPT_OSS_KEYS = frozenset({"swiglu_limit", "rope_scaling", "experts_per_token"})
+#: Keys read, by model type (MoE keys only with experts: see _refuse_unmodelled).
+_READ_KEYS = {t: _LLAMA_STYLE_KEYS | set(_EXPERT_COUNT_KEYS) | _MOE_KEYS | _MLA_KEYS
+              | (_QWEN_WINDOW_KEYS if t.startswith("qwen") else set()) | (_GPT_OSS_KEYS if t == "gpt_oss" else set())
+              for t in HF_MODEL_TYPES if t != "nemotron_h"}
+_READ_KEYS["nemotron_h"] = _NEMOTRON_H_KEYS
+#: The one value (besides null) a key may hold without changing anything; for other keys null,
+#: false, 0 and empty are inert.  (Nemotron-H's conv1d bias is counted: use_conv_bias must be true.)
+_INERT_DEFAULTS = {"decoder_sparse_step": 1, "moe_layer_freq": 1, "partial_rotary_factor": 1,
+                   "use_conv_bias": True, "mamba_hidden_act": "silu", "topk_method": "greedy"}
+#: Keys with no effect on the structure or the cost of a training step, and why.
+_NO_EFFECT = {
+    "architectures": "the modelling class; model_type decides",
+    "transformers_version": "the library version that wrote the file",
+    "torch_dtype": "the checkpoint's storage dtype; the scenario's precision recipe decides",
+    "dtype": "the checkpoint's storage dtype; the scenario's precision recipe decides",
+    "quantization_config": "the checkpoint's storage format; the scenario's precision recipe decides",
+    "bos_token_id": "a token id", "eos_token_id": "a token id", "pad_token_id": "a token id",
+    "tokenizer_class": "the tokenizer (vocab_size is read)",
+    "initializer_range": "initialisation", "auto_map": "remote-code class names",
+    "rms_norm_eps": "a norm's epsilon", "layer_norm_epsilon": "a norm's epsilon",
+    "rope_theta": "RoPE table values", "rope_scaling": "RoPE table values (read for gpt_oss: rope_mscale)",
+    "initial_context_length": "YaRN's original context (gpt-oss): RoPE table values",
+    "use_cache": "inference KV cache", "output_router_logits": "an inference output",
+    "num_logits_to_keep": "inference logits", "use_mamba_kernels": "a kernel choice at inference",
+    "pretraining_tp": "Llama's sliced matmuls at pre-training: the same products",
+    "router_aux_loss_coef": "a loss weight", "aux_loss_alpha": "a loss weight", "seq_aux": "a loss's form",
+    "router_jitter_noise": "router input noise (elementwise)",
+    "norm_topk_prob": "renormalising the top-k scores (elementwise)",
+    "routed_scaling_factor": "scaling the routed output (elementwise)",
+    "scoring_func": "softmax or sigmoid router scores (elementwise)",
+    "n_group": "group-limited routing picks among fewer experts, as many per token (node spread not modelled)",
+    "topk_group": "group-limited routing picks among fewer experts, as many per token (node spread not modelled)",
+    "ep_size": "DeepSeek's inference expert parallelism; the scenario's layout decides",
+    "expand": "Nemotron-H's mixer width is mamba_num_heads x mamba_head_dim (read); expand is not used",
+    "mamba_hidden_act": "the Mamba gate's activation (silu)",
+    "time_step_min": "Mamba dt initialisation", "time_step_max": "Mamba dt initialisation",
+    "time_step_floor": "Mamba dt initialisation", "time_step_limit": "Mamba dt clamp (elementwise)",
+    "residual_in_fp32": "residual dtype (numerics)", "rescale_prenorm_residual": "initialisation",
+}
+
+
+def _inert(key: str, value) -> bool:
+    if key in _INERT_DEFAULTS:
+        return value is None or value == _INERT_DEFAULTS[key]
+    return value is None or value is False or value == 0 or value in ("", [], {})
+
+
+def _refuse_unmodelled(cfg: dict, where: str) -> str:
+    """The config's model type; ConfigError for a model type or a key this importer does not
+    model (see above)."""
+    model_type = str(cfg.get("model_type") or "")
+    if model_type not in HF_MODEL_TYPES:
+        raise ConfigError(f"{where}.model_type", cfg.get("model_type"),
+                          f"model type not modelled by the Hugging Face importer (refused rather than read as "
+                          f"a Llama-style stack); modelled: {', '.join(HF_MODEL_TYPES)}")
+    read = _READ_KEYS[model_type]
+    experts = any(cfg.get(k) for k in _EXPERT_COUNT_KEYS) or model_type == "nemotron_h"
+    for key, value in cfg.items():
+        if key.startswith("_") or key in _NO_EFFECT or _inert(key, value):
+            continue            # transformers' bookkeeping (_name_or_path) or annotations (_comment)
+        if key in read and (experts or key not in _MOE_KEYS):
+            continue
+        rule = (f"an MoE key without experts ({' / '.join(_EXPERT_COUNT_KEYS)})" if key in read else
+                f"not modelled by the Hugging Face importer for model_type {model_type} (it changes the "
+                f"model's structure or cost, or is unknown); clustersim refuses rather than ignore it")
+        raise ConfigError(f"{where}.{key}", value, rule)
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and model_type != "nemotron_h":
+        bad = next((t for t in types if t not in _LAYER_TYPES), None)
+        if bad is not None:
+            raise ConfigError(f"{where}.layer_types", bad, f"layer type not modelled; modelled: "
+                                                           f"{', '.join(_LAYER_TYPES)}")
+    if model_type == "gpt_oss" and cfg.get("experts_per_token") not in (None, cfg.get("num_experts_per_tok")):
+        raise ConfigError(f"{where}.experts_per_token", cfg["experts_per_token"],
+                          "must equal num_experts_per_tok (gpt-oss repeats it)")
+    if cfg.get("attention_bias") and not cfg.get("mlp_bias") and model_type not in ("gpt_oss", "nemotron_h"):
+        what = "with MLA" if cfg.get("kv_lora_rank") else "without mlp_bias (the output projection's bias)"
+        raise ConfigError(f"{where}.attention_bias", cfg["attention_bias"],
+                          f"attention biases {what} are not modelled")
+    return model_type
 
 
 def _read(path_or_dict, where: str) -> tuple[dict, str]:
@@ -228,11 +337,11 @@ def model_from_hf_config(path_or_dict, *, name: str | None = None, seq_len: int 
     Raises
     ------
     ConfigError
-        A required key is missing (the error names it), a value is invalid, or the file
-        cannot be read.  Unknown keys are ignored.
+        A required key is missing (the error names it), a value is invalid, the file
+        cannot be read, or the model type or a key is not modelled (see the module docstring).
     """
     cfg, source = _read(path_or_dict, where)
-    model_type = str(cfg.get("model_type") or "")
+    model_type = _refuse_unmodelled(cfg, where)
     if model_type == "nemotron_h":
         return _nemotron_h(cfg, source, name, seq_len, where)
     num_layers = _req(cfg, "num_hidden_layers", where)

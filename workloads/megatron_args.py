@@ -10,10 +10,17 @@ Defaults follow Megatron-LM's argument parser where the flag is absent: GELU MLP
 LayerNorm, learned absolute positions, biases on linear layers, tied embeddings
 (``--untie-embeddings-and-output-weights`` unties them).  One exception: without
 ``--moe-token-dispatcher-type`` the dispatcher is clustersim's default ``alltoall`` (what
-MoE training recipes set), not Megatron-Core's ``allgather``.  Flags that do not change the
-work of a training step (logging, checkpointing, data paths, learning rate...) are
-ignored; flags that would and that clustersim does not model are an error, so nothing
-is silently dropped.
+MoE training recipes set), not Megatron-Core's ``allgather``.
+
+Flags not read follow one explicit rule.  A flag of an architecture family (``--moe-*``,
+``--mamba-*``, ``--rotary-*``, ``--attention-*``, ``--qk-*``, ``--linear-*``, ``--hybrid-*``...:
+``_ARCH_PREFIXES``) is refused, naming it, unless it is listed as having no effect on the
+model (``_NO_EFFECT_FLAGS``, each with why: RoPE bases, loss weights, router arithmetic,
+fusions) or carries a modelled value (``--rotary-percent 1.0``, ``--softmax-type vanilla``,
+``--attention-backend flash``); ``_UNSUPPORTED`` names a few more (``--no-position-embedding``,
+``--quick-geglu``, ``--activation-func-clamp-value``).  Other flags (data, tokenizer,
+logging, checkpointing, optimizer and learning rate, precision, overlaps) do not change the
+model and are skipped, so nothing that shapes the model is silently dropped.
 """
 
 from __future__ import annotations
@@ -117,8 +124,45 @@ _SWITCHES: dict[str, tuple[str, str, object]] = {
     "--squared-relu": ("model", "mlp", "relu2"),
     "--mtp-use-repeated-layer": ("model", "mtp_repeated_layer", True),
 }
-# Flags that change the step but have no meaning in clustersim yet.
-_UNSUPPORTED = {"--num-experts-per-layer", "--encoder-num-layers", "--decoder-num-layers"}
+# Flags that change the step but have no meaning in clustersim yet (with a hint where one helps).
+_UNSUPPORTED = {"--num-experts-per-layer": "", "--encoder-num-layers": "", "--decoder-num-layers": "",
+                "--no-position-embedding": "; give --position-embedding-type none",
+                "--quick-geglu": "", "--activation-func-clamp-value": "",
+                "--moe-enable-deepep": "; give --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep",
+                "--moe-layer-recompute": "; give --recompute-granularity selective --recompute-modules moe"}
+# Flag families that shape the model (architecture): an unread flag of these is refused unless
+# listed in _NO_EFFECT_FLAGS or given a modelled value (_MODELLED_VALUES).  Unread flags outside
+# them (data, tokenizer, logging, checkpointing, optimizer and learning rate, precision, kernel
+# fusions, communication overlaps) are skipped: they do not change the model.
+_ARCH_PREFIXES = ("--num-layers", "--num-experts", "--num-query-groups", "--num-attention-heads", "--hidden-",
+                  "--ffn-", "--kv-", "--q-", "--qk-", "--v-", "--moe-", "--mamba-", "--mtp-", "--hybrid-",
+                  "--rotary-", "--rope-", "--position-", "--attention-", "--softmax-", "--window-",
+                  "--multi-latent", "--group-query", "--linear-", "--heterogeneous-", "--experimental-",
+                  "--normalization", "--apply-", "--glu-", "--activation-", "--add-", "--encoder-", "--decoder-")
+_NO_EFFECT_FLAGS = {
+    "--attention-softmax-in-fp32": "numerics", "--apply-layernorm-1p": "zero-centred norm weights: same parameters",
+    "--apply-query-key-layer-scaling": "numerics", "--apply-residual-connection-post-layernorm": "same ops",
+    "--apply-rope-fusion": "a fusion (the default)", "--rotary-base": "RoPE table values",
+    "--rotary-interleaved": "RoPE layout", "--rotary-seq-len-interpolation-factor": "RoPE table values",
+    "--rotary-scaling-factor": "RoPE table values", "--rope-scaling-factor": "RoPE table values",
+    "--glu-linear-offset": "an elementwise offset in the GLU",
+    "--moe-grouped-gemm": "the grouped expert GEMMs clustersim models",
+    "--moe-use-legacy-grouped-gemm": "a grouped-GEMM implementation", "--moe-permute-fusion": "a fusion",
+    "--moe-router-fusion": "a fusion", "--moe-shared-expert-overlap": "an overlap, not the model",
+    "--moe-router-load-balancing-type": "a loss", "--moe-aux-loss-coeff": "a loss weight",
+    "--moe-z-loss-coeff": "a loss weight", "--moe-input-jitter-eps": "router input noise (elementwise)",
+    "--moe-router-score-function": "softmax or sigmoid scores (elementwise)",
+    "--moe-router-pre-softmax": "router arithmetic (elementwise)",
+    "--moe-router-topk-scaling-factor": "scaling the routed output (elementwise)",
+    "--moe-router-dtype": "router numerics", "--moe-router-bias-update-rate": "the expert-bias update",
+    "--moe-router-num-groups": "group-limited routing: as many experts per token (node spread not modelled)",
+    "--moe-router-group-topk": "group-limited routing: as many experts per token (node spread not modelled)",
+    "--moe-per-layer-logging": "logging", "--moe-use-upcycling": "checkpoint conversion",
+    "--moe-upcycling-granularity": "checkpoint conversion", "--mtp-loss-scaling-factor": "a loss weight",
+}
+# Unread flags that are modelled with these values only (Megatron-LM's defaults or equivalents).
+_MODELLED_VALUES = {"--rotary-percent": ("1.0",), "--softmax-type": ("vanilla",),
+                    "--attention-backend": ("auto", "flash", "fused")}
 
 
 def _tokens(argv: str | Sequence[str]) -> list[str]:
@@ -188,16 +232,39 @@ def _sections(toks: list[str]) -> dict[str, dict]:
             sec[s][key] = val
             i += 1
         elif flag in _UNSUPPORTED:
-            raise ConfigError(flag, None, "changes the training step but is not modelled by clustersim")
+            raise ConfigError(flag, None, "changes the training step but is not modelled by clustersim"
+                                          + _UNSUPPORTED[flag])
         elif flag.startswith("--"):
-            # not a flag that shapes the step (data, logging, optimizer hyper-parameters...):
-            # skip it and its value(s)
-            i += 1
-            while i < len(toks) and not toks[i].startswith("--"):
-                i += 1
+            # a flag not read: refused if it shapes the model, else skipped with its value(s)
+            j = i + 1
+            while j < len(toks) and not toks[j].startswith("--"):
+                j += 1
+            _check_unread(flag, toks[i + 1:j])
+            i = j
         else:
             raise ConfigError("megatron_args", flag, "expected a --flag")
     return sec
+
+
+def _same(value: str, modelled: str) -> bool:
+    try:
+        return float(value) == float(modelled)
+    except ValueError:
+        return value == modelled
+
+
+def _check_unread(flag: str, values: list[str]) -> None:
+    """ConfigError for a flag that is not read but shapes the model (an architecture-family
+    flag neither listed as without effect nor given a modelled value)."""
+    if flag in _MODELLED_VALUES:
+        if len(values) == 1 and any(_same(values[0], v) for v in _MODELLED_VALUES[flag]):
+            return
+        raise ConfigError(flag, " ".join(values), f"not modelled by clustersim; only "
+                                                  f"{' or '.join(_MODELLED_VALUES[flag])}")
+    if flag in _NO_EFFECT_FLAGS or not flag.startswith(_ARCH_PREFIXES):
+        return
+    raise ConfigError(flag, " ".join(values) or None,
+                      "an architecture flag not modelled by clustersim (refused rather than ignored)")
 
 
 def _model_dict(sec: dict[str, dict], name: str) -> dict:

@@ -95,35 +95,28 @@ and the rule.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import functools
 import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-
-import yaml
 
 from topologies import ConfigError
 from topologies.errors import check_keys
 
 from .blocks import layer_blocks
-from .blocks.gated_deltanet import GatedDeltaNetSpec
 from .blocks.fields import bool_field as _bool, build as _build, choice_field as _choice, int_field as _int, \
     set_field as _set, sub_spec as _sub_spec
+from .blocks.gated_deltanet import GatedDeltaNetSpec
 
-__all__ = ["BREAKDOWN_KEYS", "HYBRID_SYMBOLS", "MLP_KINDS", "MODEL_PRESETS", "NORM_KINDS", "POSITION_EMBEDDINGS",
-           "MLASpec", "MambaSpec", "ModelSpec", "MoESpec", "load_model", "load_preset_mapping"]
+__all__ = ["BREAKDOWN_KEYS", "HYBRID_SYMBOLS", "MLP_KINDS", "NORM_KINDS", "POSITION_EMBEDDINGS",
+           "GatedDeltaNetSpec", "MLASpec", "MambaSpec", "ModelSpec", "MoESpec"]
 
 MLP_KINDS = ("gelu", "swiglu", "relu2")
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_EMBEDDINGS = ("rope", "learned", "none")
 _MLP_MATRICES = {"gelu": 2, "swiglu": 3, "relu2": 2}
 _NORM_PARAMS_PER_ELEMENT = {"layernorm": 2, "rmsnorm": 1}   # weight (+ bias)
-
-PRESET_DIR = Path(__file__).parent / "presets" / "models"
 
 #: Keys of :meth:`ModelSpec.param_breakdown`, in order.
 BREAKDOWN_KEYS = ("embedding", "position_embedding", "attention", "mamba", "mlp", "router", "latent_proj",
@@ -847,95 +840,3 @@ class ModelSpec:
             if not self.tied_embeddings:
                 total -= b["embedding"]
         return total
-
-
-# -- presets -----------------------------------------------------------------------------------
-def _preset_names() -> list[str]:
-    return sorted(p.name[:-len(".yaml")] for p in PRESET_DIR.glob("*.yaml"))
-
-
-#: Names of the model presets in ``workloads/presets/models/`` (each YAML cites its source).
-MODEL_PRESETS: tuple[str, ...] = tuple(_preset_names())
-
-
-def load_preset_mapping(name: str, where: str = "model") -> dict:
-    """The mapping stored in ``presets/models/<name>.yaml`` (with ``name`` set)."""
-    if not isinstance(name, str) or "/" in name or not (PRESET_DIR / f"{name}.yaml").is_file():
-        raise ConfigError(where, name, f"unknown model preset; known: {', '.join(_preset_names())}")
-    data = copy.deepcopy(_read_preset(PRESET_DIR / f"{name}.yaml"))
-    if not isinstance(data, dict):
-        raise ConfigError(where, name, f"preset file {name}.yaml does not hold a mapping")
-    data.setdefault("name", name)
-    return data
-
-
-@functools.lru_cache(maxsize=None)
-def _read_preset(path: Path):
-    # presets are package data: parsed once per process (a search loads the model per candidate)
-    with path.open() as f:
-        return yaml.safe_load(f)
-
-
-def _base_mapping(kind: str, value, where: str) -> dict:
-    """The fields a ``preset``, ``hf_config`` or ``megatron_args`` entry stands for."""
-    if kind == "preset":
-        return load_preset_mapping(value, where)
-    if kind == "hf_config":
-        from .hf_config import model_from_hf_config          # noqa: PLC0415 (imports this module)
-        if not isinstance(value, (str, Path)):
-            raise ConfigError(where, value, "expected the path of a Hugging Face config.json (or its folder)")
-        return model_from_hf_config(value, where=where).to_dict()
-    from .megatron_args import model_from_megatron_args      # noqa: PLC0415 (imports this module)
-    if not isinstance(value, (str, list)):
-        raise ConfigError(where, value, "expected Megatron-LM arguments as one string or a list")
-    return model_from_megatron_args(value).to_dict()
-
-
-def load_model(spec: str | Mapping | ModelSpec, where: str = "model") -> ModelSpec:
-    """A ModelSpec from a preset name, a preset plus overrides, or a mapping of fields.
-
-    Parameters
-    ----------
-    spec
-        ``"llama3-70b"`` (a name in :data:`MODEL_PRESETS`); ``{"preset": "llama3-70b",
-        "seq_len": 4096, ...}`` (the preset with fields replaced; ``moe`` and ``mla``
-        mappings are merged key by key into the preset's, ``moe: null`` removes it);
-        ``{"hf_config": "path/config.json", ...}`` (a Hugging Face config through
-        :func:`workloads.model_from_hf_config`) or ``{"megatron_args": "--num-layers ..."}``
-        (Megatron-LM arguments), each with fields replaced in the same way; a full mapping of
-        ModelSpec fields; or a ModelSpec, returned as is.
-    where
-        Field prefix for error messages.
-
-    Returns
-    -------
-    ModelSpec
-
-    Raises
-    ------
-    ConfigError
-        Unknown preset (the message lists the valid names), unknown key or bad value.
-    """
-    if isinstance(spec, ModelSpec):
-        return spec
-    if isinstance(spec, str):
-        return ModelSpec.from_dict(load_preset_mapping(spec, where), where)
-    if not isinstance(spec, Mapping):
-        raise ConfigError(where, spec, "expected a preset name or a mapping of ModelSpec fields")
-    sources = [k for k in ("preset", "hf_config", "megatron_args") if k in spec]
-    if len(sources) > 1:
-        raise ConfigError(f"{where}.{sources[1]}", spec[sources[1]], f"give one of preset, hf_config, megatron_args, "
-                                                                    f"not both {sources[0]} and {sources[1]}")
-    if not sources:
-        return ModelSpec.from_dict(spec, where)
-    src = sources[0]
-    base = _base_mapping(src, spec[src], f"{where}.{src}")
-    merged = dict(base)
-    for key, value in spec.items():
-        if key == src:
-            continue
-        if key in ("moe", "mla", "mamba", "gated_deltanet") and isinstance(value, Mapping) and isinstance(base.get(key), Mapping):
-            merged[key] = {**base[key], **value}
-        else:
-            merged[key] = value
-    return ModelSpec.from_dict(merged, where)

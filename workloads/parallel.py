@@ -32,9 +32,11 @@ from dataclasses import dataclass
 from topologies import ConfigError
 from topologies.errors import check_keys
 
+from .blocks.mamba import check_mamba_split
 from .schedules import SCHEDULE_NAMES, validate_schedule_config
 
-__all__ = ["ParallelConfig", "SCHEDULE_NAMES", "RECOMPUTE_KINDS", "split_layers", "parse_pipeline_layout"]
+__all__ = ["ParallelConfig", "SCHEDULE_NAMES", "RECOMPUTE_KINDS", "check_mamba_split", "split_layers",
+           "parse_pipeline_layout"]
 
 RECOMPUTE_KINDS = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
@@ -321,7 +323,6 @@ class ParallelConfig:
             raise ConfigError(f"{where}.tp", self.tp,
                               f"must divide the KV heads ({kv}) or be a multiple of them (replicated KV heads)")
         if getattr(model, "mamba", None) is not None:
-            from .costs.flops import check_mamba_split      # noqa: PLC0415 (costs imports this module)
             check_mamba_split(model, self.tp, self.cp)
         moe = getattr(model, "moe", None)
         if moe is not None:

@@ -232,9 +232,9 @@ def clear_caches() -> None:
     """Clear the functools caches of the cost and memory code (none of them depends on a
     registered constant today; cleared anyway so a perturbed run can never see a value
     cached under another one)."""
-    from workloads import memory, model
+    from workloads import memory, model_loading
     from workloads.costs import compute
-    for fn in (compute.expected_max_normal, memory._held, model._read_preset):
+    for fn in (compute.expected_max_normal, memory._held, model_loading._read_preset):
         cache_clear: Callable[[], None] | None = getattr(fn, "cache_clear", None)
         if cache_clear is not None:
             cache_clear()

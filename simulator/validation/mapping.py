@@ -782,7 +782,7 @@ def _published_model(row: dict) -> tuple[dict, dict, str | None, list[str]]:
     """``(model section, base, preset, notes)``: the preset the name maps to (or a model built
     from the row's dimensions, preset None) with the row's dimensions and experts where they
     differ from ``base``, the preset's (or built) mapping."""
-    from workloads.model import load_preset_mapping
+    from workloads.model_loading import load_preset_mapping
 
     notes: list[str] = []
     try:

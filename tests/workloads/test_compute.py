@@ -16,7 +16,7 @@ from workloads.costs.compute import (CHIP_SPREAD, FLASH_ATTENTION_EFFICIENCY, HB
 from workloads.costs.flops import ComputeOp, layer_ops, sum_flops
 from workloads.costs.precision import (DTYPE_BYTES, PRECISION_RECIPES, get_recipe, quantize_ops,
                                        weight_quantize_op, with_quantize_ops)
-from workloads.model import load_model
+from workloads.model_loading import load_model
 from workloads.parallel import ParallelConfig
 
 H100 = get_gpu_spec("H100")

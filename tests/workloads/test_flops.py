@@ -11,7 +11,7 @@ from workloads.costs.flops import (ATTN_BLOCK_SIZE, FLOP_CONVENTIONS, ComputeOp,
                                    gemm_role, get_flop_convention, layer_ops, model_flops_per_step,
                                    model_flops_per_token, optimizer_ops, output_ops, padded_vocab_size, sum_flops,
                                    window_executed_fraction)
-from workloads.model import load_model
+from workloads.model_loading import load_model
 from workloads.parallel import ParallelConfig
 
 NO_RECOMPUTE = ParallelConfig(recompute="none")

@@ -1,10 +1,12 @@
 """Megatron-LM command lines -> (ModelSpec, ParallelConfig)."""
 
+import dataclasses
+
 import pytest
 
 from topologies import ConfigError
-from workloads.megatron_args import from_megatron_args
-from workloads.model import load_model
+from workloads.megatron_args import from_megatron_args, model_from_megatron_args
+from workloads.model_loading import load_model
 
 LLAMA70B = """--num-layers 80 --hidden-size 8192 --ffn-hidden-size 28672 --num-attention-heads 64
  --group-query-attention --num-query-groups 8 --seq-length 8192 --max-position-embeddings 8192
@@ -110,3 +112,46 @@ def test_window_bad_flags_name_the_flag(flags, field):
     with pytest.raises(ConfigError) as e:
         from_megatron_args(_GPT_OSS_LIKE + flags, num_gpus=1)
     assert e.value.field == field
+
+
+# -- flags not read: refused when they shape the model, skipped otherwise ----------------------
+@pytest.mark.parametrize("flags, flag", [
+    # Qwen3-Next as Megatron-Core writes it: gated DeltaNet layers and gated attention
+    ("--experimental-attention-variant gated_delta_net --linear-attention-freq 4 --linear-num-key-heads 16",
+     "--experimental-attention-variant"),
+    ("--linear-num-key-heads 16", "--linear-num-key-heads"),
+    ("--attention-output-gate", "--attention-output-gate"),
+    ("--rotary-percent 0.5", "--rotary-percent"),
+    ("--softmax-type learnable", "--softmax-type"),
+    ("--attention-backend unfused", "--attention-backend"),
+    ("--qk-l2-norm", "--qk-l2-norm"),
+    ("--no-position-embedding", "--no-position-embedding"),
+    ("--moe-layer-recompute", "--moe-layer-recompute"),
+    ("--moe-shared-expert-gate", "--moe-shared-expert-gate"),
+    ("--hybrid-attention-ratio 0.25", "--hybrid-attention-ratio"),
+    ("--activation-func-clamp-value 7.0", "--activation-func-clamp-value"),
+    ("--num-experts-per-layer 8", "--num-experts-per-layer"),
+])
+def test_an_unread_architecture_flag_is_refused_naming_it(flags, flag):
+    with pytest.raises(ConfigError) as e:
+        from_megatron_args(MIXTRAL + " " + flags, num_gpus=64)
+    assert e.value.field == flag
+    with pytest.raises(ConfigError):
+        model_from_megatron_args(MIXTRAL + " " + flags)
+
+
+def test_flags_without_effect_on_the_model_are_skipped():
+    extra = (" --rotary-percent 1.0 --softmax-type vanilla --attention-backend flash --rotary-base 1000000"
+             " --moe-grouped-gemm --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-2"
+             " --moe-permute-fusion --apply-layernorm-1p --attention-softmax-in-fp32 --num-workers 8 --bf16"
+             " --overlap-grad-reduce --lr 1e-4 --data-path /a /b --tokenizer-type HuggingFaceTokenizer")
+    assert from_megatron_args(MIXTRAL + extra, num_gpus=64) == from_megatron_args(MIXTRAL, num_gpus=64)
+
+
+@pytest.mark.parametrize("argv, preset", [(LLAMA70B, "llama3-70b"), (MIXTRAL, "mixtral-8x7b"),
+                                          ((_FIXTURES / "nemotron3_nano_megatron_args.txt").read_text(),
+                                           "nemotron3-nano")])
+def test_every_shipped_command_line_still_maps_to_its_preset(argv, preset):
+    model = model_from_megatron_args(argv)
+    assert dataclasses.replace(model, name="x", source="") == dataclasses.replace(load_model(preset), name="x",
+                                                                                   source="")

@@ -49,7 +49,8 @@ from workloads.memory import (
     memory_estimate,
     memory_estimates,
 )
-from workloads.model import ModelSpec, load_model
+from workloads.model import ModelSpec
+from workloads.model_loading import load_model
 from workloads.parallel import ParallelConfig
 from workloads.schedules import get_schedule, peak_in_flight
 

@@ -9,7 +9,8 @@ import yaml
 
 from topologies import ConfigError
 from workloads.hf_config import model_from_hf_config
-from workloads.model import BREAKDOWN_KEYS, MODEL_PRESETS, ModelSpec, MoESpec, load_model
+from workloads.model import BREAKDOWN_KEYS, ModelSpec, MoESpec
+from workloads.model_loading import MODEL_PRESETS, load_model
 from workloads.parallel import ParallelConfig
 
 B = 10**9
@@ -35,6 +36,10 @@ PUBLISHED = {
     # the model card's non-embedding count (29.9B, tested below) pins the dimensions.
     "qwen3-30b-a3b": ("30.5", "3.3", "huggingface.co/Qwen/Qwen3-30B-A3B model card"),
     "qwen3-235b-a22b": ("235", "22", "huggingface.co/Qwen/Qwen3-235B-A22B model card"),
+    # Qwen3-Next-80B-A3B: "80B total parameters and 3B activated" (model card); the activated
+    # 3.87B (input embedding counted, Qwen's convention) truncates to 3, the total is 79.67B.
+    # tests/workloads/test_qwen3_next.py checks the count against Hugging Face's modules.
+    "qwen3-next-80b-a3b": ("80", "3", "huggingface.co/Qwen/Qwen3-Next-80B-A3B-Instruct model card"),
     # Megatron-LM weak-scaling family: Narayanan et al. SC'21 (arXiv:2104.04473) Table 1.
     # "1.7" is 1.652B and "3.6" is 3.562B rounded to one decimal (2.8 % and 1.1 % above);
     # the formula test below shows the paper's own formula gives the same counts.
@@ -83,6 +88,7 @@ TEST_PRESETS = ("tiny-dense", "tiny-moe")
 # the only figures that need their printed precision rather than 1 % (see the comments above)
 PRECISION_ONLY = {("megatron-gpt-1.7b", "total"), ("megatron-gpt-3.6b", "total"), ("qwen3-30b-a3b", "active"),
                   ("nemotron3-super", "active"),   # "12B": 12.23B rounded
+                  ("qwen3-next-80b-a3b", "active"),   # "3B": 3.87B truncated (the name's A3B)
                   ("kimi-k2", "total")}            # "1 trillion": 1.026T rounded
 
 
@@ -530,8 +536,7 @@ def test_hf_small_moe_with_sparse_step_and_shared_expert():
     cfg = {"model_type": "qwen2_moe", "num_hidden_layers": 4, "hidden_size": 64, "intermediate_size": 128,
            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "max_position_embeddings": 64,
            "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-           "shared_expert_intermediate_size": 96, "decoder_sparse_step": 2, "mlp_only_layers": [3],
-           "a_key_from_the_future": {"anything": [1, 2]}}
+           "shared_expert_intermediate_size": 96, "decoder_sparse_step": 2, "mlp_only_layers": [3]}
     m = model_from_hf_config(cfg)
     assert [m.is_moe_layer(i) for i in range(4)] == [False, True, False, False]
     assert m.moe.moe_layer_pattern == (0, 1, 0, 0)

@@ -425,7 +425,6 @@ def test_golden_tables(name, pp, m, vpp):
 
 def test_format_table_forms():
     s = build("1f1b", 2, 2)
-    assert s.format_table() == format_table(s)
     assert format_table(s, timed=False) == ("slot  stage0  stage1\n"
                                             "0     0F0     1F0\n"
                                             "1     0F1     1BW0\n"

@@ -11,13 +11,13 @@ from .actions import (
     Schedule,
     ScheduleError,
     format_action,
-    format_table,
     model_chunk,
     parse_action,
     route,
 )
 from .config import SCHEDULE_NAMES, min_microbatches, validate_schedule_config
 from .registry import SCHEDULES, get_schedule
+from .table import format_table
 from .timing import ActionCosts, ScheduleTiming, peak_in_flight, schedule_timing
 from .validate import validate
 

@@ -49,7 +49,6 @@ __all__ = [
     "ScheduleError",
     "LAYOUTS",
     "format_action",
-    "format_table",
     "model_chunk",
     "parse_action",
     "route",
@@ -232,10 +231,6 @@ class Schedule:
         """Number of distinct model chunks (layer ranges) a micro-batch passes through."""
         return self.pp if self.layout == "bidirectional" else self.pp * self.num_chunks
 
-    def format_table(self, timed: bool = True) -> str:
-        """Shorthand for :func:`format_table`."""
-        return format_table(self, timed=timed)
-
 
 def model_chunk(schedule: Schedule, stage: int, chunk: int) -> int:
     """Model chunk (layer range, 0 = nearest the embedding) held by ``(stage, chunk)``.
@@ -306,35 +301,3 @@ def route_position(schedule: Schedule) -> Callable[[int, int, int], int | None]:
                 return None
             return chunk * pp + stage
     return position
-
-
-def format_table(schedule: Schedule, timed: bool = True) -> str:
-    """A compact text table: one column per stage, one row per time slot.
-
-    With ``timed=True`` (default) every action takes one slot and starts as soon as its
-    stage is free and its dependencies have finished (unit-duration longest path, see
-    :mod:`.timing`), so idle slots, shown as ``.``, draw the bubble.  With ``timed=False``
-    row ``i`` is simply the ``i``-th entry of every stage's list.  Chunks are written
-    (``@c``) when the schedule has more than one chunk per stage.  The timed view shows
-    compute actions only (communication takes no slot).
-    """
-    show_chunk = schedule.num_chunks > 1
-    columns: list[dict[int, str]] = [{} for _ in range(schedule.pp)]
-    if timed:
-        from .timing import UNIT_COSTS, schedule_timing  # timing imports this module
-        timing = schedule_timing(schedule, UNIT_COSTS)
-        for s, stage_actions in enumerate(schedule.actions):
-            for a, start in zip(stage_actions, timing.start[s], strict=True):
-                if a is not None and a.is_compute:
-                    columns[s][int(start)] = format_action(a, show_chunk)
-    else:
-        for s, stage_actions in enumerate(schedule.actions):
-            for i, a in enumerate(stage_actions):
-                if a is not None:
-                    columns[s][i] = format_action(a, show_chunk)
-    num_rows = 1 + max((max(col) for col in columns if col), default=-1)
-    header = ["slot"] + [f"stage{s}" for s in range(schedule.pp)]
-    rows = [[str(t)] + [col.get(t, ".") for col in columns] for t in range(num_rows)]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
-    return "\n".join(lines) + "\n"

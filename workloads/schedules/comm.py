@@ -35,6 +35,7 @@ so a send and the next action's receive share a batch (Megatron's
 from __future__ import annotations
 
 from .actions import COMM_KINDS, Action, ActionKind, Schedule, route_position
+from .dualpipe import rank_order
 
 __all__ = ["p2p_order", "batches"]
 
@@ -59,7 +60,6 @@ def p2p_order(schedule: Schedule, stage: int, overlap_p2p: bool = False) -> list
         if order is None:
             return None
     elif schedule.name == "dualpipe":
-        from .dualpipe import rank_order
         order = rank_order(stage, schedule.pp, schedule.num_microbatches // 2)
     else:
         return None

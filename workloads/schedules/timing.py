@@ -92,7 +92,7 @@ def unit_cost(action: Action) -> float:
 
 
 UNIT_COSTS = unit_cost
-"""Cost function used for the slot view of :func:`.actions.format_table` and deadlock checks."""
+"""Cost function used for the slot view of :func:`.table.format_table` and deadlock checks."""
 
 
 @dataclass(frozen=True, slots=True)
