@@ -80,18 +80,27 @@ from collections.abc import Mapping
 
 from topologies import ConfigError
 
-from .model import MambaSpec, MLASpec, ModelSpec, MoESpec
+from .model import GatedDeltaNetSpec, MambaSpec, MLASpec, ModelSpec, MoESpec
 
 __all__ = ["HF_MODEL_TYPES", "model_from_hf_config"]
 
 #: Families whose configs this importer models; others are refused.
-HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+HF_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next",
                   "deepseek_v2", "deepseek_v3", "gpt_oss", "nemotron_h")
 _ROUTER_BIAS_TYPES = ("deepseek_v3", "gpt_oss")
 _SINK_TYPES = ("gpt_oss",)
 _LAYER_TYPES = {"sliding_attention": 1, "full_attention": 0}
 _QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")
-_QK_NORM_TYPES = ("qwen3", "qwen3_moe")
+_QK_NORM_TYPES = ("qwen3", "qwen3_moe", "qwen3_next")
+# Qwen3-Next (transformers models/qwen3_next): gated DeltaNet mixers in the layers layer_types /
+# full_attention_interval name, gated attention (a doubled q_proj) and a sigmoid-gated shared
+# expert, all three always present in its modelling code.  Its partial_rotary_factor (0.25)
+# is read and has no cost of its own: the fused RoPE kernel passes the unrotated channels
+# through in the same read and write.
+_QWEN3_NEXT_KEYS = frozenset({"linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
+                              "linear_num_key_heads", "linear_num_value_heads", "full_attention_interval",
+                              "partial_rotary_factor"})
+_QWEN3_NEXT_LAYER_TYPES = {"linear_attention": 1, "full_attention": 0}
 _GATED_ACTIVATIONS = ("silu", "swish")
 
 # -- what the importer refuses ------------------------------------------------------------------
@@ -121,6 +130,7 @@ _READ_KEYS = {t: _LLAMA_STYLE_KEYS | set(_EXPERT_COUNT_KEYS) | _MOE_KEYS | _MLA_
               | (_QWEN_WINDOW_KEYS if t.startswith("qwen") else set()) | (_GPT_OSS_KEYS if t == "gpt_oss" else set())
               for t in HF_MODEL_TYPES if t != "nemotron_h"}
 _READ_KEYS["nemotron_h"] = _NEMOTRON_H_KEYS
+_READ_KEYS["qwen3_next"] = _READ_KEYS["qwen3_next"] | _QWEN3_NEXT_KEYS
 #: The one value (besides null) a key may hold without changing anything; for other keys null,
 #: false, 0 and empty are inert.  (Nemotron-H's conv1d bias is counted: use_conv_bias must be true.)
 _INERT_DEFAULTS = {"decoder_sparse_step": 1, "moe_layer_freq": 1, "partial_rotary_factor": 1,
@@ -184,10 +194,11 @@ def _refuse_unmodelled(cfg: dict, where: str) -> str:
         raise ConfigError(f"{where}.{key}", value, rule)
     types = cfg.get("layer_types")
     if isinstance(types, list) and model_type != "nemotron_h":
-        bad = next((t for t in types if t not in _LAYER_TYPES), None)
+        known = _QWEN3_NEXT_LAYER_TYPES if model_type == "qwen3_next" else _LAYER_TYPES
+        bad = next((t for t in types if t not in known), None)
         if bad is not None:
-            raise ConfigError(f"{where}.layer_types", bad, f"layer type not modelled; modelled: "
-                                                           f"{', '.join(_LAYER_TYPES)}")
+            raise ConfigError(f"{where}.layer_types", bad, f"layer type not modelled for model_type {model_type}; "
+                                                           f"modelled: {', '.join(known)}")
     if model_type == "gpt_oss" and cfg.get("experts_per_token") not in (None, cfg.get("num_experts_per_tok")):
         raise ConfigError(f"{where}.experts_per_token", cfg["experts_per_token"],
                           "must equal num_experts_per_tok (gpt-oss repeats it)")
@@ -258,6 +269,8 @@ def _moe(cfg: dict, num_layers: int, model_type: str, where: str) -> MoESpec | N
         kw.update(first_k_dense=first_k, moe_layer_freq=freq)
     if model_type in _ROUTER_BIAS_TYPES or cfg.get("topk_method") == "noaux_tc":
         kw["router_bias"] = True
+    if model_type == "qwen3_next" and kw.get("num_shared_experts"):
+        kw["shared_expert_gate"] = True        # Qwen3NextSparseMoeBlock.shared_expert_gate, h -> 1
     try:
         return MoESpec(**kw)
     except ConfigError as e:
@@ -381,6 +394,8 @@ def model_from_hf_config(path_or_dict, *, name: str | None = None, seq_len: int 
     )
     if isinstance(num_layers, int) and not isinstance(num_layers, bool) and num_layers > 0:
         kw["moe"] = _moe(cfg, num_layers, model_type, where)
+    if model_type == "qwen3_next":
+        _qwen3_next(cfg, kw, num_layers, where)
     if cfg.get("kv_lora_rank"):
         mla_kw = {k: _req(cfg, k, where) for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
                                                    "v_head_dim")}
@@ -395,6 +410,31 @@ def model_from_hf_config(path_or_dict, *, name: str | None = None, seq_len: int 
         return ModelSpec(**kw)
     except ConfigError as e:
         raise ConfigError(_hf_field(e.field, where), e.value, e.rule) from None
+
+
+def _qwen3_next(cfg: dict, kw: dict, num_layers, where: str) -> None:
+    """Qwen3-Next's gated DeltaNet layers and gated attention into ``kw`` (ModelSpec fields)."""
+    types = cfg.get("layer_types")
+    g: dict = {"num_key_heads": _req(cfg, "linear_num_key_heads", where),
+               "num_value_heads": _req(cfg, "linear_num_value_heads", where),
+               "key_head_dim": _req(cfg, "linear_key_head_dim", where),
+               "value_head_dim": _req(cfg, "linear_value_head_dim", where),
+               "conv_kernel": cfg.get("linear_conv_kernel_dim") or 4}
+    if types is not None:
+        if not isinstance(types, list) or len(types) != num_layers:
+            raise ConfigError(f"{where}.layer_types", types, f"must list {num_layers} entries (num_hidden_layers)")
+        g.update(layer_pattern=tuple(_QWEN3_NEXT_LAYER_TYPES[t] for t in types), full_attention_interval=None)
+    else:              # transformers' default: every 4th layer full attention
+        g["full_attention_interval"] = cfg.get("full_attention_interval") or 4
+    try:
+        kw["gated_deltanet"] = GatedDeltaNetSpec(**g)
+    except ConfigError as e:
+        keys = {"num_key_heads": "linear_num_key_heads", "num_value_heads": "linear_num_value_heads",
+                "key_head_dim": "linear_key_head_dim", "value_head_dim": "linear_value_head_dim",
+                "conv_kernel": "linear_conv_kernel_dim", "layer_pattern": "layer_types"}
+        key = e.field.split(".", 1)[-1]
+        raise ConfigError(f"{where}.{keys.get(key, key)}", e.value, e.rule) from None
+    kw["attention_output_gate"] = True          # Qwen3NextAttention's q_proj: H d x 2 (query and gate)
 
 
 # ModelSpec field -> config.json key, to name the user's key in errors

@@ -30,19 +30,26 @@ QWEN3_NEXT_HF = {
 }
 
 
-def test_qwen3_next_is_refused_naming_model_type():
+def test_qwen3_next_imports_with_its_gated_deltanet_layers():
+    """Qwen3-Next is modelled now (workloads/blocks/gated_deltanet.py): its config gives the
+    preset's model, 36 gated DeltaNet layers and 12 gated-attention layers."""
+    m = model_from_hf_config(QWEN3_NEXT_HF, seq_len=4096)
+    preset = load_model("qwen3-next-80b-a3b")
+    assert m.num_params() == preset.num_params() and m.param_breakdown() == preset.param_breakdown()
+    assert sum(m.gated_deltanet.is_linear(i) for i in range(48)) == 36
+    explicit = {**QWEN3_NEXT_HF, "layer_types": ["linear_attention"] * 3 + ["full_attention"]}
+    explicit["layer_types"] *= 12
+    assert model_from_hf_config(explicit, seq_len=4096).num_params() == m.num_params()
     with pytest.raises(ConfigError) as e:
-        model_from_hf_config(QWEN3_NEXT_HF)
-    assert e.value.field == "hf_config.model_type" and e.value.value == "qwen3_next"
-    assert "qwen3_next" in str(e.value) and "not modelled" in str(e.value)
-    assert "qwen3_moe" in e.value.rule                         # the message lists what is modelled
+        model_from_hf_config({**QWEN3_NEXT_HF, "layer_types": ["sliding_attention"] * 48})
+    assert e.value.field == "hf_config.layer_types"
     # under a type the importer knows, its architecture keys are refused one by one
     with pytest.raises(ConfigError) as e:
         model_from_hf_config({**QWEN3_NEXT_HF, "model_type": "qwen3_moe"})
     assert e.value.field in {"hf_config.full_attention_interval", "hf_config.linear_conv_kernel_dim"}
 
 
-@pytest.mark.parametrize("model_type", [None, "", "llama4_text", "qwen3_next", "mamba2"])
+@pytest.mark.parametrize("model_type", [None, "", "llama4_text", "qwen3_5_moe", "mamba2"])
 def test_unknown_or_missing_model_type_is_refused(model_type):
     with pytest.raises(ConfigError) as e:
         model_from_hf_config({**LLAMA3_8B_HF, "model_type": model_type})
