@@ -18,8 +18,6 @@ import os
 import sys
 from pathlib import Path
 
-import yaml
-
 from topologies import CLUSTER_PRESETS, ConfigError, build_cluster
 from topologies.units import fmt_bytes, parse_size
 
@@ -31,12 +29,11 @@ __all__ = ["main", "collective_table"]
 
 def _load_cluster(arg: str, overrides: list[str]):
     """A preset name or a YAML file (a mapping, or a scenario with a ``cluster:`` key), plus key=value overrides."""
+    from .scenario.yaml_input import load_yaml_file, parse_yaml
+
     path = Path(arg)
     if path.suffix in (".yaml", ".yml"):
-        if not path.is_file():
-            raise ConfigError("cluster", arg, "file not found")
-        with path.open() as f:
-            data = yaml.safe_load(f)
+        data = load_yaml_file(path, "cluster", "a YAML cluster mapping or scenario")
         if isinstance(data, dict) and "cluster" in data:
             data = data["cluster"]
         cfg = data if isinstance(data, dict) else {"preset": data}
@@ -46,7 +43,7 @@ def _load_cluster(arg: str, overrides: list[str]):
         if "=" not in item:
             raise ConfigError("--set", item, "expected key=value")
         key, value = item.split("=", 1)
-        cfg[key] = yaml.safe_load(value)
+        cfg[key] = parse_yaml(value, "--set", item)
     return build_cluster(cfg)
 
 
@@ -82,12 +79,63 @@ def _apply_sets(scenario: dict, items: list[str]) -> None:
     """``--set parallel.pp=8 --set cluster.oversubscription=4``: dotted scenario keys (the
     sweep's), values read as YAML."""
     from .explore.sweep import set_dotted
+    from .scenario.yaml_input import parse_yaml
 
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError("--set", item, "expected dotted.key=value, e.g. parallel.pp=8")
-        set_dotted(scenario, key.strip(), yaml.safe_load(value))
+        set_dotted(scenario, key.strip(), parse_yaml(value, "--set", item))
+
+
+_MODEL_SOURCES = ("preset", "hf_config", "megatron_args")
+_MODEL_CONFIG_KINDS = "a Hugging Face config.json (or its folder), a YAML model mapping or a text file of " \
+                      "Megatron-LM --arguments"
+
+
+def _scenario_spec(args, force: bool = False):
+    """The scenario as ``run`` and ``memory`` load it: its path, or (with ``--model-config``,
+    ``--set``, or ``force``) the mapping read from it with those applied."""
+    if not (force or args.set or args.model_config):
+        return args.scenario
+    from .scenario import read_yaml
+
+    scenario = read_yaml(args.scenario, "scenario", "a mapping of sections")
+    scenario.setdefault("name", Path(args.scenario).stem)
+    if args.model_config:
+        # the model from a config file; the scenario's model keys other than its source stay
+        # as overrides (a seq_len, a capacity factor)
+        own = scenario.get("model") if isinstance(scenario.get("model"), dict) else {}
+        keep = {k: v for k, v in own.items() if k not in _MODEL_SOURCES}
+        scenario["model"] = {**keep, **_model_config(args.model_config), **keep}     # keep's keys first, as before
+    _apply_sets(scenario, args.set)
+    return scenario
+
+
+def _model_config(path: str) -> dict:
+    """The model mapping ``--model-config FILE`` stands for, told apart by extension, then by
+    content: ``.json`` or a folder is a Hugging Face config, ``.yaml``/``.yml`` a mapping of
+    model fields (or a scenario's ``model:``), other text a JSON object or Megatron-LM
+    ``--flags``; anything else (a binary file, prose) is refused."""
+    from .scenario.yaml_input import read_text, read_yaml
+
+    p = Path(path)
+    if p.is_dir():
+        read_text(p / "config.json", "--model-config", "the folder's config.json")
+        return {"hf_config": path}
+    if p.suffix.lower() in (".yaml", ".yml"):
+        data = read_yaml(path, "--model-config", "a mapping of model fields")
+        model = data.get("model", data)
+        model = {"preset": model} if isinstance(model, str) else model
+        if not isinstance(model, dict):
+            raise ConfigError("--model-config", path, "its 'model' entry is neither a preset name nor a mapping")
+        return model
+    text = read_text(path, "--model-config", _MODEL_CONFIG_KINDS)
+    if p.suffix.lower() == ".json" or text.lstrip().startswith("{"):
+        return {"hf_config": path}
+    if any(tok.startswith("--") for tok in text.split()):
+        return {"megatron_args": text}
+    raise ConfigError("--model-config", path, f"holds no JSON and no --flags; expected {_MODEL_CONFIG_KINDS}")
 
 
 def collective_table(cluster, sizes, calibration=None) -> list[dict]:
@@ -195,21 +243,7 @@ def _run(args) -> int:
 
     from .engine import run
 
-    scenario = args.scenario
-    if args.approx or args.set or args.model_config:
-        from .scenario import read_yaml
-        scenario = read_yaml(args.scenario, "scenario", "a mapping of sections")
-        scenario.setdefault("name", Path(args.scenario).stem)
-        if args.model_config:
-            # the model from a config file; the scenario's model keys other than its source stay
-            # as overrides (a seq_len, a capacity factor)
-            own = scenario.get("model") if isinstance(scenario.get("model"), dict) else {}
-            kind = "hf_config" if args.model_config.endswith(".json") or Path(args.model_config).is_dir() \
-                else "megatron_args"
-            value = args.model_config if kind == "hf_config" else Path(args.model_config).read_text()
-            scenario["model"] = {**{k: v for k, v in own.items() if k not in ("preset", "hf_config", "megatron_args")},
-                                 kind: value}
-        _apply_sets(scenario, args.set)
+    scenario = _scenario_spec(args, force=bool(args.approx))
     if args.approx:
         given = scenario.get("approximations", [])
         scenario["approximations"] = (given if isinstance(given, list) else [given]) + args.approx
@@ -675,10 +709,50 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+#: What each subcommand writes, by option: a folder it creates (with its parents), a file in
+#: a folder that must exist, or a file whose folders it creates.  Checked before any work.
+_FOLDER, _FILE, _FILE_MKDIR = "folder", "file", "file, folders made"
+OUTPUTS = {"run": {"out": _FOLDER, "gantt": _FILE, "trace": _FILE, "report": _FILE},
+           "compare": {"out": _FOLDER, "report": _FILE},
+           "sweep": {"db": _FILE_MKDIR, "out": _FILE_MKDIR},
+           "search": {"db": _FILE_MKDIR, "out": _FILE_MKDIR, "plot": _FILE_MKDIR},
+           "validate": {"out": _FILE_MKDIR, "plot": _FILE_MKDIR}}
+
+
+def check_outputs(args) -> None:
+    """ConfigError for the first output path of ``args`` (see :data:`OUTPUTS`) that cannot
+    be written, so a long run does not end in a traceback."""
+    for name, kind in OUTPUTS.get(args.cmd, {}).items():
+        value = getattr(args, name, None)
+        if value:
+            _check_output(str(value), "--" + name, kind)
+
+
+def _check_output(value: str, flag: str, kind: str) -> None:
+    p = Path(value)
+    if kind == _FOLDER and p.exists() and not p.is_dir():
+        raise ConfigError(flag, value, "exists and is not a folder")
+    if kind != _FOLDER and p.is_dir():
+        raise ConfigError(flag, value, "is a folder; give a file name")
+    if kind != _FOLDER and p.exists() and not os.access(p, os.W_OK):
+        raise ConfigError(flag, value, "the file is not writable")
+    folder = p if kind == _FOLDER else p.parent
+    near = folder
+    while not near.exists() and near != near.parent:
+        near = near.parent
+    if not near.is_dir():
+        raise ConfigError(flag, value, f"'{near}' is not a folder")
+    if near != folder and kind == _FILE:
+        raise ConfigError(flag, value, f"folder '{folder}' does not exist")
+    if not os.access(near, os.W_OK | os.X_OK):
+        raise ConfigError(flag, value, f"folder '{near}' is not writable")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``clustersim`` with ``argv``; returns the exit status (see the module docstring)."""
     args = parser().parse_args(argv)
     try:
+        check_outputs(args)
         return COMMANDS[args.cmd](args)
     except ConfigError as e:
         print(f"clustersim: error: {e}", file=sys.stderr)

@@ -273,3 +273,125 @@ def test_collectives_that_do_not_match_up_are_one_line_and_exit_1(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["clustersim: simulation failed: group 0 call 13: all_gather issued after the call completed "
                    "with all 4 members"]
+
+
+# -- errors before work, never a traceback (issue 34) ----------------------------------------------
+SMALL = ("model: tiny-dense\ncluster: {preset: dgx-h100, num_nodes: 1}\n"
+         "parallel: {tp: 2, pp: 2, dp: 2, global_batch_size: 8, seq_len: 512}\nnum_steps: 1\n")
+
+
+def _one_line_error(capsys, *parts) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("clustersim: error: ") and "Traceback" not in err, err
+    for p in parts:
+        assert p in err, err
+    return err
+
+
+@pytest.fixture
+def no_simulation(monkeypatch):
+    """The engine's run fails the test if reached: the refusal has to come before any work
+    (sweep, search and validate would refuse these files with other messages)."""
+    import simulator.engine
+
+    def reached(*_a, **_k):
+        raise AssertionError("simulated before the output paths were checked")
+
+    monkeypatch.setattr(simulator.engine, "run", reached)
+
+
+def test_output_paths_are_checked_before_simulating(tmp_path, capsys, no_simulation):
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SMALL)
+    a_file = tmp_path / "taken"
+    a_file.write_text("x")
+    cases = [
+        (["run", str(sc), "--out", str(a_file)], "--out", "exists and is not a folder"),
+        (["run", str(sc), "--gantt", str(tmp_path / "missing" / "g.png")], "--gantt", "does not exist"),
+        (["run", str(sc), "--report", str(tmp_path / "missing" / "r.html")], "--report", "does not exist"),
+        (["run", str(sc), "--trace", "/dev/null/x"], "--trace", "'/dev/null' is not a folder"),
+        (["run", str(sc), "--out", "/dev/null/x"], "--out", "'/dev/null' is not a folder"),
+        (["run", str(sc), "--report", str(tmp_path)], "--report", "is a folder; give a file name"),
+        (["compare", str(sc), str(sc), "--out", str(a_file)], "--out", "exists and is not a folder"),
+        (["compare", str(sc), "--set", "num_steps=2", "--report", "/dev/null/r.html"], "--report", "/dev/null"),
+        (["sweep", str(sc), "--out", "/dev/null/x.csv"], "--out", "'/dev/null' is not a folder"),
+        (["sweep", str(sc), "--db", "/dev/null/x.sqlite"], "--db", "'/dev/null' is not a folder"),
+        (["search", str(sc), "--plot", "/dev/null/x.png"], "--plot", "'/dev/null' is not a folder"),
+        (["search", str(sc), "--out", str(a_file / "x.csv")], "--out", "is not a folder"),
+        (["validate", str(sc), "--out", "/dev/null/p.csv"], "--out", "'/dev/null' is not a folder"),
+    ]
+    for argv, flag, rule in cases:
+        assert main(argv) == 2, argv
+        _one_line_error(capsys, f"{flag} = ", rule)
+
+
+def test_missing_output_folders_are_made_where_the_command_makes_them(tmp_path):
+    from simulator.cli import check_outputs, parser
+    deep = tmp_path / "a" / "b"
+    check_outputs(parser().parse_args(["run", "s.yaml", "--out", str(deep)]))      # run --out makes it
+    check_outputs(parser().parse_args(["search", "s.yaml", "--out", str(deep / "c.csv")]))
+    check_outputs(parser().parse_args(["run", "s.yaml", "--gantt", str(tmp_path / "g.png")]))
+
+
+def test_unusable_inputs_are_one_line_and_exit_2(tmp_path, capsys):
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SMALL)
+    binary = tmp_path / "blob.yaml"
+    binary.write_bytes(bytes(range(256)))
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    dup = tmp_path / "dup.yaml"
+    dup.write_text(SMALL + "parallel: {tp: 8}\n")
+    gbs0 = tmp_path / "gbs0.yaml"
+    gbs0.write_text(SMALL.replace("global_batch_size: 8", "global_batch_size: 0"))
+    cases = [
+        (["run", str(binary)], "scenario = ", "a binary file"),
+        (["memory", str(binary)], "scenario = ", "a binary file"),
+        (["run", str(tmp_path)], "scenario = ", "is a folder, not a file"),
+        (["run", str(empty)], "scenario = ", "the file is empty"),
+        (["memory", str(empty)], "scenario = ", "the file is empty"),
+        (["run", str(dup)], "scenario = ", "duplicate key 'parallel' at line 5, column 1 (first at line 3"),
+        (["run", str(gbs0)], "parallel.global_batch_size = 0", "must be an integer >= 1"),
+        (["run", str(sc), "--set", "parallel={tp: 8"], "--set = 'parallel={tp: 8'", "not valid YAML"),
+        (["run", str(sc), "--set", "parallel={tp: 8, tp: 2}"], "--set = ", "duplicate key 'tp'"),
+        (["compare", str(sc), "--set", "parallel.pp=[1"], "--set = ", "not valid YAML"),
+        (["topo", "dgx-h100", "--set", "num_nodes=[2"], "--set = ", "not valid YAML"),
+        (["topo", str(dup)], "cluster = ", "duplicate key"),
+        (["sweep", str(empty)], "sweep = ", "the file is empty"),
+        (["search", str(binary)], "search = ", "a binary file"),
+        (["run", str(sc), "--model-config", str(binary)], "--model-config = ", "a binary file"),
+        (["run", str(sc), "--model-config", str(tmp_path / "no.txt")], "--model-config = ", "file not found"),
+    ]
+    for argv, *parts in cases:
+        assert main(argv) == 2, argv
+        _one_line_error(capsys, *parts)
+
+
+def test_model_config_is_told_apart_by_extension_then_content(tmp_path, capsys, monkeypatch):
+    """.json / a folder: a Hugging Face config; .yaml: a model mapping (not Megatron
+    arguments, as it was read before); other text: JSON or --flags, else refused."""
+    import simulator.engine
+    from simulator.cli import _model_config
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SMALL)
+    mapping = tmp_path / "m.yaml"
+    mapping.write_text("preset: tiny-dense\nnum_layers: 2\n")
+    assert _model_config(str(mapping)) == {"preset": "tiny-dense", "num_layers": 2}
+    wrapped = tmp_path / "scenario_like.yml"
+    wrapped.write_text("model: tiny-moe\ncluster: dgx-h100\n")
+    assert _model_config(str(wrapped)) == {"preset": "tiny-moe"}
+    args = tmp_path / "args.txt"
+    args.write_text("--num-layers 2 --hidden-size 256\n")
+    assert _model_config(str(args)) == {"megatron_args": "--num-layers 2 --hidden-size 256\n"}
+    hf = tmp_path / "config"
+    hf.write_text('{"model_type": "llama"}')
+    assert _model_config(str(hf)) == {"hf_config": str(hf)}
+    prose = tmp_path / "notes.txt"
+    prose.write_text("a model with two layers\n")
+    seen = {}
+    monkeypatch.setattr(simulator.engine, "run", lambda spec, **_k: seen.setdefault("spec", spec) and 1 / 0)
+    assert main(["run", str(sc), "--model-config", str(prose)]) == 2
+    _one_line_error(capsys, "--model-config = ", "holds no JSON and no --flags")
+    with pytest.raises(ZeroDivisionError):
+        main(["run", str(sc), "--model-config", str(mapping)])
+    assert seen["spec"]["model"] == {"preset": "tiny-dense", "num_layers": 2}
