@@ -341,10 +341,13 @@ def _print_schedule(args) -> None:
         f, b, w = (float(x) for x in args.costs.split(","))
     except ValueError:
         raise ConfigError("--costs", args.costs, "expected three numbers F,B,W") from None
-    validate_schedule_config(args.schedule, args.pp, args.microbatches, args.vpp, where="schedule")
-    sched = get_schedule(args.schedule)(args.pp, args.microbatches, args.vpp)
+    # a V schedule (zb_v) holds two chunks per stage by definition: without --vpp it gets them;
+    # DualPipe's two chunks are its own placement (vpp 1), as for every other schedule
+    vpp = args.vpp if args.vpp is not None else (2 if args.schedule == "zb_v" else 1)
+    validate_schedule_config(args.schedule, args.pp, args.microbatches, vpp, where="schedule")
+    sched = get_schedule(args.schedule)(args.pp, args.microbatches, vpp)
     validate(sched)
-    print(f"{args.schedule}: pp={args.pp}, micro-batches={args.microbatches}, vpp={args.vpp}")
+    print(f"{args.schedule}: pp={args.pp}, micro-batches={args.microbatches}, vpp={vpp}")
     if args.list:
         for s, row in enumerate(sched.actions):
             print(f"stage {s}: " + " ".join(str(a) for a in row if a is not None))
@@ -666,7 +669,8 @@ def _add_inspect(sub) -> None:
     p.add_argument("--schedule", default="1f1b", help="gpipe | 1f1b | interleaved_1f1b | zb_h1 | dualpipe | zb_v")
     p.add_argument("--pp", type=int, default=4, help="pipeline stages")
     p.add_argument("--microbatches", type=int, default=8, help="micro-batches per step")
-    p.add_argument("--vpp", type=int, default=1, help="model chunks per stage (interleaved_1f1b; 2 for zb_v)")
+    p.add_argument("--vpp", type=int, default=None,
+                   help="model chunks per stage: >= 2 for interleaved_1f1b; default 1, and 2 for zb_v (its V)")
     p.add_argument("--costs", default="1,1,1", metavar="F,B,W",
                    help="per-chunk forward, input-gradient and weight-gradient costs for the bubble")
     p.add_argument("--list", action="store_true", help="one line of actions per stage instead of the timed table")

@@ -395,3 +395,19 @@ def test_model_config_is_told_apart_by_extension_then_content(tmp_path, capsys, 
     with pytest.raises(ZeroDivisionError):
         main(["run", str(sc), "--model-config", str(mapping)])
     assert seen["spec"]["model"] == {"preset": "tiny-dense", "num_layers": 2}
+
+
+def test_schedule_zb_v_defaults_to_its_two_chunks(capsys):
+    """A V schedule holds two model chunks per stage by definition: without --vpp it gets
+    them (it was refused for vpp = 1); another explicit --vpp is still refused, naming it."""
+    assert main(["schedule", "--schedule", "zb_v", "--pp", "4", "--microbatches", "8"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("zb_v: pp=4, micro-batches=8, vpp=2\n") and "bubble" in out
+    assert main(["schedule", "--schedule", "zb_v", "--pp", "4", "--microbatches", "8", "--vpp", "2"]) == 0
+    assert capsys.readouterr().out == out
+    for vpp in ("1", "3"):
+        assert main(["schedule", "--schedule", "zb_v", "--pp", "4", "--microbatches", "8", "--vpp", vpp]) == 2
+        _one_line_error(capsys, f"schedule.vpp = {vpp}", "exactly 2 model chunks per stage")
+    # DualPipe's two chunks are its own bidirectional placement: vpp stays 1
+    assert main(["schedule", "--schedule", "dualpipe", "--pp", "4", "--microbatches", "8"]) == 0
+    assert capsys.readouterr().out.startswith("dualpipe: pp=4, micro-batches=8, vpp=1\n")
