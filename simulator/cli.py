@@ -129,6 +129,8 @@ def _model_config(path: str) -> dict:
         model = {"preset": model} if isinstance(model, str) else model
         if not isinstance(model, dict):
             raise ConfigError("--model-config", path, "its 'model' entry is neither a preset name nor a mapping")
+        if not any(k in model for k in (*_MODEL_SOURCES, "name")):
+            model = {"name": p.stem, **model}       # a full mapping of fields: named after its file
         return model
     text = read_text(path, "--model-config", _MODEL_CONFIG_KINDS)
     if p.suffix.lower() == ".json" or text.lstrip().startswith("{"):
@@ -315,22 +317,44 @@ def profile_table(profile: dict, total_s: float) -> str:
 
 
 def _print_memory(args) -> int:
+    """``clustersim memory``: the verdict first, then each stage's terms (or JSON); with
+    ``--strict``, exit 3 when a stage does not fit, as ``run --strict`` does."""
     from .scenario import load_scenario
 
-    sc = load_scenario(args.scenario)
+    sc = load_scenario(_scenario_spec(args))
     ests = sc.memory_estimates()
+    hbm = sc.usable_hbm_bytes
+    fits = all(e.fits(hbm) for e in ests)
     if args.json:
         print(json.dumps([e.to_dict() for e in ests], indent=1, default=str))
-        return 0
-    hbm = sc.usable_hbm_bytes
-    head = "" if not sc.hbm_headroom else f", {sc.hbm_headroom:.0%} kept free: {hbm / 2**30:.0f} GiB usable"
-    print(f"{sc.name}: {sc.model.name} on {sc.cluster.num_gpus} x {sc.cluster.gpu.name} "
-          f"({sc.cluster.gpu.hbm_bytes / 2**30:.0f} GiB{head}), {sc.parallel.describe()}, {sc.parallel.schedule}, "
-          f"{sc.precision}, {sc.memory_accounting} accounting\n")
-    for e in ests:
-        print(e.format_table())
-        print("  -> " + e.verdict(hbm) + "\n")
+    else:
+        print(memory_headline(ests, hbm) + "\n")
+        head = "" if not sc.hbm_headroom else f", {sc.hbm_headroom:.0%} kept free: {hbm / 2**30:.0f} GiB usable"
+        print(f"{sc.name}: {sc.model.name} on {sc.cluster.num_gpus} x {sc.cluster.gpu.name} "
+              f"({sc.cluster.gpu.hbm_bytes / 2**30:.0f} GiB{head}), {sc.parallel.describe()}, {sc.parallel.schedule}, "
+              f"{sc.precision}, {sc.memory_accounting} accounting\n")
+        for e in ests:
+            print(e.format_table())
+            print("  -> " + e.verdict(hbm) + "\n")
+    if not fits and args.strict:
+        print("clustersim: --strict: the memory model says this layout does not fit; exit 3", file=sys.stderr)
+        return 3
     return 0
+
+
+def memory_headline(ests, hbm: float) -> str:
+    """One line before the terms: every stage fits (with the tightest one's margin), or how
+    many do not and the worst one's shortfall, in GB (10^9 bytes, as the terms)."""
+    worst = max(ests, key=lambda e: e.total_bytes)
+    over = [e for e in ests if not e.fits(hbm)]
+    n = len(ests)
+    if not over:
+        which = "the pipeline stage fits" if n == 1 else f"all {n} pipeline stages fit"
+        return (f"FITS: {which} in {hbm / 1e9:.1f} GB of HBM; tightest: {worst.where}, "
+                f"{(hbm - worst.total_bytes) / 1e9:.1f} GB to spare")
+    which = "the pipeline stage exceeds" if n == 1 else f"{len(over)} of {n} pipeline stages exceed"
+    return (f"DOES NOT FIT: {which} {hbm / 1e9:.1f} GB of HBM; worst: {worst.where} needs "
+            f"{worst.total_bytes / 1e9:.1f} GB, {(worst.total_bytes - hbm) / 1e9:.1f} GB over")
 
 
 def _print_schedule(args) -> None:
@@ -606,6 +630,15 @@ COMMANDS = {"run": _run, "compare": _compare, "validate": _validate, "presets": 
 """Subcommand -> its handler (returns the exit status)."""
 
 
+def _scenario_args(p) -> None:
+    """``--set`` and ``--model-config``: what ``run`` and ``memory`` change in a scenario file."""
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario field by its dotted key (parallel.pp=8, cluster.num_nodes=4); repeatable")
+    p.add_argument("--model-config", metavar="FILE",
+                   help="the model from a Hugging Face config.json (or its folder), a YAML model mapping, or a "
+                        "text file of Megatron-LM arguments; the scenario's other model keys apply on top")
+
+
 def _add_simulate(sub) -> None:
     """The commands that simulate: a scenario, several side by side, or a table of measured runs."""
     c = sub.add_parser("compare", help="run several scenarios (or one and its --set variant) and compare them")
@@ -619,11 +652,7 @@ def _add_simulate(sub) -> None:
     p = sub.add_parser("run", help="simulate a scenario and print its summary")
     p.add_argument("scenario", help="scenario YAML")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a scenario field by its dotted key (parallel.pp=8, cluster.num_nodes=4); repeatable")
-    p.add_argument("--model-config", metavar="FILE",
-                   help="the model from a Hugging Face config.json (or its folder), or from a text file of "
-                        "Megatron-LM arguments; the scenario's other model keys apply on top")
+    _scenario_args(p)
     p.add_argument("--gantt", metavar="PNG", help="write a Gantt chart of the reported step")
     p.add_argument("--report", metavar="HTML", help="write one self-contained HTML page to share the run")
     p.add_argument("--trace", metavar="JSON", help="write a Chrome/Perfetto trace")
@@ -677,6 +706,8 @@ def _add_inspect(sub) -> None:
     p = sub.add_parser("memory", help="per-stage memory breakdown of a scenario and the OOM verdict")
     p.add_argument("scenario", help="scenario YAML (model, cluster, parallel, precision, ...)")
     p.add_argument("--json", action="store_true", help="print the per-stage terms as JSON")
+    _scenario_args(p)
+    p.add_argument("--strict", action="store_true", help="exit 3 when a stage does not fit the GPU's HBM")
     sub.add_parser("demo", help="the default demo: a 32-GPU H100 cluster, its collectives and contention")
 
 

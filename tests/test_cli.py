@@ -411,3 +411,30 @@ def test_schedule_zb_v_defaults_to_its_two_chunks(capsys):
     # DualPipe's two chunks are its own bidirectional placement: vpp stays 1
     assert main(["schedule", "--schedule", "dualpipe", "--pp", "4", "--microbatches", "8"]) == 0
     assert capsys.readouterr().out.startswith("dualpipe: pp=4, micro-batches=8, vpp=1\n")
+
+
+def test_memory_takes_set_model_config_and_strict_and_says_its_verdict_first(tmp_path, capsys):
+    import yaml
+    sc = tmp_path / "oom.yaml"
+    sc.write_text(yaml.safe_dump(OOM))
+    assert main(["memory", str(sc)]) == 0                       # the verdict, without --strict: still 0
+    out = capsys.readouterr().out
+    assert out.startswith("DOES NOT FIT: the pipeline stage exceeds 85.9 GB of HBM; worst: pipeline stage 0 "
+                          "(ranks 0-7) needs ")
+    assert main(["memory", str(sc), "--strict"]) == 3
+    assert "--strict" in capsys.readouterr().err
+    assert main(["memory", str(sc), "--strict", "--json"]) == 3
+    assert json.loads(capsys.readouterr().out)[0]["total_bytes"] > 80 * 2**30
+    # --set: a smaller model fits
+    assert main(["memory", str(sc), "--set", "model=llama3-8b", "--strict"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("FITS: the pipeline stage fits in 85.9 GB of HBM; tightest: pipeline stage 0 (ranks 0-7), ")
+    assert "llama3-8b on 8 x H100-SXM" in out
+    model = tmp_path / "small.yaml"
+    model.write_text("preset: llama3-8b\nnum_layers: 8\n")
+    assert main(["memory", str(sc), "--model-config", str(model), "--set", "parallel.pp=2",
+                 "--set", "parallel.tp=4", "--strict"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("FITS: all 2 pipeline stages fit") and "tp=4 cp=1 dp=1 pp=2" in out
+    assert main(["memory", str(sc), "--set", "parallel={tp: 8"]) == 2
+    _one_line_error(capsys, "--set = ")
