@@ -560,7 +560,8 @@ def _compare(args) -> int:
     import pandas as pd
 
     from .engine import run
-    from .report.compare import aligned_gantts, breakdown_comparison, comparison_table, critical_path_table
+    from .report.compare import (aligned_gantts, breakdown_comparison, comparison_table, critical_path_table,
+                                 shown_table)
     from .scenario import read_yaml
 
     specs, names = [], []
@@ -595,11 +596,9 @@ def _compare(args) -> int:
             print(f"[{i + 1}] {n}: {r.scenario.model.name} on {r.metrics['num_gpus']} x {r.scenario.cluster.gpu.name}, "
                   f"{_layout(r)}")
         cols = [f"[{i + 1}]" for i in range(len(names))]
-        shown = table.drop(columns=["scenario", "layout"]).T
-        shown.columns = cols
-        crit_shown = crit.drop(columns=[c for c in crit.columns if c.startswith("delta_")])
-        crit_shown.columns = cols
-        with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.4g}".format):
+        shown = shown_table(table.drop(columns=["scenario", "layout"]).T, cols)
+        crit_shown = shown_table(crit.drop(columns=[c for c in crit.columns if c.startswith("delta_")]), cols)
+        with pd.option_context("display.width", 200, "display.max_columns", 30):
             print("\n" + shown.to_string())
             print("\nthe critical path (the compute stream of the cell that finishes last), seconds per op "
                   "and per idle reason, largest change first:")

@@ -438,3 +438,33 @@ def test_memory_takes_set_model_config_and_strict_and_says_its_verdict_first(tmp
     assert out.startswith("FITS: all 2 pipeline stages fit") and "tp=4 cp=1 dp=1 pp=2" in out
     assert main(["memory", str(sc), "--set", "parallel={tp: 8"]) == 2
     _one_line_error(capsys, "--set = ")
+
+
+def test_compare_prints_plain_decimals_and_mfu_in_percent(tmp_path, capsys):
+    """No '7.715e+04' or '1.5e-05' in the printed tables: seconds in plain decimals, MFU in %,
+    tokens/s with separators; compare.csv keeps the raw numbers."""
+    import re
+
+    import pandas as pd
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SMALL)
+    out = tmp_path / "cmp"
+    assert main(["compare", str(sc), "--set", "parallel.pp=1", "--set", "parallel.dp=4", "--quiet",
+                 "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert not re.search(r"\d[eE][+-]?\d", text), text
+    raw = pd.read_csv(out / "compare.csv")
+    rows = {line.split()[0]: line.split()[1:] for line in text.splitlines() if line and not line.startswith("[")}
+    assert rows["mfu"] == [f"{v:.1%}" for v in raw["mfu"]]
+    assert rows["tokens_per_s"] == [f"{v:,.0f}" for v in raw["tokens_per_s"]]
+    assert rows["vs_first"][0] == "1.000" and rows["fits"] == ["yes", "yes"]
+    assert [float(v) for v in rows["step_s"]] == pytest.approx(list(raw["step_s"]), rel=1e-3)
+
+
+def test_plain_numbers_never_use_an_exponent():
+    from simulator.report.compare import plain_number, shown_table
+    import pandas as pd
+    assert [plain_number(v) for v in (1.878e-05, 1234567.0, 0.5, -0.000123)] == \
+        ["0.00001878", "1235000", "0.5", "-0.000123"]
+    t = shown_table(pd.DataFrame({"a": [0.4261, 1.5e-5]}, index=["mfu", "bubble_s"]), ["[1]"])
+    assert list(t["[1]"]) == ["42.6%", "0.000015"]

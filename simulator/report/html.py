@@ -140,7 +140,7 @@ def compare_report(results: Sequence, names: Sequence[str], path: str | Path) ->
     """Write the report comparing several runs (the first is the reference) to ``path``."""
     import tempfile
 
-    from .compare import aligned_gantts, breakdown_comparison, comparison_table, critical_path_table
+    from .compare import aligned_gantts, breakdown_comparison, comparison_table, critical_path_table, shown_table
 
     table = comparison_table(results, names)
     crit = critical_path_table(results, names)
@@ -149,9 +149,10 @@ def compare_report(results: Sequence, names: Sequence[str], path: str | Path) ->
                     f"{r.metrics['step_time_s'] / results[0].metrics['step_time_s']:.3f}x", f"{r.metrics['mfu']:.1%}",
                     _fit(r.metrics) or "-"] for c, n, r in zip(cols, names, results)],
                   ["", "scenario", "layout", "step", "vs first", "MFU", "memory"], left=3)
-    metric_rows = [[k] + [f"{v:.4g}" if isinstance(v, float) else str(v) for v in table[k]]
-                   for k in table.columns if k not in ("scenario", "layout")]
-    crit_rows = [[k] + [f"{crit.loc[k, n]:.4g}" for n in names] for k in crit.index]
+    shown = shown_table(table.drop(columns=["scenario", "layout"]).T, cols)
+    metric_rows = [[k] + list(shown.loc[k]) for k in shown.index]
+    crit_shown = shown_table(crit[list(names)], cols)
+    crit_rows = [[k] + list(crit_shown.loc[k]) for k in crit_shown.index]
     with tempfile.TemporaryDirectory() as tmp:
         gantt_img = _png_file(aligned_gantts(results, names, Path(tmp) / "g.png"))
     body = ["<h2>Runs</h2>", runs,
