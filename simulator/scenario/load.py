@@ -24,7 +24,7 @@ from workloads.costs.compute import host_costs
 from workloads.memory import get_static_accounting
 
 from .whatif import WhatIf
-from .yaml_input import read_yaml
+from .yaml_input import read_text, read_yaml
 
 __all__ = ["Scenario", "load_scenario", "read_yaml", "OVERLAP_DEFAULTS", "APPROXIMATIONS"]
 
@@ -161,6 +161,7 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
     for key in ("model", "cluster", "parallel"):
         if key not in data:
             raise ConfigError(f"scenario.{key}", None, "required")
+    _check_model_file(data["model"])
     model = load_model(data["model"])
     # every rule that needs no graph first: a job whose degrees cannot match its GPUs is
     # refused before a large cluster's graph is built
@@ -206,6 +207,16 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
                     num_steps=num_steps, seed=seed, moe_routing=routing, name=str(data.get("name", name)),
                     grad_reduce_dtype=grad_dtype, source=data, host=host, approximations=approx,
                     precision_options=dict(popts), **accounting)
+
+
+def _check_model_file(model) -> None:
+    """A Hugging Face config the model names must be a text file: a binary one would reach
+    the JSON reader as undecodable bytes (a missing one is the importer's to report)."""
+    if isinstance(model, dict) and isinstance(model.get("hf_config"), str):
+        p = Path(model["hf_config"])
+        p = p / "config.json" if p.is_dir() else p
+        if p.is_file():
+            read_text(p, "model.hf_config", "a Hugging Face config.json")
 
 
 def _check_batch(parallel) -> None:

@@ -90,11 +90,13 @@ def read_text(path: "str | Path", where: str, what: str) -> str:
     except OSError as e:
         raise ConfigError(where, str(path), f"cannot be read ({e.strerror})") from None
     try:
-        if b"\0" in data:
-            raise UnicodeDecodeError("utf-8", data, data.index(b"\0"), data.index(b"\0") + 1, "NUL byte")
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError(where, str(path), f"a binary file, not text (at byte {e.start}; expected {what})") from None
+        text, at = None, e.start
+    if text is None or "\0" in text:
+        at = at if text is None else data.index(b"\0")
+        raise ConfigError(where, str(path), f"a binary file, not text (at byte {at}; expected {what})")
+    return text
 
 
 def load_yaml_file(path: "str | Path", where: str, what: str = "YAML text"):

@@ -331,3 +331,12 @@ def test_a_global_batch_below_one_is_refused_naming_the_rule(gbs):
     assert e.value.field == "parallel.global_batch_size" and e.value.value == gbs and ">= 1" in e.value.rule
     # left out, the batch is one micro-batch per replica, as before
     assert load_scenario({**BASE, "parallel": {"tp": 2, "dp": -1}}).parallel.batch_size == 4
+
+
+def test_a_binary_hf_config_named_in_a_scenario_is_refused_naming_it(tmp_path):
+    blob = tmp_path / "config.json"
+    blob.write_bytes(b"\xfc\x00\x01 not json")
+    for where in (blob, tmp_path):                      # the file, or its folder
+        with pytest.raises(ConfigError) as e:
+            load_scenario({**BASE, "model": {"hf_config": str(where)}})
+        assert e.value.field == "model.hf_config" and "a binary file, not text (at byte 0" in e.value.rule
