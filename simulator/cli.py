@@ -7,7 +7,9 @@ explore layouts; ``validate`` predicts measured runs; ``topo``, ``collectives`` 
 
 Exit status: 0 done, 2 bad input (one line on stderr naming the field, the value and the
 rule; no traceback), 1 a simulation that could not finish or a job stopped by a what-if
-failure (a failed NIC without failover; one line on stderr), 130 interrupted.
+failure (a failed NIC without failover; one line on stderr), 3 with ``--strict`` (``run``,
+``memory``) when the layout does not fit the GPU's memory, 130 interrupted.  Input files and
+output paths (:data:`OUTPUTS`) are checked before any work.
 """
 
 from __future__ import annotations
