@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import math
 import multiprocessing as mp
@@ -75,7 +76,7 @@ DEFAULT_TIMEOUT_S = 20.0
 
 # -- the draws ----------------------------------------------------------------------------------
 
-VALID, INVALID, OVERSIZED = "valid", "invalid", "oversized"
+VALID, INVALID, OVERSIZED, BAD_INPUT = "valid", "invalid", "oversized", "bad_input"
 
 
 @dataclass
@@ -94,6 +95,15 @@ class Draw:
     """Also run the unfolded reference and compare."""
     note: str = ""
     """What was done to it (the defect of an invalid draw)."""
+    files: tuple = ()
+    """A bad-input draw's files, ``(name, bytes or None for a folder)``, made in a fresh folder."""
+    argv: tuple = ()
+    """A bad-input draw's command line (``{dir}``: that folder); empty: ``run FILE --json --quiet``."""
+
+    @property
+    def ref(self) -> str:
+        """``S:I`` (``S:bI`` for a bad-input draw): what ``--replay`` takes."""
+        return f"{self.seed}:{'b' if self.family == BAD_INPUT else ''}{self.index}"
 
 
 CLUSTERS = ("dgx-a100", "superpod-a100", "azure-ndv4-a100", "a100-4nic", "dgx-h100", "dgx-h200", "dgx-b200",
@@ -292,8 +302,8 @@ class _Gen:
         if model.mamba is not None:
             mh, mg = model.mamba.num_heads // tp, model.mamba.num_groups // tp
             cps = [c for c in cps if mh % c == 0 and (mg % c == 0 or c % mg == 0)]
-        # context parallelism needs fused (flash) attention
-        cp = self.pick(cps) if self.chance(0.35) and model.flash_attention else 1
+        # context parallelism needs fused (flash) attention, and is not modelled for gated DeltaNet layers
+        cp = self.pick(cps) if self.chance(0.35) and model.flash_attention and model.gated_deltanet is None else 1
         if cp > 1:
             par["cp"] = cp
             q_loc = heads // tp
@@ -643,10 +653,132 @@ def make_draw(seed: int, index: int) -> Draw:
                 unfold=world <= UNFOLD_MAX_GPUS)
 
 
+# -- bad input: files and arguments that are no scenario at all ----------------------------------
+# Drawn in their own index space (``S:bI``, ``--bad-inputs``), so the draws above, and the
+# results of every seed, stay what they were.  Each must be refused with exit 2 and one line
+# naming the argument, before anything is simulated.
+_SMALL = {"model": "tiny-dense", "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+          "parallel": {"tp": 2, "pp": 2, "dp": 2, "global_batch_size": 8, "seq_len": 512}, "num_steps": 1}
+_SMALL_YAML = yaml.safe_dump(_SMALL, sort_keys=False).encode()
+_SCENARIO = "{dir}/draw.yaml"
+
+
+def _binary(rng: random.Random) -> bytes:
+    """A file no text reader takes: a PNG signature (not UTF-8) and random bytes."""
+    return b"\x89PNG\r\n\x1a\n" + rng.randbytes(rng.randrange(16, 256))
+
+
+def _bad_scenario_file(rng: random.Random):
+    cmd = rng.choice(("run", "memory"))
+    kind = rng.randrange(3)
+    if kind == 0:
+        content, note = _binary(rng), "a binary file"
+    elif kind == 1:
+        content, note = None, "a folder"
+    else:
+        content, note = rng.choice((b"", b"\n\n", b"# nothing\n", b"---\n")), "an empty file"
+    return (("draw.yaml", content),), (cmd, _SCENARIO), ("scenario",), f"{note} as the scenario of {cmd}"
+
+
+def _duplicate_key(rng: random.Random):
+    sc = _Gen(rng).scenario()[0]
+    key = rng.choice(sorted(sc))
+    text = yaml.safe_dump(sc, sort_keys=False) + yaml.safe_dump({key: sc[key]}, sort_keys=False)
+    return (("draw.yaml", text.encode()),), ("run", _SCENARIO), ("scenario",), f"'{key}' given twice"
+
+
+def _zero_batch(rng: random.Random):
+    sc = {**_SMALL, "parallel": {**_SMALL["parallel"], "global_batch_size": rng.choice((0, -8))}}
+    return ((("draw.yaml", yaml.safe_dump(sc).encode()),), ("run", _SCENARIO), ("parallel.global_batch_size",),
+            "a global batch below 1")
+
+
+def _bad_set(rng: random.Random):
+    item = rng.choice(("parallel={tp: 8", "parallel.pp=[1", "parallel.tp='2", "seed=@x", "cluster={preset: dgx-h100",
+                       "parallel={tp: 2, tp: 4}", "model=*nope"))
+    cmd = rng.choice(("run", "compare"))
+    return (("draw.yaml", _SMALL_YAML),), (cmd, _SCENARIO, "--set", item), ("--set",), f"{cmd} --set {item}"
+
+
+def _bad_model_config(rng: random.Random):
+    name, content = rng.choice((("model.json", _binary(rng)), ("model.bin", _binary(rng)),
+                                ("notes.txt", b"a model with two layers\n"), ("model.yaml", b"- a list\n"),
+                                ("model.yml", b"")))
+    return ((("draw.yaml", _SMALL_YAML), (name, content)), ("run", _SCENARIO, "--model-config", "{dir}/" + name),
+            ("--model-config",), f"--model-config {name}")
+
+
+def _bad_output(rng: random.Random):
+    cmd, flag, path, note = rng.choice((
+        ("run", "--out", "{dir}/taken", "an existing file as the output folder"),
+        ("run", "--gantt", "{dir}/missing/g.png", "a chart into a missing folder"),
+        ("run", "--report", "{dir}/missing/r.html", "a report into a missing folder"),
+        ("run", "--trace", "/dev/null/t.json", "a trace under /dev/null"),
+        ("run", "--report", "{dir}", "a folder as the report file"),
+        ("compare", "--out", "{dir}/taken", "an existing file as compare's output folder"),
+        ("sweep", "--out", "/dev/null/s.csv", "a sweep table under /dev/null"),
+        ("search", "--plot", "{dir}/taken/p.png", "a plot under a file")))
+    argv = (cmd, _SCENARIO, _SCENARIO) if cmd == "compare" else (cmd, _SCENARIO)
+    return (("draw.yaml", _SMALL_YAML), ("taken", b"x")), argv + (flag, path), (flag,), note
+
+
+BAD_KINDS = (_bad_scenario_file, _duplicate_key, _zero_batch, _bad_set, _bad_model_config, _bad_output)
+
+
+def make_bad_draw(seed: int, index: int) -> Draw:
+    """Bad-input draw ``index`` of ``seed``: the kinds in turn, each drawn from its own rng."""
+    rng = random.Random(f"clustersim-fuzz-bad/{seed}/{index}")
+    files, argv, fields, note = BAD_KINDS[index % len(BAD_KINDS)](rng)
+    shown = "\n".join(f"# {n}: " + ("a folder" if c is None else repr(c[:200])) for n, c in files)
+    return Draw(seed, index, BAD_INPUT, f"clustersim {' '.join(argv)}\n{shown}\n", fields, note=note,
+                files=files, argv=argv)
+
+
 # -- running one draw (in a worker) -------------------------------------------------------------
-def execute(text: str, unfold: bool, workdir: str) -> dict:
-    """Run ``text`` through ``clustersim run FILE --json --quiet``; returns the exit status,
-    stdout, stderr, wall time, and any traceback or broken invariant."""
+def execute_bad(files: tuple, argv: tuple, workdir: str) -> dict:
+    """Run a bad-input draw's command in a fresh folder holding its files; as :func:`execute`,
+    plus ``simulated``: whether a simulation finished (it must not: the refusal comes first)."""
+    import shutil
+
+    import simulator.engine as engine
+    from simulator.cli import main
+
+    folder = tempfile.mkdtemp(dir=workdir)
+    for name, content in files:
+        if content is None:
+            os.mkdir(os.path.join(folder, name))
+        else:
+            Path(folder, name).write_bytes(content)
+    real_run, reached = engine.run, []
+
+    def keep(*a, **k):
+        res = real_run(*a, **k)
+        reached.append(True)          # a simulation finished: the refusal came after the work
+        return res
+
+    out, err, tb = io.StringIO(), io.StringIO(), None
+    engine.run = keep
+    t0 = time.perf_counter()
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            rc = main([a.replace("{dir}", folder) for a in argv])
+    except SystemExit as e:         # argparse
+        rc = e.code if isinstance(e.code, int) else 2
+    except BaseException:           # noqa: BLE001 (a crash is the finding)
+        rc, tb = None, traceback.format_exc()
+    finally:
+        engine.run = real_run
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"rc": rc, "stdout": out.getvalue()[-4000:], "stderr": err.getvalue()[-4000:],
+            "wall_s": time.perf_counter() - t0, "traceback": tb, "invariant": None, "simulated": bool(reached)}
+
+
+def execute(text: str, unfold: bool, workdir: str, files: tuple = (), argv: tuple = ()) -> dict:
+    """Run ``text`` through ``clustersim run FILE --json --quiet`` (a bad-input draw: its own
+    ``argv`` on its ``files``, :func:`execute_bad`); returns the exit status, stdout, stderr,
+    wall time, and any traceback or broken invariant."""
+    if argv:
+        return execute_bad(files, argv, workdir)
     import simulator.engine as engine
     from simulator.cli import main
     from simulator.engine.invariants import InvariantError, check_invariants, check_same_run, rounding_spread
@@ -736,6 +868,8 @@ def _classify(d: Draw, o: dict) -> tuple[str, str]:
         return "failed", "traceback: " + o["traceback"].strip().splitlines()[-1]
     if o.get("invariant"):
         return "failed", o["invariant"]
+    if o.get("simulated"):
+        return "failed", f"bad input ({d.note}) was simulated before it was refused"
     lines = err.splitlines()
     if d.family == VALID:
         if rc == 0:
@@ -770,8 +904,7 @@ def _worker(conn, workdir: str) -> None:
         job = conn.recv()
         if job is None:
             return
-        text, unfold = job
-        conn.send(execute(text, unfold, workdir))
+        conn.send(execute(*job[:2], workdir, *job[2:]))
 
 
 class Pool:
@@ -805,7 +938,7 @@ class Pool:
                         pending = False
                         break
                     s["job"], s["t0"] = d, time.monotonic()
-                    s["conn"].send((d.text, d.unfold))
+                    s["conn"].send((d.text, d.unfold, d.files, d.argv))
             busy = [s for s in self.slots if s["job"] is not None]
             if not busy:
                 return
@@ -865,23 +998,26 @@ class Tally:
         fam[outcome] = fam.get(outcome, 0) + 1
         self.walls.append(wall)
         if outcome == "failed":
-            self.failures.append({"draw": f"{d.seed}:{d.index}", "family": d.family, "reason": reason,
+            self.failures.append({"draw": d.ref, "family": d.family, "reason": reason,
                                   "note": d.note, "scenario": d.text})
         elif outcome == "timeout":
-            self.timeouts.append({"draw": f"{d.seed}:{d.index}", "scenario": d.text})
+            self.timeouts.append({"draw": d.ref, "scenario": d.text})
         elif outcome == "known":
-            self.known.append({"draw": f"{d.seed}:{d.index}", "reason": reason})
+            self.known.append({"draw": d.ref, "reason": reason})
 
 
 def fuzz(seed: int, draws: int, workers: int = 1, timeout_s: float = DEFAULT_TIMEOUT_S, start: int = 0,
-         log=None, quiet: bool = False) -> Tally:
-    """Run draws ``start .. start + draws - 1`` of ``seed``; returns the tally."""
+         log=None, quiet: bool = False, bad_inputs: int = 0) -> Tally:
+    """Run draws ``start .. start + draws - 1`` of ``seed``, then bad-input draws
+    ``0 .. bad_inputs - 1`` (:func:`make_bad_draw`); returns the tally."""
     tally = Tally()
     with tempfile.TemporaryDirectory(prefix="clustersim-fuzz-") as tmp:
         pool = Pool(workers, timeout_s, tmp)
         t0 = time.monotonic()
         try:
-            gen = (make_draw(seed, i) for i in range(start, start + draws))
+            gen = itertools.chain((make_draw(seed, i) for i in range(start, start + draws)),
+                                  (make_bad_draw(seed, i) for i in range(bad_inputs)))
+            total = draws + bad_inputs
             for n, (d, o) in enumerate(pool.run(gen), 1):
                 if o is None:
                     outcome, reason, wall = "timeout", f"over the {timeout_s:g} s limit", timeout_s
@@ -891,28 +1027,31 @@ def fuzz(seed: int, draws: int, workers: int = 1, timeout_s: float = DEFAULT_TIM
                 if o is not None and o.get("rounding_spread_s") and outcome == "ran":
                     tally.rounding.append({"draw": f"{d.seed}:{d.index}", "spread_s": o["rounding_spread_s"]})
                 if log is not None:
-                    log.write(json.dumps({"draw": d.index, "family": d.family, "outcome": outcome,
+                    log.write(json.dumps({"draw": d.index if d.family != BAD_INPUT else d.ref.split(":")[1],
+                                          "family": d.family, "outcome": outcome,
                                           "wall_s": round(wall, 4), "reason": reason}) + "\n")
                     log.flush()
                 if outcome == "failed" and not quiet:
-                    print(f"\nFAILED draw {seed}:{d.index} ({d.family}{', ' + d.note if d.note else ''}): {reason}\n"
-                          f"--- scenario (replay: python experiments/fuzz.py --replay {seed}:{d.index})\n{d.text}---",
+                    print(f"\nFAILED draw {d.ref} ({d.family}{', ' + d.note if d.note else ''}): {reason}\n"
+                          f"--- scenario (replay: python experiments/fuzz.py --replay {d.ref})\n{d.text}---",
                           flush=True)
-                if not quiet and (n % 100 == 0 or n == draws):
+                if not quiet and (n % 100 == 0 or n == total):
                     el = time.monotonic() - t0
-                    print(f"{n}/{draws} draws in {el:.0f} s: " + ", ".join(f"{k} {v}" for k, v in tally.counts.items()),
+                    print(f"{n}/{total} draws in {el:.0f} s: " + ", ".join(f"{k} {v}" for k, v in tally.counts.items()),
                           flush=True)
         finally:
             pool.close()
     return tally
 
 
-def replay(seed: int, index: int) -> int:
-    d = make_draw(seed, index)
-    print(f"draw {seed}:{index}: {d.family}" + (f" ({d.note})" if d.note else "")
+def replay(seed: int, index: "int | str") -> int:
+    """Rebuild draw ``index`` of ``seed`` (``"bI"``: bad-input draw I), print it and run it here."""
+    bad = isinstance(index, str) and index.startswith("b")
+    d = make_bad_draw(seed, int(index[1:])) if bad else make_draw(seed, int(index))
+    print(f"draw {d.ref}: {d.family}" + (f" ({d.note})" if d.note else "")
           + (f", must name {' or '.join(d.fields)}" if d.fields else "") + "\n---\n" + d.text + "---")
     with tempfile.TemporaryDirectory() as tmp:
-        o = execute(d.text, d.unfold, tmp)
+        o = execute(d.text, d.unfold, tmp, d.files, d.argv)
     outcome, reason = classify(d, o)
     print(f"exit {o['rc']} in {o['wall_s']:.2f} s: {outcome}" + (f": {reason}" if reason else ""))
     if o["stderr"].strip():
@@ -929,20 +1068,26 @@ def main(argv=None) -> int:
     ap.add_argument("--start", type=int, default=0, help="first draw index (default 0)")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per draw (default 20)")
-    ap.add_argument("--replay", metavar="SEED:INDEX", help="rebuild one draw, print it and run it here")
+    ap.add_argument("--bad-inputs", type=int, default=len(BAD_KINDS), metavar="K",
+                    help=f"then K bad-input draws: files and arguments that are no scenario (default "
+                         f"{len(BAD_KINDS)}, each kind once; they do not change the other draws)")
+    ap.add_argument("--replay", metavar="SEED:INDEX", help="rebuild one draw (SEED:bINDEX: a bad-input draw), "
+                                                           "print it and run it here")
     ap.add_argument("--out", metavar="JSON", help="summary path (default results/fuzz/seed<S>-<N>.json)")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     if args.replay:
         s, _, i = args.replay.partition(":")
-        return replay(int(s), int(i))
+        return replay(int(s), i)
     out = Path(args.out) if args.out else ROOT / "results" / "fuzz" / f"seed{args.seed}-{args.draws}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     with open(out.with_suffix(".jsonl"), "w") as log:
-        tally = fuzz(args.seed, args.draws, args.workers, args.timeout, args.start, log, args.quiet)
+        tally = fuzz(args.seed, args.draws, args.workers, args.timeout, args.start, log, args.quiet,
+                     bad_inputs=args.bad_inputs)
     walls = sorted(tally.walls)
-    summary = {"seed": args.seed, "start": args.start, "draws": args.draws, "workers": args.workers,
+    summary = {"seed": args.seed, "start": args.start, "draws": args.draws, "bad_inputs": args.bad_inputs,
+               "workers": args.workers,
                "timeout_s": args.timeout, "wall_s": round(time.monotonic() - t0, 1), "counts": tally.counts,
                "by_family": tally.by_family,
                "draw_wall_s": {"median": walls[len(walls) // 2] if walls else None,

@@ -7,7 +7,9 @@ explore layouts; ``validate`` predicts measured runs; ``topo``, ``collectives`` 
 
 Exit status: 0 done, 2 bad input (one line on stderr naming the field, the value and the
 rule; no traceback), 1 a simulation that could not finish or a job stopped by a what-if
-failure (a failed NIC without failover; one line on stderr), 130 interrupted.
+failure (a failed NIC without failover; one line on stderr), 3 with ``--strict`` (``run``,
+``memory``) when the layout does not fit the GPU's memory, 130 interrupted.  Input files and
+output paths (:data:`OUTPUTS`) are checked before any work.
 """
 
 from __future__ import annotations
@@ -17,8 +19,6 @@ import json
 import os
 import sys
 from pathlib import Path
-
-import yaml
 
 from topologies import CLUSTER_PRESETS, ConfigError, build_cluster
 from topologies.units import fmt_bytes, parse_size
@@ -31,12 +31,11 @@ __all__ = ["main", "collective_table"]
 
 def _load_cluster(arg: str, overrides: list[str]):
     """A preset name or a YAML file (a mapping, or a scenario with a ``cluster:`` key), plus key=value overrides."""
+    from .scenario.yaml_input import load_yaml_file, parse_yaml
+
     path = Path(arg)
     if path.suffix in (".yaml", ".yml"):
-        if not path.is_file():
-            raise ConfigError("cluster", arg, "file not found")
-        with path.open() as f:
-            data = yaml.safe_load(f)
+        data = load_yaml_file(path, "cluster", "a YAML cluster mapping or scenario")
         if isinstance(data, dict) and "cluster" in data:
             data = data["cluster"]
         cfg = data if isinstance(data, dict) else {"preset": data}
@@ -46,7 +45,7 @@ def _load_cluster(arg: str, overrides: list[str]):
         if "=" not in item:
             raise ConfigError("--set", item, "expected key=value")
         key, value = item.split("=", 1)
-        cfg[key] = yaml.safe_load(value)
+        cfg[key] = parse_yaml(value, "--set", item)
     return build_cluster(cfg)
 
 
@@ -82,12 +81,65 @@ def _apply_sets(scenario: dict, items: list[str]) -> None:
     """``--set parallel.pp=8 --set cluster.oversubscription=4``: dotted scenario keys (the
     sweep's), values read as YAML."""
     from .explore.sweep import set_dotted
+    from .scenario.yaml_input import parse_yaml
 
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError("--set", item, "expected dotted.key=value, e.g. parallel.pp=8")
-        set_dotted(scenario, key.strip(), yaml.safe_load(value))
+        set_dotted(scenario, key.strip(), parse_yaml(value, "--set", item))
+
+
+_MODEL_SOURCES = ("preset", "hf_config", "megatron_args")
+_MODEL_CONFIG_KINDS = "a Hugging Face config.json (or its folder), a YAML model mapping or a text file of " \
+                      "Megatron-LM --arguments"
+
+
+def _scenario_spec(args, force: bool = False):
+    """The scenario as ``run`` and ``memory`` load it: its path, or (with ``--model-config``,
+    ``--set``, or ``force``) the mapping read from it with those applied."""
+    if not (force or args.set or args.model_config):
+        return args.scenario
+    from .scenario import read_yaml
+
+    scenario = read_yaml(args.scenario, "scenario", "a mapping of sections")
+    scenario.setdefault("name", Path(args.scenario).stem)
+    if args.model_config:
+        # the model from a config file; the scenario's model keys other than its source stay
+        # as overrides (a seq_len, a capacity factor)
+        own = scenario.get("model") if isinstance(scenario.get("model"), dict) else {}
+        keep = {k: v for k, v in own.items() if k not in _MODEL_SOURCES}
+        scenario["model"] = {**keep, **_model_config(args.model_config), **keep}     # keep's keys first, as before
+    _apply_sets(scenario, args.set)
+    return scenario
+
+
+def _model_config(path: str) -> dict:
+    """The model mapping ``--model-config FILE`` stands for, told apart by extension, then by
+    content: ``.json`` or a folder is a Hugging Face config, ``.yaml``/``.yml`` a mapping of
+    model fields (or a scenario's ``model:``), other text a JSON object or Megatron-LM
+    ``--flags``; anything else (a binary file, prose) is refused."""
+    from .scenario.yaml_input import read_text, read_yaml
+
+    p = Path(path)
+    if p.is_dir():
+        read_text(p / "config.json", "--model-config", "the folder's config.json")
+        return {"hf_config": path}
+    if p.suffix.lower() in (".yaml", ".yml"):
+        data = read_yaml(path, "--model-config", "a mapping of model fields")
+        model = data.get("model", data)
+        model = {"preset": model} if isinstance(model, str) else model
+        if not isinstance(model, dict):
+            raise ConfigError("--model-config", path, "its 'model' entry is neither a preset name nor a mapping")
+        if not any(k in model for k in (*_MODEL_SOURCES, "name")):
+            model = {"name": p.stem, **model}       # a full mapping of fields: named after its file
+        return model
+    text = read_text(path, "--model-config", _MODEL_CONFIG_KINDS)
+    if p.suffix.lower() == ".json" or text.lstrip().startswith("{"):
+        return {"hf_config": path}
+    if any(tok.startswith("--") for tok in text.split()):
+        return {"megatron_args": text}
+    raise ConfigError("--model-config", path, f"holds no JSON and no --flags; expected {_MODEL_CONFIG_KINDS}")
 
 
 def collective_table(cluster, sizes, calibration=None) -> list[dict]:
@@ -195,21 +247,7 @@ def _run(args) -> int:
 
     from .engine import run
 
-    scenario = args.scenario
-    if args.approx or args.set or args.model_config:
-        from .scenario import read_yaml
-        scenario = read_yaml(args.scenario, "scenario", "a mapping of sections")
-        scenario.setdefault("name", Path(args.scenario).stem)
-        if args.model_config:
-            # the model from a config file; the scenario's model keys other than its source stay
-            # as overrides (a seq_len, a capacity factor)
-            own = scenario.get("model") if isinstance(scenario.get("model"), dict) else {}
-            kind = "hf_config" if args.model_config.endswith(".json") or Path(args.model_config).is_dir() \
-                else "megatron_args"
-            value = args.model_config if kind == "hf_config" else Path(args.model_config).read_text()
-            scenario["model"] = {**{k: v for k, v in own.items() if k not in ("preset", "hf_config", "megatron_args")},
-                                 kind: value}
-        _apply_sets(scenario, args.set)
+    scenario = _scenario_spec(args, force=bool(args.approx))
     if args.approx:
         given = scenario.get("approximations", [])
         scenario["approximations"] = (given if isinstance(given, list) else [given]) + args.approx
@@ -281,22 +319,44 @@ def profile_table(profile: dict, total_s: float) -> str:
 
 
 def _print_memory(args) -> int:
+    """``clustersim memory``: the verdict first, then each stage's terms (or JSON); with
+    ``--strict``, exit 3 when a stage does not fit, as ``run --strict`` does."""
     from .scenario import load_scenario
 
-    sc = load_scenario(args.scenario)
+    sc = load_scenario(_scenario_spec(args))
     ests = sc.memory_estimates()
+    hbm = sc.usable_hbm_bytes
+    fits = all(e.fits(hbm) for e in ests)
     if args.json:
         print(json.dumps([e.to_dict() for e in ests], indent=1, default=str))
-        return 0
-    hbm = sc.usable_hbm_bytes
-    head = "" if not sc.hbm_headroom else f", {sc.hbm_headroom:.0%} kept free: {hbm / 2**30:.0f} GiB usable"
-    print(f"{sc.name}: {sc.model.name} on {sc.cluster.num_gpus} x {sc.cluster.gpu.name} "
-          f"({sc.cluster.gpu.hbm_bytes / 2**30:.0f} GiB{head}), {sc.parallel.describe()}, {sc.parallel.schedule}, "
-          f"{sc.precision}, {sc.memory_accounting} accounting\n")
-    for e in ests:
-        print(e.format_table())
-        print("  -> " + e.verdict(hbm) + "\n")
+    else:
+        print(memory_headline(ests, hbm) + "\n")
+        head = "" if not sc.hbm_headroom else f", {sc.hbm_headroom:.0%} kept free: {hbm / 2**30:.0f} GiB usable"
+        print(f"{sc.name}: {sc.model.name} on {sc.cluster.num_gpus} x {sc.cluster.gpu.name} "
+              f"({sc.cluster.gpu.hbm_bytes / 2**30:.0f} GiB{head}), {sc.parallel.describe()}, {sc.parallel.schedule}, "
+              f"{sc.precision}, {sc.memory_accounting} accounting\n")
+        for e in ests:
+            print(e.format_table())
+            print("  -> " + e.verdict(hbm) + "\n")
+    if not fits and args.strict:
+        print("clustersim: --strict: the memory model says this layout does not fit; exit 3", file=sys.stderr)
+        return 3
     return 0
+
+
+def memory_headline(ests, hbm: float) -> str:
+    """One line before the terms: every stage fits (with the tightest one's margin), or how
+    many do not and the worst one's shortfall, in GB (10^9 bytes, as the terms)."""
+    worst = max(ests, key=lambda e: e.total_bytes)
+    over = [e for e in ests if not e.fits(hbm)]
+    n = len(ests)
+    if not over:
+        which = "the pipeline stage fits" if n == 1 else f"all {n} pipeline stages fit"
+        return (f"FITS: {which} in {hbm / 1e9:.1f} GB of HBM; tightest: {worst.where}, "
+                f"{(hbm - worst.total_bytes) / 1e9:.1f} GB to spare")
+    which = "the pipeline stage exceeds" if n == 1 else f"{len(over)} of {n} pipeline stages exceed"
+    return (f"DOES NOT FIT: {which} {hbm / 1e9:.1f} GB of HBM; worst: {worst.where} needs "
+            f"{worst.total_bytes / 1e9:.1f} GB, {(worst.total_bytes - hbm) / 1e9:.1f} GB over")
 
 
 def _print_schedule(args) -> None:
@@ -307,10 +367,13 @@ def _print_schedule(args) -> None:
         f, b, w = (float(x) for x in args.costs.split(","))
     except ValueError:
         raise ConfigError("--costs", args.costs, "expected three numbers F,B,W") from None
-    validate_schedule_config(args.schedule, args.pp, args.microbatches, args.vpp, where="schedule")
-    sched = get_schedule(args.schedule)(args.pp, args.microbatches, args.vpp)
+    # a V schedule (zb_v) holds two chunks per stage by definition: without --vpp it gets them;
+    # DualPipe's two chunks are its own placement (vpp 1), as for every other schedule
+    vpp = args.vpp if args.vpp is not None else (2 if args.schedule == "zb_v" else 1)
+    validate_schedule_config(args.schedule, args.pp, args.microbatches, vpp, where="schedule")
+    sched = get_schedule(args.schedule)(args.pp, args.microbatches, vpp)
     validate(sched)
-    print(f"{args.schedule}: pp={args.pp}, micro-batches={args.microbatches}, vpp={args.vpp}")
+    print(f"{args.schedule}: pp={args.pp}, micro-batches={args.microbatches}, vpp={vpp}")
     if args.list:
         for s, row in enumerate(sched.actions):
             print(f"stage {s}: " + " ".join(str(a) for a in row if a is not None))
@@ -499,7 +562,8 @@ def _compare(args) -> int:
     import pandas as pd
 
     from .engine import run
-    from .report.compare import aligned_gantts, breakdown_comparison, comparison_table, critical_path_table
+    from .report.compare import (aligned_gantts, breakdown_comparison, comparison_table, critical_path_table,
+                                 shown_table)
     from .scenario import read_yaml
 
     specs, names = [], []
@@ -534,11 +598,9 @@ def _compare(args) -> int:
             print(f"[{i + 1}] {n}: {r.scenario.model.name} on {r.metrics['num_gpus']} x {r.scenario.cluster.gpu.name}, "
                   f"{_layout(r)}")
         cols = [f"[{i + 1}]" for i in range(len(names))]
-        shown = table.drop(columns=["scenario", "layout"]).T
-        shown.columns = cols
-        crit_shown = crit.drop(columns=[c for c in crit.columns if c.startswith("delta_")])
-        crit_shown.columns = cols
-        with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.4g}".format):
+        shown = shown_table(table.drop(columns=["scenario", "layout"]).T, cols)
+        crit_shown = shown_table(crit.drop(columns=[c for c in crit.columns if c.startswith("delta_")]), cols)
+        with pd.option_context("display.width", 200, "display.max_columns", 30):
             print("\n" + shown.to_string())
             print("\nthe critical path (the compute stream of the cell that finishes last), seconds per op "
                   "and per idle reason, largest change first:")
@@ -569,6 +631,15 @@ COMMANDS = {"run": _run, "compare": _compare, "validate": _validate, "presets": 
 """Subcommand -> its handler (returns the exit status)."""
 
 
+def _scenario_args(p) -> None:
+    """``--set`` and ``--model-config``: what ``run`` and ``memory`` change in a scenario file."""
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario field by its dotted key (parallel.pp=8, cluster.num_nodes=4); repeatable")
+    p.add_argument("--model-config", metavar="FILE",
+                   help="the model from a Hugging Face config.json (or its folder), a YAML model mapping, or a "
+                        "text file of Megatron-LM arguments; the scenario's other model keys apply on top")
+
+
 def _add_simulate(sub) -> None:
     """The commands that simulate: a scenario, several side by side, or a table of measured runs."""
     c = sub.add_parser("compare", help="run several scenarios (or one and its --set variant) and compare them")
@@ -582,11 +653,7 @@ def _add_simulate(sub) -> None:
     p = sub.add_parser("run", help="simulate a scenario and print its summary")
     p.add_argument("scenario", help="scenario YAML")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a scenario field by its dotted key (parallel.pp=8, cluster.num_nodes=4); repeatable")
-    p.add_argument("--model-config", metavar="FILE",
-                   help="the model from a Hugging Face config.json (or its folder), or from a text file of "
-                        "Megatron-LM arguments; the scenario's other model keys apply on top")
+    _scenario_args(p)
     p.add_argument("--gantt", metavar="PNG", help="write a Gantt chart of the reported step")
     p.add_argument("--report", metavar="HTML", help="write one self-contained HTML page to share the run")
     p.add_argument("--trace", metavar="JSON", help="write a Chrome/Perfetto trace")
@@ -632,13 +699,16 @@ def _add_inspect(sub) -> None:
     p.add_argument("--schedule", default="1f1b", help="gpipe | 1f1b | interleaved_1f1b | zb_h1 | dualpipe | zb_v")
     p.add_argument("--pp", type=int, default=4, help="pipeline stages")
     p.add_argument("--microbatches", type=int, default=8, help="micro-batches per step")
-    p.add_argument("--vpp", type=int, default=1, help="model chunks per stage (interleaved_1f1b; 2 for zb_v)")
+    p.add_argument("--vpp", type=int, default=None,
+                   help="model chunks per stage: >= 2 for interleaved_1f1b; default 1, and 2 for zb_v (its V)")
     p.add_argument("--costs", default="1,1,1", metavar="F,B,W",
                    help="per-chunk forward, input-gradient and weight-gradient costs for the bubble")
     p.add_argument("--list", action="store_true", help="one line of actions per stage instead of the timed table")
     p = sub.add_parser("memory", help="per-stage memory breakdown of a scenario and the OOM verdict")
     p.add_argument("scenario", help="scenario YAML (model, cluster, parallel, precision, ...)")
     p.add_argument("--json", action="store_true", help="print the per-stage terms as JSON")
+    _scenario_args(p)
+    p.add_argument("--strict", action="store_true", help="exit 3 when a stage does not fit the GPU's HBM")
     sub.add_parser("demo", help="the default demo: a 32-GPU H100 cluster, its collectives and contention")
 
 
@@ -675,10 +745,50 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+#: What each subcommand writes, by option: a folder it creates (with its parents), a file in
+#: a folder that must exist, or a file whose folders it creates.  Checked before any work.
+_FOLDER, _FILE, _FILE_MKDIR = "folder", "file", "file, folders made"
+OUTPUTS = {"run": {"out": _FOLDER, "gantt": _FILE, "trace": _FILE, "report": _FILE},
+           "compare": {"out": _FOLDER, "report": _FILE},
+           "sweep": {"db": _FILE_MKDIR, "out": _FILE_MKDIR},
+           "search": {"db": _FILE_MKDIR, "out": _FILE_MKDIR, "plot": _FILE_MKDIR},
+           "validate": {"out": _FILE_MKDIR, "plot": _FILE_MKDIR}}
+
+
+def check_outputs(args) -> None:
+    """ConfigError for the first output path of ``args`` (see :data:`OUTPUTS`) that cannot
+    be written, so a long run does not end in a traceback."""
+    for name, kind in OUTPUTS.get(args.cmd, {}).items():
+        value = getattr(args, name, None)
+        if value:
+            _check_output(str(value), "--" + name, kind)
+
+
+def _check_output(value: str, flag: str, kind: str) -> None:
+    p = Path(value)
+    if kind == _FOLDER and p.exists() and not p.is_dir():
+        raise ConfigError(flag, value, "exists and is not a folder")
+    if kind != _FOLDER and p.is_dir():
+        raise ConfigError(flag, value, "is a folder; give a file name")
+    if kind != _FOLDER and p.exists() and not os.access(p, os.W_OK):
+        raise ConfigError(flag, value, "the file is not writable")
+    folder = p if kind == _FOLDER else p.parent
+    near = folder
+    while not near.exists() and near != near.parent:
+        near = near.parent
+    if not near.is_dir():
+        raise ConfigError(flag, value, f"'{near}' is not a folder")
+    if near != folder and kind == _FILE:
+        raise ConfigError(flag, value, f"folder '{folder}' does not exist")
+    if not os.access(near, os.W_OK | os.X_OK):
+        raise ConfigError(flag, value, f"folder '{near}' is not writable")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``clustersim`` with ``argv``; returns the exit status (see the module docstring)."""
     args = parser().parse_args(argv)
     try:
+        check_outputs(args)
         return COMMANDS[args.cmd](args)
     except ConfigError as e:
         print(f"clustersim: error: {e}", file=sys.stderr)

@@ -273,3 +273,198 @@ def test_collectives_that_do_not_match_up_are_one_line_and_exit_1(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["clustersim: simulation failed: group 0 call 13: all_gather issued after the call completed "
                    "with all 4 members"]
+
+
+# -- errors before work, never a traceback (issue 34) ----------------------------------------------
+SMALL = ("model: tiny-dense\ncluster: {preset: dgx-h100, num_nodes: 1}\n"
+         "parallel: {tp: 2, pp: 2, dp: 2, global_batch_size: 8, seq_len: 512}\nnum_steps: 1\n")
+
+
+def _one_line_error(capsys, *parts) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("clustersim: error: ") and "Traceback" not in err, err
+    for p in parts:
+        assert p in err, err
+    return err
+
+
+@pytest.fixture
+def no_simulation(monkeypatch):
+    """The engine's run fails the test if reached: the refusal has to come before any work
+    (sweep, search and validate would refuse these files with other messages)."""
+    import simulator.engine
+
+    def reached(*_a, **_k):
+        raise AssertionError("simulated before the output paths were checked")
+
+    monkeypatch.setattr(simulator.engine, "run", reached)
+
+
+def test_output_paths_are_checked_before_simulating(tmp_path, capsys, no_simulation):
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SMALL)
+    a_file = tmp_path / "taken"
+    a_file.write_text("x")
+    cases = [
+        (["run", str(sc), "--out", str(a_file)], "--out", "exists and is not a folder"),
+        (["run", str(sc), "--gantt", str(tmp_path / "missing" / "g.png")], "--gantt", "does not exist"),
+        (["run", str(sc), "--report", str(tmp_path / "missing" / "r.html")], "--report", "does not exist"),
+        (["run", str(sc), "--trace", "/dev/null/x"], "--trace", "'/dev/null' is not a folder"),
+        (["run", str(sc), "--out", "/dev/null/x"], "--out", "'/dev/null' is not a folder"),
+        (["run", str(sc), "--report", str(tmp_path)], "--report", "is a folder; give a file name"),
+        (["compare", str(sc), str(sc), "--out", str(a_file)], "--out", "exists and is not a folder"),
+        (["compare", str(sc), "--set", "num_steps=2", "--report", "/dev/null/r.html"], "--report", "/dev/null"),
+        (["sweep", str(sc), "--out", "/dev/null/x.csv"], "--out", "'/dev/null' is not a folder"),
+        (["sweep", str(sc), "--db", "/dev/null/x.sqlite"], "--db", "'/dev/null' is not a folder"),
+        (["search", str(sc), "--plot", "/dev/null/x.png"], "--plot", "'/dev/null' is not a folder"),
+        (["search", str(sc), "--out", str(a_file / "x.csv")], "--out", "is not a folder"),
+        (["validate", str(sc), "--out", "/dev/null/p.csv"], "--out", "'/dev/null' is not a folder"),
+    ]
+    for argv, flag, rule in cases:
+        assert main(argv) == 2, argv
+        _one_line_error(capsys, f"{flag} = ", rule)
+
+
+def test_missing_output_folders_are_made_where_the_command_makes_them(tmp_path):
+    from simulator.cli import check_outputs, parser
+    deep = tmp_path / "a" / "b"
+    check_outputs(parser().parse_args(["run", "s.yaml", "--out", str(deep)]))      # run --out makes it
+    check_outputs(parser().parse_args(["search", "s.yaml", "--out", str(deep / "c.csv")]))
+    check_outputs(parser().parse_args(["run", "s.yaml", "--gantt", str(tmp_path / "g.png")]))
+
+
+def test_unusable_inputs_are_one_line_and_exit_2(tmp_path, capsys):
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SMALL)
+    binary = tmp_path / "blob.yaml"
+    binary.write_bytes(bytes(range(256)))
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    dup = tmp_path / "dup.yaml"
+    dup.write_text(SMALL + "parallel: {tp: 8}\n")
+    gbs0 = tmp_path / "gbs0.yaml"
+    gbs0.write_text(SMALL.replace("global_batch_size: 8", "global_batch_size: 0"))
+    cases = [
+        (["run", str(binary)], "scenario = ", "a binary file"),
+        (["memory", str(binary)], "scenario = ", "a binary file"),
+        (["run", str(tmp_path)], "scenario = ", "is a folder, not a file"),
+        (["run", str(empty)], "scenario = ", "the file is empty"),
+        (["memory", str(empty)], "scenario = ", "the file is empty"),
+        (["run", str(dup)], "scenario = ", "duplicate key 'parallel' at line 5, column 1 (first at line 3"),
+        (["run", str(gbs0)], "parallel.global_batch_size = 0", "must be an integer >= 1"),
+        (["run", str(sc), "--set", "parallel={tp: 8"], "--set = 'parallel={tp: 8'", "not valid YAML"),
+        (["run", str(sc), "--set", "parallel={tp: 8, tp: 2}"], "--set = ", "duplicate key 'tp'"),
+        (["compare", str(sc), "--set", "parallel.pp=[1"], "--set = ", "not valid YAML"),
+        (["topo", "dgx-h100", "--set", "num_nodes=[2"], "--set = ", "not valid YAML"),
+        (["topo", str(dup)], "cluster = ", "duplicate key"),
+        (["sweep", str(empty)], "sweep = ", "the file is empty"),
+        (["search", str(binary)], "search = ", "a binary file"),
+        (["run", str(sc), "--model-config", str(binary)], "--model-config = ", "a binary file"),
+        (["run", str(sc), "--model-config", str(tmp_path / "no.txt")], "--model-config = ", "file not found"),
+    ]
+    for argv, *parts in cases:
+        assert main(argv) == 2, argv
+        _one_line_error(capsys, *parts)
+
+
+def test_model_config_is_told_apart_by_extension_then_content(tmp_path, capsys, monkeypatch):
+    """.json / a folder: a Hugging Face config; .yaml: a model mapping (not Megatron
+    arguments, as it was read before); other text: JSON or --flags, else refused."""
+    import simulator.engine
+    from simulator.cli import _model_config
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SMALL)
+    mapping = tmp_path / "m.yaml"
+    mapping.write_text("preset: tiny-dense\nnum_layers: 2\n")
+    assert _model_config(str(mapping)) == {"preset": "tiny-dense", "num_layers": 2}
+    wrapped = tmp_path / "scenario_like.yml"
+    wrapped.write_text("model: tiny-moe\ncluster: dgx-h100\n")
+    assert _model_config(str(wrapped)) == {"preset": "tiny-moe"}
+    args = tmp_path / "args.txt"
+    args.write_text("--num-layers 2 --hidden-size 256\n")
+    assert _model_config(str(args)) == {"megatron_args": "--num-layers 2 --hidden-size 256\n"}
+    hf = tmp_path / "config"
+    hf.write_text('{"model_type": "llama"}')
+    assert _model_config(str(hf)) == {"hf_config": str(hf)}
+    prose = tmp_path / "notes.txt"
+    prose.write_text("a model with two layers\n")
+    seen = {}
+    monkeypatch.setattr(simulator.engine, "run", lambda spec, **_k: seen.setdefault("spec", spec) and 1 / 0)
+    assert main(["run", str(sc), "--model-config", str(prose)]) == 2
+    _one_line_error(capsys, "--model-config = ", "holds no JSON and no --flags")
+    with pytest.raises(ZeroDivisionError):
+        main(["run", str(sc), "--model-config", str(mapping)])
+    assert seen["spec"]["model"] == {"preset": "tiny-dense", "num_layers": 2}
+
+
+def test_schedule_zb_v_defaults_to_its_two_chunks(capsys):
+    """A V schedule holds two model chunks per stage by definition: without --vpp it gets
+    them (it was refused for vpp = 1); another explicit --vpp is still refused, naming it."""
+    assert main(["schedule", "--schedule", "zb_v", "--pp", "4", "--microbatches", "8"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("zb_v: pp=4, micro-batches=8, vpp=2\n") and "bubble" in out
+    assert main(["schedule", "--schedule", "zb_v", "--pp", "4", "--microbatches", "8", "--vpp", "2"]) == 0
+    assert capsys.readouterr().out == out
+    for vpp in ("1", "3"):
+        assert main(["schedule", "--schedule", "zb_v", "--pp", "4", "--microbatches", "8", "--vpp", vpp]) == 2
+        _one_line_error(capsys, f"schedule.vpp = {vpp}", "exactly 2 model chunks per stage")
+    # DualPipe's two chunks are its own bidirectional placement: vpp stays 1
+    assert main(["schedule", "--schedule", "dualpipe", "--pp", "4", "--microbatches", "8"]) == 0
+    assert capsys.readouterr().out.startswith("dualpipe: pp=4, micro-batches=8, vpp=1\n")
+
+
+def test_memory_takes_set_model_config_and_strict_and_says_its_verdict_first(tmp_path, capsys):
+    import yaml
+    sc = tmp_path / "oom.yaml"
+    sc.write_text(yaml.safe_dump(OOM))
+    assert main(["memory", str(sc)]) == 0                       # the verdict, without --strict: still 0
+    out = capsys.readouterr().out
+    assert out.startswith("DOES NOT FIT: the pipeline stage exceeds 85.9 GB of HBM; worst: pipeline stage 0 "
+                          "(ranks 0-7) needs ")
+    assert main(["memory", str(sc), "--strict"]) == 3
+    assert "--strict" in capsys.readouterr().err
+    assert main(["memory", str(sc), "--strict", "--json"]) == 3
+    assert json.loads(capsys.readouterr().out)[0]["total_bytes"] > 80 * 2**30
+    # --set: a smaller model fits
+    assert main(["memory", str(sc), "--set", "model=llama3-8b", "--strict"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("FITS: the pipeline stage fits in 85.9 GB of HBM; tightest: pipeline stage 0 (ranks 0-7), ")
+    assert "llama3-8b on 8 x H100-SXM" in out
+    model = tmp_path / "small.yaml"
+    model.write_text("preset: llama3-8b\nnum_layers: 8\n")
+    assert main(["memory", str(sc), "--model-config", str(model), "--set", "parallel.pp=2",
+                 "--set", "parallel.tp=4", "--strict"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("FITS: all 2 pipeline stages fit") and "tp=4 cp=1 dp=1 pp=2" in out
+    assert main(["memory", str(sc), "--set", "parallel={tp: 8"]) == 2
+    _one_line_error(capsys, "--set = ")
+
+
+def test_compare_prints_plain_decimals_and_mfu_in_percent(tmp_path, capsys):
+    """No '7.715e+04' or '1.5e-05' in the printed tables: seconds in plain decimals, MFU in %,
+    tokens/s with separators; compare.csv keeps the raw numbers."""
+    import re
+
+    import pandas as pd
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SMALL)
+    out = tmp_path / "cmp"
+    assert main(["compare", str(sc), "--set", "parallel.pp=1", "--set", "parallel.dp=4", "--quiet",
+                 "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert not re.search(r"\d[eE][+-]?\d", text), text
+    raw = pd.read_csv(out / "compare.csv")
+    rows = {line.split()[0]: line.split()[1:] for line in text.splitlines() if line and not line.startswith("[")}
+    assert rows["mfu"] == [f"{v:.1%}" for v in raw["mfu"]]
+    assert rows["tokens_per_s"] == [f"{v:,.0f}" for v in raw["tokens_per_s"]]
+    assert rows["vs_first"][0] == "1.000" and rows["fits"] == ["yes", "yes"]
+    assert [float(v) for v in rows["step_s"]] == pytest.approx(list(raw["step_s"]), rel=1e-3)
+
+
+def test_plain_numbers_never_use_an_exponent():
+    from simulator.report.compare import plain_number, shown_table
+    import pandas as pd
+    assert [plain_number(v) for v in (1.878e-05, 1234567.0, 0.5, -0.000123)] == \
+        ["0.00001878", "1235000", "0.5", "-0.000123"]
+    t = shown_table(pd.DataFrame({"a": [0.4261, 1.5e-5]}, index=["mfu", "bubble_s"]), ["[1]"])
+    assert list(t["[1]"]) == ["42.6%", "0.000015"]

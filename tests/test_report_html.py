@@ -76,3 +76,25 @@ def test_compare_report_holds_every_run(tmp_path, capsys):
     assert text.count("data:image/png;base64,") == 2          # breakdown bars and the aligned Gantt charts
     img = _screenshot(_browser(), page, tmp_path / "shot.png")
     assert _blue_pixels(img) > 2000
+
+
+def test_the_page_says_which_clustersim_wrote_it_and_when(tmp_path, monkeypatch, capsys):
+    """Version, commit and date in the footer; SOURCE_DATE_EPOCH fixes the date."""
+    from importlib import metadata
+
+    from simulator.report.html import provenance
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SCENARIO)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")          # 2026-01-01 00:00 UTC
+    p = provenance()
+    assert p["version"] == metadata.version("clustersim") and p["date"] == "2026-01-01 00:00 UTC"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    head = subprocess.run(["git", "-C", root, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:
+        assert p["commit"].split("+")[0] == head.stdout.strip()
+    for argv in (["run", str(sc), "--quiet", "--report", str(tmp_path / "r.html")],
+                 ["compare", str(sc), "--set", "parallel.pp=1", "--quiet", "--report", str(tmp_path / "c.html")]):
+        assert main(argv) == 0
+        page = (tmp_path / argv[-1].rsplit("/", 1)[-1]).read_text()
+        commit = f"commit {p['commit']}" if p["commit"] else "not from a git checkout"
+        assert f"Written by clustersim {p['version']} ({commit}) on 2026-01-01 00:00 UTC." in page

@@ -222,7 +222,7 @@ def _read(path_or_dict, where: str) -> tuple[dict, str]:
             data = json.load(f)
     except FileNotFoundError:
         raise ConfigError(where, path, "file not found") from None
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(where, path, f"not a readable JSON file ({e})") from None
     if not isinstance(data, dict):
         raise ConfigError(where, path, "the JSON file does not hold an object")

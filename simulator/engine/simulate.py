@@ -822,9 +822,12 @@ def _loop_in_chunks(env, left, max_sim_time_s, step_latch, n_cells, after_s) -> 
     """The event loop in chunks of 4,096 events, between which it checks this thread's
     wall-clock limit (:mod:`.limits`) and, when ``after_s > 0``, tells stderr where it is once
     it has run ``after_s`` seconds and every 5 s after (the simulated instant, the step, the
-    cells still running it, events).  It stops at the same event as the plain loop, which then
+    cells still running it, events): redrawn with ``\r`` on a terminal, as a whole line every
+    30 s anywhere else.  It stops at the same event as the plain loop, which then
     finds nothing left to do."""
     import sys
+    # redrawn in place on a terminal; whole lines, one every 30 s, in a log
+    tty = bool(getattr(sys.stderr, "isatty", lambda: False)())
     t0 = time.perf_counter()
     next_report = t0 + after_s if after_s > 0 else float("inf")
     step_event, events, printed = env.step, 0, False
@@ -839,11 +842,11 @@ def _loop_in_chunks(env, left, max_sim_time_s, step_latch, n_cells, after_s) -> 
         if now >= next_report:
             step = next((k for k, latch in enumerate(step_latch) if not latch.event.triggered), len(step_latch) - 1)
             running = step_latch[step].n
-            print(f"\rclustersim: {now - t0:5.0f} s: simulated t = {env.now:.4g} s, step {step + 1} of "
-                  f"{len(step_latch)} ({running} of {n_cells} cells still in it), ~{events:,} events",
-                  end="", file=sys.stderr, flush=True)
-            printed = True
-            next_report = now + 5.0
+            print(("\r" if tty else "") + f"clustersim: {now - t0:5.0f} s: simulated t = {env.now:.4g} s, step "
+                  f"{step + 1} of {len(step_latch)} ({running} of {n_cells} cells still in it), ~{events:,} events",
+                  end="" if tty else "\n", file=sys.stderr, flush=True)
+            printed = tty
+            next_report = now + (5.0 if tty else 30.0)
     if printed:
         print(file=sys.stderr, flush=True)
 

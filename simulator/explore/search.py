@@ -240,8 +240,8 @@ def screen(spec: SearchSpec, cands: list[dict], estimator: Estimator | None = No
     rows = []
     it = cands
     if progress:
-        from tqdm import tqdm
-        it = tqdm(cands, desc="screen", unit="cand")
+        from ..report.progress import progress_iter
+        it = progress_iter(cands, "screen", "cand")
     for par in it:
         row = {**{k: par[k] for k in KNOBS if k != "etp"}, "etp": par.get("etp", par["tp"]), "status": "ok", "reason": "", "memory_gb": math.nan,
                "est_step_s": math.nan, "est_mfu": math.nan}

@@ -367,17 +367,16 @@ def run_points(configs: list[dict], store: Store, executor: Executor, *, fn: Cal
     counts = {"total": len(set(hashes)), "skipped": len(set(hashes) & done), "ok": 0, "failed": 0}
     bar = None
     if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=counts["total"], initial=counts["skipped"], desc=desc, unit="pt", file=sys.stderr,
-                   dynamic_ncols=True)
+        from ..report.progress import progress_bar
+        bar = progress_bar(counts["total"], desc, "pt", initial=counts["skipped"], stream=sys.stderr)
     try:
         for i, result in executor.imap(fn, [c for _, c in todo]):
             h, c = todo[i]
             store.put(h, c, result)
             counts["ok" if result["status"] == "ok" else "failed"] += 1
             if bar is not None:
+                bar.set_postfix(failed=counts["failed"], refresh=False)     # shown by the update
                 bar.update(1)
-                bar.set_postfix(failed=counts["failed"])
     finally:
         if bar is not None:
             bar.close()

@@ -23,7 +23,8 @@ from ..engine.metrics import layout_label as _layout_of
 from .charts import _breakdown_color
 from .style import time_unit
 
-__all__ = ["comparison_table", "critical_path_table", "breakdown_comparison", "aligned_gantts", "layout_label"]
+__all__ = ["comparison_table", "critical_path_table", "breakdown_comparison", "aligned_gantts", "layout_label",
+           "shown_table", "plain_number"]
 
 
 def layout_label(res) -> str:
@@ -48,6 +49,38 @@ def comparison_table(results: Sequence, names: Sequence[str]) -> pd.DataFrame:
             row[f"exposed_{ax}_s"] = m["exposed_comm_s"].get(ax, 0.0)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def plain_number(v, digits: int = 4) -> str:
+    """``v`` in plain decimals, never an exponent, ``digits`` significant digits.
+
+    >>> plain_number(1.5e-05), plain_number(0.053094), plain_number(77152.3), plain_number(1.0), plain_number(0.0)
+    ('0.000015', '0.05309', '77150', '1', '0')
+    """
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return ""
+    if v == 0:
+        return "0"
+    return np.format_float_positional(float(v), precision=digits, unique=False, fractional=False, trim="-")
+
+
+#: How the printed comparison shows a row (the CSV and JSON keep the raw numbers); any other
+#: row is seconds, in plain decimals.
+_SHOWN = {"gpus": lambda v: f"{int(v)}", "vs_first": lambda v: f"{v:.3f}", "mfu": lambda v: f"{v:.1%}",
+          "tokens_per_s": lambda v: f"{v:,.0f}", "peak_memory_gb": lambda v: f"{v:.1f}",
+          "fits": lambda v: {True: "yes", False: "NO"}.get(v, "")}
+
+
+def shown_table(table: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """A table of numbers with one row per quantity (:func:`comparison_table` transposed, or
+    :func:`critical_path_table`) as text for the terminal: MFU in %, tokens/s with
+    thousands separators, seconds in plain decimals; ``columns`` names the runs."""
+    out = table.copy().astype(object)
+    for row in out.index:
+        fmt = _SHOWN.get(row, plain_number)
+        out.loc[row] = [fmt(v) for v in table.loc[row]]
+    out.columns = list(columns)
+    return out
 
 
 def _critical_stream(res) -> pd.DataFrame:

@@ -5,7 +5,10 @@ report.html`` write it.  The page needs no network and no other file: the charts
 inlined as ``data:`` URIs, the styles are in the page.  It holds the scenario as given, the
 summary (step time, MFU, tokens/s, memory verdict, what-ifs), the step-time breakdown, the
 Gantt chart of the reported step, memory per pipeline stage and link utilisation per tier;
-a comparison adds the table across runs and the charts on one time axis.
+a comparison adds the table across runs and the charts on one time axis.  Its footer says
+which clustersim wrote it: the version, the git commit of the code (``+modified`` when the
+checkout had uncommitted changes) and the date, in UTC (``SOURCE_DATE_EPOCH``, when set,
+fixes the date, so that a page can be rebuilt byte for byte).
 """
 
 from __future__ import annotations
@@ -13,12 +16,17 @@ from __future__ import annotations
 import base64
 import html
 import io
+import os
+import subprocess
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
 
-__all__ = ["run_report", "compare_report"]
+__all__ = ["run_report", "compare_report", "provenance"]
+
+_CODE_ROOT = Path(__file__).resolve().parents[2]
 
 _STYLE = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 24px auto; max-width: 1500px;
@@ -99,11 +107,45 @@ def _links_section(m: dict) -> str:
     return _table([[k, f"{v:.1%}"] for k, v in util.items()], ["tier", "utilisation in the step"])
 
 
+def provenance() -> dict:
+    """``version`` (the installed package's), ``commit`` (of the code's git checkout, with
+    ``+modified`` for uncommitted changes; None outside a checkout) and ``date`` (now, or
+    ``SOURCE_DATE_EPOCH``), as the report's footer gives them."""
+    from importlib import metadata
+    try:
+        version = metadata.version("clustersim")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "")
+    when = datetime.fromtimestamp(int(epoch), timezone.utc) if epoch.isdigit() else datetime.now(timezone.utc)
+    return {"version": version, "commit": _git_commit(_CODE_ROOT), "date": when.strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def _git_commit(root: Path) -> str | None:
+    """``abc123def456`` or ``abc123def456+modified``; None without git or a checkout."""
+    def git(*a):
+        return subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True, timeout=10)
+    try:
+        head = git("rev-parse", "--short=12", "HEAD")
+        if head.returncode:
+            return None
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+modified" if dirty else "")
+
+
+def _footer() -> str:
+    p = provenance()
+    commit = f"commit {p['commit']}" if p["commit"] else "not from a git checkout"
+    return f"Written by clustersim {p['version']} ({commit}) on {p['date']}."
+
+
 def _page(title: str, subtitle: str, body: list[str]) -> str:
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>\n"
             f"<h1>{html.escape(title)}</h1><p class=\"sub\">{html.escape(subtitle)}</p>\n"
-            + "\n".join(body) + "\n<p class=\"sub\">Written by clustersim.</p></body></html>\n")
+            + "\n".join(body) + f"\n<p class=\"sub\">{html.escape(_footer())}</p></body></html>\n")
 
 
 def run_report(res, path: str | Path, *, name: str | None = None) -> Path:
@@ -140,7 +182,7 @@ def compare_report(results: Sequence, names: Sequence[str], path: str | Path) ->
     """Write the report comparing several runs (the first is the reference) to ``path``."""
     import tempfile
 
-    from .compare import aligned_gantts, breakdown_comparison, comparison_table, critical_path_table
+    from .compare import aligned_gantts, breakdown_comparison, comparison_table, critical_path_table, shown_table
 
     table = comparison_table(results, names)
     crit = critical_path_table(results, names)
@@ -149,9 +191,10 @@ def compare_report(results: Sequence, names: Sequence[str], path: str | Path) ->
                     f"{r.metrics['step_time_s'] / results[0].metrics['step_time_s']:.3f}x", f"{r.metrics['mfu']:.1%}",
                     _fit(r.metrics) or "-"] for c, n, r in zip(cols, names, results)],
                   ["", "scenario", "layout", "step", "vs first", "MFU", "memory"], left=3)
-    metric_rows = [[k] + [f"{v:.4g}" if isinstance(v, float) else str(v) for v in table[k]]
-                   for k in table.columns if k not in ("scenario", "layout")]
-    crit_rows = [[k] + [f"{crit.loc[k, n]:.4g}" for n in names] for k in crit.index]
+    shown = shown_table(table.drop(columns=["scenario", "layout"]).T, cols)
+    metric_rows = [[k] + list(shown.loc[k]) for k in shown.index]
+    crit_shown = shown_table(crit[list(names)], cols)
+    crit_rows = [[k] + list(crit_shown.loc[k]) for k in crit_shown.index]
     with tempfile.TemporaryDirectory() as tmp:
         gantt_img = _png_file(aligned_gantts(results, names, Path(tmp) / "g.png"))
     body = ["<h2>Runs</h2>", runs,

@@ -6,15 +6,14 @@ sections ``model``, ``cluster``, ``parallel``, ``precision`` (and ``precision_op
 ``flop_convention``, ``memory_accounting`` and ``hbm_headroom``.  :func:`load_scenario` resolves presets,
 fills ``dp: -1``, and applies every rule that needs two sections at once (world size vs
 GPU count, heads vs tp, experts vs ep, the schedule's micro-batch minimum, the precision
-recipe vs the GPU).  YAML is loaded with ``yaml.safe_load`` (no object-building tags).
+recipe vs the GPU).  YAML is loaded with :class:`~.yaml_input.UniqueKeyLoader` (``yaml.SafeLoader``: no
+object-building tags; a key given twice is refused).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import yaml
 
 from topologies import Cluster, ConfigError, build_cluster
 from topologies.cluster import checked_spec
@@ -27,6 +26,7 @@ from workloads.memory import get_static_accounting
 from workloads.stacks import DEFAULT_STACK, get_stack
 
 from .whatif import WhatIf
+from .yaml_input import read_text, read_yaml
 
 __all__ = ["Scenario", "load_scenario", "read_yaml", "OVERLAP_DEFAULTS", "APPROXIMATIONS"]
 
@@ -129,22 +129,6 @@ class Scenario:
                                 extra_warmup_microbatches=int(bool(self.overlap.get("moe_ep_comm", False))))
 
 
-def read_yaml(path: str | Path, where: str, what: str = "a mapping") -> dict:
-    """The mapping in the YAML file ``path`` (``yaml.safe_load``); ConfigError naming
-    ``where`` when the file is missing, is not valid YAML or does not hold ``what``."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(where, str(path), "file not found")
-    with p.open() as f:
-        try:
-            data = yaml.safe_load(f)
-        except yaml.YAMLError as e:
-            raise ConfigError(where, str(path), f"not valid YAML: {_yaml_problem(e)}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(where, type(data).__name__, f"expected {what}")
-    return data
-
-
 def _relative_to(data: dict, folder: Path) -> dict:
     """A model's ``hf_config`` path that does not exist from the current directory but does
     from the scenario file's folder is read from there."""
@@ -154,15 +138,6 @@ def _relative_to(data: dict, folder: Path) -> dict:
         if not p.is_absolute() and not p.exists() and (folder / p).exists():
             data = {**data, "model": {**model, "hf_config": str(folder / p)}}
     return data
-
-
-def _yaml_problem(e: yaml.YAMLError) -> str:
-    """What PyYAML found wrong and where, 1-based: 'expected ..., line 3, column 9'."""
-    mark = getattr(e, "problem_mark", None)
-    what = getattr(e, "problem", None) or e.__class__.__name__
-    if mark is None:
-        return what
-    return f"{what} at line {mark.line + 1}, column {mark.column + 1}"
 
 
 def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
@@ -191,10 +166,12 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
     for key in ("model", "cluster", "parallel"):
         if key not in data:
             raise ConfigError(f"scenario.{key}", None, "required")
+    _check_model_file(data["model"])
     model = load_model(data["model"])
     # every rule that needs no graph first: a job whose degrees cannot match its GPUs is
     # refused before a large cluster's graph is built
     cspec = checked_spec(data["cluster"]) if cluster is None else cluster.spec
+    _check_batch(data["parallel"])
     par = ParallelConfig.from_dict(data["parallel"]).resolve(cspec.num_gpus)
     par.check_model(model)
     par.check_schedule()
@@ -246,6 +223,25 @@ def _framework(name, model: ModelSpec) -> str:
     except ConfigError as e:
         raise ConfigError("scenario.framework", e.value, e.rule) from None
     return stack.name
+
+
+def _check_model_file(model) -> None:
+    """A Hugging Face config the model names must be a text file: a binary one would reach
+    the JSON reader as undecodable bytes (a missing one is the importer's to report)."""
+    if isinstance(model, dict) and isinstance(model.get("hf_config"), str):
+        p = Path(model["hf_config"])
+        p = p / "config.json" if p.is_dir() else p
+        if p.is_file():
+            read_text(p, "model.hf_config", "a Hugging Face config.json")
+
+
+def _check_batch(parallel) -> None:
+    """A ``global_batch_size`` the scenario writes must be a batch: ParallelConfig reads 0
+    as "one micro-batch per replica", which a user who writes 0 cannot have meant."""
+    gbs = parallel.get("global_batch_size") if isinstance(parallel, dict) else None
+    if type(gbs) is int and gbs < 1:
+        raise ConfigError("parallel.global_batch_size", gbs, "must be an integer >= 1, sequences per step "
+                                                             "(leave it out for one micro-batch per replica)")
 
 
 def _accounting(data: dict) -> dict:

@@ -294,3 +294,49 @@ def test_a_run_whose_timeline_would_not_fit_in_memory_is_refused_before_simulati
     with pytest.raises(ConfigError, match="CLUSTERSIM_MEMORY_BUDGET_GB"):
         run(sc)
     assert ROW_BYTES >= 686        # the measured slope (simulate.py) rounded up, never down
+
+
+# -- user YAML: every unusable file refused in one ConfigError naming it (issue 34) -----------------
+@pytest.mark.parametrize("content, rule", [
+    (b"", "the file is empty"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "a binary file"),
+    (b"model: tiny-dense\nmodel: tiny-moe\ncluster: dgx-h100\n", "duplicate key 'model' at line 2"),
+    (b"model: tiny-dense\ncluster: dgx-h100\nparallel: {tp: 2, tp: 4}\n", "duplicate key 'tp' at line 3"),
+    (b"- model\n- cluster\n", "holds a list, expected a mapping of sections"),
+])
+def test_unusable_scenario_files_are_refused_naming_the_file(tmp_path, content, rule):
+    p = tmp_path / "s.yaml"
+    p.write_bytes(content)
+    with pytest.raises(ConfigError) as e:
+        load_scenario(p)
+    assert e.value.field == "scenario" and e.value.value == str(p) and rule in e.value.rule
+
+
+def test_a_folder_is_not_a_scenario(tmp_path):
+    with pytest.raises(ConfigError, match="is a folder, not a file"):
+        load_scenario(tmp_path)
+
+
+def test_merge_keys_may_still_be_overridden():
+    """``<<: *base`` then a key of base is a merge, not a duplicate (YAML's merge-key type)."""
+    from simulator.scenario.yaml_input import parse_yaml
+    data = parse_yaml("base: &b {tp: 2, pp: 2}\nparallel: {<<: *b, pp: 4}\n", "scenario", "x")
+    assert data["parallel"] == {"tp": 2, "pp": 4}
+
+
+@pytest.mark.parametrize("gbs", [0, -8])
+def test_a_global_batch_below_one_is_refused_naming_the_rule(gbs):
+    with pytest.raises(ConfigError) as e:
+        load_scenario({**BASE, "parallel": {**BASE["parallel"], "global_batch_size": gbs}})
+    assert e.value.field == "parallel.global_batch_size" and e.value.value == gbs and ">= 1" in e.value.rule
+    # left out, the batch is one micro-batch per replica, as before
+    assert load_scenario({**BASE, "parallel": {"tp": 2, "dp": -1}}).parallel.batch_size == 4
+
+
+def test_a_binary_hf_config_named_in_a_scenario_is_refused_naming_it(tmp_path):
+    blob = tmp_path / "config.json"
+    blob.write_bytes(b"\xfc\x00\x01 not json")
+    for where in (blob, tmp_path):                      # the file, or its folder
+        with pytest.raises(ConfigError) as e:
+            load_scenario({**BASE, "model": {"hf_config": str(where)}})
+        assert e.value.field == "model.hf_config" and "a binary file, not text (at byte 0" in e.value.rule
