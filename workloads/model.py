@@ -106,8 +106,11 @@ from topologies.errors import check_keys
 
 from .blocks import layer_blocks
 from .blocks.fields import bool_field as _bool, build as _build, choice_field as _choice, int_field as _int, \
-    set_field as _set, sub_spec as _sub_spec
+    set_field as _set
+from .blocks.attention import MLASpec
 from .blocks.gated_deltanet import GatedDeltaNetSpec
+from .blocks.mamba import MambaSpec
+from .blocks.moe import MoESpec
 
 __all__ = ["BREAKDOWN_KEYS", "HYBRID_SYMBOLS", "MLP_KINDS", "NORM_KINDS", "POSITION_EMBEDDINGS",
            "GatedDeltaNetSpec", "MLASpec", "MambaSpec", "ModelSpec", "MoESpec"]
@@ -125,261 +128,6 @@ BREAKDOWN_KEYS = ("embedding", "position_embedding", "attention", "mamba", "mlp"
 #: Layer symbols of a hybrid pattern (Megatron-Core ``hybrid_layer_allocation.Symbols``): one
 #: character is one layer with one pre-normed sublayer.
 HYBRID_SYMBOLS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
-
-
-# -- MoE and MLA -------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MoESpec:
-    """Mixture-of-experts feed-forward blocks: which layers have them and how they route."""
-
-    num_experts: int
-    """Routed experts per MoE layer (Mixtral 8, DeepSeek-V3 256, Qwen3-MoE 128)."""
-    top_k: int
-    """Routed experts each token runs (Megatron's ``moe_router_topk``)."""
-    expert_ffn_hidden_size: int | None = None
-    """Hidden width of one routed expert's MLP; None: the model's ``ffn_hidden_size``."""
-    num_shared_experts: int = 0
-    """Experts every token runs besides the routed ones (DeepSeek's ``n_shared_experts``)."""
-    shared_expert_ffn_hidden_size: int | None = None
-    """Hidden width of *one* shared expert; None: ``expert_ffn_hidden_size``.  Megatron's
-    ``moe_shared_expert_intermediate_size`` is the total, ``num_shared_experts`` times this."""
-    moe_layer_freq: int = 1
-    """Layer ``i`` (0-based) is MoE when ``i % moe_layer_freq == 0`` (and ``i >= first_k_dense``),
-    as in Megatron-LM's integer ``--moe-layer-freq`` and DeepSeek's ``moe_layer_freq``."""
-    first_k_dense: int = 0
-    """The first k layers are dense (DeepSeek's ``first_k_dense_replace``)."""
-    moe_layer_pattern: tuple[int, ...] | None = None
-    """Explicit per-layer flags, 1 = MoE, 0 = dense (Megatron's list form of ``--moe-layer-freq``);
-    overrides the two rules above, which must then keep their defaults."""
-    capacity_factor: float | None = None
-    """Tokens an expert accepts, as a multiple of the balanced share; excess tokens are dropped.
-    None: dropless (Megatron-Core's default, and Mixtral / DeepSeek / Qwen training)."""
-    router_bias: bool = False
-    """A per-expert bias on the router scores (DeepSeek-V3's auxiliary-loss-free balancing bias,
-    ``e_score_correction_bias``): ``num_experts`` extra parameters per MoE layer."""
-    token_drop_policy: str = "probs"
-    """Which tokens an over-full expert drops (Megatron-Core's ``--moe-token-drop-policy``):
-    ``probs`` (lowest routing probability) or ``position`` (latest in the sequence).  The number
-    dropped, and so the step, is the same for both."""
-    pad_expert_input_to_capacity: bool = False
-    """Every (source rank, expert) pair sends exactly its capacity, padding what routing left
-    short (``--moe-pad-expert-input-to-capacity``); needs ``capacity_factor``."""
-    expert_rank_capacity_factor: float | None = None
-    """HybridEP's per-EP-rank token budget, as a multiple of one rank's ``local tokens x
-    top_k`` (``moe_expert_rank_capacity_factor``); tokens above it are dropped.  Needs the
-    ``flex`` dispatcher with the ``hybridep`` backend.  None: no budget."""
-    token_dispatcher: str = "alltoall"
-    """``alltoall`` | ``allgather`` | ``flex`` (``--moe-token-dispatcher-type``; clustersim's
-    default is ``alltoall``, Megatron-Core's own default is ``allgather``)."""
-    flex_dispatcher_backend: str = "deepep"
-    """With ``token_dispatcher: flex``: ``deepep`` or ``hybridep``
-    (``--moe-flex-dispatcher-backend``)."""
-    flex_dispatcher_num_sms: int | None = None
-    """SMs the flex dispatcher's kernels hold (``moe_flex_dispatcher_num_sms``); None: the
-    backend's default (DeepEP 20, HybridEP 16: ``workloads.moe_routing`` cites both)."""
-    shared_expert_gate: bool = False
-    """A sigmoid gate scales the shared experts' output per token (Qwen2-MoE / Qwen3-Next
-    ``shared_expert_gate``, Megatron-Core's ``moe_shared_expert_gate``): ``h`` parameters per
-    MoE layer, one ``h -> 1`` projection and an element-wise product."""
-    latent_size: int | None = None
-    """Latent MoE (Nemotron 3 Super / Ultra; Megatron-Core's ``moe_latent_size``): the routed
-    experts run in this reduced width.  A down projection ``h -> latent`` (``fc1_latent_proj``)
-    runs before the dispatch, so the all-to-all carries ``latent``-wide tokens, and an up
-    projection ``latent -> h`` (``fc2_latent_proj``) after the combine; both are replicated
-    over TP (Megatron-Core ``moe_layer.py``, ``parallel_mode="duplicated"``).  The router and
-    the shared experts keep the full width.  None: experts run at ``h``."""
-
-    def __post_init__(self):
-        w = "moe"
-        _set(self, "num_experts", _int(w, "num_experts", self.num_experts))
-        _set(self, "top_k", _int(w, "top_k", self.top_k))
-        if self.top_k > self.num_experts:
-            raise ConfigError(f"{w}.top_k", self.top_k, f"must be <= num_experts = {self.num_experts}")
-        _set(self, "expert_ffn_hidden_size", _int(w, "expert_ffn_hidden_size", self.expert_ffn_hidden_size,
-                                                  optional=True))
-        _set(self, "num_shared_experts", _int(w, "num_shared_experts", self.num_shared_experts, minimum=0))
-        shared = _int(w, "shared_expert_ffn_hidden_size", self.shared_expert_ffn_hidden_size, optional=True)
-        _set(self, "shared_expert_ffn_hidden_size", shared if shared is not None else self.expert_ffn_hidden_size)
-        _set(self, "moe_layer_freq", _int(w, "moe_layer_freq", self.moe_layer_freq))
-        _set(self, "first_k_dense", _int(w, "first_k_dense", self.first_k_dense, minimum=0))
-        if self.moe_layer_pattern is not None:
-            pat = self.moe_layer_pattern
-            if isinstance(pat, (str, bytes)) or not hasattr(pat, "__iter__"):
-                raise ConfigError(f"{w}.moe_layer_pattern", pat, "must be a list of 0/1 flags, one per layer")
-            pat = tuple(pat)
-            if not pat or any(not isinstance(x, numbers.Integral) or x not in (0, 1) for x in pat):
-                raise ConfigError(f"{w}.moe_layer_pattern", list(pat), "must be a list of 0/1 flags, one per layer")
-            if self.moe_layer_freq != 1 or self.first_k_dense != 0:
-                raise ConfigError(f"{w}.moe_layer_pattern", list(pat),
-                                  "give either moe_layer_pattern or moe_layer_freq / first_k_dense, not both")
-            _set(self, "moe_layer_pattern", tuple(int(x) for x in pat))
-        cf = self.capacity_factor
-        if cf is not None:
-            if isinstance(cf, bool) or not isinstance(cf, numbers.Real) or not cf > 0:
-                raise ConfigError(f"{w}.capacity_factor", cf, "must be a positive number, or null for dropless")
-            _set(self, "capacity_factor", float(cf))
-        _bool(w, "router_bias", self.router_bias)
-        _bool(w, "shared_expert_gate", self.shared_expert_gate)
-        if self.shared_expert_gate and not self.num_shared_experts:
-            raise ConfigError(f"{w}.shared_expert_gate", True, "gates the shared experts: needs num_shared_experts")
-        _set(self, "latent_size", _int(w, "latent_size", self.latent_size, optional=True))
-        self._check_dropping_and_dispatch(w)
-
-    def _check_dropping_and_dispatch(self, w: str) -> None:
-        """Megatron-Core's rules (transformer_config.py ``__post_init__``) for token dropping
-        and the dispatcher, as ConfigErrors."""
-        from .moe_routing import DISPATCHERS, DROP_POLICIES, FLEX_BACKENDS    # noqa: PLC0415 (cycle)
-        if self.token_drop_policy not in DROP_POLICIES:
-            raise ConfigError(f"{w}.token_drop_policy", self.token_drop_policy, f"must be one of {', '.join(DROP_POLICIES)}")
-        _bool(w, "pad_expert_input_to_capacity", self.pad_expert_input_to_capacity)
-        if self.pad_expert_input_to_capacity and self.capacity_factor is None:
-            raise ConfigError(f"{w}.pad_expert_input_to_capacity", True, "padding to capacity needs capacity_factor")
-        if self.token_dispatcher not in DISPATCHERS:
-            raise ConfigError(f"{w}.token_dispatcher", self.token_dispatcher, f"must be one of {', '.join(DISPATCHERS)}")
-        if self.flex_dispatcher_backend not in FLEX_BACKENDS:
-            raise ConfigError(f"{w}.flex_dispatcher_backend", self.flex_dispatcher_backend,
-                              f"must be one of {', '.join(FLEX_BACKENDS)}")
-        flex = self.token_dispatcher == "flex"
-        if flex and self.flex_dispatcher_backend == "deepep" and self.pad_expert_input_to_capacity:
-            raise ConfigError(f"{w}.pad_expert_input_to_capacity", True,
-                              "the flex dispatcher's deepep backend does not pad to capacity (Megatron-Core refuses it)")
-        _set(self, "flex_dispatcher_num_sms", _int(w, "flex_dispatcher_num_sms", self.flex_dispatcher_num_sms,
-                                                   optional=True))
-        if self.flex_dispatcher_num_sms is not None and not flex:
-            raise ConfigError(f"{w}.flex_dispatcher_num_sms", self.flex_dispatcher_num_sms,
-                              "only the flex dispatcher reserves SMs (set token_dispatcher: flex)")
-        rcf = self.expert_rank_capacity_factor
-        if rcf is not None:
-            if isinstance(rcf, bool) or not isinstance(rcf, numbers.Real) or not rcf > 0:
-                raise ConfigError(f"{w}.expert_rank_capacity_factor", rcf, "must be a positive number, or null")
-            if not (flex and self.flex_dispatcher_backend == "hybridep"):
-                raise ConfigError(f"{w}.expert_rank_capacity_factor", rcf,
-                                  "the per-rank budget needs token_dispatcher: flex with flex_dispatcher_backend: hybridep")
-            _set(self, "expert_rank_capacity_factor", float(rcf))
-
-    @property
-    def expert_width(self) -> int | None:
-        """Width the routed experts read and write: ``latent_size`` or None (the model's ``h``)."""
-        return self.latent_size
-
-    def is_moe_layer(self, i: int) -> bool:
-        """Whether decoder layer ``i`` (0-based) has a MoE block (no range check)."""
-        if self.moe_layer_pattern is not None:
-            return bool(self.moe_layer_pattern[i])
-        return i >= self.first_k_dense and i % self.moe_layer_freq == 0
-
-    @classmethod
-    def from_dict(cls, d: Mapping, where: str = "model.moe") -> "MoESpec":
-        """From a YAML mapping of MoESpec fields; unknown keys are errors."""
-        return _sub_spec(cls, d, ("num_experts", "top_k"), "moe", where)
-
-    def to_dict(self) -> dict:
-        """Plain mapping (lists, no tuples) that :meth:`from_dict` reads back to an equal spec."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        if out["moe_layer_pattern"] is not None:
-            out["moe_layer_pattern"] = list(out["moe_layer_pattern"])
-        return out
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MLASpec:
-    """Multi-head latent attention (DeepSeek-V2/V3): low-rank compressed queries and keys/values."""
-
-    q_lora_rank: int | None = None
-    """Rank of the query compression (1536 in DeepSeek-V3); None: queries projected directly
-    from the hidden state (DeepSeek-V2-Lite)."""
-    kv_lora_rank: int
-    """Rank of the joint key/value compression (512): the latent the KV cache stores."""
-    qk_nope_head_dim: int
-    """Per-head query/key dimension without rotary embedding (128)."""
-    qk_rope_head_dim: int
-    """Per-head query/key dimension with rotary embedding; the key part is shared by all heads (64)."""
-    v_head_dim: int
-    """Per-head value dimension (128)."""
-
-    def __post_init__(self):
-        w = "mla"
-        _set(self, "q_lora_rank", _int(w, "q_lora_rank", self.q_lora_rank, optional=True))
-        for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
-            _set(self, key, _int(w, key, getattr(self, key)))
-
-    @property
-    def qk_head_dim(self) -> int:
-        """Query/key dimension per head: ``qk_nope_head_dim + qk_rope_head_dim``."""
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
-
-    @classmethod
-    def from_dict(cls, d: Mapping, where: str = "model.mla") -> "MLASpec":
-        """From a YAML mapping of MLASpec fields; unknown keys are errors."""
-        return _sub_spec(cls, d, ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"), "mla", where)
-
-    def to_dict(self) -> dict:
-        """Plain mapping that :meth:`from_dict` reads back to an equal spec."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MambaSpec:
-    """Mamba-2 (SSD) mixer dimensions, as Megatron-Core's ``MambaMixer`` builds them
-    (NVIDIA/Megatron-LM ``megatron/core/ssm/mamba_mixer.py``).
-
-    ``d_inner = num_heads x head_dim``.  Per layer: ``in_proj`` ``h -> 2 d_inner + 2 G N + nh``
-    (z, x, B, C, dt packed; the layer's pre-norm fused into it), a depthwise causal conv1d of
-    ``conv_kernel`` taps (with bias) over the ``d_inner + 2 G N`` channels of x, B and C,
-    per-head ``dt_bias``, ``A_log`` and ``D``, the chunked SSD scan, a gated RMSNorm over
-    ``d_inner`` (grouped by ``G``) and ``out_proj`` ``d_inner -> h``; no linear biases.
-    """
-
-    num_heads: int
-    """SSM heads ``nh`` (Megatron ``mamba_num_heads``; Nemotron 3 Nano 64)."""
-    head_dim: int
-    """Channels per head (``mamba_head_dim``; 64)."""
-    state_dim: int
-    """SSM state size ``N`` (``mamba_state_dim`` / HF ``ssm_state_size``; 128)."""
-    num_groups: int
-    """B / C groups ``G`` (``mamba_num_groups`` / HF ``n_groups``; 8)."""
-    conv_kernel: int = 4
-    """Depthwise conv1d taps (Megatron ``d_conv``, HF ``conv_kernel``; 4)."""
-    chunk_size: int = 128
-    """SSD scan chunk length (Megatron ``chunk_size``; 128)."""
-
-    def __post_init__(self):
-        w = "mamba"
-        for key in ("num_heads", "head_dim", "state_dim", "num_groups", "conv_kernel", "chunk_size"):
-            _set(self, key, _int(w, key, getattr(self, key)))
-        if self.num_heads % self.num_groups:
-            raise ConfigError(f"{w}.num_groups", self.num_groups,
-                              f"must divide num_heads = {self.num_heads} (Megatron-Core MambaMixer)")
-
-    @property
-    def d_inner(self) -> int:
-        """``num_heads x head_dim``."""
-        return self.num_heads * self.head_dim
-
-    @property
-    def conv_channels(self) -> int:
-        """Channels of the conv1d: x, B and C, ``d_inner + 2 G N``."""
-        return self.d_inner + 2 * self.num_groups * self.state_dim
-
-    @property
-    def in_proj_width(self) -> int:
-        """Output width of ``in_proj``: z, x, B, C, dt = ``2 d_inner + 2 G N + nh``."""
-        return 2 * self.d_inner + 2 * self.num_groups * self.state_dim + self.num_heads
-
-    def mixer_params(self, h: int) -> int:
-        """Parameters of one mixer without its pre-norm: in_proj, conv1d weight and bias,
-        dt_bias, A_log, D, the gated norm's weight, out_proj."""
-        return (h * self.in_proj_width + self.conv_channels * (self.conv_kernel + 1) + 3 * self.num_heads
-                + self.d_inner + self.d_inner * h)
-
-    @classmethod
-    def from_dict(cls, d: Mapping, where: str = "model.mamba") -> "MambaSpec":
-        """From a YAML mapping of MambaSpec fields; unknown keys are errors."""
-        return _sub_spec(cls, d, ("num_heads", "head_dim", "state_dim", "num_groups"), "mamba", where)
-
-    def to_dict(self) -> dict:
-        """Plain mapping that :meth:`from_dict` reads back to an equal spec."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 # -- the model ---------------------------------------------------------------------------------
@@ -492,6 +240,17 @@ class ModelSpec:
 
     def __post_init__(self):
         w = "model"
+        self._check_shape(w)
+        self._check_attention(w)
+        self._check_options(w)
+        self._check_window(w)
+        self._check_activation(w)
+        self._check_hybrid(w)
+        self._check_linear_attention(w)
+        self._check_moe(w)
+
+    def _check_shape(self, w: str) -> None:
+        """Names, the required sizes, the kinds and the MLP width (``__post_init__``)."""
         if not isinstance(self.name, str) or not self.name:
             raise ConfigError(f"{w}.name", self.name, "must be a non-empty string")
         if not isinstance(self.source, str):
@@ -503,19 +262,21 @@ class ModelSpec:
         _choice(w, "mlp", self.mlp, MLP_KINDS)
         _choice(w, "norm", self.norm, NORM_KINDS)
         _choice(w, "position_embedding", self.position_embedding, POSITION_EMBEDDINGS)
-        h, heads = self.hidden_size, self.num_attention_heads
-
+        h = self.hidden_size
         ffn = _int(w, "ffn_hidden_size", self.ffn_hidden_size, optional=True)
         if ffn is None:
             ffn = 4 * h if self.mlp == "gelu" else max(64, int(4 * h * 2 / 3 / 64) * 64)
         _set(self, "ffn_hidden_size", ffn)
 
+    def _check_attention(self, w: str) -> None:
+        """KV heads, MLA and the head dimension (``__post_init__``)."""
+        h, heads = self.hidden_size, self.num_attention_heads
         kv = _int(w, "num_kv_heads", self.num_kv_heads, optional=True)
         kv = heads if kv is None else kv
         if heads % kv:
             raise ConfigError(f"{w}.num_kv_heads", kv, f"must divide num_attention_heads = {heads}")
         _set(self, "num_kv_heads", kv)
-
+        hd = _int(w, "head_dim", self.head_dim, optional=True)
         if self.mla is not None:
             if not isinstance(self.mla, MLASpec):
                 raise ConfigError(f"{w}.mla", self.mla, "must be an MLASpec (or a mapping, via from_dict)")
@@ -525,20 +286,19 @@ class ModelSpec:
             if self.qkv_bias or self.qk_norm:
                 key = "qkv_bias" if self.qkv_bias else "qk_norm"
                 raise ConfigError(f"{w}.{key}", True, "does not apply to mla (use add_bias_linear)")
-            hd = _int(w, "head_dim", self.head_dim, optional=True)
             if hd is not None and hd != self.mla.qk_head_dim:
                 raise ConfigError(f"{w}.head_dim", hd, "with mla the head dimension is qk_nope_head_dim + "
                                                        f"qk_rope_head_dim = {self.mla.qk_head_dim}")
             _set(self, "head_dim", self.mla.qk_head_dim)
-        else:
-            hd = _int(w, "head_dim", self.head_dim, optional=True)
-            if hd is None:
-                if h % heads:
-                    raise ConfigError(f"{w}.num_attention_heads", heads,
-                                      f"must divide hidden_size = {h}, or give head_dim")
-                hd = h // heads
-            _set(self, "head_dim", hd)
+            return
+        if hd is None:
+            if h % heads:
+                raise ConfigError(f"{w}.num_attention_heads", heads, f"must divide hidden_size = {h}, or give head_dim")
+            hd = h // heads
+        _set(self, "head_dim", hd)
 
+    def _check_options(self, w: str) -> None:
+        """Dropout, unfused attention and MTP (``__post_init__``)."""
         d = self.dropout
         if isinstance(d, bool) or not isinstance(d, numbers.Real) or not 0 <= d < 1:
             raise ConfigError(f"{w}.dropout", d, "must be a probability in [0, 1)")
@@ -550,7 +310,9 @@ class ModelSpec:
                                                              "grouped-query attention only, not mla")
         _set(self, "mtp_layers", _int(w, "mtp_layers", self.mtp_layers, minimum=0))
         _bool(w, "mtp_repeated_layer", self.mtp_repeated_layer)
-        self._check_window(w)
+
+    def _check_activation(self, w: str) -> None:
+        """YaRN's RoPE factor and the experts' activation clamp (``__post_init__``)."""
         ms = self.rope_mscale
         if isinstance(ms, bool) or not isinstance(ms, numbers.Real) or not 0 < ms < math.inf:
             raise ConfigError(f"{w}.rope_mscale", ms, "must be a positive number (1: no YaRN scaling)")
@@ -563,33 +325,36 @@ class ModelSpec:
                 raise ConfigError(f"{w}.activation_clamp", clamp, f"clamps a gated activation: needs mlp swiglu, "
                                                                   f"not {self.mlp}")
             _set(self, "activation_clamp", float(clamp))
-        self._check_hybrid(w)
-        self._check_linear_attention(w)
 
-        if self.moe is not None:
-            moe = self.moe
-            if not isinstance(moe, MoESpec):
-                raise ConfigError(f"{w}.moe", moe, "must be a MoESpec (or a mapping, via from_dict)")
-            if moe.expert_ffn_hidden_size is None:
-                moe = dataclasses.replace(moe, expert_ffn_hidden_size=ffn,
-                                          shared_expert_ffn_hidden_size=moe.shared_expert_ffn_hidden_size or ffn)
-                _set(self, "moe", moe)
-            n = self.num_layers
-            if self.hybrid_override_pattern is not None:
-                if moe.moe_layer_pattern is not None or moe.moe_layer_freq != 1 or moe.first_k_dense:
-                    raise ConfigError(f"{w}.moe.moe_layer_pattern", moe.moe_layer_pattern,
-                                      "with hybrid_override_pattern the E layers are the MoE layers: leave "
-                                      "moe_layer_pattern, moe_layer_freq and first_k_dense at their defaults")
-                if "E" not in self.hybrid_override_pattern:
-                    raise ConfigError(f"{w}.hybrid_override_pattern", self.hybrid_override_pattern,
-                                      "has no E (MoE) layer but moe is given")
-            if moe.moe_layer_pattern is not None and len(moe.moe_layer_pattern) != n:
-                raise ConfigError(f"{w}.moe.moe_layer_pattern", list(moe.moe_layer_pattern),
-                                  f"has {len(moe.moe_layer_pattern)} flags; the model has num_layers = {n}")
-            if not any(moe.is_moe_layer(i) for i in range(n)):
-                key = "moe_layer_pattern" if moe.moe_layer_pattern is not None else "first_k_dense"
-                raise ConfigError(f"{w}.moe.{key}", getattr(moe, key) if key != "moe_layer_pattern"
-                                  else list(moe.moe_layer_pattern), f"leaves no MoE layer among {n} layers")
+    def _check_moe(self, w: str) -> None:
+        """The MoE spec against the layers: expert widths default to the MLP's, at least one
+        MoE layer, the hybrid pattern's E layers (``__post_init__``)."""
+        moe = self.moe
+        if moe is None:
+            return
+        if not isinstance(moe, MoESpec):
+            raise ConfigError(f"{w}.moe", moe, "must be a MoESpec (or a mapping, via from_dict)")
+        ffn = self.ffn_hidden_size
+        if moe.expert_ffn_hidden_size is None:
+            moe = dataclasses.replace(moe, expert_ffn_hidden_size=ffn,
+                                      shared_expert_ffn_hidden_size=moe.shared_expert_ffn_hidden_size or ffn)
+            _set(self, "moe", moe)
+        n = self.num_layers
+        if self.hybrid_override_pattern is not None:
+            if moe.moe_layer_pattern is not None or moe.moe_layer_freq != 1 or moe.first_k_dense:
+                raise ConfigError(f"{w}.moe.moe_layer_pattern", moe.moe_layer_pattern,
+                                  "with hybrid_override_pattern the E layers are the MoE layers: leave "
+                                  "moe_layer_pattern, moe_layer_freq and first_k_dense at their defaults")
+            if "E" not in self.hybrid_override_pattern:
+                raise ConfigError(f"{w}.hybrid_override_pattern", self.hybrid_override_pattern,
+                                  "has no E (MoE) layer but moe is given")
+        if moe.moe_layer_pattern is not None and len(moe.moe_layer_pattern) != n:
+            raise ConfigError(f"{w}.moe.moe_layer_pattern", list(moe.moe_layer_pattern),
+                              f"has {len(moe.moe_layer_pattern)} flags; the model has num_layers = {n}")
+        if not any(moe.is_moe_layer(i) for i in range(n)):
+            key = "moe_layer_pattern" if moe.moe_layer_pattern is not None else "first_k_dense"
+            raise ConfigError(f"{w}.moe.{key}", getattr(moe, key) if key != "moe_layer_pattern"
+                              else list(moe.moe_layer_pattern), f"leaves no MoE layer among {n} layers")
 
     def _check_hybrid(self, w: str) -> None:
         """Validate the hybrid pattern and the Mamba spec (``__post_init__``)."""

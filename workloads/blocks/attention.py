@@ -9,12 +9,54 @@ shapes in :mod:`workloads.costs.flops`'s.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 from topologies import ConfigError
 
 from . import kernels as kn
 from .base import Block, RankParams, norm_elems, norm_params
+from .fields import int_field, set_field, sub_spec
 
-__all__ = ["AttentionBlock"]
+__all__ = ["AttentionBlock", "MLASpec"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2/V3): low-rank compressed queries and keys/values."""
+
+    q_lora_rank: int | None = None
+    """Rank of the query compression (1536 in DeepSeek-V3); None: queries projected directly
+    from the hidden state (DeepSeek-V2-Lite)."""
+    kv_lora_rank: int
+    """Rank of the joint key/value compression (512): the latent the KV cache stores."""
+    qk_nope_head_dim: int
+    """Per-head query/key dimension without rotary embedding (128)."""
+    qk_rope_head_dim: int
+    """Per-head query/key dimension with rotary embedding; the key part is shared by all heads (64)."""
+    v_head_dim: int
+    """Per-head value dimension (128)."""
+
+    def __post_init__(self):
+        w = "mla"
+        set_field(self, "q_lora_rank", int_field(w, "q_lora_rank", self.q_lora_rank, optional=True))
+        for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            set_field(self, key, int_field(w, key, getattr(self, key)))
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Query/key dimension per head: ``qk_nope_head_dim + qk_rope_head_dim``."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @classmethod
+    def from_dict(cls, d: Mapping, where: str = "model.mla") -> "MLASpec":
+        """From a YAML mapping of MLASpec fields; unknown keys are errors."""
+        return sub_spec(cls, d, ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"), "mla", where)
+
+    def to_dict(self) -> dict:
+        """Plain mapping that :meth:`from_dict` reads back to an equal spec."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 class AttentionBlock(Block):

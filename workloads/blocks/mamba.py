@@ -4,12 +4,81 @@ causal conv1d, the chunked SSD scan, the gated RMSNorm, ``out_proj``, residual."
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 from topologies import ConfigError
 
 from . import kernels as kn
 from .base import Block, RankParams
+from .fields import int_field, set_field, sub_spec
 
-__all__ = ["MAMBA_SCAN_LAUNCHES", "MambaBlock", "check_mamba_split", "mamba_scan_bytes", "mamba_scan_kernels"]
+__all__ = ["MAMBA_SCAN_LAUNCHES", "MambaBlock", "MambaSpec", "check_mamba_split", "mamba_scan_bytes", "mamba_scan_kernels"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MambaSpec:
+    """Mamba-2 (SSD) mixer dimensions, as Megatron-Core's ``MambaMixer`` builds them
+    (NVIDIA/Megatron-LM ``megatron/core/ssm/mamba_mixer.py``).
+
+    ``d_inner = num_heads x head_dim``.  Per layer: ``in_proj`` ``h -> 2 d_inner + 2 G N + nh``
+    (z, x, B, C, dt packed; the layer's pre-norm fused into it), a depthwise causal conv1d of
+    ``conv_kernel`` taps (with bias) over the ``d_inner + 2 G N`` channels of x, B and C,
+    per-head ``dt_bias``, ``A_log`` and ``D``, the chunked SSD scan, a gated RMSNorm over
+    ``d_inner`` (grouped by ``G``) and ``out_proj`` ``d_inner -> h``; no linear biases.
+    """
+
+    num_heads: int
+    """SSM heads ``nh`` (Megatron ``mamba_num_heads``; Nemotron 3 Nano 64)."""
+    head_dim: int
+    """Channels per head (``mamba_head_dim``; 64)."""
+    state_dim: int
+    """SSM state size ``N`` (``mamba_state_dim`` / HF ``ssm_state_size``; 128)."""
+    num_groups: int
+    """B / C groups ``G`` (``mamba_num_groups`` / HF ``n_groups``; 8)."""
+    conv_kernel: int = 4
+    """Depthwise conv1d taps (Megatron ``d_conv``, HF ``conv_kernel``; 4)."""
+    chunk_size: int = 128
+    """SSD scan chunk length (Megatron ``chunk_size``; 128)."""
+
+    def __post_init__(self):
+        w = "mamba"
+        for key in ("num_heads", "head_dim", "state_dim", "num_groups", "conv_kernel", "chunk_size"):
+            set_field(self, key, int_field(w, key, getattr(self, key)))
+        if self.num_heads % self.num_groups:
+            raise ConfigError(f"{w}.num_groups", self.num_groups,
+                              f"must divide num_heads = {self.num_heads} (Megatron-Core MambaMixer)")
+
+    @property
+    def d_inner(self) -> int:
+        """``num_heads x head_dim``."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_channels(self) -> int:
+        """Channels of the conv1d: x, B and C, ``d_inner + 2 G N``."""
+        return self.d_inner + 2 * self.num_groups * self.state_dim
+
+    @property
+    def in_proj_width(self) -> int:
+        """Output width of ``in_proj``: z, x, B, C, dt = ``2 d_inner + 2 G N + nh``."""
+        return 2 * self.d_inner + 2 * self.num_groups * self.state_dim + self.num_heads
+
+    def mixer_params(self, h: int) -> int:
+        """Parameters of one mixer without its pre-norm: in_proj, conv1d weight and bias,
+        dt_bias, A_log, D, the gated norm's weight, out_proj."""
+        return (h * self.in_proj_width + self.conv_channels * (self.conv_kernel + 1) + 3 * self.num_heads
+                + self.d_inner + self.d_inner * h)
+
+    @classmethod
+    def from_dict(cls, d: Mapping, where: str = "model.mamba") -> "MambaSpec":
+        """From a YAML mapping of MambaSpec fields; unknown keys are errors."""
+        return sub_spec(cls, d, ("num_heads", "head_dim", "state_dim", "num_groups"), "mamba", where)
+
+    def to_dict(self) -> dict:
+        """Plain mapping that :meth:`from_dict` reads back to an equal spec."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 MAMBA_SCAN_LAUNCHES = (5, 38)

@@ -5,16 +5,174 @@ residual.  Which tokens go where (routing, dropping, dispatch) is
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from topologies import ConfigError
 
+from ..moe_routing import DISPATCHERS, DROP_POLICIES, FLEX_BACKENDS
+
 from . import kernels as kn
 from .base import Block, RankParams, mlp_params, mlp_rank_params
+from .fields import bool_field, int_field, set_field, sub_spec
 from .shard import shard
 
-__all__ = ["MoEBlock", "balanced_tokens", "default_token_imbalance", "balanced_tokens_per_expert", "capacity_tokens_per_expert"]
+__all__ = ["MoESpec", "MoEBlock", "balanced_tokens", "default_token_imbalance", "balanced_tokens_per_expert", "capacity_tokens_per_expert"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MoESpec:
+    """Mixture-of-experts feed-forward blocks: which layers have them and how they route."""
+
+    num_experts: int
+    """Routed experts per MoE layer (Mixtral 8, DeepSeek-V3 256, Qwen3-MoE 128)."""
+    top_k: int
+    """Routed experts each token runs (Megatron's ``moe_router_topk``)."""
+    expert_ffn_hidden_size: int | None = None
+    """Hidden width of one routed expert's MLP; None: the model's ``ffn_hidden_size``."""
+    num_shared_experts: int = 0
+    """Experts every token runs besides the routed ones (DeepSeek's ``n_shared_experts``)."""
+    shared_expert_ffn_hidden_size: int | None = None
+    """Hidden width of *one* shared expert; None: ``expert_ffn_hidden_size``.  Megatron's
+    ``moe_shared_expert_intermediate_size`` is the total, ``num_shared_experts`` times this."""
+    moe_layer_freq: int = 1
+    """Layer ``i`` (0-based) is MoE when ``i % moe_layer_freq == 0`` (and ``i >= first_k_dense``),
+    as in Megatron-LM's integer ``--moe-layer-freq`` and DeepSeek's ``moe_layer_freq``."""
+    first_k_dense: int = 0
+    """The first k layers are dense (DeepSeek's ``first_k_dense_replace``)."""
+    moe_layer_pattern: tuple[int, ...] | None = None
+    """Explicit per-layer flags, 1 = MoE, 0 = dense (Megatron's list form of ``--moe-layer-freq``);
+    overrides the two rules above, which must then keep their defaults."""
+    capacity_factor: float | None = None
+    """Tokens an expert accepts, as a multiple of the balanced share; excess tokens are dropped.
+    None: dropless (Megatron-Core's default, and Mixtral / DeepSeek / Qwen training)."""
+    router_bias: bool = False
+    """A per-expert bias on the router scores (DeepSeek-V3's auxiliary-loss-free balancing bias,
+    ``e_score_correction_bias``): ``num_experts`` extra parameters per MoE layer."""
+    token_drop_policy: str = "probs"
+    """Which tokens an over-full expert drops (Megatron-Core's ``--moe-token-drop-policy``):
+    ``probs`` (lowest routing probability) or ``position`` (latest in the sequence).  The number
+    dropped, and so the step, is the same for both."""
+    pad_expert_input_to_capacity: bool = False
+    """Every (source rank, expert) pair sends exactly its capacity, padding what routing left
+    short (``--moe-pad-expert-input-to-capacity``); needs ``capacity_factor``."""
+    expert_rank_capacity_factor: float | None = None
+    """HybridEP's per-EP-rank token budget, as a multiple of one rank's ``local tokens x
+    top_k`` (``moe_expert_rank_capacity_factor``); tokens above it are dropped.  Needs the
+    ``flex`` dispatcher with the ``hybridep`` backend.  None: no budget."""
+    token_dispatcher: str = "alltoall"
+    """``alltoall`` | ``allgather`` | ``flex`` (``--moe-token-dispatcher-type``; clustersim's
+    default is ``alltoall``, Megatron-Core's own default is ``allgather``)."""
+    flex_dispatcher_backend: str = "deepep"
+    """With ``token_dispatcher: flex``: ``deepep`` or ``hybridep``
+    (``--moe-flex-dispatcher-backend``)."""
+    flex_dispatcher_num_sms: int | None = None
+    """SMs the flex dispatcher's kernels hold (``moe_flex_dispatcher_num_sms``); None: the
+    backend's default (DeepEP 20, HybridEP 16: ``workloads.moe_routing`` cites both)."""
+    shared_expert_gate: bool = False
+    """A sigmoid gate scales the shared experts' output per token (Qwen2-MoE / Qwen3-Next
+    ``shared_expert_gate``, Megatron-Core's ``moe_shared_expert_gate``): ``h`` parameters per
+    MoE layer, one ``h -> 1`` projection and an element-wise product."""
+    latent_size: int | None = None
+    """Latent MoE (Nemotron 3 Super / Ultra; Megatron-Core's ``moe_latent_size``): the routed
+    experts run in this reduced width.  A down projection ``h -> latent`` (``fc1_latent_proj``)
+    runs before the dispatch, so the all-to-all carries ``latent``-wide tokens, and an up
+    projection ``latent -> h`` (``fc2_latent_proj``) after the combine; both are replicated
+    over TP (Megatron-Core ``moe_layer.py``, ``parallel_mode="duplicated"``).  The router and
+    the shared experts keep the full width.  None: experts run at ``h``."""
+
+    def __post_init__(self):
+        w = "moe"
+        set_field(self, "num_experts", int_field(w, "num_experts", self.num_experts))
+        set_field(self, "top_k", int_field(w, "top_k", self.top_k))
+        if self.top_k > self.num_experts:
+            raise ConfigError(f"{w}.top_k", self.top_k, f"must be <= num_experts = {self.num_experts}")
+        set_field(self, "expert_ffn_hidden_size", int_field(w, "expert_ffn_hidden_size", self.expert_ffn_hidden_size,
+                                                  optional=True))
+        set_field(self, "num_shared_experts", int_field(w, "num_shared_experts", self.num_shared_experts, minimum=0))
+        shared = int_field(w, "shared_expert_ffn_hidden_size", self.shared_expert_ffn_hidden_size, optional=True)
+        set_field(self, "shared_expert_ffn_hidden_size", shared if shared is not None else self.expert_ffn_hidden_size)
+        set_field(self, "moe_layer_freq", int_field(w, "moe_layer_freq", self.moe_layer_freq))
+        set_field(self, "first_k_dense", int_field(w, "first_k_dense", self.first_k_dense, minimum=0))
+        if self.moe_layer_pattern is not None:
+            pat = self.moe_layer_pattern
+            if isinstance(pat, (str, bytes)) or not hasattr(pat, "__iter__"):
+                raise ConfigError(f"{w}.moe_layer_pattern", pat, "must be a list of 0/1 flags, one per layer")
+            pat = tuple(pat)
+            if not pat or any(not isinstance(x, numbers.Integral) or x not in (0, 1) for x in pat):
+                raise ConfigError(f"{w}.moe_layer_pattern", list(pat), "must be a list of 0/1 flags, one per layer")
+            if self.moe_layer_freq != 1 or self.first_k_dense != 0:
+                raise ConfigError(f"{w}.moe_layer_pattern", list(pat),
+                                  "give either moe_layer_pattern or moe_layer_freq / first_k_dense, not both")
+            set_field(self, "moe_layer_pattern", tuple(int(x) for x in pat))
+        cf = self.capacity_factor
+        if cf is not None:
+            if isinstance(cf, bool) or not isinstance(cf, numbers.Real) or not cf > 0:
+                raise ConfigError(f"{w}.capacity_factor", cf, "must be a positive number, or null for dropless")
+            set_field(self, "capacity_factor", float(cf))
+        bool_field(w, "router_bias", self.router_bias)
+        bool_field(w, "shared_expert_gate", self.shared_expert_gate)
+        if self.shared_expert_gate and not self.num_shared_experts:
+            raise ConfigError(f"{w}.shared_expert_gate", True, "gates the shared experts: needs num_shared_experts")
+        set_field(self, "latent_size", int_field(w, "latent_size", self.latent_size, optional=True))
+        self._check_dropping_and_dispatch(w)
+
+    def _check_dropping_and_dispatch(self, w: str) -> None:
+        """Megatron-Core's rules (transformer_config.py ``__post_init__``) for token dropping
+        and the dispatcher, as ConfigErrors."""
+        if self.token_drop_policy not in DROP_POLICIES:
+            raise ConfigError(f"{w}.token_drop_policy", self.token_drop_policy, f"must be one of {', '.join(DROP_POLICIES)}")
+        bool_field(w, "pad_expert_input_to_capacity", self.pad_expert_input_to_capacity)
+        if self.pad_expert_input_to_capacity and self.capacity_factor is None:
+            raise ConfigError(f"{w}.pad_expert_input_to_capacity", True, "padding to capacity needs capacity_factor")
+        if self.token_dispatcher not in DISPATCHERS:
+            raise ConfigError(f"{w}.token_dispatcher", self.token_dispatcher, f"must be one of {', '.join(DISPATCHERS)}")
+        if self.flex_dispatcher_backend not in FLEX_BACKENDS:
+            raise ConfigError(f"{w}.flex_dispatcher_backend", self.flex_dispatcher_backend,
+                              f"must be one of {', '.join(FLEX_BACKENDS)}")
+        flex = self.token_dispatcher == "flex"
+        if flex and self.flex_dispatcher_backend == "deepep" and self.pad_expert_input_to_capacity:
+            raise ConfigError(f"{w}.pad_expert_input_to_capacity", True,
+                              "the flex dispatcher's deepep backend does not pad to capacity (Megatron-Core refuses it)")
+        set_field(self, "flex_dispatcher_num_sms", int_field(w, "flex_dispatcher_num_sms", self.flex_dispatcher_num_sms,
+                                                   optional=True))
+        if self.flex_dispatcher_num_sms is not None and not flex:
+            raise ConfigError(f"{w}.flex_dispatcher_num_sms", self.flex_dispatcher_num_sms,
+                              "only the flex dispatcher reserves SMs (set token_dispatcher: flex)")
+        rcf = self.expert_rank_capacity_factor
+        if rcf is not None:
+            if isinstance(rcf, bool) or not isinstance(rcf, numbers.Real) or not rcf > 0:
+                raise ConfigError(f"{w}.expert_rank_capacity_factor", rcf, "must be a positive number, or null")
+            if not (flex and self.flex_dispatcher_backend == "hybridep"):
+                raise ConfigError(f"{w}.expert_rank_capacity_factor", rcf,
+                                  "the per-rank budget needs token_dispatcher: flex with flex_dispatcher_backend: hybridep")
+            set_field(self, "expert_rank_capacity_factor", float(rcf))
+
+    @property
+    def expert_width(self) -> int | None:
+        """Width the routed experts read and write: ``latent_size`` or None (the model's ``h``)."""
+        return self.latent_size
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether decoder layer ``i`` (0-based) has a MoE block (no range check)."""
+        if self.moe_layer_pattern is not None:
+            return bool(self.moe_layer_pattern[i])
+        return i >= self.first_k_dense and i % self.moe_layer_freq == 0
+
+    @classmethod
+    def from_dict(cls, d: Mapping, where: str = "model.moe") -> "MoESpec":
+        """From a YAML mapping of MoESpec fields; unknown keys are errors."""
+        return sub_spec(cls, d, ("num_experts", "top_k"), "moe", where)
+
+    def to_dict(self) -> dict:
+        """Plain mapping (lists, no tuples) that :meth:`from_dict` reads back to an equal spec."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if out["moe_layer_pattern"] is not None:
+            out["moe_layer_pattern"] = list(out["moe_layer_pattern"])
+        return out
 
 
 def balanced_tokens(model, parallel, sh) -> tuple[float, ...]:
