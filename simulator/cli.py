@@ -247,6 +247,8 @@ def _run(args) -> int:
 
     from .engine import run
 
+    if args.per_kernel and not args.out:
+        raise ConfigError("--per-kernel", True, "writes kernels.csv into the --out folder: give --out DIR")
     scenario = _scenario_spec(args, force=bool(args.approx))
     if args.approx:
         given = scenario.get("approximations", [])
@@ -271,6 +273,9 @@ def _run(args) -> int:
         res.save(out)
         if per_rank:
             tl.to_csv(out / "timeline_ranks.csv", index=False)
+    if args.per_kernel:
+        import pandas as pd
+        pd.DataFrame(res.program.kernel_table()).to_csv(out / "kernels.csv", index=False)
     last = tl[tl["step"] == tl["step"].max()]
     gantt_path = args.gantt or (str(out / "gantt.png") if out else None)
     trace_path = args.trace or (str(out / "trace.json") if out else None)
@@ -290,7 +295,8 @@ def _run(args) -> int:
         print(json.dumps(res.metrics, default=float))
     else:
         print(summary_table(res))
-        for label, path in (("gantt", gantt_path), ("trace", trace_path)):
+        kernels_path = str(out / "kernels.csv") if args.per_kernel else None
+        for label, path in (("gantt", gantt_path), ("trace", trace_path), ("kernels", kernels_path)):
             if path:
                 print(f"  {label}: {path}")
     if args.profile:
@@ -672,6 +678,9 @@ def _add_simulate(sub) -> None:
                    help="expand the timeline to every rank (a folded run keeps one row per rank cell): the "
                         "Gantt chart and trace then show every rank, --out adds timeline_ranks.csv; large at scale "
                         "(--ranks / --stages keep it small enough for Perfetto)")
+    p.add_argument("--per-kernel", action="store_true",
+                   help="with --out: also write kernels.csv, the kernels each compute op of the timeline stands "
+                        "for (per kind of layer: segment, kernel, shape, FLOPs, bytes, modelled time)")
     p.add_argument("--ranks", metavar="LIST", help="with --per-rank: only these ranks, e.g. 0-7,64 (implies --per-rank)")
     p.add_argument("--stages", metavar="LIST",
                    help="with --per-rank: only the ranks of these pipeline stages, e.g. 0,15 (implies --per-rank)")

@@ -104,6 +104,20 @@ def test_run_no_fold_and_per_rank(tmp_path, capsys):
     assert sorted(ranks["rank"].unique()) == list(range(8))
 
 
+def test_run_per_kernel_writes_the_kernels_of_each_kind_of_layer(tmp_path, capsys):
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("model: tiny-moe\ncluster: {preset: dgx-h100, num_nodes: 1}\n"
+                   "parallel: {tp: 2, pp: 1, dp: 4, ep: 4, etp: 1, sequence_parallel: true, global_batch_size: 8, "
+                   "seq_len: 512}\nnum_steps: 1\n")
+    assert main(["run", str(cfg), "--per-kernel"]) == 2             # refused before any work: no --out
+    assert "--per-kernel" in capsys.readouterr().err
+    assert main(["run", str(cfg), "--per-kernel", "--out", str(tmp_path / "o")]) == 0
+    import pandas as pd
+    k = pd.read_csv(tmp_path / "o" / "kernels.csv")
+    assert {"F:attn", "F:pre", "F:mlp", "F:post", "B:mlp", "W:mlp"} <= set(k["segment"])
+    assert {"router", "expert_fc1", "core_attn"} <= set(k["kernel"])
+
+
 def test_validate_command_reports_every_row(tmp_path, capsys):
     from pathlib import Path
     runs = Path(__file__).resolve().parents[1] / "experiments" / "reference" / "published_runs_h100.csv"

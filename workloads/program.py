@@ -115,6 +115,32 @@ class Program:
     micro-batches (every EP group sees the same sampled routing), and ``fraction``."""
     _groups: dict | None = None
     _gindex: dict | None = None
+    _lowering: tuple | None = None
+    """(kernel stack, build context) that produced the program: what :meth:`kernel_table` asks."""
+
+    def kernel_table(self) -> list[dict]:
+        """The kernels each compute op stands for: for every distinct kind of layer (its
+        blocks, MTP or not, recompute mode, precision and window; balanced routing), one row
+        per kernel with the program segment it runs in (``"<phase>:<part>"``: ``F:attn`` is the
+        layer's mixer op, ``F:mlp`` its MLP or experts op, ``F:pre`` / ``F:post`` ``moe_pre`` /
+        ``moe_post``; ``B:`` their backward ops, ``R:`` recomputation, ``W:`` the weight
+        gradients), its shape, FLOPs, bytes and modelled GPU and host time.  Summed by segment,
+        the rows give the compute ops' durations in the timeline (for the balanced load)."""
+        stack, ctx = self._lowering
+        seen, rows = set(), []
+        for layer in range(self.model.num_layers):
+            key = stack.segment_key(ctx, layer, None, self.parallel.recompute)
+            if key in seen:
+                continue
+            seen.add(key)
+            blocks = "+".join(key[0])
+            for r in stack.kernel_rows(ctx, layer, None, self.parallel.recompute):
+                k = r.kernel
+                rows.append({"layer": layer, "blocks": blocks, "segment": r.segment, "kernel": k.name,
+                             "phase": k.phase, "recompute": k.recompute, "op_class": k.op_class, "m": k.m, "n": k.n,
+                             "k": k.k, "groups": len(k.groups), "flops": k.flops, "bytes": k.mem_bytes,
+                             "time_s": r.time_s, "host_s": r.host_s, "launches": r.launches})
+        return rows
 
     @property
     def num_ops(self) -> int:
@@ -274,9 +300,11 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     classes, class_of_rank = _rank_classes(ctx, grid, a2a_sizes, stack.stage_program)
     for c in classes:
         c.ops = stack.assign_issue_modes(c.ops, overlap or {})
+    lowering = (stack, ctx)
     a2a_sizes.update(ctx.a2a_sizes)           # the CP exchanges' per-pair sizes
     prog = Program(model, par, sched, grid, classes, class_of_rank,
-                   model_flops_per_step(model, par.batch_size, seq), a2a_sizes, framework=stack.name)
+                   model_flops_per_step(model, par.batch_size, seq), a2a_sizes, framework=stack.name,
+                   _lowering=lowering)
     if _drops_tokens(ctx):
         routed, dropped = ctx.drops
         prog.moe_drops = {"routed": routed, "dropped": dropped, "fraction": dropped / routed if routed else 0.0}

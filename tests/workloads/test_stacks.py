@@ -91,3 +91,20 @@ def test_engine_and_estimator_read_issue_modes_instead_of_the_overlap_rules(modu
     strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     assert not names & RULE_NAMES
     assert not strings & switches
+
+
+def test_kernel_table_adds_up_to_the_compute_ops():
+    """Each compute op of the timeline is the sum of the kernels kernel_table lists for its
+    segment: the attention op of a dense layer is its F:attn kernels, the MLP op its F:mlp."""
+    m = load_model("tiny-dense")
+    par = ParallelConfig(tp=2, pp=1, dp=1, sequence_parallel=True, micro_batch_size=1, global_batch_size=1)
+    prog = build_program(m, par, get_gpu())
+    rows = prog.kernel_table()
+    assert {r["blocks"] for r in rows} == {"attention+mlp"}
+    by_segment: dict = {}
+    for r in rows:
+        by_segment[r["segment"]] = by_segment.get(r["segment"], 0.0) + r["time_s"]
+    ops = {(o.name, o.phase): o.duration_s for o in prog.classes[0].ops if o.layer == 0 and o.microbatch == 0}
+    assert ops[(OpName.ATTN, Phase.F)] == pytest.approx(by_segment["F:attn"], rel=1e-12)
+    assert ops[(OpName.MLP, Phase.F)] == pytest.approx(by_segment["F:mlp"], rel=1e-12)
+    assert {"qkv_proj", "core_attn", "fc1", "fc2"} <= {r["kernel"] for r in rows}

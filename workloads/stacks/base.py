@@ -35,6 +35,11 @@ class KernelStack:
     """``(ctx, stage, tokens) -> list[Op]``: one pipeline stage's ops in program order."""
     assign_issue_modes: Callable
     """``(ops, overlap) -> ops``: the issue mode of every op under the overlap switches."""
+    kernel_rows: Callable
+    """``(ctx, layer, tokens_per_expert, recompute) -> rows``: one layer's kernels with the
+    program segment each runs in (what ``clustersim run --per-kernel`` writes)."""
+    segment_key: Callable
+    """``(ctx, layer, tokens_per_expert, recompute) -> key``: equal keys, equal kernel rows."""
     check_layout: Callable
     """``(model, parallel, schedule, *, moe_ep_overlap) -> None``: what the framework refuses
     (or clustersim does not model for it) in a layout, as ConfigErrors, before any work."""

@@ -10,6 +10,7 @@ Transformer Engine 2.x, Megatron-Bridge recipes), as modelled so far.
 """
 
 from ..base import KernelStack
+from .context import _segment_key, kernel_rows
 from .issue import assign_issue_modes
 from .layers import _LOWERING
 from .moe import check_layout
@@ -23,4 +24,6 @@ STACK = KernelStack(
     stage_program=_stage_program,
     assign_issue_modes=assign_issue_modes,
     check_layout=check_layout,
+    kernel_rows=kernel_rows,
+    segment_key=_segment_key,
 )

@@ -4,6 +4,7 @@ into the segments between communication points."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 from ...costs import RooflineComputeModel, layer_ops
 from ...costs.compute import LAUNCH_OVERHEAD_S, HostCosts
 from ...blocks import layer_blocks
@@ -49,30 +50,41 @@ _NOSEG = (0.0, 0.0, 0.0, 0)
 
 
 
-def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[str, list]:
-    """One layer's compute ops grouped into the segments between communication points:
-    ``{"<phase>:<part>": [FLOPs, seconds, host seconds, kernels]}``."""
-    # everything that makes one layer's ops differ from another's: MoE or dense, MTP, the
+class KernelRow(NamedTuple):
+    """One kernel of a layer as the program runs it: the segment it is part of
+    (``"<phase>:<part>"``, phase ``R`` for recomputation), the kernel record, its GPU seconds,
+    the host seconds to issue it and the launches it makes."""
+
+    segment: str
+    kernel: object
+    time_s: float
+    host_s: float
+    launches: int
+
+
+def _segment_key(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> tuple:
+    # everything that makes one layer's ops differ from another's: its blocks, MTP, the
     # routed load, recompute, whether the recipe runs this layer's GEMMs in low precision
     # (precision_options may keep layers at the ends in BF16), and its attention window
+    return (tuple(b.kind for b in layer_blocks(ctx.model, layer)), layer >= ctx.model.num_layers,
+            None if tokens_per_expert is None else tuple(tokens_per_expert), recompute,
+            ctx.recipe.is_low_precision_layer(layer, ctx.model.num_layers), ctx.model.attention_window(layer))
+
+
+def kernel_rows(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> list[KernelRow]:
+    """One layer's kernels (quantisation included) with the segment of the program each runs in."""
     blocks = layer_blocks(ctx.model, layer)
-    key = (tuple(b.kind for b in blocks), layer >= ctx.model.num_layers,
-           None if tokens_per_expert is None else tuple(tokens_per_expert), recompute,
-           ctx.recipe.is_low_precision_layer(layer, ctx.model.num_layers), ctx.model.attention_window(layer))
-    hit = ctx.seg_cache.get(key)
-    if hit is not None:
-        return hit
     ops = layer_ops(ctx.model, ctx.par, layer, ctx.mbs, ctx.seq, tokens_per_expert=tokens_per_expert,
                     recompute=recompute)
     ops = with_quantize_ops(ctx.recipe, ops, ctx.model.num_layers)
     times = ctx.compute.op_times_s(ops)
     parts = {name: part for b in blocks for name, part in b.SEGMENTS.items()}
     cp_parts = {name: part for b in blocks for name, part in b.CP_SEGMENTS.items()} if ctx.par.cp > 1 else {}
-    seg: dict[str, list] = {}
     graphed = ctx.host.graphed if layer < ctx.model.num_layers else frozenset()     # MTP modules stay eager
     # a graphed kernel leaves the GPU the graph's launch gap instead of the eager one
     gap = (LAUNCH_OVERHEAD_S[False] - LAUNCH_OVERHEAD_S[True]
            if graphed and isinstance(ctx.compute, RooflineComputeModel) and not ctx.compute.cuda_graphs else 0.0)
+    rows = []
     for op, t in zip(ops, times):
         phase = "R" if op.recompute else op.phase
         base = op.quantizes or op.name        # a quantisation op belongs with its GEMM
@@ -87,17 +99,31 @@ def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[
         part = cp_parts.get(base)               # with CP: core attention per ring step, between the exchanges
         if part is None or (part == "attn_post" and phase == "R"):
             part = parts.get(base, "mlp")
-        acc = seg.setdefault(f"{phase}:{part}", [0.0, 0.0, 0.0, 0])
+        rows.append(KernelRow(f"{phase}:{part}", op, float(t), host_s, op.num_kernels + looped))
+    return rows
+
+
+def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[str, list]:
+    """One layer's compute ops grouped into the segments between communication points:
+    ``{"<phase>:<part>": [FLOPs, seconds, host seconds, kernels]}``."""
+    key = _segment_key(ctx, layer, tokens_per_expert, recompute)
+    hit = ctx.seg_cache.get(key)
+    if hit is not None:
+        return hit
+    seg: dict[str, list] = {}
+    for row in kernel_rows(ctx, layer, tokens_per_expert, recompute):
+        op = row.kernel
+        acc = seg.setdefault(row.segment, [0.0, 0.0, 0.0, 0])
         acc[0] += op.flops
-        acc[1] += float(t)
-        acc[2] += host_s
-        acc[3] += op.num_kernels + looped
-        if base == "moe_permute" and phase != "B":
+        acc[1] += row.time_s
+        acc[2] += row.host_s
+        acc[3] += row.launches
+        phase = row.segment.split(":", 1)[0]
+        if (op.quantizes or op.name) == "moe_permute" and phase != "B":
             # (also kept apart: the GPU work after the dispatcher's host sync, _dispatch_sync)
-            seg[f"{phase}:permute_s"] = seg.get(f"{phase}:permute_s", 0.0) + float(t)
+            seg[f"{phase}:permute_s"] = seg.get(f"{phase}:permute_s", 0.0) + row.time_s
     ctx.seg_cache[key] = seg
     return seg
-
 
 
 def graph_scope_of(name: str, blocks) -> str:
