@@ -398,10 +398,10 @@ REGISTRY: tuple[Constant, ...] = (
              "threshold chosen where the bandwidth term is under 1 % of the latency",
              "calls timed analytically instead of on the flow network"),
     # memory
-    Constant("workloads.memory.DEFAULT_RESERVE_BYTES", "3 GiB", "assumption",
+    Constant("workloads.memory_accounting.DEFAULT_RESERVE_BYTES", "3 GiB", "assumption",
              "CUDA context measured (0.75 GiB); NCCL buffers and fragmentation assumed",
              "memory-fit verdict only (not step time)",
-             bound=("workloads.memory.MemoryOptions.memory_reserve_bytes",)),
+             bound=("workloads.memory_accounting.MemoryOptions.memory_reserve_bytes",)),
 )
 """Every registered constant."""
 
