@@ -139,7 +139,8 @@ class Program:
                 rows.append({"layer": layer, "blocks": blocks, "segment": r.segment, "kernel": k.name,
                              "phase": k.phase, "recompute": k.recompute, "op_class": k.op_class, "m": k.m, "n": k.n,
                              "k": k.k, "groups": len(k.groups), "flops": k.flops, "bytes": k.mem_bytes,
-                             "time_s": r.time_s, "host_s": r.host_s, "launches": r.launches})
+                             "time_s": r.time_s, "host_s": r.host_s, "launches": r.launches,
+                             **_attention_columns(k.attention)})
         return rows
 
     @property
@@ -232,6 +233,14 @@ class Program:
 
 
 
+
+
+def _attention_columns(shape) -> dict:
+    """The attention shape's fields for :meth:`Program.kernel_table` (empty for other kernels)."""
+    if shape is None:
+        return {"batch": "", "heads": "", "kv_heads": "", "mask": "", "window": ""}
+    return {"batch": shape.batch, "heads": shape.heads, "kv_heads": shape.kv_heads, "mask": shape.mask,
+            "window": "" if shape.window is None else shape.window}
 
 
 def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, num_gpus: int | None = None,

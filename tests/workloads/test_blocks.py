@@ -82,3 +82,20 @@ def test_rank_params_of_one_rank_scale_with_tp():
     one = mlp.rank_params(ParallelConfig(tp=1, pp=1, dp=1))
     two = mlp.rank_params(ParallelConfig(tp=2, pp=1, dp=1))
     assert two.gemm == one.gemm / 2 and one.gemm == mlp.params()["mlp"]
+
+
+def test_kernels_have_typed_descriptors():
+    """GEMMs, fused attention and memory-bound kernels as typed records; a windowed layer's
+    attention says so."""
+    from workloads.blocks.kernels import AttentionShape, Gemm, MemoryBound
+    from workloads.costs.flops import layer_ops
+    m = load_model("gpt-oss-20b")
+    par = ParallelConfig(tp=2, pp=1, dp=1, ep=1, etp=1, sequence_parallel=True, micro_batch_size=2,
+                         global_batch_size=2, seq_len=4096)
+    ops = {(o.name, o.phase): o for o in layer_ops(m, par, 0)}
+    assert ops[("qkv_proj", "F")].descriptor == Gemm(2 * 4096, (64 // 2 + 2 * 8 // 2) * 64, m.hidden_size)
+    attn = ops[("core_attn", "F")].descriptor
+    assert isinstance(attn, AttentionShape)
+    assert (attn.batch, attn.heads, attn.kv_heads, attn.q_len, attn.mask, attn.window) == (2, 32, 4, 4096, "window", 128)
+    assert layer_ops(m, par, 1)[0].descriptor == MemoryBound(ops[("attn_norm", "F")].mem_bytes, "attn_norm")
+    assert next(o for o in layer_ops(m, par, 1) if o.name == "core_attn").descriptor.mask == "causal"

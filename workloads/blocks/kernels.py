@@ -12,6 +12,10 @@ weight gradient.  Its ``op_class`` says which descriptor it is and which sub-mod
   executed share of the mask (causal or windowed);
 * ``elementwise`` -- memory-bound: ``mem_bytes`` read and written once over HBM.
 
+:attr:`ComputeOp.descriptor` gives the same as a typed record: :class:`Gemm` ``(m, n, k,
+groups)``, :class:`AttentionShape` ``(batch, heads, kv_heads, q_len, kv_len, d_qk, d_v, mask,
+window, cp)`` or :class:`MemoryBound` ``(bytes, kind)``.
+
 The constructors here (:func:`linear`, :func:`grouped_linear`, :func:`ew_pair`,
 :func:`norm`, :func:`residual`, :func:`activation`, :func:`attention`, :func:`bmm`) are what
 the block modules build their kernels from; :class:`LayerOps` collects a layer's kernels as
@@ -25,7 +29,7 @@ from typing import NamedTuple
 
 from topologies import ConfigError
 
-__all__ = ["ACT_BYTES", "ATTN_BLOCK_SIZE", "ComputeOp", "EXPERT_GROUPED_LINEARS", "LayerOps", "Shard", "activation",
+__all__ = ["ACT_BYTES", "ATTN_BLOCK_SIZE", "AttentionShape", "ComputeOp", "Gemm", "MemoryBound", "EXPERT_GROUPED_LINEARS", "LayerOps", "Shard", "activation",
            "attention", "bmm", "causal_executed_fraction", "ew", "ew_pair", "gemm_role", "grouped_linear", "linear",
            "norm", "residual", "window_executed_fraction"]
 
@@ -40,6 +44,43 @@ kBlockM = kBlockN = 128 for causal hdim 128); FA2 on A100 uses 128 x 64 or 128 x
 
 FP32 = 4
 MASK_BYTES = 1        # torch dropout mask: one byte per element
+
+
+class Gemm(NamedTuple):
+    """A GEMM ``Y[m, n] = X[m, k] W[k, n]``, or a grouped one (``groups``: per-group sizes of the
+    token dimension)."""
+
+    m: int
+    n: int
+    k: int
+    groups: tuple = ()
+
+
+class AttentionShape(NamedTuple):
+    """Fused core attention of one rank for one micro-batch: ``batch`` sequences, ``heads``
+    query heads and ``kv_heads`` key/value heads on this rank, ``q_len`` query tokens per
+    sequence (this rank's CP share) against ``kv_len`` keys, head dimensions ``d_qk`` and
+    ``d_v``, the mask (``causal``, ``window`` with ``window`` tokens, or ``full``) and the
+    context-parallel degree it is split over."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    d_qk: int
+    d_v: int
+    mask: str
+    window: int | None
+    cp: int
+
+
+class MemoryBound(NamedTuple):
+    """A memory-bound kernel (or fused group): ``bytes`` read and written once over HBM;
+    ``kind`` names what it does (the op's name)."""
+
+    bytes: float
+    kind: str
 
 
 class ComputeOp(NamedTuple):
@@ -78,6 +119,18 @@ class ComputeOp(NamedTuple):
     quantizes: str = ""
     """A quantisation op: the name of the GEMM whose input it quantises (it belongs to that
     GEMM's block); empty otherwise."""
+    attention: AttentionShape | None = None
+    """Core attention: its full shape (``m, n, k`` hold query tokens, keys and ``d_qk``)."""
+
+    @property
+    def descriptor(self) -> Gemm | AttentionShape | MemoryBound:
+        """The kernel as a typed descriptor: :class:`Gemm`, :class:`AttentionShape` or
+        :class:`MemoryBound`."""
+        if self.op_class == "gemm":
+            return Gemm(self.m, self.n, self.k, self.groups)
+        if self.op_class == "attention" and self.attention is not None:
+            return self.attention
+        return MemoryBound(self.mem_bytes, self.name)
 
     @property
     def kernel_rounds(self) -> int:
@@ -243,9 +296,11 @@ def attention(name: str, layer: int, sh: Shard, heads: int, kv_heads: int, d_qk:
     o = sh.b * sq * heads * d_v
     f_bytes = ACT_BYTES * (q + kv + o) + FP32 * sh.b * sq * heads
     b_bytes = ACT_BYTES * (2 * q + 2 * kv + 2 * o) + FP32 * sh.b * sq * heads
+    mask = "full" if not causal else ("window" if window is not None else "causal")
+    shape = AttentionShape(sh.b, heads, kv_heads, sq, s, d_qk, d_v, mask, window if causal else None, cp)
     # one kernel per ring step with CP; backward: preprocess (dO . O), main, dQ conversion
-    return (ComputeOp(name, "F", "attention", fwd, sq, s, d_qk, f_bytes, cp, layer),
-            ComputeOp(name, "B", "attention", 2.5 * fwd, sq, s, d_qk, b_bytes, 2 * cp + 1, layer))
+    return (ComputeOp(name, "F", "attention", fwd, sq, s, d_qk, f_bytes, cp, layer, attention=shape),
+            ComputeOp(name, "B", "attention", 2.5 * fwd, sq, s, d_qk, b_bytes, 2 * cp + 1, layer, attention=shape))
 
 
 def bmm(name: str, phase: str, layer: int, batches: int, m: int, n: int, k: int) -> ComputeOp:
