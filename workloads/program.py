@@ -305,6 +305,7 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     ctx.moe_ep_overlap = moe_ep_overlap
     ctx.grad_overlap = grad_reduce_overlap
     ctx.host = hc
+    ctx.fusion = stack.fusion
     a2a_sizes: dict = {}
     classes, class_of_rank = _rank_classes(ctx, grid, a2a_sizes, stack.stage_program)
     for c in classes:

@@ -108,3 +108,21 @@ def test_kernel_table_adds_up_to_the_compute_ops():
     assert ops[(OpName.ATTN, Phase.F)] == pytest.approx(by_segment["F:attn"], rel=1e-12)
     assert ops[(OpName.MLP, Phase.F)] == pytest.approx(by_segment["F:mlp"], rel=1e-12)
     assert {"qkv_proj", "core_attn", "fc1", "fc2"} <= {r["kernel"] for r in rows}
+
+
+def test_fusion_choices_are_the_stacks():
+    """What fuses is data the stack hands the blocks: another framework's choices change the
+    kernels (a six-kernel RoPE, an unfused cross entropy, eager expert clamps) and nothing else."""
+    from workloads.blocks.fusion import MEGATRON_TE, Fusion
+    from workloads.costs.flops import layer_ops
+    assert get_stack().fusion is MEGATRON_TE
+    m = load_model("llama3-8b")
+    par = ParallelConfig(tp=1, pp=1, dp=1, micro_batch_size=1, global_batch_size=1, seq_len=1024)
+    base = layer_ops(m, par, 0)
+    other = layer_ops(m, par, 0, fusion=Fusion(rope_kernels=(6, 5)))
+    assert [(o.name, o.num_kernels) for o in other if o.name == "rope"] == [("rope", 6), ("rope", 5)]
+    assert [o for o in other if o.name != "rope"] == [o for o in base if o.name != "rope"]
+    oss = load_model("gpt-oss-20b")
+    clamps = {f: sum(o.name == "expert_clamp" for o in layer_ops(oss, par, 0, fusion=Fusion(expert_op_fuser=f)))
+              for f in ("always", "never", "with_rank_budget")}
+    assert clamps == {"always": 0, "never": 2, "with_rank_budget": 2}

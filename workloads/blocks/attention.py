@@ -167,7 +167,7 @@ class AttentionBlock(Block):
             ops.pair(kn.norm("kv_norm", L, Tn, m.kv_lora_rank))
             ops.linear("kv_up_proj", T, heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
             a = kn.ACT_BYTES * rope_elems
-            ops.pair(kn.ew_pair("rope", L, 2 * a, 2 * a, 2, 2))
+            ops.pair(kn.ew_pair("rope", L, 2 * a, 2 * a, *args.fusion.rope_kernels))
             ops.pair(kn.attention("core_attn", L, sh, heads, heads, m.qk_head_dim, m.v_head_dim, causal, block,
                                   window))
             ops.linear("out_proj", T, h, heads * m.v_head_dim)
@@ -179,11 +179,11 @@ class AttentionBlock(Block):
             ops.linear("qkv_proj", T, (heads + gate + 2 * kv_local) * d, h)
             if model.qk_norm:
                 a = kn.ACT_BYTES * T * (heads + kv_local) * d
-                ops.pair(kn.ew_pair("qk_norm", L, 2 * a, 3 * a, 2, 2))
+                ops.pair(kn.ew_pair("qk_norm", L, 2 * a, 3 * a, *args.fusion.qk_norm_kernels))
             if model.position_embedding == "rope":
                 a = kn.ACT_BYTES * T * (heads + kv_local) * d      # rotate q and k in place: read + write
-                if model.rope_mscale == 1.0:
-                    ops.pair(kn.ew_pair("rope", L, 2 * a, 2 * a, 2, 2))
+                if args.fusion.rope_fused(model):
+                    ops.pair(kn.ew_pair("rope", L, 2 * a, 2 * a, *args.fusion.rope_kernels))
                 else:
                     ops.pair(_unfused_rope(L, a))
             if model.flash_attention:

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
+from .fusion import MEGATRON_TE, Fusion
+
 if TYPE_CHECKING:
     from ..model import ModelSpec
     from ..parallel import ParallelConfig
@@ -79,12 +81,14 @@ class RankParams(NamedTuple):
 
 
 class KernelArgs(NamedTuple):
-    """What a block's kernels depend on beyond the model and the shard."""
+    """What a block's kernels depend on beyond the model and the shard: the layout, the
+    routed load, the mask, the attention tile and the framework's fusion choices."""
 
     parallel: ParallelConfig
     tokens_per_expert: tuple | None
     causal: bool
     attn_block_size: int
+    fusion: Fusion = MEGATRON_TE
 
 
 class Block:

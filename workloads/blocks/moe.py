@@ -290,7 +290,7 @@ class MoEBlock(Block):
         ops.pair(kn.norm("mlp_norm", L, Tn, h))
         ops.linear("router", Tn, E, h)
         # softmax / sigmoid, top-k, score normalisation and the load-balancing statistics, in FP32
-        ops.pair(kn.ew_pair("router_topk", L, 3 * kn.FP32 * Tn * E, 2 * kn.FP32 * Tn * E, 5, 3))
+        ops.pair(kn.ew_pair("router_topk", L, 3 * kn.FP32 * Tn * E, 2 * kn.FP32 * Tn * E, *args.fusion.router_kernels))
         # permute: read the local tokens, write top_k copies sorted by expert; after the
         # all-to-all, sort the received chunks by local expert (read + write the routed tokens)
         # latent MoE: the routed tokens are projected down to the latent width before the
@@ -299,15 +299,14 @@ class MoEBlock(Block):
         if moe.latent_size:
             ops.linear("latent_down_proj", Tn, w, h)
         perm = kn.ACT_BYTES * w * (Tn * (1 + k) + 2 * routed)
-        ops.pair(kn.ew_pair("moe_permute", L, perm, perm, 3, 3))
+        ops.pair(kn.ew_pair("moe_permute", L, perm, perm, *args.fusion.permute_kernels))
         fe = moe.expert_ffn_hidden_size / etp
         ops.fbw(*kn.grouped_linear("expert_fc1", L, tokens, int(m1 * fe), w))
         # Transformer Engine's op fuser (``use_transformer_engine_op_fuser``, TE >= 2.14) runs the
         # clamped GLU and the probability-scaled fc2 bias inside its fused expert ops
-        # (moe/experts.py ``_is_fused_impl_supported``); Megatron-Core runs HybridEP's rank budget
-        # only with it or grouped tensors (transformer_config.py), and Megatron-Bridge's recipes
-        # that set the budget set the op fuser (perf_recipes/gpt_oss/common.py): taken as fused
-        eager = moe.expert_rank_capacity_factor is None
+        # (moe/experts.py ``_is_fused_impl_supported``); when it runs is the stack's
+        # (Fusion.expert_op_fuser: Megatron-Bridge's recipes that set HybridEP's rank budget set it)
+        eager = not args.fusion.expert_ops_fused(moe)
         if model.activation_clamp is not None and eager:
             ops.pair(_expert_clamp(L, routed, int(fe)))
         ops.pair(kn.activation("expert_act", L, routed, int(fe), model.mlp))
@@ -315,7 +314,7 @@ class MoEBlock(Block):
         if model.add_bias_linear and eager:
             ops.pair(_expert_bias(L, routed, w, len(tokens)))
         # unpermute: the reverse of permute, plus the probability-weighted sum of the top_k copies
-        ops.pair(kn.ew_pair("moe_unpermute", L, perm, perm, 3, 3))
+        ops.pair(kn.ew_pair("moe_unpermute", L, perm, perm, *args.fusion.permute_kernels))
         if moe.latent_size:
             ops.linear("latent_up_proj", Tn, h, w)
         if moe.num_shared_experts:

@@ -108,6 +108,7 @@ from topologies import ConfigError
 
 from ..blocks import KernelArgs, LayerOps, layer_blocks, selected_for_recompute
 from ..blocks.edges import embedding_kernels, output_and_loss, padded_vocab_size
+from ..blocks.fusion import MEGATRON_TE, Fusion
 from ..blocks.kernels import (ACT_BYTES, ATTN_BLOCK_SIZE, EXPERT_GROUPED_LINEARS, ComputeOp, causal_executed_fraction,
                               ew, gemm_role, norm, window_executed_fraction)
 from ..blocks.shard import positive_int as _positive_int
@@ -148,7 +149,7 @@ def sum_flops(ops: Iterable[ComputeOp], phase: str | None = None, op_class: str 
 def layer_ops(model: ModelSpec, parallel: ParallelConfig, layer_index: int, micro_batch_size: int | None = None,
               seq_len: int | None = None, *, tokens_per_expert: Sequence[float] | None = None,
               recompute: str | None = None, causal: bool = True,
-              attn_block_size: int = ATTN_BLOCK_SIZE) -> list[ComputeOp]:
+              attn_block_size: int = ATTN_BLOCK_SIZE, fusion: Fusion = MEGATRON_TE) -> list[ComputeOp]:
     """Compute ops of one decoder layer for one micro-batch on one rank.
 
     Parameters
@@ -171,6 +172,9 @@ def layer_ops(model: ModelSpec, parallel: ParallelConfig, layer_index: int, micr
         Causal self-attention (decoder training); False counts the full ``s^2`` work.
     attn_block_size
         FlashAttention tile used to count the executed causal diagonal blocks.
+    fusion
+        The framework's kernel-level choices (:class:`workloads.blocks.fusion.Fusion`; default
+        Megatron-Core with Transformer Engine).
 
     Returns
     -------
@@ -185,7 +189,7 @@ def layer_ops(model: ModelSpec, parallel: ParallelConfig, layer_index: int, micr
     sh = _shard(model, parallel, micro_batch_size, seq_len)
     is_mtp = layer_index >= model.num_layers
     blocks = layer_blocks(model, layer_index)
-    args = KernelArgs(parallel, tokens_per_expert, causal, attn_block_size)
+    args = KernelArgs(parallel, tokens_per_expert, causal, attn_block_size, fusion)
     ops = LayerOps(layer_index)
     if is_mtp:
         mtp_prologue(model, sh, layer_index, ops)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from topologies import ConfigError
 
+from ..blocks.fusion import Fusion
+
 __all__ = ["KernelStack"]
 
 
@@ -28,6 +30,9 @@ class KernelStack:
     """One line for listings."""
     sources: str
     """Where the stack's rules are read from (framework repositories and versions)."""
+    fusion: Fusion
+    """The framework's kernel-level choices the blocks read (which kernels fuse, how many a
+    step launches: :class:`workloads.blocks.fusion.Fusion`)."""
     lowering: Mapping[str, tuple[Callable, Callable]]
     """Block kind -> (forward, backward) lowering: the block's compute segments with the
     collectives around them."""

@@ -9,6 +9,7 @@ Transformer Engine 2.x, Megatron-Bridge recipes), as modelled so far.
 * :mod:`.context` -- the build context, the op emitter, a layer's compute segments.
 """
 
+from ...blocks.fusion import MEGATRON_TE
 from ..base import KernelStack
 from .context import _segment_key, kernel_rows
 from .issue import assign_issue_modes
@@ -20,6 +21,7 @@ STACK = KernelStack(
     name="megatron_core",
     summary="Megatron-Core with Transformer Engine (fused kernels, TE's overlaps, Megatron's schedules)",
     sources="NVIDIA/Megatron-LM megatron/core (2025-2026), NVIDIA/TransformerEngine 2.x, NVIDIA-NeMo/Megatron-Bridge",
+    fusion=MEGATRON_TE,
     lowering=_LOWERING,
     stage_program=_stage_program,
     assign_issue_modes=assign_issue_modes,

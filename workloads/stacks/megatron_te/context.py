@@ -8,6 +8,7 @@ from typing import NamedTuple
 from ...costs import RooflineComputeModel, layer_ops
 from ...costs.compute import LAUNCH_OVERHEAD_S, HostCosts
 from ...blocks import layer_blocks
+from ...blocks.fusion import MEGATRON_TE, Fusion
 from ...costs.precision import with_quantize_ops
 from ...model import ModelSpec
 from ...ops import Coll, Group, Op, OpKind, Phase, Stream
@@ -42,6 +43,7 @@ class _Ctx:
     host: HostCosts = HostCosts(0.0, 0.0, 0.0)
     cp_pos: int = 0               #: ring position of the CP ranks being built (sequential split)
     a2a_sizes: dict = field(default_factory=dict)
+    fusion: Fusion = MEGATRON_TE       #: the stack's kernel-level choices
 
 
 
@@ -75,7 +77,7 @@ def kernel_rows(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> lis
     """One layer's kernels (quantisation included) with the segment of the program each runs in."""
     blocks = layer_blocks(ctx.model, layer)
     ops = layer_ops(ctx.model, ctx.par, layer, ctx.mbs, ctx.seq, tokens_per_expert=tokens_per_expert,
-                    recompute=recompute)
+                    recompute=recompute, fusion=ctx.fusion)
     ops = with_quantize_ops(ctx.recipe, ops, ctx.model.num_layers)
     times = ctx.compute.op_times_s(ops)
     parts = {name: part for b in blocks for name, part in b.SEGMENTS.items()}

@@ -201,7 +201,7 @@ def _emit_forward(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where, p2p: bool) 
                        _recompute_kind(par, w.first_idx + j, st.num_layers))
     if w.next_stage is None:
         _fsdp_gather_edge(ctx, em, _output_params(ctx), -1, mb, chunk, Phase.F)
-        _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), Phase.F, OpName.OUTPUT_LOSS, mb, chunk)
+        _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq, fused_cross_entropy=ctx.fusion.cross_entropy_fused), Phase.F, OpName.OUTPUT_LOSS, mb, chunk)
     elif p2p:
         _p2p(em, ActionKind.SEND_F, st.index, chunk, mb, w.k, w.next_stage, st.act_p2p)
 
@@ -218,7 +218,7 @@ def _emit_backward(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where, p2p: bool)
             _p2p(em, ActionKind.RECV_B, st.index, chunk, mb, w.k, w.next_stage, st.act_p2p)
         _gather_received(ctx, em, mb, chunk, Phase.B)
     else:
-        out = output_ops(model, par, ctx.mbs, ctx.seq)
+        out = output_ops(model, par, ctx.mbs, ctx.seq, fused_cross_entropy=ctx.fusion.cross_entropy_fused)
         _fsdp_gather_edge(ctx, em, _output_params(ctx), -1, mb, chunk, Phase.B)
         _add_ops(ctx, em, out, Phase.B, OpName.OUTPUT_LOSS_BWD, mb, chunk)
         if with_w:
@@ -248,7 +248,7 @@ def _emit_wgrad(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where) -> None:
     par, model, chunk, mb = ctx.par, ctx.model, a.chunk, a.microbatch
     w = w._replace(is_last_mb=w.is_last_mb or _grads_sharded(par))
     if w.next_stage is None:
-        _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq), Phase.W, OpName.OUTPUT_WGRAD, mb, chunk)
+        _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq, fused_cross_entropy=ctx.fusion.cross_entropy_fused), Phase.W, OpName.OUTPUT_WGRAD, mb, chunk)
         if w.is_last_mb:
             st.buckets.ready([], chunk, _output_params(ctx))
     for j, layer in reversed(list(enumerate(w.layers))):

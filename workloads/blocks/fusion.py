@@ -1,0 +1,55 @@
+"""What a framework fuses: the kernel-level choices a kernel stack makes for the blocks.
+
+The blocks say what a layer computes; how many kernels it takes and which ones are fused is
+the framework's (:mod:`workloads.stacks`).  A :class:`Fusion` record carries those choices;
+the blocks read it through :class:`workloads.blocks.base.KernelArgs`.  Its defaults are
+Megatron-Core with Transformer Engine, the default stack; another framework gives its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Fusion", "MEGATRON_TE"]
+
+
+@dataclass(frozen=True, slots=True)
+class Fusion:
+    """Kernel-level choices of one framework (defaults: Megatron-Core with Transformer Engine)."""
+
+    rope_kernels: tuple[int, int] = (2, 2)
+    """(forward, backward) kernels of the fused RoPE on q and k (Transformer Engine's
+    ``fused_apply_rotary_pos_emb``, one per tensor)."""
+    unfused_rope_with_yarn: bool = True
+    """Megatron-Core's fused RoPE does not take YaRN's table factor: with ``rope_mscale`` other
+    than 1 its unfused RoPE runs (models/common/embeddings/rope_utils.py)."""
+    qk_norm_kernels: tuple[int, int] = (2, 2)
+    """(forward, backward) kernels of the per-head q and k norms (one per tensor)."""
+    router_kernels: tuple[int, int] = (5, 3)
+    """(forward, backward) kernels of the router's softmax / sigmoid, top-k, score
+    normalisation and load-balancing statistics."""
+    permute_kernels: tuple[int, int] = (3, 3)
+    """(forward, backward) kernels of the MoE token permutation (and of the unpermutation)."""
+    expert_op_fuser: str = "with_rank_budget"
+    """When the experts' clamped activation and fc2 bias run fused inside the grouped expert
+    ops: ``with_rank_budget`` (Megatron-Core runs HybridEP's rank budget only with Transformer
+    Engine's op fuser, and Megatron-Bridge's recipes that set the budget set the fuser),
+    ``always`` or ``never``; otherwise they run as eager kernels."""
+    cross_entropy_fused: bool = False
+    """Megatron's ``--cross-entropy-loss-fusion`` (off by default, as in Megatron-LM)."""
+
+    def rope_fused(self, model) -> bool:
+        """Whether ``model``'s RoPE runs as the fused kernel."""
+        return not (self.unfused_rope_with_yarn and model.rope_mscale != 1.0)
+
+    def expert_ops_fused(self, moe) -> bool:
+        """Whether the experts' clamp and bias run inside the fused expert ops."""
+        if self.expert_op_fuser == "always":
+            return True
+        if self.expert_op_fuser == "never":
+            return False
+        return moe.expert_rank_capacity_factor is not None
+
+
+MEGATRON_TE = Fusion()
+"""Megatron-Core with Transformer Engine's choices (the dataclass defaults)."""
