@@ -273,7 +273,7 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
         returned (the engine then runs them blocking)
     host : how the host issues the work (a mode of
         :data:`~workloads.costs.compute.HOST_MODES` or a mapping of measured costs,
-        :func:`~workloads.costs.compute.host_costs`): every op carries its host issue time
+        :func:`~workloads.costs.host.host_costs`): every op carries its host issue time
         (``Op.host_s``: per kernel, per call or p2p batch, plus the checkpoint function on
         a fully recomputed layer) for the engine's host cursor; ``cuda_graphs`` also gives
         the default compute model the graph launch cost per kernel

@@ -4,7 +4,7 @@ CPU only: reads the JSON files ``gpu_bench.py`` wrote (``data/`` holds the ones 
 come from) and prints
 
 * ``host``: the host's issue time per modelled kernel, per checkpointed layer and per
-  collective call, the source of ``workloads.costs.compute.HOST_COSTS["eager"]``;
+  collective call, the source of ``workloads.costs.host.HOST_COSTS["eager"]``;
 * ``layer``: the measured FP16 Megatron layer (forward, backward) against the roofline
   model of the same GPU -- a check, nothing is fitted to it;
 * ``sustained``: burst vs power-limited GEMM rates per dtype.

@@ -80,7 +80,7 @@ class Scenario:
     issues kernels slower than they run), ``cuda_graphs``, ``none`` (an infinitely fast
     host), or a mapping of a measured host's ``kernel_us``, ``call_us``, ``checkpoint_us``,
     ``expert_launch_us``;
-    see :data:`workloads.costs.compute.HOST_COSTS`."""
+    see :data:`workloads.costs.host.HOST_COSTS`."""
     framework: str = DEFAULT_STACK
     """The kernel stack that runs the model's blocks (:mod:`workloads.stacks`): which
     collectives sit between the kernels and how each op is issued relative to compute."""

@@ -356,7 +356,7 @@ REGISTRY: tuple[Constant, ...] = (
     Constant(f"{_C}LAUNCH_OVERHEAD_S", "eager 3 us, CUDA graphs 0.5 us per kernel", "assumption",
              "our estimate of the exposed launch cost (order of magnitude from NVIDIA's CUDA Graphs blog)",
              "per-kernel cost added to every op"),
-    Constant(f"{_C}HOST_COSTS", "eager: 73.6 us/kernel, 227 us/call, 0.891 ms/checkpoint", "microbenchmark",
+    Constant("workloads.costs.host.HOST_COSTS", "eager: 73.6 us/kernel, 227 us/call, 0.891 ms/checkpoint", "microbenchmark",
              "experiments/microbench/gpu_bench.py on one H100 host; call cost reused for non-TP groups "
              "(assumed), CUDA graphs zero (assumed)",
              "host issue time the GPU may wait for (small layers, high TP, full recompute)"),
