@@ -397,19 +397,23 @@ def model_from_hf_config(path_or_dict, *, name: str | None = None, seq_len: int 
     if model_type == "qwen3_next":
         _qwen3_next(cfg, kw, num_layers, where)
     if cfg.get("kv_lora_rank"):
-        mla_kw = {k: _req(cfg, k, where) for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-                                                   "v_head_dim")}
-        try:
-            kw["mla"] = MLASpec(q_lora_rank=cfg.get("q_lora_rank"), **mla_kw)
-        except ConfigError as e:
-            raise ConfigError(f"{where}.{e.field.split('.', 1)[-1]}", e.value, e.rule) from None
-        kw["head_dim"] = None                  # transformers sets head_dim = qk_rope_head_dim; not ours
-        kw["num_kv_heads"] = heads
-        kw["qkv_bias"] = False                 # MLA's attention_bias (q_a, kv_a, o) is not represented alone
+        _mla(cfg, kw, heads, where)
     try:
         return ModelSpec(**kw)
     except ConfigError as e:
         raise ConfigError(_hf_field(e.field, where), e.value, e.rule) from None
+
+
+def _mla(cfg: dict, kw: dict, heads, where: str) -> None:
+    """DeepSeek's multi-head latent attention into ``kw`` (ModelSpec fields)."""
+    mla_kw = {k: _req(cfg, k, where) for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
+    try:
+        kw["mla"] = MLASpec(q_lora_rank=cfg.get("q_lora_rank"), **mla_kw)
+    except ConfigError as e:
+        raise ConfigError(f"{where}.{e.field.split('.', 1)[-1]}", e.value, e.rule) from None
+    kw["head_dim"] = None                  # transformers sets head_dim = qk_rope_head_dim; not ours
+    kw["num_kv_heads"] = heads
+    kw["qkv_bias"] = False                 # MLA's attention_bias (q_a, kv_a, o) is not represented alone
 
 
 def _qwen3_next(cfg: dict, kw: dict, num_layers, where: str) -> None:
