@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-fuzz test-validation validate bench bench-targets clean
+.PHONY: demo test test-slow test-fuzz test-validation validate docs-figures bench bench-targets clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,9 +31,16 @@ test-fuzz: $(STAMP)
 test-validation: $(STAMP)
 	$(PY) -m pytest -q -m validation
 
-# both reference sets in full: predictions CSVs, the per-source table, results/validation/scatter.png
+# every reference set in full: predictions CSVs, the per-source table, results/validation/scatter.png;
+# then the committed prediction tables (experiments/predictions/) and the docs' accuracy figures
 validate: $(STAMP)
 	$(PY) experiments/validate_all.py --workers 2
+	$(PY) experiments/docs_figures.py --import-predictions results/validation
+	$(PY) experiments/docs_figures.py --write
+
+# the figures README.md and docs/ quote, regenerated in place (and the README's picture)
+docs-figures: $(STAMP)
+	$(PY) experiments/docs_figures.py --write
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_maxmin.py

@@ -75,3 +75,25 @@ def test_step_time_accuracy_does_not_regress(name):
     assert s["ok"] >= ok, f"{name}: coverage dropped to {s['ok']}/{rows}: {bad}"
     assert s["median"] <= median + TOLERANCE_POINTS, (
         f"{name}: median |step-time error| {s['median']:.2f}% > reached {median:.2f}% + {TOLERANCE_POINTS} point")
+    _same_as_committed(name, results)
+
+
+def _same_as_committed(name: str, results: list[dict]) -> None:
+    """The committed prediction tables (experiments/predictions/, which the accuracy figures of
+    README.md and docs/accuracy.md are drawn from) are what the code predicts today: every row
+    of the subset has the committed status and predicted step (to the table's six significant
+    digits, as ``validate`` writes them). After a change
+    that moves predictions, `make validate` regenerates them."""
+    committed = {r["id"]: r for r in load_experiment("docs_figures").predictions(name)}
+    stale = []
+    for r in results:
+        c = committed.get(str(r["id"]))
+        if c is None or c["status"] != r["status"]:
+            stale.append((r["id"], r["status"], c and c["status"]))
+            continue
+        new = r["predicted_step_s"]
+        new = f"{new:.6g}" if isinstance(new, float) else str(new)
+        if new != c["predicted_step_s"]:
+            stale.append((r["id"], new, c["predicted_step_s"]))
+    assert not stale, (f"{name}: {len(stale)} rows differ from experiments/predictions/predictions_{name}.csv "
+                       f"(run `make validate`): {stale[:5]}")
