@@ -71,7 +71,7 @@ from .mesh import RankGrid
 from .model import ModelSpec
 from .moe_routing import parse_routing
 from .ops import Group, Op, OpKind, is_p2p
-from .parallel import ParallelConfig, split_layers
+from .parallel import ParallelConfig, parse_pipeline_layout, split_layers
 from .schedules import get_schedule
 from .stacks.megatron_te.context import _Ctx
 from .stacks.megatron_te.moe import _drops_tokens, _moe_signature
@@ -128,7 +128,7 @@ class Program:
         the rows give the compute ops' durations in the timeline (for the balanced load)."""
         stack, ctx = self._lowering
         seen, rows = set(), []
-        for layer in range(self.model.num_layers):
+        for layer in range(self.model.num_layers + self.model.mtp_layers):
             key = stack.segment_key(ctx, layer, None, self.parallel.recompute)
             if key in seen:
                 continue
@@ -325,18 +325,26 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     return prog
 
 
-def _chunk_layers(model: ModelSpec, par: ParallelConfig, sched) -> list[range]:
+def _chunk_layers(model: ModelSpec, par: ParallelConfig, sched) -> list[tuple[int, ...]]:
     """The layers of each model chunk, in pipeline order (DualPipe: one chunk per stage of
-    the bidirectional layout)."""
+    the bidirectional layout). MTP modules (layer ``num_layers + j``) run after the decoder
+    layers of the chunk that holds them: the last one, as Megatron-Core's post-process stage
+    builds them, or where ``pipeline_layout`` places its ``m`` tokens."""
     counts = split_layers(model.num_layers, par, mtp_layers=model.mtp_layers)
     if sched.layout == "bidirectional":
         per_k = [counts[k][0] for k in range(par.pp)]
     else:
         per_k = [counts[k % par.pp][k // par.pp] for k in range(par.pp * par.vpp)]
-    chunk_layers, start = [], 0
-    for n in per_k:
-        chunk_layers.append(range(start, start + n))
+    mtp = [0] * len(per_k)
+    if par.pipeline_layout is not None and sched.layout != "bidirectional":
+        mtp = [tokens.count("m") for tokens in parse_pipeline_layout(par.pipeline_layout)]
+    else:
+        mtp[-1] = model.mtp_layers
+    chunk_layers, start, next_mtp = [], 0, model.num_layers
+    for n, extra in zip(per_k, mtp):
+        chunk_layers.append(tuple(range(start, start + n)) + tuple(range(next_mtp, next_mtp + extra)))
         start += n
+        next_mtp += extra
     return chunk_layers
 
 

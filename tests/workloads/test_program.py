@@ -307,3 +307,32 @@ def test_hybrid_moe_layers_honour_the_allgather_dispatcher():
     n = m.hybrid_layer_counts()["moe"] * par.num_microbatches
     assert ep == {("ep_dispatch", "all_gather"): n, ("ep_combine", "reduce_scatter"): n,
                   ("ep_combine_bwd", "all_gather"): n, ("ep_dispatch_bwd", "reduce_scatter"): n}
+
+
+@pytest.mark.parametrize("model", ["tiny-dense", "tiny-moe"])
+def test_mtp_modules_run_on_the_last_stage(model):
+    """Multi-token prediction modules are simulated, not only counted: an MTP module's layer
+    (index num_layers), with its embedding, eh_proj, output GEMM and loss, runs after the last
+    decoder layer on the last pipeline stage, as Megatron-Core builds them in its post-process
+    stage; its gradients join the last stage's buckets. (Until this change the program emitted
+    no MTP op while the model FLOPs and memory counted them: MTP models ran too fast.)"""
+    base = dict(tp=1, pp=2, dp=2, micro_batch_size=1, global_batch_size=8, seq_len=256)
+    plain = load_model(model)
+    with_mtp = load_model({"preset": model, "mtp_layers": 1})
+    p0 = build_program(plain, ParallelConfig(**base), H100)
+    p1 = build_program(with_mtp, ParallelConfig(**base), H100)
+    n = with_mtp.num_layers
+    first, last = p1.classes[0].ops, p1.classes[-1].ops
+    assert not any(op.layer == n for op in first)
+    mtp_fwd = [op for op in last if op.layer == n and op.phase == "F" and op.kind == "compute" and op.microbatch == 0]
+    assert mtp_fwd, "the MTP module runs no forward op"
+    # the last stage's forward compute grows by exactly the MTP layer's ops; the first stage's does not
+    def fwd_s(prog, stage):
+        return sum(op.duration_s for op in prog.classes[stage].ops
+                   if op.kind == "compute" and op.phase == "F" and op.microbatch == 0)
+    assert fwd_s(p1, 0) == pytest.approx(fwd_s(p0, 0), rel=1e-12)
+    assert fwd_s(p1, 1) == pytest.approx(fwd_s(p0, 1) + sum(op.duration_s for op in mtp_fwd), rel=1e-12)
+    # the module's unique parameters (its layer, enorm, hnorm, final norm, eh_proj) are reduced
+    grads = lambda p: sum(op.size_bytes for op in p.classes[-1].ops if op.name in ("grad_dense", "grad_expert"))  # noqa: E731
+    extra = grads(p1) - grads(p0)
+    assert extra == pytest.approx(4 * with_mtp.param_breakdown()["mtp"], rel=1e-6)     # fp32, dp reduce

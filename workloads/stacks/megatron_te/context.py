@@ -29,7 +29,7 @@ class _Ctx:
     recipe: object
     mbs: int
     seq: int
-    chunk_layers: list[range]
+    chunk_layers: list[tuple[int, ...]]
     sched: object
     routing: object
     seed: int

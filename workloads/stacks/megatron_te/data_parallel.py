@@ -5,6 +5,7 @@ the optimizer)."""
 from __future__ import annotations
 
 import numpy as np
+from ...blocks.base import norm_params
 from ...costs import optimizer_ops
 from ...ops import Coll, Group, OpName, Phase, Stream
 from ...parallel import ParallelConfig
@@ -72,6 +73,11 @@ def _count_local_params(ctx, layers) -> tuple[int, int]:
     m, par = ctx.model, ctx.par
     dense = expert = 0
     for i in layers:
+        if i >= m.num_layers:
+            if m.mtp_repeated_layer and i > m.num_layers:
+                continue                # one module's parameters, run mtp_layers times
+            h = m.hidden_size
+            dense += 3 * norm_params(m, h) + 2 * h * h / par.tp     # enorm, hnorm, final norm; eh_proj over TP
         br = m.layer_param_breakdown(i)
         for name, n in br.items():
             if name.startswith("expert") or name.startswith("routed"):

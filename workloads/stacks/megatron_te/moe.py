@@ -92,8 +92,9 @@ def _moe_signature(ctx: _Ctx, e: int, a2a_sizes: dict, loads: dict):
     bytes_per_token = (m.moe.latent_size or m.hidden_size) * 2.0     # latent MoE dispatches latent-wide tokens
     table = {}
     per_source = _drops_tokens(ctx) or _trace_has_sources(ctx.routing)
-    for layer in range(m.num_layers):
-        if not m.is_moe_layer(layer):
+    for layer in range(m.num_layers + m.mtp_layers):
+        # an MTP module's layer is shaped like the last decoder layer (blocks.layers) and routes too
+        if not m.is_moe_layer(min(layer, m.num_layers - 1)):
             continue
         for mb in range(par.num_microbatches):
             load = loads.get((layer, mb))
