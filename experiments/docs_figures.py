@@ -392,7 +392,8 @@ def _ok(rows):
 def accuracy() -> dict[str, str]:
     """Step-time error tables of the reference sets (experiments/predictions/)."""
     from simulator.validation.report import _stats, family, per_config
-    h100, vtrain, bw, single = (predictions(n) for n in ("h100", "vtrain", "blackwell", "vtrain_single"))
+    h100, vtrain, bw, single, lf = (predictions(n) for n in ("h100", "vtrain", "blackwell", "vtrain_single",
+                                                              "llmfoundry"))
 
     def row(label, rows, *, coverage=True):
         cells = _stat_cells(rows)
@@ -405,7 +406,18 @@ def accuracy() -> dict[str, str]:
         row("vTrain multi-node (Megatron-DeepSpeed, 64-512 A100)", vtrain),
         row("all of the above", h100 + vtrain),
         row("vTrain single host (1,440 runs on one 8-GPU A100 host; reported separately, see below)", single),
+        row("MosaicML llm-foundry (MPT on PyTorch FSDP through Composer, 8-512 A100 and H100; reported "
+            "separately, see below)", lf),
     ]) + "\n"
+    with open(ROOT / "experiments" / "reference" / "published_runs_llmfoundry.csv", newline="") as f:
+        seq_of = {r["row_id"]: int(r["seq_len"]) for r in csv.DictReader(f)}
+    lf_rows = [
+        row("all", lf), row("A100 (40 and 80 GB)", [r for r in lf if "A100" in r["gpu"].upper()]),
+        row("H100", [r for r in lf if "H100" in r["gpu"].upper()]),
+        *(row(label, [r for r in lf if lo <= seq_of[r["id"]] <= hi])
+          for label, lo, hi in (("sequence 512-2,048", 0, 2048), ("sequence 4,096-8,192", 4096, 8192),
+                                ("sequence 16,384-65,536", 16384, 1 << 20)))]
+    lf_table = head.replace("| source |", "| rows |") + "\n".join(lf_rows) + "\n"
 
     configs = per_config(bw)
     fam = {f: [r for r in bw if family(r["model"]) == f] for f in ("Llama", "DeepSeek", "Qwen", "gpt-oss", "Nemotron")}
@@ -432,7 +444,9 @@ def accuracy() -> dict[str, str]:
         readme_row("NVIDIA DGX Cloud, 32-2,304 H100, BF16 and FP8", h100),
         readme_row("vTrain, Megatron-DeepSpeed on 64-512 A100", vtrain),
         readme_row(f"Megatron-Bridge on 8-256 B200 / GB200 (each release's recipe), {_ok(bw)} of {len(bw)} simulated",
-                   bw)]) + "\n")
+                   bw),
+        readme_row("MosaicML llm-foundry, PyTorch FSDP on 8-512 A100 / H100 (no kernel stack for it yet)", lf)])
+              + "\n")
     def share(rows, part) -> str:
         ok = [r for r in rows if r["status"] == "ok"]
         v = sorted(part(r) / float(r["measured_step_s"]) * 100 for r in ok)
@@ -446,7 +460,7 @@ def accuracy() -> dict[str, str]:
     shares = ("| family | compute (with recompute) | bubble | host waits | exposed EP | exposed TP and PP | missing |\n"
               "| --- | --- | --- | --- | --- | --- | --- |\n"
               + "".join(f"| {names[k]} | " + " | ".join(share(rows, p) for p in parts) + " |\n" for k, rows in fam.items()))
-    out = {"table": main_table, "shares": shares, "blackwell_table": bw_table, "readme_table": readme,
+    out = {"table": main_table, "shares": shares, "llmfoundry_table": lf_table, "blackwell_table": bw_table, "readme_table": readme,
            "llama_median": f"{_stats(fam['Llama'])['median']:.1f}",
            "bw_ok": str(_ok(bw)), "bw_rows": str(len(bw)),
            "bw_median": f"{_stats(bw)['median']:.1f}", "bw_signed": f"{_stats(bw)['bias']:+.1f}"}

@@ -51,10 +51,11 @@ SETS = {
     "blackwell": REFERENCE / "published_runs_blackwell.csv",
     "vtrain": REFERENCE / "vtrain" / "ground_truth_multi.csv",
     "vtrain_single": REFERENCE / "vtrain" / "ground_truth_single.csv",
+    "llmfoundry": REFERENCE / "published_runs_llmfoundry.csv",
 }
 """The reference sets of measured runs by name (experiments/reference/)."""
 
-CI_MAX_GPUS = {"h100": 512, "blackwell": 64, "vtrain": None, "vtrain_single": None}
+CI_MAX_GPUS = {"h100": 512, "blackwell": 64, "vtrain": None, "vtrain_single": None, "llmfoundry": 64}
 """The deterministic CI subset: every vTrain row, the Blackwell rows on at most 64 GPUs (70 of
 117), and the H100 rows on at most 512 GPUs (20
 of 34: GPT-3 175B on 128-512 and Llama 3.1 70B on 64-512 GPUs, the Llama 3.1 405B proxies

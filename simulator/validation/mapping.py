@@ -535,15 +535,33 @@ def _vtrain_scenario(row: dict) -> tuple[dict, list[str]]:
     return scenario, notes
 
 
+#: Architectures a row's dimensions may describe, in order of preference: ModelSpec's defaults
+#: first, then each way a published model differs that changes its parameter count (the MLP's
+#: matrices, a learned position table, an output layer tied to the embedding).
+_ARCHITECTURES = tuple({"mlp": mlp, "position_embedding": pos, "tied_embeddings": tied}
+                       for pos in ("rope", "learned") for tied in (False, True) for mlp in ("swiglu", "gelu"))
+
+#: A variant whose parameter count is this close to the stated one is taken as what the row names.
+_PARAMS_MATCH = 0.01
+
+
 def model_from_dimensions(row: dict) -> tuple[dict, str] | None:
     """A dense model built from a published row's dimensions when its name is no preset:
     ``(model mapping, note)``, or None when the row lacks them (num_layers, hidden_size,
     ffn_hidden_size, num_heads, vocab_size, seq_len) or names experts.
 
-    The MLP is the one thing the dimensions leave open (two matrices, GELU-like; three,
-    SwiGLU): with ``params_b`` given, the kind whose parameter count comes within 10 % of
-    it; without, SwiGLU (noted).  Everything else is :class:`~workloads.ModelSpec`'s
-    defaults (RMSNorm, RoPE, no biases, untied embeddings, FlashAttention).
+    The dimensions leave three things open that change the parameter count: the MLP (two
+    matrices, GELU-like; three, SwiGLU), a learned position table sized to the sequence
+    (GPT, MPT as llm-foundry counts it), and an output layer tied to the embedding (MPT). With
+    ``params_b`` given, the first of :data:`_ARCHITECTURES` within 1 % of it, else the closest
+    within 10 %; without it, ModelSpec's defaults (noted): SwiGLU, RoPE, untied embeddings.
+    Norms and attention are ModelSpec's defaults (RMSNorm, FlashAttention, no biases).
+
+    >>> row = {"model": "MPT-125m", "num_layers": 12, "hidden_size": 768, "ffn_hidden_size": 3072,
+    ...        "num_heads": 12, "vocab_size": 50368, "seq_len": 2048, "params_b": 0.1253}
+    >>> m, note = model_from_dimensions(row)
+    >>> m["mlp"], m["position_embedding"], m["tied_embeddings"]
+    ('gelu', 'learned', True)
     """
     from workloads.model import ModelSpec
 
@@ -556,23 +574,30 @@ def model_from_dimensions(row: dict) -> tuple[dict, str] | None:
     name = _cell(row, "model")
     base = {"name": _key(name) or "custom", **dims, "num_kv_heads": kv or dims["num_attention_heads"]}
     stated = _num(row, "params_b")
-    counts = {}
-    for mlp in ("gelu", "swiglu"):
+    if not stated:
+        return ({**base, **_ARCHITECTURES[0]},
+                f"unknown model {name!r}: built from the row's dimensions; no params_b to tell the architecture: "
+                f"SwiGLU, RoPE, untied embeddings, RMSNorm, no biases (ModelSpec defaults)")
+    counts = []
+    for arch in _ARCHITECTURES:
         try:
-            counts[mlp] = ModelSpec.from_dict({**base, "mlp": mlp}).num_params() / 1e9
+            counts.append(ModelSpec.from_dict({**base, **arch}).num_params() / 1e9)
         except ConfigError as e:
             raise InvalidRow(f"model dimensions: {e}") from None
-    if stated:
-        mlp = min(counts, key=lambda k: abs(counts[k] / stated - 1))
-        if abs(counts[mlp] / stated - 1) > 0.10:
-            raise Unsupported(f"unknown model {name!r}: its dimensions give {counts['gelu']:.1f}B (2-matrix MLP) "
-                              f"or {counts['swiglu']:.1f}B (SwiGLU) parameters, not the stated {stated:g}B")
-        why = f"{counts[mlp]:.1f}B parameters against {stated:g}B stated"
-    else:
-        mlp, why = "swiglu", "no params_b to tell the MLP kind: SwiGLU assumed"
-    return ({**base, "mlp": mlp},
-            f"unknown model {name!r}: built from the row's dimensions, mlp {mlp} ({why}); RMSNorm, RoPE, no "
-            f"biases, untied embeddings (ModelSpec defaults)")
+    off = [abs(c / stated - 1) for c in counts]
+    i = next((j for j, o in enumerate(off) if o <= _PARAMS_MATCH), min(range(len(off)), key=off.__getitem__))
+    if off[i] > 0.10:
+        raise Unsupported(f"unknown model {name!r}: no architecture its dimensions allow comes within 10 % of the "
+                          f"stated {stated:g}B parameters (closest {counts[i]:.3g}B: {_describe(_ARCHITECTURES[i])})")
+    arch = _ARCHITECTURES[i]
+    return ({**base, **arch},
+            f"unknown model {name!r}: built from the row's dimensions, {_describe(arch)} ({counts[i]:.4g}B parameters "
+            f"against {stated:g}B stated); RMSNorm, no biases (ModelSpec defaults)")
+
+
+def _describe(arch: dict) -> str:
+    return (f"mlp {arch['mlp']}, {'learned positions' if arch['position_embedding'] == 'learned' else 'RoPE'}, "
+            f"{'tied' if arch['tied_embeddings'] else 'untied'} embeddings")
 
 
 def edge_stage_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, int] | None:

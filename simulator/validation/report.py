@@ -41,7 +41,8 @@ _GENERATIONS = (("gb300", "Blackwell Ultra"), ("b300", "Blackwell Ultra"), ("gb2
 
 #: Model name fragments (punctuation-blind, checked in order) -> family.
 _FAMILIES = (("gptoss", "gpt-oss"), ("deepseek", "DeepSeek"), ("qwen", "Qwen"), ("nemotron", "Nemotron"),
-             ("mixtral", "Mixtral"), ("llama", "Llama"), ("kimi", "Kimi"), ("gpt", "GPT"), ("mamba", "Mamba"))
+             ("mixtral", "Mixtral"), ("llama", "Llama"), ("kimi", "Kimi"), ("gpt", "GPT"), ("mamba", "Mamba"),
+             ("mpt", "MPT"))
 
 
 def generation(gpu: str) -> str:

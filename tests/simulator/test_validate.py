@@ -470,10 +470,29 @@ def test_an_unknown_model_with_its_dimensions_is_built_from_them(params_b, mlp):
 
 
 def test_an_unknown_model_whose_dimensions_disagree_with_its_size_or_are_missing_is_unsupported():
-    with pytest.raises(Unsupported, match="not the stated 70B"):
+    with pytest.raises(Unsupported, match="within 10 % of the stated 70B"):
         row_to_scenario(row(**NEMOTRON_DIMS, params_b="70"))
     with pytest.raises(Unsupported, match="unknown model"):
         row_to_scenario(row(**{**NEMOTRON_DIMS, "ffn_hidden_size": ""}))
+
+
+def test_a_model_from_dimensions_takes_the_architecture_its_stated_size_names():
+    """MPT as llm-foundry counts it: a 2-matrix GELU MLP, a learned position table sized to the
+    sequence and the output layer tied to the embedding. MPT-125m's stated size grows with the
+    sequence (0.1253B at 2k, 0.1363B at 16k) only through that table; with ModelSpec's defaults
+    (SwiGLU or GELU, RoPE, untied) no variant came within 10 % and the rows were refused."""
+    from simulator.validation.mapping import model_from_dimensions
+    mpt = {"model": "MPT-125m", "num_layers": "12", "hidden_size": "768", "ffn_hidden_size": "3072",
+           "num_heads": "12", "vocab_size": "50368"}
+    for seq, params in (("2048", "0.1253"), ("16384", "0.1363")):
+        m, note = model_from_dimensions({**mpt, "seq_len": seq, "params_b": params})
+        assert (m["mlp"], m["position_embedding"], m["tied_embeddings"]) == ("gelu", "learned", True), note
+        assert "tied embeddings" in note and "learned positions" in note
+    # a Llama-like row keeps the defaults: SwiGLU, RoPE, untied (its 8.0B is within 1 % of them)
+    llama = {"model": "Acme 8B", "num_layers": "32", "hidden_size": "4096", "ffn_hidden_size": "14336",
+             "num_heads": "32", "num_kv_heads": "8", "vocab_size": "128256", "seq_len": "8192", "params_b": "8.03"}
+    m, _ = model_from_dimensions(llama)
+    assert (m["mlp"], m["position_embedding"], m["tied_embeddings"]) == ("swiglu", "rope", False)
 
 
 def test_h800_rows_map_to_the_hgx_h800_preset():
