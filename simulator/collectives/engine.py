@@ -31,9 +31,9 @@ from topologies.specs import TIERS
 
 from ..network import FlowNetwork, max_min_rates
 from . import nccl
+from .algorithms import ALGORITHMS, PROTOCOLS, CollectiveAlgorithm, Protocol
 from .calibration import CALIBRATIONS, Calibration, get_calibration
-from .plans import (ChannelFlow, Plan, alltoall_plan, collnet_plan, node_blocks, nvls_plan, nvls_tree_plan, p2p_plan,
-                    ring_plan, tree_plan)
+from .plans import ChannelFlow, Plan, alltoall_plan, node_blocks, p2p_plan
 
 __all__ = ["CollectiveEngine", "CollectiveRecord", "CollectiveError", "KINDS", "TINY_CALL_BYTES", "effective_capacity"]
 
@@ -50,7 +50,7 @@ KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"
 
 #: Algorithms whose plan on a group inside one NVLink domain crosses only the members'
 #: NVLink ports (CollNet's goes through the NICs and the switch fabric).
-PORT_ALGOS = frozenset({"ring", "tree", "nvls", "nvls_tree"})
+PORT_ALGOS = frozenset(name for name, a in ALGORITHMS.items() if a.port_local)
 
 
 def _moved(plan: Plan, ports: np.ndarray, to: np.ndarray) -> Plan:
@@ -250,7 +250,8 @@ class CollectiveEngine:
         hit = self._plan_cache.get(key)
         if hit is not None:
             return hit
-        form = (self._domain_form(members) if algo in PORT_ALGOS and (root is None or root in members)
+        a = ALGORITHMS.get(algo)
+        form = (self._domain_form(members) if a is not None and a.port_local and (root is None or root in members)
                 else None)
         fkey = None if form is None else (form[0], kind, algo, None if root is None else members.index(root))
         ref = None if fkey is None else self._form_plans.get(fkey)
@@ -265,20 +266,10 @@ class CollectiveEngine:
         return hit
 
     def _build_plan(self, members, kind: str, algo: str, root: int | None) -> tuple[Plan, float]:
-        c = self.cluster
-        if algo == "ring":
-            p = ring_plan(c, members, kind, root)
-        elif algo == "tree":
-            p = tree_plan(c, members)
-        elif algo == "nvls":
-            multi = len(node_blocks(c, members)) > 1
-            p = collnet_plan(c, members, nvls=True) if multi else nvls_plan(c, members)
-        elif algo == "collnet_direct":
-            p = collnet_plan(c, members, nvls=False)
-        elif algo == "nvls_tree":
-            p = nvls_tree_plan(c, members)
-        else:
+        a = ALGORITHMS.get(algo)
+        if a is None:
             raise ConfigError("algo", algo, f"unknown algorithm; known: {', '.join(nccl.ALGORITHMS)}")
+        p = a.build_plan(self.cluster, members, kind, root)
         return p, self._seconds_per_byte(p)
 
     def _seconds_per_byte(self, p: Plan) -> float:
@@ -298,27 +289,25 @@ class CollectiveEngine:
         bpb = np.array([f.bytes_per_byte for f in flows])
         return float(np.max(bpb / rate))
 
-    def _algo_factor(self, algo: str) -> float:
-        if self.cal.ideal:
-            return 1.0
-        if algo in ("nvls", "nvls_tree"):
-            return self.cal.nvls_efficiency
-        if algo == "collnet_direct":
-            return nccl.COLLNET_FACTOR[self.generation]
-        return 1.0
-
     def bandwidth_factor(self, kind: str, algo: str, proto: str, n_nodes: int, size: float,
                          n_ranks: int = 0) -> float:
+        """Fraction of the plan's uncontended bandwidth a call reaches: NCCL's factor for the
+        (algorithm, protocol) times the calibration's (1 with the ideal calibration)."""
+        return self._bandwidth_factor(kind, ALGORITHMS[algo], PROTOCOLS[proto], n_nodes, size, n_ranks)
+
+    def _bandwidth_factor(self, kind: str, a: CollectiveAlgorithm, p: Protocol, n_nodes: int, size: float,
+                          n_ranks: int = 0) -> float:
         if self.cal.ideal:
             return 1.0
-        f = nccl.bandwidth_factor(kind, algo, proto, n_nodes, size) * self._algo_factor(algo)
-        if n_nodes == 1 and algo == "ring" and n_ranks:
-            f *= self.cal.ring_factor(n_ranks)
-        return f
+        f = a.nccl_bandwidth_factor(kind, p, n_nodes, size) * a.efficiency(self.cal, self.generation)
+        return a.size_scaled(f, self.cal, n_nodes, n_ranks)
 
     def ll_cap(self, algo: str, proto: str, n_nodes: int) -> float | None:
         """NCCL's cap on LL bus bandwidth (bytes/s), or None."""
-        if self.cal.ideal or proto != "LL" or algo not in ("ring", "tree"):
+        return self._ll_cap(ALGORITHMS[algo], PROTOCOLS[proto], n_nodes)
+
+    def _ll_cap(self, a: CollectiveAlgorithm, p: Protocol, n_nodes: int) -> float | None:
+        if self.cal.ideal or not p.ll_capped or not a.ll_capped:
             return None
         row = nccl.LL_MAX_BW_GBPS[self.generation]
         return row[min(n_nodes, 3) - 1] * 1e9
@@ -332,29 +321,17 @@ class CollectiveEngine:
 
     def latency_s(self, kind: str, plan: Plan, proto: str, size: float) -> float:
         """Latency of one call with this plan and protocol (seconds)."""
-        n, N = plan.n_ranks, plan.n_nodes
-        if self.cal.ideal:
-            a = self.cal.step_latency_s
-            if plan.algo == "ring":
-                return nccl.num_steps(kind, n) * a if kind != "broadcast" else (n - 1) * a
-            if plan.algo == "tree":
-                return 2 * ((n // N - 1) + nccl._log2i(N)) * a
-            if plan.algo in ("nvls", "collnet_direct"):
-                return 2 * a
-            if plan.algo == "nvls_tree":
-                return (2 + 2 * nccl._log2i(N)) * a
-            return a
-        lat_inter_us = plan.latency_inter_s * 1e6 if self.cal.link_latency else 0.0
-        if plan.algo == "direct":
-            hw = "net" if plan.n_nodes > 1 else "nvlink"
-            scale = self.cal.inter_latency_scale if plan.n_nodes > 1 else self.cal.intra_latency_scale
-            return (nccl.HW_LAT_US[hw]["ring"][2] * scale + lat_inter_us + self.cal.call_latency_us) * 1e-6
-        lat = nccl.latency_us(kind, plan.algo, proto, n, N, plan.intra_hw, lat_inter_us,
-                              self.cal.intra_latency_scale, self.cal.inter_latency_scale)
-        if (self.cal.ring_plateau and plan.algo == "ring" and proto == "Simple" and N > 1 and kind == "all_reduce"
-                and size / (plan.n_channels * n) >= 64):
-            lat *= nccl.RING_PLATEAU_FACTOR[self.generation]
-        return (lat + self.cal.call_latency_us) * 1e-6
+        return self._latency_s(kind, plan, ALGORITHMS[plan.algo], PROTOCOLS[proto], size)
+
+    def _latency_s(self, kind: str, plan: Plan, a: CollectiveAlgorithm, p: Protocol, size: float) -> float:
+        cal = self.cal
+        if cal.ideal:
+            return a.ideal_latency_s(kind, plan.n_ranks, plan.n_nodes, cal.step_latency_s)
+        lat_inter_us = plan.latency_inter_s * 1e6 if cal.link_latency else 0.0
+        lat = a.latency_us(kind, p, plan.n_ranks, plan.n_nodes, plan.intra_hw, lat_inter_us,
+                           cal.intra_latency_scale, cal.inter_latency_scale)
+        lat = a.plateau(lat, cal, self.generation, kind, p, plan, size)
+        return (lat + cal.call_latency_us) * 1e-6
 
     def predict(self, members, kind: str, size: float) -> dict[tuple[str, str], float]:
         """Predicted time (s) of every enabled (algorithm, protocol) for one call (within one
@@ -386,27 +363,21 @@ class CollectiveEngine:
         sharp = self.cluster.spec.sharp
         tiny = size <= TINY_CALL_BYTES and N > 1
         for algo, proto in nccl.enabled_algorithms(kind, N, self.nvls_capable and equal, ppn, sharp):
-            if algo in ("nvls_tree", "collnet_direct") and not equal:
+            a, p = ALGORITHMS[algo], PROTOCOLS[proto]
+            if a.equal_nodes and not equal:
                 continue
             if tiny:
                 # latency only (the bandwidth term is negligible, see TINY_CALL_BYTES): no
                 # flows to build, which matters for world-wide calls on 10^4 GPUs
-                out[(algo, proto)] = self.latency_s(kind, self._shell(members, blocks, algo), proto, size)
+                out[(algo, proto)] = self._latency_s(kind, self._shell(members, blocks, algo), a, p, size)
                 continue
-            if algo == "tree":
-                # NCCL models the tree's bandwidth as half the ring's bus bandwidth
-                _, rspb = self.plan(members, "all_reduce", "ring")
-                n = len(members)
-                spb = rspb / (2 * (n - 1) / n) * 2.0
-                plan = self.plan(members, kind, "tree")[0]
-            else:
-                plan, spb = self.plan(members, kind, algo)
-            f = self.bandwidth_factor(kind, algo, proto, N, size, len(members))
+            plan, spb = a.predicted_plan(self, members, kind)
+            f = self._bandwidth_factor(kind, a, p, N, size, len(members))
             t_bw = size * spb / f
-            cap = self.ll_cap(algo, proto, N)
+            cap = self._ll_cap(a, p, N)
             if cap is not None:      # LL bus bandwidth is capped at llMaxBw
                 t_bw = max(t_bw, size * self._bus_per_alg(kind, plan) / cap)
-            lat = self.latency_s(kind, plan, proto, size)
+            lat = self._latency_s(kind, plan, a, p, size)
             out[(algo, proto)] = lat + t_bw
         return out
 
@@ -445,12 +416,12 @@ class CollectiveEngine:
             ref_kind, ref_algo = kind, "a2a"
         else:
             algo, proto = self.choose(first, kind, size)
-            ref_kind, ref_algo = ("all_reduce", "ring") if algo == "tree" else (kind, algo)
+            ref_kind, ref_algo = ALGORITHMS[algo].stretch_reference(kind)
             lat = self.latency_s(kind, self.plan(first, kind, algo)[0], proto, size)
         key = (tuple(groups), ref_kind, ref_algo)
         stretch = self._stretch.get(key)
         if stretch is None:
-            if ref_algo == "a2a":
+            if kind == "all_to_all":
                 plans = [self.alltoall_routes(g) for g in groups]
             else:
                 plans = [self.plan(g, ref_kind, ref_algo)[0] for g in groups]
@@ -482,7 +453,7 @@ class CollectiveEngine:
                  if (algo is None or a == algo) and (proto is None or p == proto)]
         if not cands:
             raise ConfigError("algo", (algo, proto), f"not enabled for {kind} on this group; enabled: {sorted(pred)}")
-        t, a, p = min(cands, key=lambda x: (x[0], nccl.ALGORITHMS.index(x[1]), nccl.PROTOCOLS.index(x[2])))
+        t, a, p = min(cands, key=lambda x: (x[0], ALGORITHMS[x[1]].index, PROTOCOLS[x[2]].index))
         return a, p
 
     # -- issuing -----------------------------------------------------------------------------
@@ -625,13 +596,14 @@ class CollectiveEngine:
         algo, proto = self.choose(members, call.kind, size, call.algo, call.proto)
         if size <= TINY_CALL_BYTES:
             return algo, proto, self.predict(members, call.kind, size)[(algo, proto)], None
+        a, p = ALGORITHMS[algo], PROTOCOLS[proto]        # resolved once per call
         plan = self.plan(members, call.kind, algo, call.root)[0]
-        scale = size / self.bandwidth_factor(call.kind, algo, proto, plan.n_nodes, size, len(members))
-        return (algo, proto, self.latency_s(call.kind, plan, proto, size),
-                self._flows(call.kind, plan, algo, proto, size, scale, mult))
+        scale = size / self._bandwidth_factor(call.kind, a, p, plan.n_nodes, size, len(members))
+        return (algo, proto, self._latency_s(call.kind, plan, a, p, size),
+                self._flows(call.kind, plan, a, p, size, scale, mult))
 
-    def _flows(self, kind, plan, algo, proto, size, scale, mult) -> list:
-        cap = self.ll_cap(algo, proto, plan.n_nodes)
+    def _flows(self, kind, plan, a: CollectiveAlgorithm, p: Protocol, size, scale, mult) -> list:
+        cap = self._ll_cap(a, p, plan.n_nodes)
         t_min = size * self._bus_per_alg(kind, plan) / cap if cap else 0.0
         routes = self._quotient([(f.links, f.coefs) for f in plan.flows], mult)
         flows = []

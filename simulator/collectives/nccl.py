@@ -18,9 +18,10 @@ import math
 __all__ = ["ALGORITHMS", "PROTOCOLS", "BASE_LAT_US", "HW_LAT_US", "TREE_CORRECTION", "LL_MAX_BW_GBPS",
            "latency_us", "bandwidth_factor", "enabled_algorithms"]
 
+#: NCCL's algorithms and protocols, in NCCL's order (the axes of its tables below; ties between
+#: equal predictions go to the earlier).  The objects behind the names: :mod:`.algorithms`.
 ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree", "collnet_direct")
 PROTOCOLS = ("LL", "LL128", "Simple")
-_P = {p: i for i, p in enumerate(PROTOCOLS)}
 
 # tuning.cc L132-137: baseLat[algo][proto] (us)
 BASE_LAT_US = {
@@ -82,41 +83,13 @@ def num_steps(kind: str, n: int) -> int:
 
 def latency_us(kind: str, algo: str, proto: str, n_ranks: int, n_nodes: int, intra_hw: str = "nvlink",
                latency_inter_us: float = 0.0, intra_scale: float = 1.0, inter_scale: float = 1.0) -> float:
-    """NCCL's latency for one call (tuning.cc L328-378, v2.27.7), in microseconds.
-
-    ``latency_inter_us`` plays the role of ``graph.latencyInter`` (zero for NCCL's IB
-    transport); clustersim passes the physical latency of the slowest inter-node route.
-    ``intra_scale`` multiplies the base and intra-node terms, ``inter_scale`` the network
-    terms (per-generation calibration).
-    """
-    p = _P[proto]
-    lat = BASE_LAT_US[algo][p] * intra_scale
-    intra = HW_LAT_US[intra_hw][algo][p] * intra_scale
-    ppn = n_ranks / n_nodes
-    net_algo = "tree" if ppn == 1 and algo == "ring" else algo
-    inter = HW_LAT_US["net"][net_algo][p] * inter_scale + latency_inter_us
-    if proto == "Simple":
-        inter += latency_inter_us        # the flush term
-    if algo == "ring":
-        if kind in ("broadcast", "reduce"):
-            hw = "net" if n_nodes > 1 else intra_hw
-            scale = inter_scale if n_nodes > 1 else intra_scale
-            return lat + num_steps(kind, n_ranks) * HW_LAT_US[hw]["ring"][p] * scale
-        overhead = NET_OVERHEAD_US * (3 if proto == "Simple" else 1) if n_nodes > 1 else 0.0
-        intra = max(intra, overhead)
-        nsteps = num_steps(kind, n_ranks)
-        n_inter = 0 if n_nodes == 1 else (2 * (n_nodes - 1) if kind == "all_reduce" else n_nodes - 1)
-        return lat + (nsteps - n_inter) * intra + n_inter * inter
-    if algo == "tree":
-        return lat + 2 * ((n_ranks // n_nodes - 1) * intra + _log2i(n_nodes) * inter)
-    if algo == "nvls":
-        return intra + (inter if n_nodes > 1 else 0.0)
-    if algo == "nvls_tree":
-        return lat + intra + 2 * _log2i(n_nodes) * inter
-    if algo == "collnet_direct":
-        p_int = n_ranks // n_nodes
-        return lat + 2 * (min(1, p_int - 1) * intra + (p_int - 1) * COLLNET_ARITY_US) + inter
-    raise ValueError(algo)
+    """NCCL's latency for one call in microseconds: :meth:`.algorithms.CollectiveAlgorithm.latency_us`
+    of ``ALGORITHMS[algo]`` with ``PROTOCOLS[proto]`` (the model lives with each algorithm)."""
+    from .algorithms import ALGORITHMS as _A, PROTOCOLS as _PR
+    a = _A.get(algo)
+    if a is None or algo not in ALGORITHMS:
+        raise ValueError(algo)
+    return a.latency_us(kind, _PR[proto], n_ranks, n_nodes, intra_hw, latency_inter_us, intra_scale, inter_scale)
 
 
 def bandwidth_factor(kind: str, algo: str, proto: str, n_nodes: int, size_bytes: float) -> float:
@@ -124,23 +97,11 @@ def bandwidth_factor(kind: str, algo: str, proto: str, n_nodes: int, size_bytes:
 
     Ring LL 0.5 and LL128 0.92; tree all-reduce 0.92 (any protocol), then LL 1/3.8 and
     LL128 7/9 (one node) or 120/128, times the size-dependent tree correction
-    (tuning.cc L279-298 and L555-578).  NVLS factors live in the calibration.
+    (tuning.cc L279-298 and L555-578).  NVLS factors live in the calibration.  The model
+    lives with each algorithm (:meth:`.algorithms.CollectiveAlgorithm.nccl_bandwidth_factor`).
     """
-    f = 1.0
-    if algo == "ring":
-        f = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}[proto]
-    elif algo == "tree":
-        f = 0.92
-        if proto == "LL":
-            f /= 3.8
-        elif proto == "LL128":
-            f *= (7.0 / 9.0) if n_nodes == 1 else (120.0 / 128.0)
-        if kind == "all_reduce":
-            log_size = _log2i(int(size_bytes) >> 6) if size_bytes >= 64 else -1
-            table = TREE_CORRECTION[proto]
-            if 0 <= log_size < len(table):
-                f *= table[log_size]
-    return f
+    from .algorithms import ALGORITHMS as _A, PROTOCOLS as _PR
+    return _A[algo].nccl_bandwidth_factor(kind, _PR[proto], n_nodes, size_bytes)
 
 
 def enabled_algorithms(kind: str, n_nodes: int, nvls_capable: bool, ppn: int,
