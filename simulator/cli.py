@@ -215,17 +215,47 @@ def _memory_line(m: dict) -> str:
     return f"   DOES NOT FIT: {m['memory_worst_stage']} is {-margin:.1f} GB over {'usable ' if kept else ''}HBM{kept}"
 
 
+def shortfall(res) -> str | None:
+    """``stage 3 (ranks 24-31) needs 92.1 GB of 80.0 GB``: the worst stage against its usable
+    HBM when the memory model says the layout does not fit; None when it fits (or there is
+    no memory estimate)."""
+    if res.metrics.get("memory_fits") is not False or not res.memory:
+        return None
+    worst = max(res.memory, key=lambda e: e.total_bytes - e.hbm_bytes)
+    return f"{worst.where} needs {worst.total_bytes / 1e9:.1f} GB of {worst.hbm_bytes / 1e9:.1f} GB"
+
+
+def fit_fields(res) -> dict:
+    """What ``run --json`` adds to the metrics: ``fits`` (None without a memory estimate)
+    and, when it does not fit, ``hypothetical`` (the step figures are what the step would
+    take if it fit) with ``shortfall`` (the worst stage against its usable HBM)."""
+    fits = res.metrics.get("memory_fits")
+    out = {"fits": fits}
+    if fits is False:
+        out.update(hypothetical=True, shortfall=shortfall(res))
+    return out
+
+
 def summary_table(res) -> str:
-    """The stdout summary of a run."""
+    """The stdout summary of a run.  A layout the memory model says does not fit says so on
+    its first line, and its step figures are marked hypothetical."""
     m, sc = res.metrics, res.scenario
-    lines = [f"{sc.name}: {sc.model.name} on {sc.cluster.num_gpus} x {sc.cluster.gpu.name}, {sc.parallel.describe()}, "
-             f"{sc.parallel.schedule}, {sc.precision}"]
+    short = shortfall(res)
+    lines = []
+    if short:
+        lines.append(f"DOES NOT FIT: {short} (usable HBM); the step figures below are hypothetical, "
+                     f"what the step would take if it fit")
+    lines.append(f"{sc.name}: {sc.model.name} on {sc.cluster.num_gpus} x {sc.cluster.gpu.name}, "
+                 f"{sc.parallel.describe()}, {sc.parallel.schedule}, {sc.precision}")
+    tag = f"   (hypothetical: {short})" if short else ""
+    hyp = "   (hypothetical)" if short else ""
     lines += [f"  what-if          {w}" for w in m.get("whatif", [])]
-    lines += [f"  step time        {m['step_time_s']:.4f} s   (step {len(res.step_bounds)} of {len(res.step_bounds)})",
+    lines += [f"  step time        {m['step_time_s']:.4f} s   (step {len(res.step_bounds)} of {len(res.step_bounds)})"
+              + tag,
              f"  MFU              {m['mfu']:.1%}   (bf16 peak {m['mfu_bf16_peak']:.1%}, HFU {m['hfu']:.1%}; "
-             f"{m.get('flop_convention', 'megatron_core_2025')} FLOPs)",
-             f"  TFLOP/s per GPU  {m['tflops_per_gpu']:.1f}",
-             f"  tokens/s         {m['tokens_per_s']:,.0f}",
+             f"{m.get('flop_convention', 'megatron_core_2025')} FLOPs)" + hyp,
+             f"  TFLOP/s per GPU  {m['tflops_per_gpu']:.1f}" + hyp,
+             f"  tokens/s         {m['tokens_per_s']:,.0f}" + hyp,
              f"  peak memory      {m['peak_memory_bytes'] / 1e9:.1f} GB" + _memory_line(m),
              f"  breakdown (the cell that finishes last: {m.get('last_ranks', m['last_cell'])}):"]
     if "moe_dropped_fraction" in m:
@@ -282,8 +312,10 @@ def _run(args) -> int:
     if gantt_path:
         from .report import gantt
         whatif = "; ".join(res.metrics.get("whatif", []))
+        short = shortfall(res)
         gantt(last, gantt_path, title=f"{res.scenario.name}: {res.metrics.get('layout', '')}, step {len(res.step_bounds)}, "
                                       f"{res.metrics['step_time_s']:.3f} s, MFU {res.metrics['mfu']:.1%}"
+                                      + (f"\nhypothetical: DOES NOT FIT ({short})" if short else "")
                                       + (f"\nwhat-if: {whatif}" if whatif else ""))
     if trace_path:
         from .report import to_chrome_trace
@@ -292,7 +324,7 @@ def _run(args) -> int:
         from .report.html import run_report
         print(f"wrote {run_report(res, args.report)}", file=sys.stderr)
     if args.json:
-        print(json.dumps(res.metrics, default=float))
+        print(json.dumps({**res.metrics, **fit_fields(res)}, default=float))
     else:
         print(summary_table(res))
         kernels_path = str(out / "kernels.csv") if args.per_kernel else None

@@ -1,6 +1,7 @@
 """The console script: real output, exit codes, one-line errors."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -153,6 +154,39 @@ def test_run_says_whether_memory_fits_and_strict_exits_3(tmp_path, capsys):
     assert main(["run", str(ok), "--quiet", "--strict"]) == 0
     cap = capsys.readouterr()
     assert "fits (" in cap.out and "GB to spare on" in cap.out and "warning" not in cap.err
+
+
+def test_a_layout_that_does_not_fit_says_so_first_and_its_step_is_hypothetical(tmp_path, capsys):
+    """The verdict comes before any step figure, every step figure says it is hypothetical
+    (naming the stage, what it needs and the usable HBM), and --json and the HTML report
+    carry the same verdict; a layout that fits shows none of it."""
+    import yaml
+    bad = tmp_path / "oom.yaml"
+    bad.write_text(yaml.safe_dump(OOM))
+    page = tmp_path / "r.html"
+    assert main(["run", str(bad), "--quiet", "--report", str(page)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("DOES NOT FIT: pipeline stage 0 (ranks 0-7) needs ") and "hypothetical" in out[0]
+    need, hbm = (float(x) for x in re.findall(r"([\d.]+) GB", out[0])[:2])
+    assert need > hbm == pytest.approx(80 * 2**30 / 1e9, abs=0.05)
+    step = next(line for line in out if line.lstrip().startswith("step time"))
+    assert f"(hypothetical: pipeline stage 0 (ranks 0-7) needs {need:.1f} GB of {hbm:.1f} GB)" in step
+    for label in ("MFU", "TFLOP/s per GPU", "tokens/s"):
+        assert next(line for line in out if line.lstrip().startswith(label)).endswith("(hypothetical)"), label
+    text = page.read_text()
+    assert "DOES NOT FIT" in text and text.index("DOES NOT FIT") < text.index("<h2>Summary</h2>")
+    assert "s (hypothetical)</td>" in text
+    assert main(["run", str(bad), "--quiet", "--json"]) == 0
+    m = json.loads(capsys.readouterr().out)
+    assert m["fits"] is False and m["hypothetical"] is True and m["shortfall"].startswith("pipeline stage 0")
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(yaml.safe_dump({**OOM, "model": "llama3-8b"}))
+    assert main(["run", str(ok), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "hypothetical" not in out and not out.startswith("DOES NOT FIT")
+    assert main(["run", str(ok), "--quiet", "--json"]) == 0
+    m = json.loads(capsys.readouterr().out)
+    assert m["fits"] is True and "hypothetical" not in m
 
 
 def test_a_closed_pipe_ends_quietly():
