@@ -1,5 +1,6 @@
 """Sweeps: expansion, the SQLite store, resuming, local processes vs Dask, a killed run."""
 
+import re
 import signal
 import sqlite3
 import subprocess
@@ -286,3 +287,28 @@ def test_a_dask_worker_lost_mid_sweep_loses_no_point(tmp_path):
     assert counts == {"total": 4, "skipped": 0, "ok": 4, "failed": 0}
     rows = store.rows()
     assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}
+
+
+def _comment(path: Path) -> str:
+    """The leading comment of a YAML file, as one line of text."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("# "))
+    return " ".join(lines)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "experiments" / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_example_comments_state_the_micro_batches_their_scenarios_run(path):
+    """A config whose comment says "N micro-batches ... per replica" runs N (every point of a
+    sweep): the schedules sweep once said 16 where its base runs 64 / (DP 2 x 1) = 32."""
+    from simulator.scenario import load_scenario
+    claims = [int(n.replace(",", "")) for n in
+              re.findall(r"([\d,]+) micro-batches[^.;]*?per replica", _comment(path))]
+    if not claims:
+        pytest.skip("no micro-batch count in its comment")
+    data = yaml.safe_load(path.read_text())
+    configs = load_sweep(path) if "base" in data else [str(path)]
+    for cfg in configs:
+        assert load_scenario(cfg).parallel.num_microbatches == claims[0], path.name
