@@ -479,10 +479,8 @@ def _sweep(args) -> int:
 
 
 def _search(args) -> int:
-    import math
-
     from .scenario import read_yaml
-    from .explore.search import KNOBS, SearchSpec, plot_search, search
+    from .explore.search import SearchSpec, plot_search, search
     from .explore.sweep import Store, make_executor
     path = Path(args.search)
     raw = read_yaml(path, "search")
@@ -501,37 +499,77 @@ def _search(args) -> int:
         Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
         plot_search(table, args.plot, title=f"{path.stem}: step time vs memory",
                     hbm_gb=out["cluster"].gpu.hbm_bytes / 1e9)
-    ok = table[table["status"] == "ok"].head(args.top)
+    if args.emit:
+        _emit_best(out, args.emit, path)
+    ok = table[table["rank"] > 0].head(args.top)
     if args.json:
-        rows = []
-        for _, r in ok.iterrows():
-            rows.append({"parallel": {k: (int(r[k]) if k not in ("schedule", "recompute") else r[k]) for k in KNOBS},
-                         "memory_gb": r["memory_gb"], "est_step_time_s": r["est_step_s"],
-                         "step_time_s": None if math.isnan(r["sim_step_s"]) else r["sim_step_s"],
-                         "mfu": None if math.isnan(r["sim_mfu"]) else r["sim_mfu"],
-                         "exposed_comm_s": r["exposed_comm_s"]})
-        print(json.dumps(rows, indent=1))
+        print(json.dumps([_search_row(r) for _, r in ok.iterrows()], indent=1))
         return 0
     print(f"{counts['candidates']} candidates: {counts['invalid']} invalid, {counts['oom']} out of memory, "
           f"{counts['ok']} feasible ({timing['screened_per_s']:.0f} screened/s); "
           f"{counts['simulated']} simulated in {timing['simulate_s']:.1f} s")
-    print(f"{'#':>3} {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>4} {'ep':>3} {'etp':>3} {'mbs':>3} {'schedule':<18} "
-          f"{'recompute':<9} "
-          f"{'zero':>4} {'mem GB':>7} {'est s':>8} {'sim s':>8} {'MFU':>6}  exposed comm")
-    for i, (_, r) in enumerate(ok.iterrows(), 1):
+    print(SEARCH_KEY)
+    print(f"{'#':>3} {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>4} {'ep':>3} {'etp':>3} {'mbs':>3} {'schedule':<21} "
+          f"{'recompute':<9} {'zero':>4} {'mem GB':>7} {'step s':>8} {'MFU':>6} {'from':<4} {'est s':>8}  "
+          f"exposed comm (sim)")
+    for _, r in ok.iterrows():
         sched = r["schedule"] + (f" vpp{r['vpp']}" if r["vpp"] > 1 else "")
-        sim = f"{r['sim_step_s']:8.3f}" if not math.isnan(r["sim_step_s"]) else \
-            (r["sim_status"] if r["sim_status"] in ("timeout", "error") else "")
-        mfu = "" if math.isnan(r["sim_mfu"]) else f"{r['sim_mfu']:6.1%}"
         exp = r["exposed_comm_s"] if isinstance(r["exposed_comm_s"], dict) else {}
-        exp_s = " ".join(f"{k} {v:.2f}s" for k, v in sorted(exp.items()) if v > 0.005)
-        print(f"{i:>3} {r['tp']:>3} {r['cp']:>3} {r['pp']:>3} {r['dp']:>4} {r['ep']:>3} {r['etp']:>3} "
-              f"{r['micro_batch_size']:>3} "
-              f"{sched:<18} {r['recompute']:<9} {r['zero_stage']:>4} {r['memory_gb']:>7.1f} {r['est_step_s']:>8.3f} "
-              f"{sim:>8} {mfu:>6}  {exp_s}")
+        note = " ".join(f"{k} {v:.2f}s" for k, v in sorted(exp.items()) if v > 0.005)
+        if r["sim_status"] in ("timeout", "error"):
+            note = f"simulation {r['sim_status']}: ranked by its estimate"
+        print(f"{r['rank']:>3} {r['tp']:>3} {r['cp']:>3} {r['pp']:>3} {r['dp']:>4} {r['ep']:>3} {r['etp']:>3} "
+              f"{r['micro_batch_size']:>3} {sched:<21} {r['recompute']:<9} {r['zero_stage']:>4} "
+              f"{r['memory_gb']:>7.1f} {r['step_s']:>8.3f} {r['mfu']:>6.1%} {r['source']:<4} "
+              f"{r['est_step_s']:>8.3f}  {note}".rstrip())
     if args.plot:
         print(f"wrote {args.plot}")
+    if args.emit:
+        print(f"wrote {args.emit}: #1 as a scenario (clustersim run {args.emit})")
     return 0
+
+
+#: The line above ``clustersim search``'s table: how its numbers were obtained.
+SEARCH_KEY = ("ranked: the simulated layouts by simulated step time, then the others by the closed-form estimate\n"
+              "'step s' and 'MFU' come from 'from' (sim: simulated, est: estimate only); 'est s': every row's "
+              "estimate; 'mem GB': the memory model")
+
+
+def _search_row(r) -> dict:
+    """One ranked candidate of ``search --json``: the numbers it is ranked by with their
+    ``source``, and the estimate and simulation apart (None where there is none)."""
+    import math
+
+    from .explore.search import KNOBS
+
+    def num(v):
+        return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+    return {"rank": int(r["rank"]),
+            "parallel": {k: (int(r[k]) if k not in ("schedule", "recompute") else r[k]) for k in KNOBS},
+            "memory_gb": num(r["memory_gb"]), "source": r["source"],
+            "step_time_s": num(r["step_s"]), "mfu": num(r["mfu"]),
+            "est_step_time_s": num(r["est_step_s"]), "est_mfu": num(r["est_mfu"]),
+            "sim_step_time_s": num(r["sim_step_s"]), "sim_mfu": num(r["sim_mfu"]),
+            "sim_status": r["sim_status"] or None,
+            "exposed_comm_s": r["exposed_comm_s"] if isinstance(r["exposed_comm_s"], dict) else None}
+
+
+def _emit_best(out: dict, dest: str, search_path: Path) -> None:
+    """``search --emit FILE``: rank 1 as a scenario ``clustersim run`` takes (the search's
+    model, cluster and scenario keys with the winning layout)."""
+    import yaml
+
+    if out["best"] is None:
+        raise ConfigError("--emit", dest, "the search found no feasible layout to write")
+    r = out["table"].iloc[0]
+    how = (f"simulated step {r['sim_step_s']:.6g} s" if r["source"] == "sim" else
+           f"estimate only ({r['est_step_s']:.6g} s; not simulated, so `clustersim run` may differ)")
+    head = (f"# Rank 1 of `clustersim search {search_path}`: {how}.\n"
+            f"# Run it with: clustersim run {dest}\n")
+    scenario = {"name": f"{search_path.stem}-best", **out["best"]}
+    Path(dest).parent.mkdir(parents=True, exist_ok=True)
+    Path(dest).write_text(head + yaml.safe_dump(scenario, sort_keys=False))
 
 
 def _int_arg(v: str) -> int:
@@ -772,6 +810,7 @@ def _add_explore(sub) -> None:
     p.add_argument("--db", metavar="SQLITE", help="database of simulated candidates (resumable)")
     p.add_argument("--out", metavar="CSV", help="write every candidate (status, reason, memory, estimate, simulation)")
     p.add_argument("--plot", metavar="PNG", help="step time vs memory, coloured by tp x pp, Pareto set marked")
+    p.add_argument("--emit", metavar="YAML", help="write the #1 layout as a scenario for `clustersim run`")
     p.add_argument("--point-timeout", type=float, default=None, metavar="SECONDS",
                    help="stop a candidate's simulation that runs longer; it keeps its estimate, marked 'timeout'")
 
@@ -792,7 +831,7 @@ _FOLDER, _FILE, _FILE_MKDIR = "folder", "file", "file, folders made"
 OUTPUTS = {"run": {"out": _FOLDER, "gantt": _FILE, "trace": _FILE, "report": _FILE},
            "compare": {"out": _FOLDER, "report": _FILE},
            "sweep": {"db": _FILE_MKDIR, "out": _FILE_MKDIR},
-           "search": {"db": _FILE_MKDIR, "out": _FILE_MKDIR, "plot": _FILE_MKDIR},
+           "search": {"db": _FILE_MKDIR, "out": _FILE_MKDIR, "plot": _FILE_MKDIR, "emit": _FILE_MKDIR},
            "validate": {"out": _FILE_MKDIR, "plot": _FILE_MKDIR}}
 
 
