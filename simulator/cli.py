@@ -498,7 +498,7 @@ def _search(args) -> int:
     if args.plot:
         Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
         plot_search(table, args.plot, title=f"{path.stem}: step time vs memory",
-                    hbm_gb=out["cluster"].gpu.hbm_bytes / 1e9)
+                    hbm_gb=out["cluster"].gpu.hbm_bytes * (1 - spec.scenario.get("hbm_headroom", 0.0)) / 1e9)
     if args.emit:
         _emit_best(out, args.emit, path)
     ok = table[table["rank"] > 0].head(args.top)

@@ -473,9 +473,9 @@ def plot_search(table: pd.DataFrame, path, title: str = "", hbm_gb: float | None
             if top >= 0.4 * hbm_gb:
                 # the HBM line only when it is near the points: far off it would squeeze them
                 ax.axvline(hbm_gb, color="grey", ls=":", lw=1)
-                ax.text(hbm_gb, ax.get_ylim()[0], " HBM ", va="bottom", ha="right", fontsize=8, color="grey")
+                ax.text(hbm_gb, ax.get_ylim()[0], " usable HBM ", va="bottom", ha="right", fontsize=8, color="grey")
             else:
-                handles.append(Line2D([], [], ls="", label=f"HBM {hbm_gb:.0f} GB (off the chart)"))
+                handles.append(Line2D([], [], ls="", label=f"usable HBM {hbm_gb:.0f} GB (off the chart)"))
         ax.legend(handles=handles, fontsize=8, loc="upper right")
     ax.set_xlabel("peak memory per GPU (GB, memory model)")
     ax.set_ylabel("step time (s): simulated, or the estimate")
