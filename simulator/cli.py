@@ -497,8 +497,10 @@ def _search(args) -> int:
         table.to_csv(args.out, index=False)
     if args.plot:
         Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+        head = spec.scenario.get("hbm_headroom", 0.0)
+        head = head if isinstance(head, (int, float)) and 0 <= head < 1 else 0.0    # a bad one: every candidate invalid
         plot_search(table, args.plot, title=f"{path.stem}: step time vs memory",
-                    hbm_gb=out["cluster"].gpu.hbm_bytes * (1 - spec.scenario.get("hbm_headroom", 0.0)) / 1e9)
+                    hbm_gb=out["cluster"].gpu.hbm_bytes * (1 - head) / 1e9)
     if args.emit:
         _emit_best(out, args.emit, path)
     ok = table[table["rank"] > 0].head(args.top)
