@@ -293,6 +293,9 @@ def _run(args) -> int:
         if args.stages:
             _int_list(args.stages, "--stages", par.pp)
     res = run(scenario, fold=not args.no_fold, progress=not args.quiet)
+    from .engine.untouched import untouched_settings
+    for line in untouched_settings(res):
+        print(f"warning: {line}", file=sys.stderr)
     out = Path(args.out) if args.out else None
     # a folded run's timeline has one row per rank cell; --per-rank expands it to every rank
     # (or to the --ranks / --stages chosen, which imply it)

@@ -516,3 +516,43 @@ def test_plain_numbers_never_use_an_exponent():
         ["0.00001878", "1235000", "0.5", "-0.000123"]
     t = shown_table(pd.DataFrame({"a": [0.4261, 1.5e-5]}, index=["mfu", "bubble_s"]), ["[1]"])
     assert list(t["[1]"]) == ["42.6%", "0.000015"]
+
+
+def _fabric(nodes, hosts_per_leaf, par, whatif=None, over=1):
+    d = {"model": {"preset": "tiny-dense", "num_layers": 2},
+         "cluster": {"preset": "dgx-h100", "num_nodes": nodes, "hosts_per_leaf": hosts_per_leaf,
+                     "oversubscription": over},
+         "parallel": {**par, "global_batch_size": 8, "seq_len": 512}, "num_steps": 1}
+    return {**d, "whatif": whatif} if whatif else d
+
+
+_SPINE = {"failed_links": [["leaf0.0", "spine0.0"]]}
+_NIC = {"degraded_nics": [{"nic": "nic0.0", "bandwidth_factor": 0.5}]}
+
+
+@pytest.mark.parametrize("scenario, warning", [
+    # every host under one leaf per rail: no byte reaches a spine
+    (_fabric(4, 4, {"tp": 8, "dp": 4}, over=2), "cluster.oversubscription = 2 changes only the leaf <-> spine links"),
+    (_fabric(4, 2, {"tp": 8, "dp": 4}, over=2), None),
+    (_fabric(4, 4, {"tp": 8, "dp": 4}, _SPINE), "whatif.failed_links[0] (leaf0.0 -- spine0.0) is on none of this "
+                                                "job's paths"),
+    (_fabric(4, 2, {"tp": 8, "dp": 4}, _SPINE), None),
+    # one host: nothing leaves it through a NIC
+    (_fabric(1, 1, {"tp": 8, "dp": 1}, _NIC), "whatif.degraded_nics[0] (nic0.0) carries none of this job's traffic"),
+    (_fabric(2, 2, {"tp": 8, "dp": 2}, _NIC), None),
+], ids=["oversubscription-one-leaf", "oversubscription-two-leaves", "failed-link-off-path", "failed-link-on-path",
+        "nic-one-host", "nic-two-hosts"])
+def test_run_warns_when_a_setting_touches_no_link_the_job_uses(tmp_path, capsys, scenario, warning):
+    """One line on stderr, exit 0, the result printed as usual; nothing when the job's
+    traffic does cross the links the setting changes."""
+    import yaml
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario))
+    assert main(["run", str(path), "--quiet", "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["step_time_s"] > 0
+    lines = [line for line in cap.err.splitlines() if line.startswith("warning:")]
+    if warning is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and warning in lines[0], cap.err
