@@ -93,6 +93,8 @@ def untouched_settings(res) -> list[str]:
                        f"traffic")
     for j, c in enumerate(wi.failed_nics):
         name, _, _, gpus = nic_links(cluster, c.nic, "whatif")
+        if not gpus:
+            continue
         host = cluster.host_of(gpus[0])
         host_nics = {cluster.router.nic_names[cluster.nic_of(x)] for x in range(cluster.num_gpus)
                      if cluster.host_of(x) == host and cluster.nic_of(x) >= 0}
