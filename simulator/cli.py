@@ -215,17 +215,47 @@ def _memory_line(m: dict) -> str:
     return f"   DOES NOT FIT: {m['memory_worst_stage']} is {-margin:.1f} GB over {'usable ' if kept else ''}HBM{kept}"
 
 
+def shortfall(res) -> str | None:
+    """``stage 3 (ranks 24-31) needs 92.1 GB of 80.0 GB``: the worst stage against its usable
+    HBM when the memory model says the layout does not fit; None when it fits (or there is
+    no memory estimate)."""
+    if res.metrics.get("memory_fits") is not False or not res.memory:
+        return None
+    worst = max(res.memory, key=lambda e: e.total_bytes - e.hbm_bytes)
+    return f"{worst.where} needs {worst.total_bytes / 1e9:.1f} GB of {worst.hbm_bytes / 1e9:.1f} GB"
+
+
+def fit_fields(res) -> dict:
+    """What ``run --json`` adds to the metrics: ``fits`` (None without a memory estimate)
+    and, when it does not fit, ``hypothetical`` (the step figures are what the step would
+    take if it fit) with ``shortfall`` (the worst stage against its usable HBM)."""
+    fits = res.metrics.get("memory_fits")
+    out = {"fits": fits}
+    if fits is False:
+        out.update(hypothetical=True, shortfall=shortfall(res))
+    return out
+
+
 def summary_table(res) -> str:
-    """The stdout summary of a run."""
+    """The stdout summary of a run.  A layout the memory model says does not fit says so on
+    its first line, and its step figures are marked hypothetical."""
     m, sc = res.metrics, res.scenario
-    lines = [f"{sc.name}: {sc.model.name} on {sc.cluster.num_gpus} x {sc.cluster.gpu.name}, {sc.parallel.describe()}, "
-             f"{sc.parallel.schedule}, {sc.precision}"]
+    short = shortfall(res)
+    lines = []
+    if short:
+        lines.append(f"DOES NOT FIT: {short} (usable HBM); the step figures below are hypothetical, "
+                     f"what the step would take if it fit")
+    lines.append(f"{sc.name}: {sc.model.name} on {sc.cluster.num_gpus} x {sc.cluster.gpu.name}, "
+                 f"{sc.parallel.describe()}, {sc.parallel.schedule}, {sc.precision}")
+    tag = f"   (hypothetical: {short})" if short else ""
+    hyp = "   (hypothetical)" if short else ""
     lines += [f"  what-if          {w}" for w in m.get("whatif", [])]
-    lines += [f"  step time        {m['step_time_s']:.4f} s   (step {len(res.step_bounds)} of {len(res.step_bounds)})",
+    lines += [f"  step time        {m['step_time_s']:.4f} s   (step {len(res.step_bounds)} of {len(res.step_bounds)})"
+              + tag,
              f"  MFU              {m['mfu']:.1%}   (bf16 peak {m['mfu_bf16_peak']:.1%}, HFU {m['hfu']:.1%}; "
-             f"{m.get('flop_convention', 'megatron_core_2025')} FLOPs)",
-             f"  TFLOP/s per GPU  {m['tflops_per_gpu']:.1f}",
-             f"  tokens/s         {m['tokens_per_s']:,.0f}",
+             f"{m.get('flop_convention', 'megatron_core_2025')} FLOPs)" + hyp,
+             f"  TFLOP/s per GPU  {m['tflops_per_gpu']:.1f}" + hyp,
+             f"  tokens/s         {m['tokens_per_s']:,.0f}" + hyp,
              f"  peak memory      {m['peak_memory_bytes'] / 1e9:.1f} GB" + _memory_line(m),
              f"  breakdown (the cell that finishes last: {m.get('last_ranks', m['last_cell'])}):"]
     if "moe_dropped_fraction" in m:
@@ -263,6 +293,9 @@ def _run(args) -> int:
         if args.stages:
             _int_list(args.stages, "--stages", par.pp)
     res = run(scenario, fold=not args.no_fold, progress=not args.quiet)
+    from .engine.untouched import untouched_settings
+    for line in untouched_settings(res):
+        print(f"warning: {line}", file=sys.stderr)
     out = Path(args.out) if args.out else None
     # a folded run's timeline has one row per rank cell; --per-rank expands it to every rank
     # (or to the --ranks / --stages chosen, which imply it)
@@ -282,8 +315,10 @@ def _run(args) -> int:
     if gantt_path:
         from .report import gantt
         whatif = "; ".join(res.metrics.get("whatif", []))
+        short = shortfall(res)
         gantt(last, gantt_path, title=f"{res.scenario.name}: {res.metrics.get('layout', '')}, step {len(res.step_bounds)}, "
                                       f"{res.metrics['step_time_s']:.3f} s, MFU {res.metrics['mfu']:.1%}"
+                                      + (f"\nhypothetical: DOES NOT FIT ({short})" if short else "")
                                       + (f"\nwhat-if: {whatif}" if whatif else ""))
     if trace_path:
         from .report import to_chrome_trace
@@ -292,7 +327,7 @@ def _run(args) -> int:
         from .report.html import run_report
         print(f"wrote {run_report(res, args.report)}", file=sys.stderr)
     if args.json:
-        print(json.dumps(res.metrics, default=float))
+        print(json.dumps({**res.metrics, **fit_fields(res)}, default=float))
     else:
         print(summary_table(res))
         kernels_path = str(out / "kernels.csv") if args.per_kernel else None
@@ -447,10 +482,8 @@ def _sweep(args) -> int:
 
 
 def _search(args) -> int:
-    import math
-
     from .scenario import read_yaml
-    from .explore.search import KNOBS, SearchSpec, plot_search, search
+    from .explore.search import SearchSpec, plot_search, search
     from .explore.sweep import Store, make_executor
     path = Path(args.search)
     raw = read_yaml(path, "search")
@@ -467,39 +500,81 @@ def _search(args) -> int:
         table.to_csv(args.out, index=False)
     if args.plot:
         Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+        head = spec.scenario.get("hbm_headroom", 0.0)
+        head = head if isinstance(head, (int, float)) and 0 <= head < 1 else 0.0    # a bad one: every candidate invalid
         plot_search(table, args.plot, title=f"{path.stem}: step time vs memory",
-                    hbm_gb=out["cluster"].gpu.hbm_bytes / 1e9)
-    ok = table[table["status"] == "ok"].head(args.top)
+                    hbm_gb=out["cluster"].gpu.hbm_bytes * (1 - head) / 1e9)
+    if args.emit:
+        _emit_best(out, args.emit, path)
+    ok = table[table["rank"] > 0].head(args.top)
     if args.json:
-        rows = []
-        for _, r in ok.iterrows():
-            rows.append({"parallel": {k: (int(r[k]) if k not in ("schedule", "recompute") else r[k]) for k in KNOBS},
-                         "memory_gb": r["memory_gb"], "est_step_time_s": r["est_step_s"],
-                         "step_time_s": None if math.isnan(r["sim_step_s"]) else r["sim_step_s"],
-                         "mfu": None if math.isnan(r["sim_mfu"]) else r["sim_mfu"],
-                         "exposed_comm_s": r["exposed_comm_s"]})
-        print(json.dumps(rows, indent=1))
+        print(json.dumps([_search_row(r) for _, r in ok.iterrows()], indent=1))
         return 0
     print(f"{counts['candidates']} candidates: {counts['invalid']} invalid, {counts['oom']} out of memory, "
           f"{counts['ok']} feasible ({timing['screened_per_s']:.0f} screened/s); "
           f"{counts['simulated']} simulated in {timing['simulate_s']:.1f} s")
-    print(f"{'#':>3} {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>4} {'ep':>3} {'etp':>3} {'mbs':>3} {'schedule':<18} "
-          f"{'recompute':<9} "
-          f"{'zero':>4} {'mem GB':>7} {'est s':>8} {'sim s':>8} {'MFU':>6}  exposed comm")
-    for i, (_, r) in enumerate(ok.iterrows(), 1):
+    print(SEARCH_KEY)
+    print(f"{'#':>3} {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>4} {'ep':>3} {'etp':>3} {'mbs':>3} {'schedule':<21} "
+          f"{'recompute':<9} {'zero':>4} {'mem GB':>7} {'step s':>8} {'MFU':>6} {'from':<4} {'est s':>8}  "
+          f"exposed comm (sim)")
+    for _, r in ok.iterrows():
         sched = r["schedule"] + (f" vpp{r['vpp']}" if r["vpp"] > 1 else "")
-        sim = f"{r['sim_step_s']:8.3f}" if not math.isnan(r["sim_step_s"]) else \
-            (r["sim_status"] if r["sim_status"] in ("timeout", "error") else "")
-        mfu = "" if math.isnan(r["sim_mfu"]) else f"{r['sim_mfu']:6.1%}"
         exp = r["exposed_comm_s"] if isinstance(r["exposed_comm_s"], dict) else {}
-        exp_s = " ".join(f"{k} {v:.2f}s" for k, v in sorted(exp.items()) if v > 0.005)
-        print(f"{i:>3} {r['tp']:>3} {r['cp']:>3} {r['pp']:>3} {r['dp']:>4} {r['ep']:>3} {r['etp']:>3} "
-              f"{r['micro_batch_size']:>3} "
-              f"{sched:<18} {r['recompute']:<9} {r['zero_stage']:>4} {r['memory_gb']:>7.1f} {r['est_step_s']:>8.3f} "
-              f"{sim:>8} {mfu:>6}  {exp_s}")
+        note = " ".join(f"{k} {v:.2f}s" for k, v in sorted(exp.items()) if v > 0.005)
+        if r["sim_status"] in ("timeout", "error"):
+            note = f"simulation {r['sim_status']}: ranked by its estimate"
+        print(f"{r['rank']:>3} {r['tp']:>3} {r['cp']:>3} {r['pp']:>3} {r['dp']:>4} {r['ep']:>3} {r['etp']:>3} "
+              f"{r['micro_batch_size']:>3} {sched:<21} {r['recompute']:<9} {r['zero_stage']:>4} "
+              f"{r['memory_gb']:>7.1f} {r['step_s']:>8.3f} {r['mfu']:>6.1%} {r['source']:<4} "
+              f"{r['est_step_s']:>8.3f}  {note}".rstrip())
     if args.plot:
         print(f"wrote {args.plot}")
+    if args.emit:
+        print(f"wrote {args.emit}: #1 as a scenario (clustersim run {args.emit})")
     return 0
+
+
+#: The line above ``clustersim search``'s table: how its numbers were obtained.
+SEARCH_KEY = ("ranked: the simulated layouts by simulated step time, then the others by the closed-form estimate\n"
+              "'step s' and 'MFU' come from 'from' (sim: simulated, est: estimate only); 'est s': every row's "
+              "estimate; 'mem GB': the memory model")
+
+
+def _search_row(r) -> dict:
+    """One ranked candidate of ``search --json``: the numbers it is ranked by with their
+    ``source``, and the estimate and simulation apart (None where there is none)."""
+    import math
+
+    from .explore.search import KNOBS
+
+    def num(v):
+        return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+    return {"rank": int(r["rank"]),
+            "parallel": {k: (int(r[k]) if k not in ("schedule", "recompute") else r[k]) for k in KNOBS},
+            "memory_gb": num(r["memory_gb"]), "source": r["source"],
+            "step_time_s": num(r["step_s"]), "mfu": num(r["mfu"]),
+            "est_step_time_s": num(r["est_step_s"]), "est_mfu": num(r["est_mfu"]),
+            "sim_step_time_s": num(r["sim_step_s"]), "sim_mfu": num(r["sim_mfu"]),
+            "sim_status": r["sim_status"] or None,
+            "exposed_comm_s": r["exposed_comm_s"] if isinstance(r["exposed_comm_s"], dict) else None}
+
+
+def _emit_best(out: dict, dest: str, search_path: Path) -> None:
+    """``search --emit FILE``: rank 1 as a scenario ``clustersim run`` takes (the search's
+    model, cluster and scenario keys with the winning layout)."""
+    import yaml
+
+    if out["best"] is None:
+        raise ConfigError("--emit", dest, "the search found no feasible layout to write")
+    r = out["table"].iloc[0]
+    how = (f"simulated step {r['sim_step_s']:.6g} s" if r["source"] == "sim" else
+           f"estimate only ({r['est_step_s']:.6g} s; not simulated, so `clustersim run` may differ)")
+    head = (f"# Rank 1 of `clustersim search {search_path}`: {how}.\n"
+            f"# Run it with: clustersim run {dest}\n")
+    scenario = {"name": f"{search_path.stem}-best", **out["best"]}
+    Path(dest).parent.mkdir(parents=True, exist_ok=True)
+    Path(dest).write_text(head + yaml.safe_dump(scenario, sort_keys=False))
 
 
 def _int_arg(v: str) -> int:
@@ -740,6 +815,7 @@ def _add_explore(sub) -> None:
     p.add_argument("--db", metavar="SQLITE", help="database of simulated candidates (resumable)")
     p.add_argument("--out", metavar="CSV", help="write every candidate (status, reason, memory, estimate, simulation)")
     p.add_argument("--plot", metavar="PNG", help="step time vs memory, coloured by tp x pp, Pareto set marked")
+    p.add_argument("--emit", metavar="YAML", help="write the #1 layout as a scenario for `clustersim run`")
     p.add_argument("--point-timeout", type=float, default=None, metavar="SECONDS",
                    help="stop a candidate's simulation that runs longer; it keeps its estimate, marked 'timeout'")
 
@@ -760,7 +836,7 @@ _FOLDER, _FILE, _FILE_MKDIR = "folder", "file", "file, folders made"
 OUTPUTS = {"run": {"out": _FOLDER, "gantt": _FILE, "trace": _FILE, "report": _FILE},
            "compare": {"out": _FOLDER, "report": _FILE},
            "sweep": {"db": _FILE_MKDIR, "out": _FILE_MKDIR},
-           "search": {"db": _FILE_MKDIR, "out": _FILE_MKDIR, "plot": _FILE_MKDIR},
+           "search": {"db": _FILE_MKDIR, "out": _FILE_MKDIR, "plot": _FILE_MKDIR, "emit": _FILE_MKDIR},
            "validate": {"out": _FILE_MKDIR, "plot": _FILE_MKDIR}}
 
 

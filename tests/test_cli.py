@@ -1,6 +1,7 @@
 """The console script: real output, exit codes, one-line errors."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -153,6 +154,39 @@ def test_run_says_whether_memory_fits_and_strict_exits_3(tmp_path, capsys):
     assert main(["run", str(ok), "--quiet", "--strict"]) == 0
     cap = capsys.readouterr()
     assert "fits (" in cap.out and "GB to spare on" in cap.out and "warning" not in cap.err
+
+
+def test_a_layout_that_does_not_fit_says_so_first_and_its_step_is_hypothetical(tmp_path, capsys):
+    """The verdict comes before any step figure, every step figure says it is hypothetical
+    (naming the stage, what it needs and the usable HBM), and --json and the HTML report
+    carry the same verdict; a layout that fits shows none of it."""
+    import yaml
+    bad = tmp_path / "oom.yaml"
+    bad.write_text(yaml.safe_dump(OOM))
+    page = tmp_path / "r.html"
+    assert main(["run", str(bad), "--quiet", "--report", str(page)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("DOES NOT FIT: pipeline stage 0 (ranks 0-7) needs ") and "hypothetical" in out[0]
+    need, hbm = (float(x) for x in re.findall(r"([\d.]+) GB", out[0])[:2])
+    assert need > hbm == pytest.approx(80 * 2**30 / 1e9, abs=0.05)
+    step = next(line for line in out if line.lstrip().startswith("step time"))
+    assert f"(hypothetical: pipeline stage 0 (ranks 0-7) needs {need:.1f} GB of {hbm:.1f} GB)" in step
+    for label in ("MFU", "TFLOP/s per GPU", "tokens/s"):
+        assert next(line for line in out if line.lstrip().startswith(label)).endswith("(hypothetical)"), label
+    text = page.read_text()
+    assert "DOES NOT FIT" in text and text.index("DOES NOT FIT") < text.index("<h2>Summary</h2>")
+    assert "s (hypothetical)</td>" in text
+    assert main(["run", str(bad), "--quiet", "--json"]) == 0
+    m = json.loads(capsys.readouterr().out)
+    assert m["fits"] is False and m["hypothetical"] is True and m["shortfall"].startswith("pipeline stage 0")
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(yaml.safe_dump({**OOM, "model": "llama3-8b"}))
+    assert main(["run", str(ok), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "hypothetical" not in out and not out.startswith("DOES NOT FIT")
+    assert main(["run", str(ok), "--quiet", "--json"]) == 0
+    m = json.loads(capsys.readouterr().out)
+    assert m["fits"] is True and "hypothetical" not in m
 
 
 def test_a_closed_pipe_ends_quietly():
@@ -482,3 +516,43 @@ def test_plain_numbers_never_use_an_exponent():
         ["0.00001878", "1235000", "0.5", "-0.000123"]
     t = shown_table(pd.DataFrame({"a": [0.4261, 1.5e-5]}, index=["mfu", "bubble_s"]), ["[1]"])
     assert list(t["[1]"]) == ["42.6%", "0.000015"]
+
+
+def _fabric(nodes, hosts_per_leaf, par, whatif=None, over=1):
+    d = {"model": {"preset": "tiny-dense", "num_layers": 2},
+         "cluster": {"preset": "dgx-h100", "num_nodes": nodes, "hosts_per_leaf": hosts_per_leaf,
+                     "oversubscription": over},
+         "parallel": {**par, "global_batch_size": 8, "seq_len": 512}, "num_steps": 1}
+    return {**d, "whatif": whatif} if whatif else d
+
+
+_SPINE = {"failed_links": [["leaf0.0", "spine0.0"]]}
+_NIC = {"degraded_nics": [{"nic": "nic0.0", "bandwidth_factor": 0.5}]}
+
+
+@pytest.mark.parametrize("scenario, warning", [
+    # every host under one leaf per rail: no byte reaches a spine
+    (_fabric(4, 4, {"tp": 8, "dp": 4}, over=2), "cluster.oversubscription = 2 changes only the leaf <-> spine links"),
+    (_fabric(4, 2, {"tp": 8, "dp": 4}, over=2), None),
+    (_fabric(4, 4, {"tp": 8, "dp": 4}, _SPINE), "whatif.failed_links[0] (leaf0.0 -- spine0.0) is on none of this "
+                                                "job's paths"),
+    (_fabric(4, 2, {"tp": 8, "dp": 4}, _SPINE), None),
+    # one host: nothing leaves it through a NIC
+    (_fabric(1, 1, {"tp": 8, "dp": 1}, _NIC), "whatif.degraded_nics[0] (nic0.0) carries none of this job's traffic"),
+    (_fabric(2, 2, {"tp": 8, "dp": 2}, _NIC), None),
+], ids=["oversubscription-one-leaf", "oversubscription-two-leaves", "failed-link-off-path", "failed-link-on-path",
+        "nic-one-host", "nic-two-hosts"])
+def test_run_warns_when_a_setting_touches_no_link_the_job_uses(tmp_path, capsys, scenario, warning):
+    """One line on stderr, exit 0, the result printed as usual; nothing when the job's
+    traffic does cross the links the setting changes."""
+    import yaml
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(scenario))
+    assert main(["run", str(path), "--quiet", "--json"]) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out)["step_time_s"] > 0
+    lines = [line for line in cap.err.splitlines() if line.startswith("warning:")]
+    if warning is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and warning in lines[0], cap.err

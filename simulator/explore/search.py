@@ -75,7 +75,7 @@ from workloads.schedules import SCHEDULE_NAMES
 from .estimate import Estimator
 from ..scenario import load_scenario
 
-__all__ = ["SearchSpec", "candidates", "screen", "search", "plot_search", "KNOBS", "pareto_mask", "placement_violation",
+__all__ = ["SearchSpec", "candidates", "screen", "search", "rank", "plot_search", "KNOBS", "pareto_mask", "placement_violation",
            "PLACEMENT_DEFAULTS"]
 
 KNOBS = ("tp", "cp", "pp", "dp", "ep", "etp", "micro_batch_size", "schedule", "vpp", "recompute", "zero_stage")
@@ -327,9 +327,10 @@ def search(spec: SearchSpec, *, executor=None, store=None, progress: bool = True
     ``timeout_s``: the per-candidate limit on its simulation; a candidate past it keeps its
     estimate and gets ``sim_status`` ``timeout`` (the search goes on with the others).
 
-    Returns ``{"table": DataFrame (every candidate, simulated ones ranked first by
-    simulated step time, then the rest by estimate), "counts": {...}, "timing": {...},
-    "cluster": the spec's Cluster}``.
+    Returns ``{"table": DataFrame (every candidate in the order of :func:`rank`, with its
+    ``rank``, ``source``, ``step_s`` and ``mfu``), "counts": {...}, "timing": {...},
+    "cluster": the spec's Cluster, "best": the scenario mapping of rank 1 (None without a
+    feasible candidate)}``: running ``best`` gives the step the search reports for it.
     """
     from .sweep import LocalExecutor, Store, config_hash, run_points
     if timeout_s is not None and not timeout_s > 0:         # refused before any work
@@ -373,29 +374,63 @@ def search(spec: SearchSpec, *, executor=None, store=None, progress: bool = True
             else:
                 table.at[i, "reason"] = r["error"]
     t3 = time.perf_counter()
-    rank_key = table["sim_step_s"].fillna(math.inf)
-    table = table.assign(_r=rank_key, _e=table["est_step_s"].fillna(math.inf)).sort_values(["_r", "_e"],
-                                                                                          kind="stable")
-    table = table.drop(columns=["_r", "_e"]).reset_index(drop=True)
+    table = rank(table.assign(_cand=table.index))
+    best = None
+    if len(table) and table.at[0, "rank"] == 1:
+        best = spec.scenario_for(cands[int(table.at[0, "_cand"])])
+    table = table.drop(columns=["_cand"])
     counts = {"candidates": len(table), "ok": int((table["status"] == "ok").sum()),
               "oom": int((table["status"] == "oom").sum()), "invalid": int((table["status"] == "invalid").sum()),
               "simulated": int(len(configs))}
-    return {"table": table, "counts": counts, "cluster": cluster,
+    return {"table": table, "counts": counts, "cluster": cluster, "best": best,
             "timing": {"enumerate_s": t1 - t0, "screen_s": t2 - t1, "simulate_s": t3 - t2,
                        "screened_per_s": len(cands) / (t2 - t1) if t2 > t1 else math.inf}}
 
 
-def plot_search(table: pd.DataFrame, path, title: str = "", hbm_gb: float | None = None) -> None:
-    """Step time vs peak memory of every feasible candidate, coloured by tp x pp; the
-    simulated ones drawn solid, the Pareto set (less memory or less time) ringed."""
+def rank(table: pd.DataFrame) -> pd.DataFrame:
+    """The search's one ranking, as columns ``rank``, ``source``, ``step_s`` and ``mfu``.
+
+    Feasible candidates whose simulation finished come first, by simulated step time
+    (``source`` ``sim``); then every other feasible one (not simulated, or its simulation
+    failed or timed out), by its closed-form estimate (``source`` ``est``).  ``step_s`` and
+    ``mfu`` are the numbers the rank uses, from that source.  The simulated candidates are
+    the estimate's best, so no estimate-only candidate has a better estimate than a
+    simulated one; an estimate is never set among simulated times, as the two differ by
+    a few percent.  Infeasible candidates follow, unranked (``rank`` 0, ``source`` empty).
+    Returns the table in that order, with a fresh index."""
+    ok = table["status"] == "ok"
+    sim = ok & table["sim_step_s"].notna()
+    key = pd.DataFrame({"tier": [0 if s else (1 if o else 2) for s, o in zip(sim, ok)],
+                        "step": table["sim_step_s"].where(sim, table["est_step_s"]).fillna(math.inf)},
+                       index=table.index)
+    order = key.sort_values(["tier", "step"], kind="stable").index
+    out = table.loc[order].reset_index(drop=True)
+    sim, ok = sim.loc[order].to_numpy(), ok.loc[order].to_numpy()
+    out["source"] = ["sim" if s else ("est" if o else "") for s, o in zip(sim, ok)]
+    out["step_s"] = out["sim_step_s"].where(sim, out["est_step_s"].where(ok))
+    out["mfu"] = out["sim_mfu"].where(sim, out["est_mfu"].where(ok))
+    out["rank"] = [i + 1 if o else 0 for i, o in enumerate(ok)]
+    return out
+
+
+def plot_search(table: pd.DataFrame, path, title: str = "", hbm_gb: float | None = None) -> dict:
+    """Step time vs peak memory of every feasible candidate, coloured by tp x pp (one legend
+    entry each), simulated ones as diamonds at their simulated step time, estimate-only ones
+    as dots at their estimate; the Pareto set (less memory or less time) of the simulated
+    candidates ringed (of the estimates when none was simulated); "#1" is the table's first
+    row (:func:`rank`).  ``table``: :func:`search`'s table (ranked here when it is not).
+    Returns what it drew: ``legend`` (the labels) and ``best`` (the row marked #1, or None)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    ok = table[table["status"] == "ok"].copy()
-    ok["step_s"] = ok["sim_step_s"].fillna(ok["est_step_s"])
+    if "rank" not in table.columns:
+        table = rank(table)
+    ok = table[table["rank"] > 0].copy()
     ok["tppp"] = ok["tp"] * ok["pp"]
     fig, ax = plt.subplots(figsize=(9, 6))
+    handles, best = [], None
     if ok.empty:
         ax.text(0.5, 0.5, "no feasible candidate", ha="center", va="center", transform=ax.transAxes)
     else:
@@ -403,34 +438,50 @@ def plot_search(table: pd.DataFrame, path, title: str = "", hbm_gb: float | None
         cmap = plt.get_cmap("viridis", max(len(levels), 2))
         for j, lv in enumerate(levels):
             sub = ok[ok["tppp"] == lv]
-            est = sub[sub["sim_step_s"].isna()]
-            sim = sub[sub["sim_step_s"].notna()]
-            ax.scatter(est["memory_gb"], est["est_step_s"], s=24, color=cmap(j), alpha=0.6, marker="o",
-                       linewidths=0)
-            ax.scatter(sim["memory_gb"], sim["sim_step_s"], s=46, color=cmap(j), marker="D",
-                       edgecolors="black", linewidths=0.6, label=f"tp·pp = {lv}")
-            if sim.empty:
-                ax.scatter([], [], s=46, color=cmap(j), marker="D", label=f"tp·pp = {lv}")
-        front = ok[pareto_mask(ok, "memory_gb", "step_s")].sort_values("memory_gb")
-        ax.plot(front["memory_gb"], front["step_s"], color="crimson", lw=1.2, ls="--", zorder=0)
-        ax.scatter(front["memory_gb"], front["step_s"], s=140, facecolors="none", edgecolors="crimson",
-                   linewidths=1.4, label="Pareto set (memory, step time)")
-        best = ok.loc[ok["step_s"].idxmin()]
-        ax.annotate(f"best: tp{best.tp} cp{best.cp} pp{best.pp} dp{best.dp} ep{best.ep}\n"
+            est, sim = sub[sub["source"] == "est"], sub[sub["source"] == "sim"]
+            ax.scatter(est["memory_gb"], est["step_s"], s=24, color=cmap(j), alpha=0.6, marker="o", linewidths=0)
+            ax.scatter(sim["memory_gb"], sim["step_s"], s=52, color=cmap(j), marker="D", edgecolors="black",
+                       linewidths=0.6, zorder=3)
+            handles.append(Line2D([], [], ls="", marker="s", markersize=8, color=cmap(j), label=f"tp·pp = {lv}"))
+        simulated = ok[ok["source"] == "sim"]
+        pool, which = (simulated, "simulated") if len(simulated) else (ok, "estimates")
+        front = pool[pareto_mask(pool, "memory_gb", "step_s")].sort_values("memory_gb")
+        ax.plot(front["memory_gb"], front["step_s"], color="crimson", lw=1.0, ls="--", zorder=1)
+        ax.scatter(front["memory_gb"], front["step_s"], s=150, facecolors="none", edgecolors="crimson",
+                   linewidths=1.3, zorder=4)
+        best = ok.iloc[0]
+        ax.scatter([best.memory_gb], [best.step_s], s=260, marker="*", color="gold", edgecolors="black",
+                   linewidths=0.8, zorder=5)
+        how = "simulated" if best.source == "sim" else "estimate only"
+        ax.annotate(f"#1 ({how}): tp{best.tp} cp{best.cp} pp{best.pp} dp{best.dp} ep{best.ep}\n"
                     f"mbs {best.micro_batch_size}, {best.schedule}"
                     f"{' vpp' + str(best.vpp) if best.vpp > 1 else ''}, {best.recompute}, ZeRO-{best.zero_stage}\n"
-                    f"{best.step_s:.2f} s",
-                    (best.memory_gb, best.step_s), xytext=(12, 24), textcoords="offset points", fontsize=8,
+                    f"{best.step_s:.3g} s, {best.memory_gb:.1f} GB",
+                    (best.memory_gb, best.step_s), xytext=(18, 28), textcoords="offset points", fontsize=8,
+                    bbox={"boxstyle": "round", "fc": "white", "ec": "grey", "alpha": 0.9},
                     arrowprops={"arrowstyle": "->", "lw": 0.8})
-        ax.scatter([], [], s=24, color="grey", alpha=0.6, label="estimate only (not simulated)")
+        handles += [Line2D([], [], ls="", marker="D", markersize=7, color="lightgrey", markeredgecolor="black",
+                           label="simulated step time"),
+                    Line2D([], [], ls="", marker="o", markersize=5, color="grey", alpha=0.6,
+                           label="estimate only (not simulated)"),
+                    Line2D([], [], ls="--", marker="o", markersize=10, color="crimson", markerfacecolor="none",
+                           label=f"Pareto set of the {which}"),
+                    Line2D([], [], ls="", marker="*", markersize=14, color="gold", markeredgecolor="black",
+                           label="#1 of the table")]
         if hbm_gb:
-            ax.axvline(hbm_gb, color="grey", ls=":", lw=1)
-            ax.text(hbm_gb, ax.get_ylim()[0], " HBM ", va="bottom", ha="right", fontsize=8, color="grey")
-        ax.legend(fontsize=8, loc="upper right", title="diamonds: simulated step time", title_fontsize=8)
+            top = ok["memory_gb"].max()
+            if top >= 0.4 * hbm_gb:
+                # the HBM line only when it is near the points: far off it would squeeze them
+                ax.axvline(hbm_gb, color="grey", ls=":", lw=1)
+                ax.text(hbm_gb, ax.get_ylim()[0], " usable HBM ", va="bottom", ha="right", fontsize=8, color="grey")
+            else:
+                handles.append(Line2D([], [], ls="", label=f"usable HBM {hbm_gb:.0f} GB (off the chart)"))
+        ax.legend(handles=handles, fontsize=8, loc="upper right")
     ax.set_xlabel("peak memory per GPU (GB, memory model)")
-    ax.set_ylabel("step time (s)")
+    ax.set_ylabel("step time (s): simulated, or the estimate")
     ax.set_title(title or "configuration search: step time vs memory")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
+    return {"legend": [h.get_label() for h in handles], "best": None if best is None else best.to_dict()}

@@ -79,8 +79,11 @@ def _fit(m: dict) -> str:
 
 
 def _summary_rows(m: dict) -> list[list]:
-    rows = [["step time", f"{m['step_time_s']:.4f} s"], ["MFU", f"{m['mfu']:.1%} ({m.get('flop_convention', '')} FLOPs)"],
-            ["TFLOP/s per GPU", f"{m['tflops_per_gpu']:.1f}"], ["tokens/s", f"{m['tokens_per_s']:,.0f}"],
+    # a layout that does not fit: every step figure is what the step would take if it did
+    hyp = " (hypothetical)" if m.get("memory_fits") is False else ""
+    rows = [["step time", f"{m['step_time_s']:.4f} s{hyp}"],
+            ["MFU", f"{m['mfu']:.1%} ({m.get('flop_convention', '')} FLOPs){hyp}"],
+            ["TFLOP/s per GPU", f"{m['tflops_per_gpu']:.1f}{hyp}"], ["tokens/s", f"{m['tokens_per_s']:,.0f}{hyp}"],
             ["peak memory", f"{m['peak_memory_bytes'] / 1e9:.1f} GB"], ["memory", _fit(m) or "-"],
             ["bubble", f"{m['bubble_fraction']:.1%} of the step"],
             ["finished last", m.get("last_ranks", str(m.get("last_cell")))]]
@@ -159,8 +162,14 @@ def run_report(res, path: str | Path, *, name: str | None = None) -> Path:
     last = tl[tl["step"] == tl["step"].max()]
     by = "stage" if sc.parallel.pp > 1 else "rank"
     gantt_fig = gantt(last, None, by=by, stage_of=res.program.grid.stage_of, max_rows=16, dpi=80,
-                      title=f"{name}: {m.get('layout', '')}, step {m['step_time_s']:.4g} s")
+                      title=f"{name}: {m.get('layout', '')}, step {m['step_time_s']:.4g} s"
+                            + (" (hypothetical: does not fit)" if m.get("memory_fits") is False else ""))
     body = []
+    if m.get("memory_fits") is False:
+        worst = max(res.memory, key=lambda e: e.total_bytes - e.hbm_bytes)
+        body.append(f'<p class="bad">DOES NOT FIT: {html.escape(worst.where)} needs {worst.total_bytes / 1e9:.1f} GB '
+                    f'of {worst.hbm_bytes / 1e9:.1f} GB of usable HBM. The step time, MFU and throughput below are '
+                    f'hypothetical: what the step would take if it fit.</p>')
     if m.get("whatif"):
         body.append("<h2>What-if</h2><ul class=\"whatif\">"
                     + "".join(f"<li>{html.escape(w)}</li>" for w in m["whatif"]) + "</ul>")

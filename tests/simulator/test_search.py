@@ -163,11 +163,80 @@ def test_cli_search_json_and_plot(tmp_path, capsys):
                "--db", str(tmp_path / "s.sqlite")])
     assert rc == 0 and png.stat().st_size > 10_000
     rows = json.loads(capsys.readouterr().out)
-    assert len(rows) == 5
-    simulated = [r["step_time_s"] for r in rows if r["step_time_s"] is not None]
+    assert len(rows) == 5 and [r["rank"] for r in rows] == [1, 2, 3, 4, 5]
+    assert [r["source"] for r in rows] == ["sim"] * 3 + ["est"] * 2
+    simulated = [r["sim_step_time_s"] for r in rows if r["sim_step_time_s"] is not None]
     assert len(simulated) == 3 and simulated == sorted(simulated)
+    # each row's step time is the number it is ranked by, from the source it names
+    assert all(r["step_time_s"] == r[f"{r['source']}_step_time_s"] and r["mfu"] == r[f"{r['source']}_mfu"]
+               for r in rows)
     assert {"tp", "pp", "dp", "schedule"} <= set(rows[0]["parallel"])
     assert all(not math.isnan(r["est_step_time_s"]) for r in rows)
+
+
+def _ranked(tmp_path, simulate=3):
+    spec = SearchSpec.from_dict({**TINY8, "fixed": {"recompute": "full", "zero_stage": 1, "micro_batch_size": 1},
+                                 "simulate": simulate})
+    return search(spec, executor=LocalExecutor(1), store=Store(tmp_path / f"r{simulate}.sqlite"), progress=False)
+
+
+def test_one_ranking_simulated_first_then_estimates_each_number_marked(tmp_path):
+    """Rank 1..n over the feasible candidates: the simulated ones by simulated step time,
+    then the estimate-only ones by estimate, each row's step_s / mfu from its ``source``;
+    the plot marks the same #1 and names each tp x pp once in its legend."""
+    from simulator.explore.search import plot_search
+    out = _ranked(tmp_path)
+    t = out["table"]
+    ok = t[t["rank"] > 0]
+    assert list(ok["rank"]) == list(range(1, len(ok) + 1)) and (t.loc[t["status"] != "ok", "rank"] == 0).all()
+    sim, est = ok[ok["source"] == "sim"], ok[ok["source"] == "est"]
+    assert len(sim) == 3 and sim.index.max() < est.index.min()
+    assert list(sim["step_s"]) == sorted(sim["step_s"]) and (sim["step_s"] == sim["sim_step_s"]).all()
+    assert list(est["step_s"]) == sorted(est["step_s"]) and (est["step_s"] == est["est_step_s"]).all()
+    assert est["sim_step_s"].isna().all() and (est["mfu"] == est["est_mfu"]).all()
+    # an estimate-only candidate with a smaller number than #1 may exist; it still ranks below
+    drawn = plot_search(t, tmp_path / "p.png", hbm_gb=80)
+    first = t.iloc[0]
+    assert drawn["best"]["step_s"] == first["step_s"] and drawn["best"]["source"] == "sim"
+    assert all(drawn["best"][k] == first[k] for k in ("tp", "pp", "dp", "schedule", "micro_batch_size"))
+    labels = drawn["legend"]
+    assert len(labels) == len(set(labels))
+    assert sum(lbl.startswith("tp·pp") for lbl in labels) == (ok["tp"] * ok["pp"]).nunique()
+    # nothing simulated: a plot of estimates, its #1 marked as an estimate
+    drawn = plot_search(_ranked(tmp_path, simulate=0)["table"], tmp_path / "e.png")
+    assert drawn["best"]["source"] == "est" and "Pareto set of the estimates" in drawn["legend"]
+
+
+def test_search_emit_writes_the_winner_as_a_scenario_run_reproduces(tmp_path, capsys):
+    """``search --emit best.yaml`` writes #1 as a scenario; ``clustersim run`` on it gives the
+    step the search reported for it (the same simulation)."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({**TINY8, "fixed": {"recompute": "full", "zero_stage": 1, "schedule": "1f1b",
+                                                       "micro_batch_size": 1}, "simulate": 2}))
+    best = tmp_path / "out" / "best.yaml"
+    assert main(["search", str(spec), "--json", "--workers", "1", "--emit", str(best)]) == 0
+    top = json.loads(capsys.readouterr().out)[0]
+    assert top["rank"] == 1 and top["source"] == "sim"
+    emitted = yaml.safe_load(best.read_text())
+    assert {k: emitted["parallel"][k] for k in top["parallel"]} == top["parallel"]
+    assert main(["run", str(best), "--json", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time_s"] == top["step_time_s"]
+    # the table says the same, with its source
+    assert main(["search", str(spec), "--workers", "1", "--no-progress", "--emit", str(best)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = next(line for line in lines if line.split()[:1] == ["1"])
+    assert f"{top['step_time_s']:.3f}" in row and " sim " in row
+    assert lines[-1] == f"wrote {best}: #1 as a scenario (clustersim run {best})"
+
+
+def test_search_emit_without_a_feasible_layout_is_one_line(tmp_path, capsys):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({**TINY8, "fixed": {"tp": 8, "pp": 1, "micro_batch_size": 1},
+                                    "hbm_headroom": 0.9999}))
+    assert main(["search", str(spec), "--workers", "1", "--no-progress", "--emit", str(tmp_path / "b.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--emit" in err[0] and "no feasible layout" in err[0]
+    assert not (tmp_path / "b.yaml").exists()
 
 
 def test_cli_search_bad_input_is_one_line(tmp_path, capsys):

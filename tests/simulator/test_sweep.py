@@ -1,5 +1,6 @@
 """Sweeps: expansion, the SQLite store, resuming, local processes vs Dask, a killed run."""
 
+import re
 import signal
 import sqlite3
 import subprocess
@@ -286,3 +287,48 @@ def test_a_dask_worker_lost_mid_sweep_loses_no_point(tmp_path):
     assert counts == {"total": 4, "skipped": 0, "ok": 4, "failed": 0}
     rows = store.rows()
     assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}
+
+
+def _comment(path: Path) -> str:
+    """The leading comment of a YAML file, as one line of text."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("# "))
+    return " ".join(lines)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "experiments" / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_example_comments_state_the_micro_batches_their_scenarios_run(path):
+    """A config whose comment says "N micro-batches ... per replica" runs N (every point of a
+    sweep): the schedules sweep once said 16 where its base runs 64 / (DP 2 x 1) = 32."""
+    from simulator.scenario import load_scenario
+    claims = [int(n.replace(",", "")) for n in
+              re.findall(r"([\d,]+) micro-batches[^.;]*?per replica", _comment(path))]
+    if not claims:
+        pytest.skip("no micro-batch count in its comment")
+    data = yaml.safe_load(path.read_text())
+    configs = load_sweep(path) if "base" in data else [str(path)]
+    for cfg in configs:
+        assert load_scenario(cfg).parallel.num_microbatches == claims[0], path.name
+
+
+def test_the_oversubscription_example_spans_leaves_and_the_ratio_shows():
+    """experiments/configs/sweep-llama3-70b-fabric.yaml: its job crosses the spines, so the
+    step grows with the oversubscription ratio (its base, all 8 hosts under one leaf per
+    rail, gave the same step at 1, 2 and 4), and ``run`` has nothing to warn about."""
+    from simulator.engine import run
+    from simulator.engine.untouched import untouched_settings
+    configs = [c for c in load_sweep(ROOT / "experiments" / "configs" / "sweep-llama3-70b-fabric.yaml")
+               if c["parallel"]["global_batch_size"] == 64]
+    assert [c["cluster"]["oversubscription"] for c in configs] == [1, 2, 4]
+    results = [run(c, progress=False) for c in configs]
+    steps = [r.metrics["step_time_s"] for r in results]
+    assert steps[0] < steps[1] < steps[2], steps
+    assert all(untouched_settings(r) == [] for r in results)
+    one_leaf = {**configs[2], "cluster": {**configs[2]["cluster"], "hosts_per_leaf": 32}}
+    res = run(one_leaf, progress=False)
+    assert res.metrics["step_time_s"] == run({**one_leaf, "cluster": {**one_leaf["cluster"], "oversubscription": 1}},
+                                             progress=False).metrics["step_time_s"]
+    assert [s.split(" changes")[0] for s in untouched_settings(res)] == ["cluster.oversubscription = 4"]
