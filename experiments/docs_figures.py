@@ -365,6 +365,53 @@ def tail_at_scale() -> dict[str, str]:
     return out
 
 
+@producer(level="long")
+def config_search() -> dict[str, str]:
+    """experiments/configuration_search_example.py: the 28 shapes of 64 H100 under two cross-rack
+    fabrics, and the full-knob search at 25 GB/s (about 5-10 minutes)."""
+    import importlib.util
+    import tempfile
+
+    import pandas as pd
+    spec = importlib.util.spec_from_file_location("configuration_search_example",
+                                                  ROOT / "experiments" / "configuration_search_example.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.OUT = Path(tempfile.mkdtemp(prefix="docs-figures-search-"))
+    argv, sys.argv = sys.argv, ["configuration_search_example.py"]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            mod.main()
+    finally:
+        sys.argv = argv
+    shapes = pd.read_csv(mod.OUT / "shapes.csv")
+    out = {}
+    for fabric, key in (("25 GB/s", "25"), ("200 GB/s", "200")):
+        sub = shapes[shapes["fabric"] == fabric]
+        ok = sub[sub["sim_step_s"].notna()].sort_values("sim_step_s")
+        best = ok.iloc[0]
+        shape = lambda r: f"({r.dp}, {r.pp}, {r.tp})"          # noqa: E731
+        at = lambda d, p, t: sub[(sub.dp == d) & (sub.pp == p) & (sub.tp == t)].iloc[0].sim_step_s  # noqa: E731
+        out[f"{key}_best"] = f"{shape(best)}: {best.sim_step_s:.2f} s"
+        out[f"{key}_118"] = f"{at(1, 8, 8):.2f} s"
+        out[f"{key}_818"] = f"{at(8, 1, 8):.2f} s"
+        out[f"{key}_oom"] = str(int((sub.status == "oom").sum()))
+        out[f"{key}_invalid"] = str(int((sub.status == "invalid").sum()))
+    tab = pd.read_csv(mod.OUT / "search_25GBps.csv")
+    sim = tab[tab["sim_step_s"].notna()].sort_values("sim_step_s")
+    out["search_candidates"] = f"{len(tab):,}"
+    out["search_feasible"] = f"{int((tab.status == 'ok').sum()):,}"
+    out["search_simulated"] = str(len(sim))
+    for i, name in ((0, "first"), (1, "second")):
+        r = sim.iloc[i]
+        out[f"search_{name}"] = (f"{r.schedule} with TP {r.tp}, PP {r.pp}, DP {r.dp} (ZeRO-{r.zero_stage}), "
+                                 f"recompute {r.recompute}, {r.sim_step_s:.2f} s")
+        out[f"search_{name}_s"] = f"{r.sim_step_s:.2f}"
+    best28 = shapes[(shapes["fabric"] == "25 GB/s") & shapes["sim_step_s"].notna()]["sim_step_s"].min()
+    out["search_gain_pct"] = f"{(1 - sim.iloc[0].sim_step_s / best28) * 100:.0f}"
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Accuracy figures, from the committed prediction tables
 
