@@ -287,6 +287,7 @@ def _run(args) -> int:
                                       + (f"\nwhat-if: {whatif}" if whatif else ""))
     if trace_path:
         from .report import to_chrome_trace
+        _warn_large_trace(tl, trace_path)
         to_chrome_trace(tl, trace_path, metadata={"scenario": res.scenario.name})
     if args.report:
         from .report.html import run_report
@@ -308,6 +309,20 @@ def _run(args) -> int:
         if args.strict:
             return 3
     return 0
+
+
+def _warn_large_trace(timeline, path: str) -> None:
+    """Say on stderr how large a plain-JSON trace will be when it passes LARGE_TRACE_BYTES,
+    and that a ``.json.gz`` name writes it compressed (Perfetto opens both)."""
+    from .report.trace import LARGE_TRACE_BYTES, estimate_trace_bytes
+
+    if path.endswith(".gz"):
+        return
+    size = estimate_trace_bytes(timeline)
+    if size > LARGE_TRACE_BYTES:
+        print(f"clustersim: the trace {path} will be about {fmt_bytes(size)} of JSON ({len(timeline):,} events); "
+              f"a name ending in .gz (--trace {Path(path).stem}.json.gz) writes it gzip-compressed, "
+              f"about 20x smaller, and Perfetto and chrome://tracing open it as it is", file=sys.stderr)
 
 
 def profile_table(profile: dict, total_s: float) -> str:
@@ -662,7 +677,9 @@ def _add_simulate(sub) -> None:
     _scenario_args(p)
     p.add_argument("--gantt", metavar="PNG", help="write a Gantt chart of the reported step")
     p.add_argument("--report", metavar="HTML", help="write one self-contained HTML page to share the run")
-    p.add_argument("--trace", metavar="JSON", help="write a Chrome/Perfetto trace")
+    p.add_argument("--trace", metavar="JSON",
+                   help="write a Chrome/Perfetto trace; a name ending in .gz (trace.json.gz) writes it gzip-compressed, "
+                        "which Perfetto and chrome://tracing open directly")
     p.add_argument("--out", metavar="DIR", help="write metrics.json, timeline.csv, gantt.png, trace.json here")
     p.add_argument("--no-fold", action="store_true",
                    help="simulate every rank and flow on its own (the exact unfolded reference; slow at scale)")

@@ -482,3 +482,27 @@ def test_plain_numbers_never_use_an_exponent():
         ["0.00001878", "1235000", "0.5", "-0.000123"]
     t = shown_table(pd.DataFrame({"a": [0.4261, 1.5e-5]}, index=["mfu", "bubble_s"]), ["[1]"])
     assert list(t["[1]"]) == ["42.6%", "0.000015"]
+
+
+def test_run_trace_gz_is_gzip_and_a_large_plain_trace_is_announced(tmp_path, capsys, monkeypatch):
+    """``--trace NAME.json.gz`` writes gzip (Perfetto opens it directly); a plain-JSON trace
+    estimated above LARGE_TRACE_BYTES is announced on stderr with its size and the .gz form."""
+    import gzip
+
+    from simulator.report import trace
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("model: tiny-dense\ncluster: {preset: dgx-h100, num_nodes: 1}\n"
+                   "parallel: {tp: 2, pp: 2, dp: 2, global_batch_size: 8, seq_len: 512}\nnum_steps: 1\n")
+    gz = tmp_path / "t.json.gz"
+    assert main(["run", str(cfg), "--per-rank", "--quiet", "--trace", str(gz)]) == 0
+    assert "the trace" not in capsys.readouterr().err
+    with gzip.open(gz, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    assert {e["args"]["rank"] for e in events if e["ph"] == "X"} == set(range(8))
+    monkeypatch.setattr(trace, "LARGE_TRACE_BYTES", 1000)
+    plain = tmp_path / "t.json"
+    assert main(["run", str(cfg), "--per-rank", "--quiet", "--trace", str(plain)]) == 0
+    err = capsys.readouterr().err
+    assert f"the trace {plain} will be about " in err and "KiB of JSON" in err
+    assert f"--trace t.json.gz" in err and "gzip" in err
+    assert plain.stat().st_size > 0 and not plain.read_bytes().startswith(b"\x1f\x8b")

@@ -355,6 +355,20 @@ def test_chrome_trace_gzip_step_and_nan(tmp_path):
         trace.to_chrome_trace(tl.drop(columns="node"))
 
 
+def test_estimate_trace_bytes_is_exact_when_small_and_close_at_scale(tl4, tl64):
+    """The estimate converts a sample of rows and scales by the row count: exact up to the
+    sample size, within a few percent on 64 ranks (about 20k rows) and cheap to compute."""
+    small = tl4.iloc[:200]
+    exact = len(json.dumps(trace.to_chrome_trace(small), separators=(",", ":")).encode())
+    assert trace.estimate_trace_bytes(small) == exact
+    full = len(json.dumps(trace.to_chrome_trace(tl64), separators=(",", ":")).encode())
+    t0 = time.perf_counter()
+    est = trace.estimate_trace_bytes(tl64)
+    assert time.perf_counter() - t0 < 1.0
+    assert abs(est - full) / full < 0.05
+    assert trace.estimate_trace_bytes(tl64.iloc[:0]) > 0          # an empty trace is still a JSON object
+
+
 # ---- tables ------------------------------------------------------------------------------------
 
 def test_timeline_csv_round_trip(tl4, tmp_path):
