@@ -381,8 +381,8 @@ def memory_headline(ests, hbm: float) -> str:
 
 
 def _print_schedule(args) -> None:
-    from workloads.schedules import (ActionCosts, format_table, get_schedule, peak_in_flight, schedule_timing,
-                                     validate, validate_schedule_config)
+    from workloads.schedules import (ActionCosts, format_action, format_legend, format_table, get_schedule, peak_in_flight,
+                                     schedule_timing, validate, validate_schedule_config)
 
     try:
         f, b, w = (float(x) for x in args.costs.split(","))
@@ -397,9 +397,10 @@ def _print_schedule(args) -> None:
     print(f"{args.schedule}: pp={args.pp}, micro-batches={args.microbatches}, vpp={vpp}")
     if args.list:
         for s, row in enumerate(sched.actions):
-            print(f"stage {s}: " + " ".join(str(a) for a in row if a is not None))
+            print(f"stage {s}: " + " ".join(format_action(a, sched.num_chunks > 1) for a in row if a is not None))
     else:
         print(format_table(sched))
+    print(format_legend(sched, timed=not args.list), end="")
     t = schedule_timing(sched, ActionCosts(f=f, b=b, w=w))
     print(f"\nstep {t.step_time:g} (F={f:g}, B={b:g}, W={w:g} per chunk, free communication), "
           f"bubble {t.bubble_fraction:.1%} of the step on the worst stage")

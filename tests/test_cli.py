@@ -506,3 +506,31 @@ def test_run_trace_gz_is_gzip_and_a_large_plain_trace_is_announced(tmp_path, cap
     assert f"the trace {plain} will be about " in err and "KiB of JSON" in err
     assert f"--trace t.json.gz" in err and "gzip" in err
     assert plain.stat().st_size > 0 and not plain.read_bytes().startswith(b"\x1f\x8b")
+
+
+def test_schedule_printout_explains_its_notation(capsys):
+    """Under the table a short legend: the action form with an example from the table, the
+    kinds the schedule uses (BW fused; B and W split), chunks, DualPipe's & and the idle dot."""
+    assert main(["schedule", "--schedule", "1f1b", "--pp", "2", "--microbatches", "2"]) == 0
+    out = capsys.readouterr().out
+    table, legend = out.split("notation: ")
+    assert "0BW0" in table
+    assert legend.startswith("{stage}{kind}{micro-batch}, e.g. 0F0 = stage 0, forward of micro-batch 0\n")
+    assert "  BW full backward" in legend and "  .  idle slot" in legend
+    assert "  B  " not in legend and "@c" not in legend and "&" not in legend
+    assert main(["schedule", "--schedule", "zb_h1", "--pp", "2", "--microbatches", "3"]) == 0
+    legend = capsys.readouterr().out.split("notation: ")[1]
+    assert "  B  backward for the input gradient only" in legend and "  W  backward for the weight gradient" in legend
+    assert "  BW " not in legend
+    assert main(["schedule", "--schedule", "dualpipe", "--pp", "4", "--microbatches", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "0F0@c0" in out.split("notation: ")[0]
+    legend = out.split("notation: ")[1]
+    assert legend.startswith("{stage}{kind}{micro-batch}@c{chunk}, e.g. 0F0@c0 = stage 0, forward of micro-batch 0 "
+                             "on the stage's model chunk 0")
+    assert "  @cN the stage's model chunk N (each stage holds 2 chunks" in legend and "  X&Y two actions" in legend
+    assert main(["schedule", "--schedule", "interleaved_1f1b", "--pp", "2", "--microbatches", "4", "--vpp", "2",
+                 "--list"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].startswith("stage 0: 0F0@c0 0F1@c0 0F0@c1")     # chunks written as in the table
+    assert "notation: " in out and "idle slot" not in out                     # no slots in the list view

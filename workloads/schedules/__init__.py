@@ -17,7 +17,7 @@ from .actions import (
 )
 from .config import SCHEDULE_NAMES, min_microbatches, validate_schedule_config
 from .registry import SCHEDULES, get_schedule
-from .table import format_table
+from .table import format_legend, format_table
 from .timing import ActionCosts, ScheduleTiming, peak_in_flight, schedule_timing
 from .validate import validate
 
@@ -31,6 +31,7 @@ __all__ = [
     "ScheduleError",
     "ScheduleTiming",
     "format_action",
+    "format_legend",
     "format_table",
     "get_schedule",
     "min_microbatches",
