@@ -527,9 +527,12 @@ def _int_arg(v: str) -> int:
 
 def _validate(args) -> int:
     from .validation import main as validate_main
-    argv = [args.runs] + (["--out", args.out] if args.out else []) + \
+    argv = ([args.runs] if args.runs else []) + (["--set", args.set_name] if args.set_name else []) + \
+        (["--limit", str(args.limit)] if args.limit is not None else []) + \
+        (["--out", args.out] if args.out else []) + \
         (["--max-gpus", str(args.max_gpus)] if args.max_gpus is not None else []) + \
-        (["--plot", args.plot] if args.plot else []) + ["--workers", str(args.workers)]
+        (["--plot", args.plot] if args.plot else []) + ["--workers", str(args.workers)] + \
+        (["--quiet"] if args.quiet else [])
     return validate_main(argv)
 
 
@@ -702,12 +705,18 @@ def _add_simulate(sub) -> None:
     p.add_argument("--ranks", metavar="LIST", help="with --per-rank: only these ranks, e.g. 0-7,64 (implies --per-rank)")
     p.add_argument("--stages", metavar="LIST",
                    help="with --per-rank: only the ranks of these pipeline stages, e.g. 0,15 (implies --per-rank)")
-    p = sub.add_parser("validate", help="predict measured runs (published-runs or vTrain CSV) and report errors")
-    p.add_argument("runs", help="CSV of measured runs")
+    p = sub.add_parser("validate", help="predict measured runs (published-runs or vTrain CSV, or a shipped set) "
+                                        "and report errors")
+    p.add_argument("runs", nargs="?", help="CSV of measured runs (or --set NAME)")
+    p.add_argument("--set", dest="set_name", metavar="NAME",
+                   help="a shipped reference set of measured runs instead of a CSV: h100, blackwell, vtrain, "
+                        "vtrain_single (from a source checkout)")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="only the first N rows")
     p.add_argument("--out", metavar="CSV", help="write one prediction row per input row")
     p.add_argument("--max-gpus", type=int, default=None, help="report larger runs as unsupported instead of simulating")
     p.add_argument("--plot", metavar="PNG", help="write a log-log scatter of predicted vs measured step time")
     p.add_argument("--workers", type=int, default=1, help="rows simulated at once, one process each")
+    p.add_argument("--quiet", action="store_true", help="no per-row lines and no progress bar: the summary only")
 
 
 def _add_inspect(sub) -> None:

@@ -534,3 +534,25 @@ def test_schedule_printout_explains_its_notation(capsys):
     out = capsys.readouterr().out
     assert out.splitlines()[1].startswith("stage 0: 0F0@c0 0F1@c0 0F0@c1")     # chunks written as in the table
     assert "notation: " in out and "idle slot" not in out                     # no slots in the list view
+
+
+def test_validate_runs_a_shipped_reference_set_without_a_csv(tmp_path, capsys):
+    """``--set NAME`` names a shipped set of measured runs, ``--limit N`` takes its first N rows;
+    an unknown name, no table at all, or both a CSV and a set are one line naming the valid sets."""
+    import csv
+    out = tmp_path / "pred.csv"
+    assert main(["validate", "--set", "h100", "--limit", "2", "--max-gpus", "1", "--out", str(out), "--quiet"]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert [r["id"] for r in rows] == ["362", "363"]             # the first two rows of the table
+    assert main(["validate", "--set", "vtrain_single", "--limit", "2", "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 2 and all(r["status"] == "ok" for r in rows)
+    assert "vtrain_single            2    2      100%" in stdout
+    for argv, words in ((["--set", "h200"], "--set = 'h200': not a shipped reference set; valid sets: h100, "
+                                            "blackwell, vtrain, vtrain_single"),
+                        ([], "runs = None: give a CSV of measured runs, or --set NAME"),
+                        (["x.csv", "--set", "h100"], "--set = 'h100': names a table of runs, and x.csv is one too"),
+                        (["--set", "h100", "--limit", "0"], "--limit = 0: must be a positive number of rows")):
+        assert main(["validate", *argv]) == 2
+        _one_line_error(capsys, words)
