@@ -381,7 +381,7 @@ def memory_headline(ests, hbm: float) -> str:
 
 
 def _print_schedule(args) -> None:
-    from workloads.schedules import (ActionCosts, format_action, format_legend, format_table, get_schedule, peak_in_flight,
+    from workloads.schedules import (ActionCosts, default_vpp, format_action, format_legend, format_table, get_schedule, peak_in_flight,
                                      schedule_timing, validate, validate_schedule_config)
 
     try:
@@ -390,7 +390,7 @@ def _print_schedule(args) -> None:
         raise ConfigError("--costs", args.costs, "expected three numbers F,B,W") from None
     # a V schedule (zb_v) holds two chunks per stage by definition: without --vpp it gets them;
     # DualPipe's two chunks are its own placement (vpp 1), as for every other schedule
-    vpp = args.vpp if args.vpp is not None else (2 if args.schedule == "zb_v" else 1)
+    vpp = args.vpp if args.vpp is not None else default_vpp(args.schedule)
     validate_schedule_config(args.schedule, args.pp, args.microbatches, vpp, where="schedule")
     sched = get_schedule(args.schedule)(args.pp, args.microbatches, vpp)
     validate(sched)

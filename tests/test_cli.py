@@ -556,3 +556,29 @@ def test_validate_runs_a_shipped_reference_set_without_a_csv(tmp_path, capsys):
                         (["--set", "h100", "--limit", "0"], "--limit = 0: must be a positive number of rows")):
         assert main(["validate", *argv]) == 2
         _one_line_error(capsys, words)
+
+
+def test_a_zb_v_scenario_without_vpp_gets_its_two_chunks(tmp_path, capsys):
+    """`parallel: {schedule: zb_v}` without vpp was refused; a V schedule has two chunks by
+    definition, so it now runs as with `vpp: 2` (same step time), as `clustersim schedule
+    --schedule zb_v` already did. Another explicit vpp is still refused, naming the rule."""
+    from simulator.scenario import load_scenario
+    base = ("model: {preset: tiny-dense, num_layers: 12}\ncluster: {preset: dgx-h100, num_nodes: 1}\n"
+            "parallel: {tp: 1, pp: 2, dp: 4, global_batch_size: 16, seq_len: 512, schedule: zb_v%s}\nnum_steps: 1\n")
+    implicit, explicit = tmp_path / "implicit.yaml", tmp_path / "explicit.yaml"
+    implicit.write_text(base % "")
+    explicit.write_text(base % ", vpp: 2")
+    assert load_scenario(str(implicit)).parallel.vpp == 2
+    assert main(["run", str(implicit), "--json", "--quiet"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert main(["run", str(explicit), "--json", "--quiet"]) == 0
+    assert got["step_time_s"] == json.loads(capsys.readouterr().out)["step_time_s"]
+    assert load_scenario({"model": "tiny-dense", "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+                          "parallel": {"tp": 2, "pp": 2, "dp": 2, "global_batch_size": 8,
+                                       "schedule": "dualpipe"}}).parallel.vpp == 1
+    for vpp in (1, 3):
+        bad = tmp_path / f"vpp{vpp}.yaml"
+        bad.write_text(base % f", vpp: {vpp}")
+        assert main(["run", str(bad)]) == 2
+        _one_line_error(capsys, f"parallel.vpp = {vpp}", "exactly 2 model chunks per stage",
+                        "leave vpp out (it defaults to 2 for zb_v)")
