@@ -582,3 +582,18 @@ def test_a_zb_v_scenario_without_vpp_gets_its_two_chunks(tmp_path, capsys):
         assert main(["run", str(bad)]) == 2
         _one_line_error(capsys, f"parallel.vpp = {vpp}", "exactly 2 model chunks per stage",
                         "leave vpp out (it defaults to 2 for zb_v)")
+
+
+def test_a_hugging_face_config_with_a_key_twice_exits_2_naming_it(tmp_path, capsys):
+    """Through --model-config and through the scenario's model.hf_config: one line, exit 2."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{\n "model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 4,\n'
+                   ' "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 4096,\n'
+                   ' "vocab_size": 32000,\n "num_hidden_layers": 8\n}\n')
+    sc = tmp_path / "s.yaml"
+    sc.write_text(f"model: {{hf_config: {cfg}}}\ncluster: {{preset: dgx-h100, num_nodes: 1}}\n"
+                  "parallel: {tp: 1, pp: 1, dp: 8, global_batch_size: 8}\n")
+    for argv in (["run", str(sc)], ["run", str(sc), "--model-config", str(cfg)], ["memory", str(sc)]):
+        assert main(argv) == 2
+        _one_line_error(capsys, "hf_config = ", "key 'num_hidden_layers' is given twice in one JSON object "
+                                                "(again on line 5)")
