@@ -45,15 +45,10 @@ if str(ROOT) not in sys.path:                    # run as a script from any dire
 from simulator.validation import summary, validate  # noqa: E402
 from simulator.validation.report import paired_ratios  # noqa: E402
 
-REFERENCE = ROOT / "experiments" / "reference"
-SETS = {
-    "h100": REFERENCE / "published_runs_h100.csv",
-    "blackwell": REFERENCE / "published_runs_blackwell.csv",
-    "vtrain": REFERENCE / "vtrain" / "ground_truth_multi.csv",
-    "vtrain_single": REFERENCE / "vtrain" / "ground_truth_single.csv",
-    "llmfoundry": REFERENCE / "published_runs_llmfoundry.csv",
-}
-"""The reference sets of measured runs by name (experiments/reference/)."""
+from simulator.validation.ingest import REFERENCE_SETS as SETS  # noqa: E402
+
+# SETS: the reference sets of measured runs by name (experiments/reference/), shared with
+# `clustersim validate --set NAME`
 
 CI_MAX_GPUS = {"h100": 512, "blackwell": 64, "vtrain": None, "vtrain_single": None, "llmfoundry": 64}
 """The deterministic CI subset: every vTrain row, the Blackwell rows on at most 64 GPUs (70 of

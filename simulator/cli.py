@@ -322,6 +322,7 @@ def _run(args) -> int:
                                       + (f"\nwhat-if: {whatif}" if whatif else ""))
     if trace_path:
         from .report import to_chrome_trace
+        _warn_large_trace(tl, trace_path)
         to_chrome_trace(tl, trace_path, metadata={"scenario": res.scenario.name})
     if args.report:
         from .report.html import run_report
@@ -343,6 +344,20 @@ def _run(args) -> int:
         if args.strict:
             return 3
     return 0
+
+
+def _warn_large_trace(timeline, path: str) -> None:
+    """Say on stderr how large a plain-JSON trace will be when it passes LARGE_TRACE_BYTES,
+    and that a ``.json.gz`` name writes it compressed (Perfetto opens both)."""
+    from .report.trace import LARGE_TRACE_BYTES, estimate_trace_bytes
+
+    if path.endswith(".gz"):
+        return
+    size = estimate_trace_bytes(timeline)
+    if size > LARGE_TRACE_BYTES:
+        print(f"clustersim: the trace {path} will be about {fmt_bytes(size)} of JSON ({len(timeline):,} events); "
+              f"a name ending in .gz (--trace {Path(path).stem}.json.gz) writes it gzip-compressed, "
+              f"about 20x smaller, and Perfetto and chrome://tracing open it as it is", file=sys.stderr)
 
 
 def profile_table(profile: dict, total_s: float) -> str:
@@ -401,8 +416,8 @@ def memory_headline(ests, hbm: float) -> str:
 
 
 def _print_schedule(args) -> None:
-    from workloads.schedules import (ActionCosts, format_table, get_schedule, peak_in_flight, schedule_timing,
-                                     validate, validate_schedule_config)
+    from workloads.schedules import (ActionCosts, default_vpp, format_action, format_legend, format_table, get_schedule, peak_in_flight,
+                                     schedule_timing, validate, validate_schedule_config)
 
     try:
         f, b, w = (float(x) for x in args.costs.split(","))
@@ -410,16 +425,17 @@ def _print_schedule(args) -> None:
         raise ConfigError("--costs", args.costs, "expected three numbers F,B,W") from None
     # a V schedule (zb_v) holds two chunks per stage by definition: without --vpp it gets them;
     # DualPipe's two chunks are its own placement (vpp 1), as for every other schedule
-    vpp = args.vpp if args.vpp is not None else (2 if args.schedule == "zb_v" else 1)
+    vpp = args.vpp if args.vpp is not None else default_vpp(args.schedule)
     validate_schedule_config(args.schedule, args.pp, args.microbatches, vpp, where="schedule")
     sched = get_schedule(args.schedule)(args.pp, args.microbatches, vpp)
     validate(sched)
     print(f"{args.schedule}: pp={args.pp}, micro-batches={args.microbatches}, vpp={vpp}")
     if args.list:
         for s, row in enumerate(sched.actions):
-            print(f"stage {s}: " + " ".join(str(a) for a in row if a is not None))
+            print(f"stage {s}: " + " ".join(format_action(a, sched.num_chunks > 1) for a in row if a is not None))
     else:
         print(format_table(sched))
+    print(format_legend(sched, timed=not args.list), end="")
     t = schedule_timing(sched, ActionCosts(f=f, b=b, w=w))
     print(f"\nstep {t.step_time:g} (F={f:g}, B={b:g}, W={w:g} per chunk, free communication), "
           f"bubble {t.bubble_fraction:.1%} of the step on the worst stage")
@@ -586,9 +602,12 @@ def _int_arg(v: str) -> int:
 
 def _validate(args) -> int:
     from .validation import main as validate_main
-    argv = [args.runs] + (["--out", args.out] if args.out else []) + \
+    argv = ([args.runs] if args.runs else []) + (["--set", args.set_name] if args.set_name else []) + \
+        (["--limit", str(args.limit)] if args.limit is not None else []) + \
+        (["--out", args.out] if args.out else []) + \
         (["--max-gpus", str(args.max_gpus)] if args.max_gpus is not None else []) + \
-        (["--plot", args.plot] if args.plot else []) + ["--workers", str(args.workers)]
+        (["--plot", args.plot] if args.plot else []) + ["--workers", str(args.workers)] + \
+        (["--quiet"] if args.quiet else [])
     return validate_main(argv)
 
 
@@ -737,7 +756,9 @@ def _add_simulate(sub) -> None:
     _scenario_args(p)
     p.add_argument("--gantt", metavar="PNG", help="write a Gantt chart of the reported step")
     p.add_argument("--report", metavar="HTML", help="write one self-contained HTML page to share the run")
-    p.add_argument("--trace", metavar="JSON", help="write a Chrome/Perfetto trace")
+    p.add_argument("--trace", metavar="JSON",
+                   help="write a Chrome/Perfetto trace; a name ending in .gz (trace.json.gz) writes it gzip-compressed, "
+                        "which Perfetto and chrome://tracing open directly")
     p.add_argument("--out", metavar="DIR", help="write metrics.json, timeline.csv, gantt.png, trace.json here")
     p.add_argument("--no-fold", action="store_true",
                    help="simulate every rank and flow on its own (the exact unfolded reference; slow at scale)")
@@ -759,12 +780,18 @@ def _add_simulate(sub) -> None:
     p.add_argument("--ranks", metavar="LIST", help="with --per-rank: only these ranks, e.g. 0-7,64 (implies --per-rank)")
     p.add_argument("--stages", metavar="LIST",
                    help="with --per-rank: only the ranks of these pipeline stages, e.g. 0,15 (implies --per-rank)")
-    p = sub.add_parser("validate", help="predict measured runs (published-runs or vTrain CSV) and report errors")
-    p.add_argument("runs", help="CSV of measured runs")
+    p = sub.add_parser("validate", help="predict measured runs (published-runs or vTrain CSV, or a shipped set) "
+                                        "and report errors")
+    p.add_argument("runs", nargs="?", help="CSV of measured runs (or --set NAME)")
+    p.add_argument("--set", dest="set_name", metavar="NAME",
+                   help="a shipped reference set of measured runs instead of a CSV: h100, blackwell, vtrain, "
+                        "vtrain_single (from a source checkout)")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="only the first N rows")
     p.add_argument("--out", metavar="CSV", help="write one prediction row per input row")
     p.add_argument("--max-gpus", type=int, default=None, help="report larger runs as unsupported instead of simulating")
     p.add_argument("--plot", metavar="PNG", help="write a log-log scatter of predicted vs measured step time")
     p.add_argument("--workers", type=int, default=1, help="rows simulated at once, one process each")
+    p.add_argument("--quiet", action="store_true", help="no per-row lines and no progress bar: the summary only")
 
 
 def _add_inspect(sub) -> None:

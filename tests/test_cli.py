@@ -556,3 +556,118 @@ def test_run_warns_when_a_setting_touches_no_link_the_job_uses(tmp_path, capsys,
         assert lines == []
     else:
         assert len(lines) == 1 and warning in lines[0], cap.err
+
+
+def test_run_trace_gz_is_gzip_and_a_large_plain_trace_is_announced(tmp_path, capsys, monkeypatch):
+    """``--trace NAME.json.gz`` writes gzip (Perfetto opens it directly); a plain-JSON trace
+    estimated above LARGE_TRACE_BYTES is announced on stderr with its size and the .gz form."""
+    import gzip
+
+    from simulator.report import trace
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("model: tiny-dense\ncluster: {preset: dgx-h100, num_nodes: 1}\n"
+                   "parallel: {tp: 2, pp: 2, dp: 2, global_batch_size: 8, seq_len: 512}\nnum_steps: 1\n")
+    gz = tmp_path / "t.json.gz"
+    assert main(["run", str(cfg), "--per-rank", "--quiet", "--trace", str(gz)]) == 0
+    assert "the trace" not in capsys.readouterr().err
+    with gzip.open(gz, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    assert {e["args"]["rank"] for e in events if e["ph"] == "X"} == set(range(8))
+    monkeypatch.setattr(trace, "LARGE_TRACE_BYTES", 1000)
+    plain = tmp_path / "t.json"
+    assert main(["run", str(cfg), "--per-rank", "--quiet", "--trace", str(plain)]) == 0
+    err = capsys.readouterr().err
+    assert f"the trace {plain} will be about " in err and "KiB of JSON" in err
+    assert "--trace t.json.gz" in err and "gzip" in err
+    assert plain.stat().st_size > 0 and not plain.read_bytes().startswith(b"\x1f\x8b")
+
+
+def test_schedule_printout_explains_its_notation(capsys):
+    """Under the table a short legend: the action form with an example from the table, the
+    kinds the schedule uses (BW fused; B and W split), chunks, DualPipe's & and the idle dot."""
+    assert main(["schedule", "--schedule", "1f1b", "--pp", "2", "--microbatches", "2"]) == 0
+    out = capsys.readouterr().out
+    table, legend = out.split("notation: ")
+    assert "0BW0" in table
+    assert legend.startswith("{stage}{kind}{micro-batch}, e.g. 0F0 = stage 0, forward of micro-batch 0\n")
+    assert "  BW full backward" in legend and "  .  idle slot" in legend
+    assert "  B  " not in legend and "@c" not in legend and "&" not in legend
+    assert main(["schedule", "--schedule", "zb_h1", "--pp", "2", "--microbatches", "3"]) == 0
+    legend = capsys.readouterr().out.split("notation: ")[1]
+    assert "  B  backward for the input gradient only" in legend and "  W  backward for the weight gradient" in legend
+    assert "  BW " not in legend
+    assert main(["schedule", "--schedule", "dualpipe", "--pp", "4", "--microbatches", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "0F0@c0" in out.split("notation: ")[0]
+    legend = out.split("notation: ")[1]
+    assert legend.startswith("{stage}{kind}{micro-batch}@c{chunk}, e.g. 0F0@c0 = stage 0, forward of micro-batch 0 "
+                             "on the stage's model chunk 0")
+    assert "  @cN the stage's model chunk N (each stage holds 2 chunks" in legend and "  X&Y two actions" in legend
+    assert main(["schedule", "--schedule", "interleaved_1f1b", "--pp", "2", "--microbatches", "4", "--vpp", "2",
+                 "--list"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].startswith("stage 0: 0F0@c0 0F1@c0 0F0@c1")     # chunks written as in the table
+    assert "notation: " in out and "idle slot" not in out                     # no slots in the list view
+
+
+def test_validate_runs_a_shipped_reference_set_without_a_csv(tmp_path, capsys):
+    """``--set NAME`` names a shipped set of measured runs, ``--limit N`` takes its first N rows;
+    an unknown name, no table at all, or both a CSV and a set are one line naming the valid sets."""
+    import csv
+    out = tmp_path / "pred.csv"
+    assert main(["validate", "--set", "h100", "--limit", "2", "--max-gpus", "1", "--out", str(out), "--quiet"]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert [r["id"] for r in rows] == ["362", "363"]             # the first two rows of the table
+    assert main(["validate", "--set", "vtrain_single", "--limit", "2", "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 2 and all(r["status"] == "ok" for r in rows)
+    assert "vtrain_single            2    2      100%" in stdout
+    for argv, words in ((["--set", "h200"], "--set = 'h200': not a shipped reference set; valid sets: h100, "
+                                            "blackwell, vtrain, vtrain_single"),
+                        ([], "runs = None: give a CSV of measured runs, or --set NAME"),
+                        (["x.csv", "--set", "h100"], "--set = 'h100': names a table of runs, and x.csv is one too"),
+                        (["--set", "h100", "--limit", "0"], "--limit = 0: must be a positive number of rows")):
+        assert main(["validate", *argv]) == 2
+        _one_line_error(capsys, words)
+
+
+def test_a_zb_v_scenario_without_vpp_gets_its_two_chunks(tmp_path, capsys):
+    """`parallel: {schedule: zb_v}` without vpp was refused; a V schedule has two chunks by
+    definition, so it now runs as with `vpp: 2` (same step time), as `clustersim schedule
+    --schedule zb_v` already did. Another explicit vpp is still refused, naming the rule."""
+    from simulator.scenario import load_scenario
+    base = ("model: {preset: tiny-dense, num_layers: 12}\ncluster: {preset: dgx-h100, num_nodes: 1}\n"
+            "parallel: {tp: 1, pp: 2, dp: 4, global_batch_size: 16, seq_len: 512, schedule: zb_v%s}\nnum_steps: 1\n")
+    implicit, explicit = tmp_path / "implicit.yaml", tmp_path / "explicit.yaml"
+    implicit.write_text(base % "")
+    explicit.write_text(base % ", vpp: 2")
+    assert load_scenario(str(implicit)).parallel.vpp == 2
+    assert main(["run", str(implicit), "--json", "--quiet"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert main(["run", str(explicit), "--json", "--quiet"]) == 0
+    assert got["step_time_s"] == json.loads(capsys.readouterr().out)["step_time_s"]
+    assert load_scenario({"model": "tiny-dense", "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+                          "parallel": {"tp": 2, "pp": 2, "dp": 2, "global_batch_size": 8,
+                                       "schedule": "dualpipe"}}).parallel.vpp == 1
+    for vpp in (1, 3):
+        bad = tmp_path / f"vpp{vpp}.yaml"
+        bad.write_text(base % f", vpp: {vpp}")
+        assert main(["run", str(bad)]) == 2
+        _one_line_error(capsys, f"parallel.vpp = {vpp}", "exactly 2 model chunks per stage",
+                        "leave vpp out (it defaults to 2 for zb_v)")
+
+
+def test_a_hugging_face_config_with_a_key_twice_exits_2_naming_it(tmp_path, capsys):
+    """Through --model-config and through the scenario's model.hf_config: one line, exit 2."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{\n "model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 4,\n'
+                   ' "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 4096,\n'
+                   ' "vocab_size": 32000,\n "num_hidden_layers": 8\n}\n')
+    sc = tmp_path / "s.yaml"
+    sc.write_text(f"model: {{hf_config: {cfg}}}\ncluster: {{preset: dgx-h100, num_nodes: 1}}\n"
+                  "parallel: {tp: 1, pp: 1, dp: 8, global_batch_size: 8}\n")
+    for argv in (["run", str(sc)], ["run", str(sc), "--model-config", str(cfg)], ["memory", str(sc)]):
+        assert main(argv) == 2
+        _one_line_error(capsys, "hf_config = ", "key 'num_hidden_layers' is given twice in one JSON object "
+                                                "(again on line 5)")

@@ -30,3 +30,19 @@ def test_notebook_runs_and_shows_its_pictures(path):
     for i in wanted:
         kinds = {k for out in nb.cells[i].outputs for k in out.get("data", {})}
         assert "image/png" in kinds, f"{path.name} cell {i}: no image/png output (got {sorted(kinds) or 'nothing'})"
+
+
+def test_the_notebooks_extra_installs_jupyter_and_the_test_extra_does_not():
+    """``pip install -e '.[notebooks]'`` brings Jupyter Notebook and a kernel; the test extra
+    stays without Jupyter (the suite runs the notebooks through nbclient)."""
+    import re
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+    def names(reqs):
+        return {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower() for r in reqs}
+    assert {"notebook", "ipykernel"} <= names(extras["notebooks"])
+    assert not {"notebook", "jupyter", "jupyterlab"} & names(extras["test"])
+    assert "pip install -e '.[notebooks]'" in (ROOT / "README.md").read_text()
+    assert "pip install -e '.[notebooks]'" in (ROOT / "notebooks" / "README.md").read_text()

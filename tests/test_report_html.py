@@ -98,3 +98,36 @@ def test_the_page_says_which_clustersim_wrote_it_and_when(tmp_path, monkeypatch,
         page = (tmp_path / argv[-1].rsplit("/", 1)[-1]).read_text()
         commit = f"commit {p['commit']}" if p["commit"] else "not from a git checkout"
         assert f"Written by clustersim {p['version']} ({commit}) on 2026-01-01 00:00 UTC." in page
+
+
+def _breakdown_rows(text: str) -> list[list[str]]:
+    """The cells of the table that follows the first chart under "Where the step(s) go"."""
+    section = text.split("Where the step")[1].split("<h2>")[0]
+    table = section.split("<table>")[1].split("</table>")[0]
+    return [re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row) for row in table.split("</tr>") if "<t" in row]
+
+
+def test_the_breakdown_is_also_a_table_beside_its_chart(tmp_path, capsys):
+    """Each category with its time and share of the step, in the metrics' order, then the
+    step: the numbers the chart draws, readable and copyable (no browser needed)."""
+    import json
+
+    from simulator.report.charts import fmt_duration
+    sc = tmp_path / "s.yaml"
+    sc.write_text(SCENARIO)
+    page = tmp_path / "report.html"
+    assert main(["run", str(sc), "--quiet", "--json", "--report", str(page)]) == 0
+    bd = json.loads(capsys.readouterr().out)["breakdown_s"]
+    text = page.read_text()
+    section = text.split("Where the step goes")[1].split("<h2>")[0]
+    assert '<div class="side"><img' in section and section.index("<img") < section.index("<table>")
+    rows = _breakdown_rows(text)
+    assert rows[0] == ["category", "time", "share of the step"]
+    total = sum(bd.values())
+    assert rows[1:-1] == [[k.replace("_", " "), fmt_duration(v), f"{v / total:.1%}"] for k, v in bd.items()]
+    assert rows[-1] == ["<b>step</b>", f"<b>{fmt_duration(total)}</b>", "<b>100.0%</b>"]
+    assert any(float(r[2].rstrip("%")) > 10 for r in rows[1:-1])          # real shares, not zeros
+    page = tmp_path / "compare.html"
+    assert main(["compare", str(sc), "--set", "parallel.pp=1", "--quiet", "--report", str(page)]) == 0
+    rows = _breakdown_rows(page.read_text())
+    assert rows[0] == ["category", "[1]", "[2]"] and rows[1][0] == "compute" and rows[-1][0] == "<b>step</b>"

@@ -76,6 +76,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 
 from topologies import ConfigError
@@ -209,6 +210,28 @@ def _refuse_unmodelled(cfg: dict, where: str) -> str:
     return model_type
 
 
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _refuse_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    """``object_pairs_hook`` for json: a dict, or _DuplicateKey for a key met twice in one object."""
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+def _second_line(text: str, key: str) -> str:
+    """`` (again on line N)`` for the second place ``"key":`` is written, or ``""``."""
+    hits = [m.start() for m in re.finditer(re.escape(json.dumps(key)) + r"\s*:", text)]
+    return f" (again on line {text.count(chr(10), 0, hits[1]) + 1})" if len(hits) > 1 else ""
+
+
 def _read(path_or_dict, where: str) -> tuple[dict, str]:
     if isinstance(path_or_dict, Mapping):
         return dict(path_or_dict), "Hugging Face config (mapping)"
@@ -219,7 +242,11 @@ def _read(path_or_dict, where: str) -> tuple[dict, str]:
         path = os.path.join(path, "config.json")
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            text = f.read()
+        data = json.loads(text, object_pairs_hook=_refuse_duplicates)
+    except _DuplicateKey as e:
+        raise ConfigError(where, path, f"key {e.key!r} is given twice in one JSON object{_second_line(text, e.key)}; "
+                                       "keep one (JSON readers silently keep the last)") from None
     except FileNotFoundError:
         raise ConfigError(where, path, "file not found") from None
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:

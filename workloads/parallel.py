@@ -33,7 +33,7 @@ from topologies import ConfigError
 from topologies.errors import check_keys
 
 from .blocks.mamba import check_mamba_split
-from .schedules import SCHEDULE_NAMES, validate_schedule_config
+from .schedules import SCHEDULE_NAMES, default_vpp, validate_schedule_config
 
 __all__ = ["ParallelConfig", "SCHEDULE_NAMES", "RECOMPUTE_KINDS", "check_mamba_split", "split_layers",
            "parse_pipeline_layout"]
@@ -86,7 +86,8 @@ class ParallelConfig:
     schedule: str = "1f1b"
     """Pipeline schedule: gpipe | 1f1b | interleaved_1f1b | zb_h1 | dualpipe | zb_v (with vpp 2)."""
     vpp: int = 1
-    """Model chunks (virtual stages) per pipeline rank; > 1 only with interleaved_1f1b."""
+    """Model chunks (virtual stages) per pipeline rank; > 1 only with interleaved_1f1b and
+    zb_v (exactly 2; the default when a scenario names zb_v without vpp)."""
     zero_stage: int = 1
     """ZeRO stage 0-3 (3 = FSDP: parameters sharded and gathered per layer)."""
     distributed_optimizer: bool = True
@@ -177,6 +178,8 @@ class ParallelConfig:
                     "account_for_loss_in_pipeline_split", "scatter_gather_tensors_in_pipeline"):
             if key in kw and not isinstance(kw[key], bool):
                 raise ConfigError(f"{where}.{key}", kw[key], "must be true or false")
+        if "vpp" not in kw and isinstance(kw.get("schedule"), str):
+            kw["vpp"] = default_vpp(kw["schedule"])       # zb_v: its two chunks, as `clustersim schedule` gives them
         shorthand = "etp" not in d and "edp" not in d and kw.get("ep", 1) > 1 and kw.get("dp", 1) != -1
         if shorthand:
             # five-degree form: EP carved from data parallelism

@@ -152,7 +152,7 @@ def _draw_category_bars(ax, items, colors, total: float, scale: float, unit: str
     ax.set_xlim(0, max(vmax, 1e-12) * 1.28)
     for yy, (k, v) in zip(ypos, items):
         frac = v / total if total > 0 else 0.0
-        ax.text(v * scale + vmax * 0.01, yy, f"{_fmt(v * scale)} {unit}  ({frac:.1%})", va="center", fontsize=9)
+        ax.text(v * scale + vmax * 0.01, yy, f"{fmt_duration(v)}  ({frac:.1%})", va="center", fontsize=9)
     ax.set_xlabel(f"time ({unit})", fontsize=10)
     ax.tick_params(axis="x", labelsize=8)
     ax.tick_params(axis="y", length=0)
@@ -160,6 +160,16 @@ def _draw_category_bars(ax, items, colors, total: float, scale: float, unit: str
     ax.set_axisbelow(True)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
+
+
+def fmt_duration(seconds: float) -> str:
+    """A duration in the unit its magnitude calls for, three significant digits kept:
+    ``6.00 s``, ``151 ms``, ``7.72 ms``, ``41.5 µs``, ``0 s``."""
+    if seconds == 0:
+        return "0 s"
+    unit, scale = time_unit(abs(seconds))
+    v = seconds * scale
+    return f"{v:,.0f} {unit}" if abs(v) >= 100 else f"{v:#.3g} {unit}"
 
 
 def _fmt(v: float) -> str:

@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 
 from ..engine.metrics import layout_label as _layout_of
-from .charts import _breakdown_color
-from .style import time_unit
+from .charts import _breakdown_color, _fmt
+from .style import fit_left_labels, time_unit
 
 __all__ = ["comparison_table", "critical_path_table", "breakdown_comparison", "aligned_gantts", "layout_label",
            "shown_table", "plain_number"]
@@ -146,7 +146,7 @@ def breakdown_comparison(results: Sequence, names: Sequence[str], path: str | Pa
                         label=k if i == 0 or not any(k in rr.metrics["breakdown_s"] for rr in results[:i]) else None)
                 left += v
         step = r.metrics["step_time_s"]
-        ax.text(left + longest * scale * 0.01, y, f"{step * scale:.3g} {unit}"
+        ax.text(left + longest * scale * 0.01, y, f"{_fmt(step * scale)} {unit}"
                 + ("" if i == 0 else f"  ({step / base:.2f}x)"), va="center", fontsize=9)
     ax.set_yticks(range(n))
     ax.set_yticklabels([f"{nm}\n{layout_label(r)}" for nm, r in zip(reversed(names), reversed(results))], fontsize=8)
@@ -156,6 +156,7 @@ def breakdown_comparison(results: Sequence, names: Sequence[str], path: str | Pa
     ax.grid(axis="x", alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(5, len(labels)), fontsize=8, frameon=False)
+    fit_left_labels(fig, ax)
     if path is not None:
         fig.savefig(path, dpi=dpi)
     return fig
@@ -170,7 +171,7 @@ def aligned_gantts(results: Sequence, names: Sequence[str], path: str | Path, *,
     from .gantt_chart import gantt
 
     span = max(r.metrics["step_time_s"] for r in results)
-    images = []
+    images, lefts = [], []
     for name, r in zip(names, results, strict=True):
         tl = r.timeline
         last = tl[tl["step"] == tl["step"].max()]
@@ -180,8 +181,13 @@ def aligned_gantts(results: Sequence, names: Sequence[str], path: str | Path, *,
                           f"MFU {r.metrics['mfu']:.1%}")
         fig.canvas.draw()
         images.append(np.asarray(fig.canvas.buffer_rgba()))
-    width = max(im.shape[1] for im in images)
-    padded = [np.pad(im, ((0, 0), (0, width - im.shape[1]), (0, 0)), constant_values=255) for im in images]
+        lefts.append(round(fig.axes[0].get_position().x0 * images[-1].shape[1]))
+    # a chart whose row labels needed a wider left margin is wider: pad the others on the left
+    # so that every time axis starts at the same pixel, then on the right to one width
+    shift = [max(lefts) - x for x in lefts]
+    width = max(im.shape[1] + d for im, d in zip(images, shift))
+    padded = [np.pad(im, ((0, 0), (d, width - im.shape[1] - d), (0, 0)), constant_values=255)
+              for im, d in zip(images, shift)]
     out = Path(path)
     imsave(out, np.vstack(padded))
     return out

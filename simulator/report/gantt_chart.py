@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .style import AXIS_COLORS, PHASE_COLORS, time_unit, to_rgba
+from .style import AXIS_COLORS, PHASE_COLORS, fit_left_labels, time_unit, to_rgba
 from .trace import _require_columns, stream_order
 
 __all__ = ["gantt"]
@@ -130,6 +130,7 @@ def gantt(timeline: pd.DataFrame, path: str | Path | None = None, *, by: str = "
     if title is None:
         title = _default_title(rows, len(df), n_ops_all, chosen_step)
     _draw_title_and_legend(fig, title, rows.notes, handles, legend_rows)
+    fit_left_labels(fig, ax)
     if path is not None:
         fig.savefig(path, dpi=dpi)
     return fig
@@ -617,7 +618,7 @@ def _style_axes(ax, lanes: _Lanes, rows: _Rows, tx: _TimeAxis, top_ticks: bool) 
     ax.set_axisbelow(True)
     ax.tick_params(axis="x", labelsize=9, top=top_ticks, labeltop=top_ticks)
     t0 = tx.t0
-    origin = "" if t0 == 0 else f" from t = {t0 * 1e3:.3f} ms" if t0 < 20 else f" from t = {t0:.3f} s"
+    origin = "" if t0 == 0 else f" from t = {t0 * 1e3:.3f} ms" if t0 < 1 else f" from t = {t0:.3f} s"
     ax.set_xlabel(f"time ({tx.unit}){origin}", fontsize=10)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)

@@ -3,7 +3,8 @@
 ``clustersim run SCENARIO.yaml --report report.html`` and ``clustersim compare ... --report
 report.html`` write it.  The page needs no network and no other file: the charts are PNGs
 inlined as ``data:`` URIs, the styles are in the page.  It holds the scenario as given, the
-summary (step time, MFU, tokens/s, memory verdict, what-ifs), the step-time breakdown, the
+summary (step time, MFU, tokens/s, memory verdict, what-ifs), the step-time breakdown (a chart
+and, beside it, a table of each category's time and share), the
 Gantt chart of the reported step, memory per pipeline stage and link utilisation per tier;
 a comparison adds the table across runs and the charts on one time axis.  Its footer says
 which clustersim wrote it: the version, the git commit of the code (``+modified`` when the
@@ -40,6 +41,8 @@ th { background: #f4f4f4; } td.l, th.l { text-align: left; }
 img { max-width: 100%; border: 1px solid #eee; }
 pre { background: #f7f7f7; padding: 10px; font-size: 12px; overflow-x: auto; }
 ul.whatif li { margin: 2px 0; }
+.side { display: flex; flex-wrap: wrap; align-items: flex-start; gap: 16px; }
+.side > img { flex: 1 1 640px; min-width: 0; }
 """
 
 
@@ -101,6 +104,30 @@ def _memory_section(res) -> str:
     if not rows:
         return "<p>No memory estimate.</p>"
     return _table(rows, ["stage", "total GB", "usable HBM GB", "", "biggest terms (GB)"])
+
+
+def _breakdown_table(breakdown: dict) -> str:
+    """The step-time breakdown as a table: each category's time (in its own unit) and share
+    of the step, in the chart's order, then the step (the categories' sum)."""
+    from .charts import _breakdown_items, fmt_duration
+
+    items, _ = _breakdown_items(breakdown)
+    total = sum(v for _, v in items)
+    rows = [[k.replace("_", " "), fmt_duration(v), f"{v / total:.1%}" if total > 0 else "-"] for k, v in items]
+    rows.append(["<b>step</b>", f"<b>{fmt_duration(total)}</b>", "<b>100.0%</b>" if total > 0 else "-"])
+    return _table(rows, ["category", "time", "share of the step"])
+
+
+def _breakdown_columns(results: Sequence, cols: list[str]) -> str:
+    """The breakdown of several runs as one table: a row per category, a column per run."""
+    from .charts import fmt_duration
+
+    cats: list[str] = []
+    for r in results:
+        cats += [k for k in r.metrics["breakdown_s"] if k not in cats]
+    rows = [[k.replace("_", " ")] + [fmt_duration(r.metrics["breakdown_s"].get(k, 0.0)) for r in results] for k in cats]
+    rows.append(["<b>step</b>"] + [f"<b>{fmt_duration(r.metrics['step_time_s'])}</b>" for r in results])
+    return _table(rows, ["category"] + cols)
 
 
 def _links_section(m: dict) -> str:
@@ -176,7 +203,8 @@ def run_report(res, path: str | Path, *, name: str | None = None) -> Path:
     body += ["<h2>Summary</h2>", _table(_summary_rows(m), None),
              "<h2>Where the step goes</h2>",
              f"<p>The compute stream of the cell that finishes last ({html.escape(m.get('last_ranks', ''))}).</p>",
-             _png(breakdown_bar(m["breakdown_s"], title=f"{name}: step {m['step_time_s']:.4g} s")),
+             '<div class="side">' + _png(breakdown_bar(m["breakdown_s"], title=f"{name}: step {m['step_time_s']:.4g} s"))
+             + _breakdown_table(m["breakdown_s"]) + "</div>",
              "<h2>Gantt chart of the reported step</h2>", _png(gantt_fig),
              "<h2>Memory per pipeline stage</h2>", _memory_section(res),
              "<h2>Link utilisation</h2>", _links_section(m),
@@ -208,7 +236,9 @@ def compare_report(results: Sequence, names: Sequence[str], path: str | Path) ->
         gantt_img = _png_file(aligned_gantts(results, names, Path(tmp) / "g.png"))
     body = ["<h2>Runs</h2>", runs,
             "<h2>Side by side</h2>", _table(metric_rows, [""] + cols),
-            "<h2>Where the steps go</h2>", _png(breakdown_comparison(results, names)),
+            "<h2>Where the steps go</h2>",
+            '<div class="side">' + _png(breakdown_comparison(results, names)) + _breakdown_columns(results, cols)
+            + "</div>",
             "<h2>On the critical path</h2>",
             "<p>Seconds per op and per idle reason on the compute stream of the cell that finishes last; "
             "largest change first. Each column sums to its step time.</p>",

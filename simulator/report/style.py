@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["AXIS_COLORS", "PHASE_COLORS", "time_unit", "to_rgba"]
+__all__ = ["AXIS_COLORS", "PHASE_COLORS", "fit_left_labels", "time_unit", "to_rgba"]
 
 PHASE_COLORS = {
     "F": "#3a6fb0",   # forward
@@ -36,9 +36,27 @@ def to_rgba(colors: Sequence[str]) -> np.ndarray:
 
 
 def time_unit(span_s: float) -> tuple[str, float]:
-    """Unit to show a time span in (µs below 2 ms, ms below 20 s, else s) and its factor from seconds."""
-    if span_s < 2e-3:
+    """Unit to show a time span in, by its magnitude (µs below 1 ms, ms below 1 s, else s), and
+    its factor from seconds: a span never reads as thousands of the smaller unit ("8.74e+03 ms")."""
+    if span_s < 1e-3:
         return "µs", 1e6
-    if span_s < 20.0:
+    if span_s < 1.0:
         return "ms", 1e3
     return "s", 1.0
+
+
+def fit_left_labels(fig, ax, pad_in: float = 0.08) -> None:
+    """Widen ``fig`` on the left when ``ax``'s y tick labels (with anything else on its y axis)
+    would start left of the figure's edge, so that none is clipped ("tage 7" for "stage 7").
+    The axes keep their size in inches: a time axis keeps its pixels per second."""
+    bbox = ax.yaxis.get_tightbbox(fig.canvas.get_renderer())
+    if bbox is None:
+        return
+    need_in = pad_in - bbox.x0 / fig.dpi
+    if need_in <= 0:
+        return
+    width_in, height_in = fig.get_size_inches()
+    pos = ax.get_position()
+    left_in, plot_w_in = pos.x0 * width_in + need_in, pos.width * width_in
+    fig.set_size_inches(width_in + need_in, height_in)
+    ax.set_position([left_in / (width_in + need_in), pos.y0, plot_w_in / (width_in + need_in), pos.height])

@@ -28,8 +28,34 @@ from pathlib import Path
 
 from topologies import ConfigError
 
-__all__ = ["FORMATS", "PUBLISHED_COLUMNS", "VTRAIN_COLUMNS", "InvalidRow", "Unsupported", "detect_format",
-           "load_runs"]
+__all__ = ["FORMATS", "PUBLISHED_COLUMNS", "REFERENCE_DIR", "REFERENCE_SETS", "VTRAIN_COLUMNS", "InvalidRow",
+           "Unsupported", "detect_format", "load_runs", "reference_set"]
+
+REFERENCE_DIR = Path(__file__).resolve().parents[2] / "experiments" / "reference"
+"""The measured runs shipped with the repository (``experiments/reference/``)."""
+
+REFERENCE_SETS = {
+    "h100": REFERENCE_DIR / "published_runs_h100.csv",
+    "blackwell": REFERENCE_DIR / "published_runs_blackwell.csv",
+    "vtrain": REFERENCE_DIR / "vtrain" / "ground_truth_multi.csv",
+    "vtrain_single": REFERENCE_DIR / "vtrain" / "ground_truth_single.csv",
+    "llmfoundry": REFERENCE_DIR / "published_runs_llmfoundry.csv",
+}
+"""The reference sets of measured runs by name: ``clustersim validate --set NAME`` and
+``experiments/validate_all.py --set NAME`` run them."""
+
+
+def reference_set(name: str) -> Path:
+    """The CSV of the shipped reference set ``name``; ConfigError naming the valid names for
+    another name, or when the file is missing (an install without the repository's
+    ``experiments/`` folder)."""
+    if name not in REFERENCE_SETS:
+        raise ConfigError("--set", name, f"not a shipped reference set; valid sets: {', '.join(REFERENCE_SETS)}")
+    path = REFERENCE_SETS[name]
+    if not path.is_file():
+        raise ConfigError("--set", name, f"its table {path} is missing: the reference sets come with a source "
+                                         f"checkout of clustersim (experiments/reference/); pass a CSV instead")
+    return path
 
 FORMATS = ("published", "vtrain")
 

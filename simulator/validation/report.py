@@ -7,7 +7,10 @@ import argparse
 import math
 import re
 
+from topologies import ConfigError
+
 from .evaluate import NOTE_SEP, validate
+from .ingest import REFERENCE_SETS, reference_set
 from .mapping import _NOT_MODELLED
 
 __all__ = ["PAIR_KINDS", "ProgressBar", "config_key", "family", "generation", "layout_rank_correlation", "main",
@@ -309,12 +312,28 @@ def _clock(seconds: float) -> str:
     return f"{m}m{s:02d}s" if m else f"{s}s"
 
 
+def _runs_table(runs: str | None, set_name: str | None, limit: int | None):
+    """The CSV to validate: the one given, or the shipped set named by ``--set`` (exactly one
+    of them); ConfigError otherwise, or for a ``--limit`` below 1."""
+    if limit is not None and limit < 1:
+        raise ConfigError("--limit", limit, "must be a positive number of rows")
+    if runs is None and set_name is None:
+        raise ConfigError("runs", None, "give a CSV of measured runs, or --set NAME for a shipped reference set "
+                                        f"({', '.join(REFERENCE_SETS)})")
+    if runs is not None and set_name is not None:
+        raise ConfigError("--set", set_name, f"names a table of runs, and {runs} is one too: give one of them")
+    return reference_set(set_name) if set_name is not None else runs
+
+
 def main(argv=None) -> int:
-    """``clustersim validate RUNS.csv [--out predictions.csv] [--max-gpus N] [--plot PNG] [--workers N]
-    [--quiet]``: per-row lines (stdout) and a progress bar (stderr), then the summary."""
+    """``clustersim validate (RUNS.csv | --set NAME) [--limit N] [--out predictions.csv] [--max-gpus N]
+    [--plot PNG] [--workers N] [--quiet]``: per-row lines (stdout) and a progress bar (stderr), then the summary."""
     p = argparse.ArgumentParser(prog="clustersim validate",
                                 description="Simulate every measured run of a table and report the step-time error.")
-    p.add_argument("runs", help="CSV in the published-runs format or vTrain's ground-truth format")
+    p.add_argument("runs", nargs="?", help="CSV in the published-runs format or vTrain's ground-truth format")
+    p.add_argument("--set", dest="set_name", metavar="NAME",
+                   help=f"a shipped reference set instead of a CSV: {', '.join(REFERENCE_SETS)}")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="only the first N rows")
     p.add_argument("--out", help="write one row per input row (predictions, errors, status) to this CSV")
     p.add_argument("--max-gpus", type=int, default=None,
                    help="report rows on more GPUs as 'unsupported: over --max-gpus' instead of simulating them")
@@ -323,6 +342,7 @@ def main(argv=None) -> int:
                    help="rows simulated at once, one process each (the results do not depend on it)")
     p.add_argument("--quiet", action="store_true", help="no per-row lines and no progress bar: the summary only")
     args = p.parse_args(argv)
+    runs = _runs_table(args.runs, args.set_name, args.limit)
     if not args.quiet:
         print(f"{'id':<22} {'model':<32} {'gpus':>5} {'prec':<6} {'measured':>8} {'predicted':>9} {'error':>8}  "
               "status")
@@ -331,8 +351,8 @@ def main(argv=None) -> int:
         if not args.quiet:
             print(_row_line(r), flush=True)
 
-    results = validate(args.runs, args.out, max_gpus=args.max_gpus, progress=progress, workers=args.workers,
-                       on_done=None if args.quiet else ProgressBar())
+    results = validate(runs, args.out, max_gpus=args.max_gpus, progress=progress, workers=args.workers,
+                       limit=args.limit, on_done=None if args.quiet else ProgressBar())
     print()
     print(summary(results))
     if args.plot:

@@ -355,6 +355,20 @@ def test_chrome_trace_gzip_step_and_nan(tmp_path):
         trace.to_chrome_trace(tl.drop(columns="node"))
 
 
+def test_estimate_trace_bytes_is_exact_when_small_and_close_at_scale(tl4, tl64):
+    """The estimate converts a sample of rows and scales by the row count: exact up to the
+    sample size, within a few percent on 64 ranks (about 20k rows) and cheap to compute."""
+    small = tl4.iloc[:200]
+    exact = len(json.dumps(trace.to_chrome_trace(small), separators=(",", ":")).encode())
+    assert trace.estimate_trace_bytes(small) == exact
+    full = len(json.dumps(trace.to_chrome_trace(tl64), separators=(",", ":")).encode())
+    t0 = time.perf_counter()
+    est = trace.estimate_trace_bytes(tl64)
+    assert time.perf_counter() - t0 < 1.0
+    assert abs(est - full) / full < 0.05
+    assert trace.estimate_trace_bytes(tl64.iloc[:0]) > 0          # an empty trace is still a JSON object
+
+
 # ---- tables ------------------------------------------------------------------------------------
 
 def test_timeline_csv_round_trip(tl4, tmp_path):
@@ -388,3 +402,78 @@ def test_comm_labels_never_overlap_in_a_lane():
     center = np.array([100.0, 110.0, 300.0, 110.0])
     width = np.array([40.0, 40.0, 40.0, 40.0])
     assert _no_overlap(lane, center, width).tolist() == [True, False, True, True]
+
+
+# ---- units by magnitude, labels never clipped ---------------------------------------------------
+
+def test_time_unit_and_durations_follow_the_magnitude():
+    from simulator.report.charts import fmt_duration
+    from simulator.report.style import time_unit
+    assert [time_unit(x)[0] for x in (5e-4, 2e-3, 0.93, 1.0, 8.74, 300.0)] == ["µs", "ms", "ms", "s", "s", "s"]
+    assert [fmt_duration(x) for x in (6.0012, 0.151, 0.00772, 4.15e-5, 0.0)] == \
+        ["6.00 s", "151 ms", "7.72 ms", "41.5 µs", "0 s"]
+
+
+def test_breakdown_of_a_seconds_long_step_reads_in_seconds():
+    """An 8.74 s step: the axis and title in seconds, each category in its own magnitude; no
+    "8.74e+03 ms" anywhere."""
+    bd = {"compute": 6.0, "recompute": 0.151, "bubble": 0.751, "exposed_tp": 1.8, "exposed_dp": 0.00415,
+          "host_issue": 0.03}
+    fig = report.breakdown_bar(bd)
+    texts = [fig.texts[0].get_text(), *(t.get_text() for t in fig.axes[1].texts)]
+    assert texts[0] == "Step-time breakdown: 8.74 s" and fig.axes[1].get_xlabel() == "time (s)"
+    assert any(t.startswith("6.00 s") for t in texts) and any(t.startswith("4.15 ms") for t in texts)
+    assert not any("e+" in t for t in texts)
+
+
+def _labels_inside(fig) -> bool:
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    return all(t.get_window_extent(renderer).x0 >= 0 for t in fig.axes[0].get_yticklabels())
+
+
+def test_long_row_labels_widen_the_chart_instead_of_being_clipped():
+    """'stage 7 · rank 112 · host 14' was cut to 'tage 7 ...' at the figure's edge: the chart
+    now grows on the left, keeping its plot width (so its time scale)."""
+    tl = synthetic_timeline(pp=8, ranks_per_stage=16, num_microbatches=8, layers_per_stage=1)
+    fig = report.gantt(tl, by="stage", stage_of=lambda r: r // 16, max_rows=16, dpi=80)
+    assert fig.axes[0].get_yticklabels()[-1].get_text() == "stage 7 · rank 112 · host 14"
+    assert _labels_inside(fig) and fig.get_figwidth() > 15.0
+    ax = fig.axes[0]
+    assert ax.get_position().width * fig.get_figwidth() == pytest.approx(15.0 - 2.3 - 0.3)
+    short = report.gantt(synthetic_timeline(pp=2, num_microbatches=2), dpi=80)
+    assert short.get_figwidth() == 15.0 and _labels_inside(short)
+
+
+def test_compare_charts_keep_long_names_and_align_their_time_axes(tmp_path):
+    """The compare breakdown keeps a long run name inside the figure; aligned Gantt charts of
+    a narrow and a widened chart start their time axes at the same pixel."""
+    from types import SimpleNamespace
+
+    import matplotlib.image as mpimg
+
+    from simulator.report import compare
+
+    def result(tl, pp, rps):
+        step = float(tl["end_s"].max())
+        return SimpleNamespace(timeline=tl.assign(step=0),
+                               metrics={"step_time_s": step, "mfu": 0.4, "breakdown_s": {"compute": step}},
+                               program=SimpleNamespace(grid=SimpleNamespace(stage_of=lambda r: r // rps)),
+                               scenario=SimpleNamespace(parallel=SimpleNamespace(tp=1, pp=pp, dp=rps, cp=1, ep=1,
+                                                                                 vpp=1, schedule="1f1b")))
+    runs = [result(synthetic_timeline(pp=2, num_microbatches=2), 2, 1),
+            result(synthetic_timeline(pp=8, ranks_per_stage=16, num_microbatches=8, layers_per_stage=1), 8, 16)]
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(compare, "layout_label", lambda r: f"PP{r.scenario.parallel.pp}")
+    try:
+        names = ["a", "a very long scenario name + parallel.pp=8, parallel.tp=4, num_steps=1"]
+        fig = compare.breakdown_comparison(runs, names)
+        assert _labels_inside(fig)
+        img = mpimg.imread(compare.aligned_gantts(runs, names, tmp_path / "g.png"))
+    finally:
+        monkey.undo()
+    # the left spine of each chart: the first column, scanning from the left, dark on many rows
+    dark = (img[..., :3].mean(axis=2) < 0.3)
+    half = img.shape[0] // 2
+    cols = [int(np.argmax(dark[:half].sum(axis=0) > 50)), int(np.argmax(dark[half:].sum(axis=0) > 50))]
+    assert cols[0] == cols[1] > 0

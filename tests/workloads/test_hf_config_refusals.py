@@ -112,3 +112,21 @@ def test_every_model_type_has_its_read_keys():
     from workloads.hf_config import _NO_EFFECT, _READ_KEYS
     assert set(_READ_KEYS) == set(HF_MODEL_TYPES)
     assert not set(_NO_EFFECT) & set().union(*_READ_KEYS.values()) - {"rope_scaling"}
+
+
+def test_a_key_given_twice_in_the_json_is_refused_naming_it(tmp_path):
+    """json.load keeps the last of two equal keys without a word; the importer refuses the
+    file instead, naming the key and where it comes again (nested objects too)."""
+    text = json.dumps(LLAMA3_8B_HF, indent=1)
+    twice = text.replace('"num_hidden_layers"', '"num_hidden_layers": 8,\n "num_hidden_layers"', 1)
+    path = tmp_path / "config.json"
+    path.write_text(twice)
+    with pytest.raises(ConfigError, match=r"model\.hf_config = '.*config\.json': key 'num_hidden_layers' is given "
+                                          r"twice in one JSON object \(again on line \d+\); keep one"):
+        load_model({"hf_config": str(path)})
+    nested = {**LLAMA3_8B_HF, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
+    path.write_text(json.dumps(nested).replace('"factor": 8.0', '"factor": 8.0, "factor": 4.0'))
+    with pytest.raises(ConfigError, match="key 'factor' is given twice"):
+        load_model({"hf_config": str(tmp_path)})                      # the folder form reads the same file
+    path.write_text(json.dumps(LLAMA3_8B_HF))
+    assert load_model({"hf_config": str(path)}).num_layers == LLAMA3_8B_HF["num_hidden_layers"]

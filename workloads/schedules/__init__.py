@@ -15,9 +15,9 @@ from .actions import (
     parse_action,
     route,
 )
-from .config import SCHEDULE_NAMES, min_microbatches, validate_schedule_config
+from .config import SCHEDULE_NAMES, default_vpp, min_microbatches, validate_schedule_config
 from .registry import SCHEDULES, get_schedule
-from .table import format_table
+from .table import format_legend, format_table
 from .timing import ActionCosts, ScheduleTiming, peak_in_flight, schedule_timing
 from .validate import validate
 
@@ -30,7 +30,9 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "ScheduleTiming",
+    "default_vpp",
     "format_action",
+    "format_legend",
     "format_table",
     "get_schedule",
     "min_microbatches",

@@ -10,10 +10,19 @@ from __future__ import annotations
 
 from topologies import ConfigError
 
-__all__ = ["SCHEDULE_NAMES", "min_microbatches", "validate_schedule_config"]
+__all__ = ["SCHEDULE_NAMES", "default_vpp", "min_microbatches", "validate_schedule_config"]
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "dualpipe", "zb_v")
 """Registry keys, the scenario's ``parallel.schedule`` values (docs/scenarios.md)."""
+
+
+
+def default_vpp(name: str) -> int:
+    """Model chunks per stage when the scenario (or ``--vpp``) gives none: 2 for a V schedule
+    (``zb_v``; the two chunks are what makes the V), 1 for every other one (DualPipe's two
+    chunks are its own bidirectional placement, vpp 1)."""
+    return 2 if name == "zb_v" else 1
+
 
 _MB_HINT = " (num_microbatches = global_batch_size / (micro_batch_size * dp))"
 
@@ -141,7 +150,8 @@ def _check_v(vpp: int, microbatch_group_size: int | None, where: str) -> None:
     raises "ZBV requires exactly 2 stages per rank") and has no micro-batch groups."""
     if vpp != 2:
         raise ConfigError(f"{where}.vpp", vpp,
-                          "schedule 'zb_v' runs exactly 2 model chunks per stage (the V); set vpp = 2")
+                          "schedule 'zb_v' runs exactly 2 model chunks per stage (the V); set vpp = 2 "
+                          "or leave vpp out (it defaults to 2 for zb_v)")
     if microbatch_group_size is not None:
         raise ConfigError(f"{where}.microbatch_group_size", microbatch_group_size,
                           "applies to schedule 'interleaved_1f1b' only")
