@@ -101,7 +101,6 @@ EP communication (a separate module), FP8 quantisation ops (added per recipe by
 
 from __future__ import annotations
 
-import dataclasses
 import numbers
 from collections.abc import Callable, Iterable, Sequence
 
@@ -115,7 +114,7 @@ from ..blocks.kernels import (ACT_BYTES, ATTN_BLOCK_SIZE, EXPERT_GROUPED_LINEARS
 from ..blocks.shard import positive_int as _positive_int
 from ..blocks.shard import shard as _shard
 from ..blocks.mamba import MAMBA_SCAN_LAUNCHES, check_mamba_split, mamba_scan_bytes, mamba_scan_kernels
-from ..blocks.moe import balanced_tokens_per_expert, capacity_tokens_per_expert
+from ..blocks.moe import balanced_tokens_per_expert, capacity_tokens_per_expert, routed_expert_part
 from ..blocks.mtp import mtp_epilogue, mtp_prologue
 from ..model import ModelSpec
 from ..parallel import ParallelConfig
@@ -522,21 +521,11 @@ def model_flops_per_token(model: ModelSpec, seq_len: int | None = None,
 def routed_expert_flops_per_step(model: ModelSpec, global_batch_size: int, seq_len: int | None = None,
                                  convention: str = DEFAULT_FLOP_CONVENTION, *, vocab_size: int | None = None) -> float:
     """The part of :func:`model_flops_per_step` that the routed experts of the decoder's MoE
-    layers contribute under ``convention`` (every routed token-expert assignment counted).
-
-    Every convention counts a MoE layer's routed experts as ``top_k`` equal per-token terms
-    (``6 m h fe`` each in ``megatron_core_2025`` and ``nemo_24``, one expert's parameters
-    in ``palm_6n``; the architecture-blind ``megatron_2021`` / ``narayanan_eq3`` none), so
-    the count is linear in ``top_k`` and the routed part is ``k (F(k + 1) - F(k))``, with
-    ``F`` the convention on the model without MTP modules (whose experts no routing or
-    capacity reaches) and at least ``k + 1`` experts (the router's ``h E`` is the same in
-    both terms and cancels).  Metrics scale it by the dropped fraction
+    layers contribute under ``convention`` (every routed token-expert assignment counted):
+    ``6 m h fe`` per assignment in ``megatron_core_2025`` and ``nemo_24``, one expert's
+    parameters in ``palm_6n``, none in the architecture-blind ``megatron_2021`` /
+    ``narayanan_eq3`` (:func:`workloads.blocks.moe.routed_expert_part` finds it as
+    ``k (F(k + 1) - F(k))``).  Metrics scale it by the dropped fraction
     (:mod:`simulator.engine.metrics`, docs/modelling.md "MFU with token dropping")."""
-    if model.moe is None:
-        return 0.0
-    moe, k = model.moe, model.moe.top_k
-    base = dataclasses.replace(model, mtp_layers=0,
-                               moe=dataclasses.replace(moe, num_experts=max(moe.num_experts, k + 1)))
-    more = dataclasses.replace(base, moe=dataclasses.replace(base.moe, top_k=k + 1))
-    f = [model_flops_per_step(x, global_batch_size, seq_len, convention, vocab_size=vocab_size) for x in (base, more)]
-    return k * (f[1] - f[0])
+    return routed_expert_part(model, lambda m: model_flops_per_step(m, global_batch_size, seq_len, convention,
+                                                                    vocab_size=vocab_size))
