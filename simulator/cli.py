@@ -261,6 +261,10 @@ def summary_table(res) -> str:
     if "moe_dropped_fraction" in m:
         lines.insert(-1, f"  dropped tokens   {m['moe_dropped_tokens']:,} of {m['moe_routed_tokens']:,} token-expert "
                          f"assignments ({m['moe_dropped_fraction']:.2%}; capacity {sc.model.moe.capacity_factor})")
+        if "model_flops_per_step_dropless" in m and m['step_time_s'] > 0:
+            tf = m["model_flops_per_step_dropless"] / m["step_time_s"] / m["num_gpus"] / 1e12
+            lines.insert(-1, f"                   MFU and TFLOP/s count only the kept assignments; counting every "
+                             f"routed one (Megatron-LM's log): {tf:.1f} TFLOP/s per GPU")
     for k, v in sorted(m["breakdown_s"].items(), key=lambda kv: -kv[1]):
         lines.append(f"    {k:<14} {v:9.4f} s  {v / m['step_time_s']:6.1%}")
     util = ", ".join(f"{k} {v:.1%}" for k, v in m["link_utilization"].items())

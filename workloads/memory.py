@@ -105,6 +105,9 @@ Terms, with what each ``recompute_modules`` entry drops under selective recomput
     dropout_masks        2 x s b h x 1 byte, only with dropout > 0 (SP) --
 
 ``T = s b / t`` are the tokens a rank routes (MoE with TP needs SP in Megatron-Core).
+``imbalance`` is 1 for balanced routing, the capacity factor with token dropping, and under
+a skewed routing passed as ``moe_routing`` (dropless) the worst EP rank's received tokens
+over the stage's MoE layers over the balanced share (:func:`memory_estimate`).
 FlashAttention keeps no ``s^2`` term, so selective recomputation of the core attention
 is implicit with it.  For Korthikanti's GPT (GELU MLP of 4h, LayerNorm, dropout, no
 FlashAttention) the terms sum to ``sbh(34 + 5as/h)`` without parallelism,
@@ -151,6 +154,7 @@ All sizes are bytes; GB in messages is 1e9 bytes, as :class:`~topologies.GPUSpec
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import numbers
@@ -160,7 +164,8 @@ from dataclasses import dataclass
 from topologies import ConfigError
 
 from .blocks import layer_blocks
-from .blocks.moe import default_token_imbalance
+from .blocks.moe import default_token_imbalance, skewed_expert_load
+from .moe_routing import parse_routing
 from .memory_accounting import (ACTIVATION_TERMS, DEFAULT_RESERVE_BYTES, MEMORY_TERMS, RESERVE_PARTS,
                                 STATIC_ACCOUNTINGS, MemoryEstimate, MemoryOptions, StaticAccounting, _options,
                                 bytes_per_param, check_fits, effective_zero_stage, get_static_accounting)
@@ -388,9 +393,13 @@ def _add(acc: dict[str, float], terms: Mapping[str, float], times: float = 1.0) 
 class _Model:
     """Per-call caches shared by the stages of one configuration."""
 
-    def __init__(self, model: ModelSpec, parallel: ParallelConfig, opt: MemoryOptions, num_microbatches: int):
+    def __init__(self, model: ModelSpec, parallel: ParallelConfig, opt: MemoryOptions, num_microbatches: int,
+                 routing=None, seed: int = 0):
         self.model, self.parallel, self.opt = model, parallel, opt
         self.d = _Dims.build(model, parallel, opt)
+        self.num_microbatches, self.seed = num_microbatches, seed
+        # an explicit moe_token_imbalance wins over the routing
+        self.routing = routing if opt.moe_token_imbalance is None else None
         self.modules = _recomputed_modules(parallel)
         self.placement = _placement(model, parallel)
         vpp = 1 if parallel.schedule == "dualpipe" else parallel.vpp
@@ -406,16 +415,32 @@ class _Model:
             acc.optimizer_bytes if opt.optimizer_state_bytes is None else opt.optimizer_state_bytes, acc.source)
         self.zero = effective_zero_stage(parallel)
 
-    def layer(self, i: int, modules: frozenset[str]) -> dict[str, float]:
+    def layer(self, i: int, modules: frozenset[str], d: _Dims) -> dict[str, float]:
         blocks = layer_blocks(self.model, i)
-        key = (tuple(b.kind for b in blocks), modules)
+        key = (tuple(b.kind for b in blocks), modules, d.imbalance)
         if key not in self._layer_cache:
-            self._layer_cache[key] = _layer_terms(self.d, blocks, modules)
+            self._layer_cache[key] = _layer_terms(d, blocks, modules)
         return self._layer_cache[key]
 
+    def stage_dims(self, stage: int) -> tuple[_Dims, _Dims]:
+        """(dims for the stage's held activations, dims for its largest dispatch buffer): the
+        call's, unless a skewed routing sizes a dropless run's experts: then the worst EP
+        rank's load over the stage's MoE layers, and its worst single layer
+        (:func:`workloads.blocks.moe.skewed_expert_load`)."""
+        loads = None
+        if self.routing is not None:
+            m = self.model
+            layers = [(i, layer_blocks(m, i)) for c in self.placement[stage]
+                      for i in list(c.layers) + [m.num_layers + k for k in range(c.mtp)]]
+            loads = skewed_expert_load(m, self.parallel, self.routing, layers, self.num_microbatches, self.seed,
+                                       int(self.d.tok_sp))
+        if loads is None:
+            return self.d, self.d
+        return dataclasses.replace(self.d, imbalance=loads[0]), dataclasses.replace(self.d, imbalance=loads[1])
+
     # activations of one micro-batch in one chunk: (held terms, logits bytes, recompute working bytes)
-    def chunk_activations(self, chunk: _Chunk) -> tuple[dict[str, float], float, float]:
-        m, d, par = self.model, self.d, self.parallel
+    def chunk_activations(self, chunk: _Chunk, d: _Dims) -> tuple[dict[str, float], float, float]:
+        m, par = self.model, self.parallel
         h = m.hidden_size
         layers = list(chunk.layers) + [m.num_layers + k for k in range(chunk.mtp)]
         held: dict[str, float] = {}
@@ -428,16 +453,16 @@ class _Model:
                 n = par.recompute_num_layers or 1
                 groups = [layers[i:i + n] for i in range(0, n_main, n)] + [[i] for i in layers[n_main:]]
                 _add(held, inp, len(groups))
-                working = max(sum(sum(self.layer(i, none).values()) for i in g) for g in groups)
+                working = max(sum(sum(self.layer(i, none, d).values()) for i in g) for g in groups)
             else:
                 n = min(par.recompute_num_layers or n_main, n_main)
                 _add(held, inp, n)
                 for i in layers[n:]:
-                    _add(held, self.layer(i, none))
-                working = max((sum(self.layer(i, none).values()) for i in layers[:n]), default=0.0)
+                    _add(held, self.layer(i, none, d))
+                working = max((sum(self.layer(i, none, d).values()) for i in layers[:n]), default=0.0)
         else:
             for i in layers:
-                _add(held, self.layer(i, self.modules))
+                _add(held, self.layer(i, self.modules, d))
         sp_h = d.tok_sp * h
         if chunk.embedding:
             held["embedding"] = 8 * d.tok + (sp_h if m.dropout > 0 else 0.0)
@@ -478,7 +503,8 @@ class _Model:
         return p
 
     def estimate(self, stage: int, hbm_bytes: float | None) -> MemoryEstimate:
-        m, par, opt, d = self.model, self.parallel, self.opt, self.d
+        m, par, opt = self.model, self.parallel, self.opt
+        d, d_dispatch = self.stage_dims(stage)
         chunks = self.placement[stage]
         # static
         p = self.params(chunks)
@@ -490,7 +516,7 @@ class _Model:
         shard = (dense_dp, expert_dp) if self.zero >= 3 else (1, 1)
         fp8 = (p.gemm / shard[0] + p.gemm_expert / shard[1]) * opt.fp8_weight_copy_bytes_per_param
         # activations: the peak over the schedule of the held per-chunk sets
-        per_chunk = [self.chunk_activations(c) for c in chunks]
+        per_chunk = [self.chunk_activations(c, d) for c in chunks]
         chunk_bytes = [sum(t.values()) + lg for t, lg, _ in per_chunk]
         vectors = self.held[stage]
         best = max(vectors, key=lambda v: sum(n * x for n, x in zip(v, chunk_bytes)), default=(0,) * len(chunks))
@@ -505,7 +531,7 @@ class _Model:
         activations = {k: activations[k] for k in ACTIVATION_TERMS if activations.get(k)}
         # transient buffers
         layers = [i for c in chunks for i in c.layers] + [m.num_layers] * any(c.mtp for c in chunks)
-        dispatch = max((b.dispatch_buffer_bytes(d) for i in layers for b in layer_blocks(m, i)), default=0.0)
+        dispatch = max((b.dispatch_buffer_bytes(d_dispatch) for i in layers for b in layer_blocks(m, i)), default=0.0)
         held_params = p.dense + p.expert
         buckets = gather = 0.0
         if self.zero == 2:
@@ -524,7 +550,8 @@ class _Model:
             master_weights_bytes=static["master_weights"], optimizer_states_bytes=static["optimizer_states"],
             fp8_weight_copies_bytes=fp8, activations=activations, logits_bytes=logits,
             moe_dispatch_bytes=dispatch, cp_buffers_bytes=cp_buffer_bytes(m, par, d.e), dp_buckets_bytes=buckets, param_gather_bytes=gather,
-            reserve_bytes=float(opt.memory_reserve_bytes), hbm_bytes=hbm_bytes)
+            reserve_bytes=float(opt.memory_reserve_bytes), hbm_bytes=hbm_bytes,
+            moe_worst_rank_load=None if d is self.d else d.imbalance)
 
 
 def cp_buffer_bytes(model: ModelSpec, parallel: ParallelConfig, activation_bytes: float = 2.0) -> float:
@@ -561,7 +588,7 @@ def cp_buffer_bytes(model: ModelSpec, parallel: ParallelConfig, activation_bytes
 
 
 def _prepare(model: ModelSpec, parallel: ParallelConfig, num_microbatches: int | None,
-             gpu_hbm_bytes, options: MemoryOptions | None, knobs: dict):
+             gpu_hbm_bytes, options: MemoryOptions | None, knobs: dict, moe_routing=None, seed: int = 0):
     if not isinstance(model, ModelSpec):
         raise ConfigError("model", model, "expected a ModelSpec (workloads.load_model)")
     if not isinstance(parallel, ParallelConfig):
@@ -575,19 +602,24 @@ def _prepare(model: ModelSpec, parallel: ParallelConfig, num_microbatches: int |
     hbm = getattr(gpu_hbm_bytes, "hbm_bytes", gpu_hbm_bytes)
     if hbm is not None and (isinstance(hbm, bool) or not isinstance(hbm, numbers.Real) or hbm <= 0):
         raise ConfigError("gpu_hbm_bytes", gpu_hbm_bytes, "must be a positive number of bytes or a GPUSpec")
-    return _Model(model, parallel, opt, m), (None if hbm is None else float(hbm))
+    routing = None if moe_routing is None else parse_routing(moe_routing, "moe_routing")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ConfigError("seed", seed, "must be an integer >= 0")
+    return _Model(model, parallel, opt, m, routing, int(seed)), (None if hbm is None else float(hbm))
 
 
 def memory_estimates(model: ModelSpec, parallel: ParallelConfig, *, num_microbatches: int | None = None,
-                     gpu_hbm_bytes=None, options: MemoryOptions | None = None, **knobs) -> list[MemoryEstimate]:
+                     gpu_hbm_bytes=None, options: MemoryOptions | None = None, moe_routing=None, seed: int = 0,
+                     **knobs) -> list[MemoryEstimate]:
     """:func:`memory_estimate` for every pipeline stage, in stage order."""
-    calc, hbm = _prepare(model, parallel, num_microbatches, gpu_hbm_bytes, options, knobs)
+    calc, hbm = _prepare(model, parallel, num_microbatches, gpu_hbm_bytes, options, knobs, moe_routing, seed)
     return [calc.estimate(s, hbm) for s in range(parallel.pp)]
 
 
 def memory_estimate(model: ModelSpec, parallel: ParallelConfig, *, stage: int | None = None,
                     num_microbatches: int | None = None, gpu_hbm_bytes=None,
-                    options: MemoryOptions | None = None, **knobs) -> MemoryEstimate:
+                    options: MemoryOptions | None = None, moe_routing=None, seed: int = 0,
+                    **knobs) -> MemoryEstimate:
     """Peak memory of one rank of a pipeline stage, by term.
 
     Parameters
@@ -607,6 +639,14 @@ def memory_estimate(model: ModelSpec, parallel: ParallelConfig, *, stage: int | 
         Precision and implementation inputs; its fields may also be passed as keywords
         (``fp8_weight_copy_bytes_per_param=2``, ``accounting="zero_paper"``,
         ``memory_reserve_bytes=0``, ...).
+    moe_routing, seed : optional
+        The run's routing (:func:`workloads.moe_routing.parse_routing`) and seed.  A skewed
+        one (``skew``, ``zipf``, a trace) on a dropless MoE model sizes the expert rows by
+        the worst EP rank's load (``moe_token_imbalance`` per stage: the rank's tokens summed
+        over the stage's MoE layers, in its worst micro-batch, over the balanced sum; the
+        dispatch buffer by the worst single layer).  None, ``balanced`` or
+        ``forced_balanced``: the balanced estimate.  An explicit ``moe_token_imbalance``
+        or a capacity factor wins.
 
     Returns
     -------
@@ -620,7 +660,7 @@ def memory_estimate(model: ModelSpec, parallel: ParallelConfig, *, stage: int | 
         The model and the parallel layout do not go together (heads, experts, layer split,
         schedule and micro-batches), or an option is out of range.
     """
-    calc, hbm = _prepare(model, parallel, num_microbatches, gpu_hbm_bytes, options, knobs)
+    calc, hbm = _prepare(model, parallel, num_microbatches, gpu_hbm_bytes, options, knobs, moe_routing, seed)
     if stage is None:
         return max((calc.estimate(s, hbm) for s in range(parallel.pp)), key=lambda e: e.total_bytes)
     if isinstance(stage, bool) or not isinstance(stage, numbers.Integral) or not 0 <= stage < parallel.pp:

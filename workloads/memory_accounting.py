@@ -243,6 +243,11 @@ class MemoryEstimate:
     cp_buffers_bytes: float = 0.0
     """Context-parallel exchange buffers of one layer, by ``cp_comm_type``
     (:func:`cp_buffer_bytes`)."""
+    moe_worst_rank_load: float | None = None
+    """When a skewed routing sized the expert rows (dropless): the worst EP rank's tokens over
+    the balanced share, summed over the stage's MoE layers (the held activations' scale;
+    :func:`workloads.moe_routing.worst_rank_load`).  None: balanced rows, a capacity factor,
+    or an explicit ``moe_token_imbalance``."""
 
     @property
     def activations_bytes(self) -> float:
@@ -321,6 +326,9 @@ class MemoryEstimate:
                     if x:
                         lines.append(f"    {a:<18} {x / GB:10.3f} GB")
         lines.append(f"  {'total':<20} {self.total_bytes / GB:10.3f} GB")
+        if self.moe_worst_rank_load is not None:
+            lines.append(f"  (expert activations sized for the worst EP rank's tokens, "
+                         f"{self.moe_worst_rank_load:.3f}x the balanced share)")
         if self.hbm_bytes is not None:
             lines.append(f"  {'hbm':<20} {self.hbm_bytes / GB:10.3f} GB  ({'fits' if self.fits() else 'OOM'})")
         return "\n".join(lines)

@@ -43,7 +43,7 @@ from topologies import ConfigError
 
 __all__ = ["MoERouting", "parse_routing", "expert_load", "rank_load", "dispatch_matrix", "split_sources",
            "source_loads", "source_capacity", "apply_source_capacity", "apply_rank_budget", "source_dispatch_matrix",
-           "DROP_POLICIES"]
+           "DROP_POLICIES", "SKEWED_KINDS", "worst_rank_load"]
 
 #: Megatron-Core's ``--moe-token-drop-policy``: which tokens an over-full expert drops (the
 #: lowest routing probabilities, or the latest positions).  The count is the same either way.
@@ -52,6 +52,11 @@ DROP_POLICIES = ("probs", "position")
 #: (transformer_config.py; the ``ncclep`` backend is not modelled).
 DISPATCHERS = ("alltoall", "allgather", "flex")
 FLEX_BACKENDS = ("deepep", "hybridep")
+
+#: Routings whose loads are uneven by construction: the memory estimate sizes a dropless run's
+#: expert activations by the worst EP rank's load under them (:func:`worst_rank_load`).
+#: ``forced_balanced`` is balanced in expectation and keeps the balanced estimate.
+SKEWED_KINDS = ("skew", "zipf", "trace")
 
 _SPEC = re.compile(r"^(skew|zipf)\(\s*([0-9.eE+-]+)\s*\)$")
 
@@ -328,3 +333,41 @@ def source_dispatch_matrix(kept: np.ndarray, ep: int, bytes_per_token: float) ->
     for s in range(kept.shape[0]):
         rows[s % ep] += kept[s]
     return rows.reshape(ep, ep, -1).sum(axis=2).astype(float) * bytes_per_token
+
+
+def worst_rank_load(routing: MoERouting, tokens_per_source: int, num_sources: int, num_experts: int, top_k: int,
+                    ep: int, layers, num_microbatches: int, *, seed: int = 0,
+                    routed_layers: int | None = None) -> tuple[float, float]:
+    """How much more than the balanced share the most loaded EP rank receives, dropless:
+    ``(held, peak)``, both ratios >= 1.
+
+    ``held``: the tokens the worst EP rank receives summed over ``layers`` (the MoE layers
+    of one pipeline stage, whose expert activations it holds together for one micro-batch),
+    in the micro-batch where that sum is largest, over the same sum under balanced routing.
+    ``peak``: the largest single (layer, micro-batch) rank load over the balanced one (what
+    one dispatch buffer holds).  Layers at or above ``routed_layers`` (MTP modules, which
+    the program routes balanced) count as balanced.  A rank's load is that of its
+    ``E / ep`` experts (:func:`rank_load`) from the group's ``num_sources x
+    tokens_per_source`` tokens."""
+    layers = list(layers)
+    if not layers:
+        return 1.0, 1.0
+    pool = tokens_per_source * num_sources
+    balanced = pool * top_k / ep
+    per_mb = np.zeros((num_microbatches, ep))
+    peak = balanced
+    for mb in range(num_microbatches):
+        for layer in layers:
+            if routed_layers is not None and layer >= routed_layers:
+                per_mb[mb] += balanced
+                continue
+            if _trace_has_sources(routing):
+                load = source_loads(routing, tokens_per_source, num_sources, num_experts, top_k, layer=layer,
+                                    microbatch=mb, seed=seed).sum(axis=0)
+            else:
+                load = expert_load(routing, pool, num_experts, top_k, layer=layer, microbatch=mb, seed=seed)
+            ranks = rank_load(load, ep)
+            per_mb[mb] += ranks
+            peak = max(peak, float(ranks.max()))
+    held = float(per_mb.max()) / (balanced * len(layers))
+    return max(held, 1.0), max(peak / balanced, 1.0)

@@ -321,7 +321,7 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     _check_matching(prog)
     if with_memory:
         from .memory import memory_estimate     # noqa: PLC0415 (optional, heavier)
-        prog.memory = [memory_estimate(model, par, stage=s) for s in range(par.pp)]
+        prog.memory = [memory_estimate(model, par, stage=s, moe_routing=ctx.routing, seed=seed) for s in range(par.pp)]
     return prog
 
 

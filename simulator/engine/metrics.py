@@ -9,6 +9,10 @@ that crosses the step boundary is where it runs.  Definitions (each used once):
                       ``megatron_core_2025``, echoed as ``flop_convention``) / step time /
                       GPUs / 1e12.
 ``mfu``               model FLOPs / (step time x GPUs x dense peak of the recipe's GEMM dtype).
+                      With token dropping the model FLOPs leave out the dropped token-expert
+                      assignments (the convention's routed-expert part x kept fraction), so
+                      MFU <= HFU holds as without; ``model_flops_per_step_dropless`` keeps the
+                      convention's count of every routed assignment (what Megatron-LM logs).
 ``mfu_bf16_peak``     the same over the BF16 peak (comparable across precisions).
 ``hfu``               executed FLOPs (every compute op of the step, recompute included, over
                       all ranks) / (step time x GPUs x the same peak as ``mfu``).
@@ -35,7 +39,8 @@ scenario's ``memory_accounting`` and against ``(1 - hbm_headroom) x HBM`` (both 
                       budget): dropped / routed token-expert assignments over the step's MoE
                       layers; ``moe_routed_tokens`` (global batch x sequence x top-k x MoE
                       layers) and ``moe_dropped_tokens`` (fraction x routed) count them for
-                      the whole job (a token dropped by one of its k experts counts once).
+                      the whole job (a token dropped by one of its k experts counts once);
+                      ``model_flops_per_step_dropless`` the convention's FLOPs with none dropped.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ import numpy as np
 
 from topologies.specs import TIERS
 from workloads import get_recipe
-from workloads.costs import DEFAULT_FLOP_CONVENTION, model_flops_per_step
+from workloads.costs import DEFAULT_FLOP_CONVENTION, model_flops_per_step, routed_expert_flops_per_step
 from workloads.ops import Phase, Stream
 
 __all__ = ["summarize", "breakdown", "layout_label", "describe_whatif"]
@@ -128,6 +133,13 @@ def summarize(res, snap_a=None, snap_b=None) -> dict:
     mf = prog.model_flops_per_step
     if sc.flop_convention != DEFAULT_FLOP_CONVENTION:
         mf = model_flops_per_step(sc.model, sc.parallel.batch_size, seq, convention=sc.flop_convention)
+    drops = _moe_drops(prog, tokens)
+    if drops:
+        # dropped token-expert assignments are no work of the model (docs/modelling.md, "MFU
+        # with token dropping"): the convention's routed-expert part counts only those kept
+        drops["model_flops_per_step_dropless"] = mf
+        mf -= prog.moe_drops["fraction"] * routed_expert_flops_per_step(sc.model, sc.parallel.batch_size, seq,
+                                                                        convention=sc.flop_convention)
     bd = {k: float(v) for k, v in bd.items()}
     exposed = {k: float(v) for k, v in exposed.items()}
     return {
@@ -143,7 +155,7 @@ def summarize(res, snap_a=None, snap_b=None) -> dict:
         "link_utilization": util,
         "peak_memory_bytes": max(e.total_bytes for e in res.memory) if res.memory else 0.0,
         **_memory_verdict(res.memory),
-        **_moe_drops(prog, sc.parallel.batch_size * seq),
+        **drops,
         "num_gpus": n,
         "model_flops_per_step": mf,
         "layout": layout_label(sc),

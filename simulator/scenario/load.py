@@ -122,7 +122,7 @@ class Scenario:
         # parallel gather), not in BF16
         quantised = recipe.fprop_format != "BF16"
         return memory_estimates(self.model, parallel or self.parallel, gpu_hbm_bytes=self.usable_hbm_bytes,
-                                accounting=self.memory_accounting,
+                                accounting=self.memory_accounting, moe_routing=self.moe_routing, seed=self.seed,
                                 fp8_weight_copy_bytes_per_param=recipe.extra_weight_bytes_per_param,
                                 linear_input_bytes=recipe.tp_gather_bytes_per_element if quantised else None,
                                 # the combined 1F1B's extra warm-up forward (workloads.schedules.interleaved)

@@ -13,14 +13,15 @@ from dataclasses import dataclass
 
 from topologies import ConfigError
 
-from ..moe_routing import DISPATCHERS, DROP_POLICIES, FLEX_BACKENDS
+from ..moe_routing import DISPATCHERS, DROP_POLICIES, FLEX_BACKENDS, SKEWED_KINDS, worst_rank_load
 
 from . import kernels as kn
 from .base import Block, RankParams, mlp_params, mlp_rank_params
 from .fields import bool_field, int_field, set_field, sub_spec
 from .shard import shard
 
-__all__ = ["MoESpec", "MoEBlock", "balanced_tokens", "default_token_imbalance", "balanced_tokens_per_expert", "capacity_tokens_per_expert"]
+__all__ = ["MoESpec", "MoEBlock", "balanced_tokens", "default_token_imbalance", "balanced_tokens_per_expert",
+           "capacity_tokens_per_expert", "routed_expert_part", "skewed_expert_load"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -212,6 +213,41 @@ def default_token_imbalance(model) -> float:
     """Rows an expert's buffers hold, as a multiple of the balanced share, when nothing else
     is said: the capacity factor with token dropping, else 1."""
     return model.moe.capacity_factor if model.moe is not None and model.moe.capacity_factor else 1.0
+
+
+def routed_expert_part(model, count) -> float:
+    """What the routed experts of the decoder's MoE layers contribute to ``count(model)``, a
+    model-FLOP count (:func:`workloads.costs.flops.routed_expert_flops_per_step`).
+
+    Every convention counts a MoE layer's routed experts as ``top_k`` equal per-token terms,
+    so a count is linear in ``top_k`` and the routed part is ``k (F(k + 1) - F(k))``, ``F``
+    the count of the model without MTP modules (no routing or capacity reaches their
+    experts) and with at least ``k + 1`` experts (the router's ``h E`` is the same in both
+    terms and cancels).  0 for a dense model."""
+    if model.moe is None:
+        return 0.0
+    moe, k = model.moe, model.moe.top_k
+    base = dataclasses.replace(model, mtp_layers=0,
+                               moe=dataclasses.replace(moe, num_experts=max(moe.num_experts, k + 1)))
+    more = dataclasses.replace(base, moe=dataclasses.replace(base.moe, top_k=k + 1))
+    return k * (count(more) - count(base))
+
+
+def skewed_expert_load(model, parallel, routing, layers, num_microbatches: int, seed: int,
+                       tokens_per_source: int) -> tuple[float, float] | None:
+    """``(held, peak)`` rows of the worst EP rank's experts over the balanced share
+    (:func:`workloads.moe_routing.worst_rank_load`) over the MoE layers among ``layers`` (a
+    pipeline stage's ``(index, blocks)``, MTP included), when a skewed ``routing`` (:data:`SKEWED_KINDS`) sets
+    them: a dropless MoE model.  None otherwise: balanced routing keeps the balanced rows, and
+    with a capacity factor or a rank budget the capacity bounds what a rank keeps
+    (:func:`default_token_imbalance`)."""
+    moe = model.moe
+    if (routing is None or routing.kind not in SKEWED_KINDS or moe is None or moe.capacity_factor is not None
+            or moe.expert_rank_capacity_factor is not None):
+        return None
+    moe_layers = [i for i, blocks in layers if any(isinstance(b, MoEBlock) for b in blocks)]
+    return worst_rank_load(routing, tokens_per_source, parallel.ep * parallel.expert_tp, moe.num_experts, moe.top_k,
+                           parallel.ep, moe_layers, num_microbatches, seed=seed, routed_layers=model.num_layers)
 
 
 class MoEBlock(Block):

@@ -114,7 +114,7 @@ from ..blocks.kernels import (ACT_BYTES, ATTN_BLOCK_SIZE, EXPERT_GROUPED_LINEARS
 from ..blocks.shard import positive_int as _positive_int
 from ..blocks.shard import shard as _shard
 from ..blocks.mamba import MAMBA_SCAN_LAUNCHES, check_mamba_split, mamba_scan_bytes, mamba_scan_kernels
-from ..blocks.moe import balanced_tokens_per_expert, capacity_tokens_per_expert
+from ..blocks.moe import balanced_tokens_per_expert, capacity_tokens_per_expert, routed_expert_part
 from ..blocks.mtp import mtp_epilogue, mtp_prologue
 from ..model import ModelSpec
 from ..parallel import ParallelConfig
@@ -123,7 +123,7 @@ __all__ = ["ComputeOp", "EXPERT_GROUPED_LINEARS", "OP_CLASSES", "PHASES", "GEMM_
            "layer_ops", "embedding_ops", "mamba_scan_bytes", "mamba_scan_kernels", "MAMBA_SCAN_LAUNCHES", "check_mamba_split", "output_ops", "optimizer_ops", "gemm_role", "sum_flops",
            "balanced_tokens_per_expert", "capacity_tokens_per_expert", "padded_vocab_size",
            "causal_executed_fraction", "window_executed_fraction", "FLOP_CONVENTIONS", "DEFAULT_FLOP_CONVENTION",
-           "get_flop_convention", "model_flops_per_step", "model_flops_per_token"]
+           "get_flop_convention", "model_flops_per_step", "model_flops_per_token", "routed_expert_flops_per_step"]
 
 OP_CLASSES = ("gemm", "attention", "elementwise")
 PHASES = ("F", "B", "W")
@@ -516,3 +516,16 @@ def model_flops_per_token(model: ModelSpec, seq_len: int | None = None,
     """Model FLOPs per trained token (forward + backward) under ``convention``."""
     s = _positive_int("parallel.seq_len", model.seq_len if seq_len is None else seq_len)
     return model_flops_per_step(model, 1, s, convention, vocab_size=vocab_size) / s
+
+
+def routed_expert_flops_per_step(model: ModelSpec, global_batch_size: int, seq_len: int | None = None,
+                                 convention: str = DEFAULT_FLOP_CONVENTION, *, vocab_size: int | None = None) -> float:
+    """The part of :func:`model_flops_per_step` that the routed experts of the decoder's MoE
+    layers contribute under ``convention`` (every routed token-expert assignment counted):
+    ``6 m h fe`` per assignment in ``megatron_core_2025`` and ``nemo_24``, one expert's
+    parameters in ``palm_6n``, none in the architecture-blind ``megatron_2021`` /
+    ``narayanan_eq3`` (:func:`workloads.blocks.moe.routed_expert_part` finds it as
+    ``k (F(k + 1) - F(k))``).  Metrics scale it by the dropped fraction
+    (:mod:`simulator.engine.metrics`, docs/modelling.md "MFU with token dropping")."""
+    return routed_expert_part(model, lambda m: model_flops_per_step(m, global_batch_size, seq_len, convention,
+                                                                    vocab_size=vocab_size))
