@@ -149,6 +149,31 @@ class RunState:
         """The run's network per physical link (set by the run)."""
         self.snaps: list = []
         """Network snapshots: the start, then as each step ends."""
+        self.procs: list = []
+        """Cell -> its simpy process."""
+        self.stopped = None
+        """The exception that stopped the job (:meth:`stop`), or None."""
+        self.stopped_at: dict = {}
+        """Cell -> (step, op) where :meth:`stop` interrupted it."""
+
+    def stop(self, exc: BaseException) -> None:
+        """Stop the job (a failed NIC a transfer needs: :class:`~simulator.engine.JobStopped`):
+        every cell's process still running is interrupted, at this instant, with ``exc`` as
+        the cause; the run then raises ``exc`` (the first, if several come).  The interrupts
+        go out from an event of their own: a network callback may run inside a cell's
+        process, which simpy does not let interrupt itself."""
+        if self.stopped is not None:
+            return
+        self.stopped = exc
+
+        def interrupt(_e):
+            for p in self.procs:
+                if p.is_alive:
+                    p.interrupt(exc)
+
+        ev = self.env.event()
+        ev.callbacks.append(interrupt)
+        ev.succeed()
 
     def plan(self, cls) -> "ClassPlan":
         p = self.plans.get(cls.class_id)
@@ -288,24 +313,30 @@ class CellActor:
     # -- the loop -------------------------------------------------------------------------
 
     def run(self):
-        """Every step: each op through its handler (:attr:`ClassPlan.handler_at`)."""
+        """The cell's process: every step, each op through its handler
+        (:attr:`ClassPlan.handler_at`), or up to where the job stops (:meth:`RunState.stop`)."""
         state, env, ops, cid = self.state, self.env, self.ops, self.cid
         handler_at, next_at, n_ops = self.plan.handler_at, self.plan.next_at, len(self.ops)
         current = state.current
-        for step in range(state.n_steps):
-            self.hc = max(self.hc, env.now)      # the previous step ended in a host sync (loss, grad norm)
-            i = 0
-            while i < n_ops:
-                op = ops[i]
-                current[cid] = (step, op)
-                yield from handler_at[i](self, op, i, step)
-                i = next_at[i]
-            if self.overlapped:
-                yield from self._wait_overlapped()
-            state.step_end[step][cid] = env.now
-            state.step_latch[step].hit()
-        if self.param_pending:
-            yield from _wait(env, [e for _, e in self.param_pending], self.wait_log, "dp")
+        try:
+            for step in range(state.n_steps):
+                self.hc = max(self.hc, env.now)      # the previous step ended in a host sync (loss, grad norm)
+                i = 0
+                while i < n_ops:
+                    op = ops[i]
+                    current[cid] = (step, op)
+                    yield from handler_at[i](self, op, i, step)
+                    i = next_at[i]
+                if self.overlapped:
+                    yield from self._wait_overlapped()
+                state.step_end[step][cid] = env.now
+                state.step_latch[step].hit()
+            if self.param_pending:
+                yield from _wait(env, [e for _, e in self.param_pending], self.wait_log, "dp")
+        except simpy.Interrupt:
+            state.stopped_at[cid] = current.get(cid)
+            state.left -= 1
+            return
         state.done_flags[cid] = True
         state.left -= 1
 

@@ -323,7 +323,8 @@ def _state(sc, prog, pert, coll, folding, free_comm) -> RunState:
     snapshots taken as each step ends."""
     cluster = pert.cluster
     if pert.watch and not free_comm:
-        _watch_failed_nics(coll.net, folding, pert.watch)
+        # (``state``, bound below, before anything runs)
+        _watch_failed_nics(coll.net, folding, pert.watch, lambda exc: state.stop(exc))
     for gc_id, cell in enumerate(folding.group_cells):
         coll.register_group(cell.rep_gpus, group_id=gc_id, multiplicity=cell.size)
     slowdown = COMM_SLOWDOWN[cluster.gpu.generation] if sc.overlap.get("comm_slowdown", True) and not free_comm else 1.0
@@ -340,14 +341,14 @@ def _state(sc, prog, pert, coll, folding, free_comm) -> RunState:
     snaps[0] = net.snapshot()
     for k, latch in enumerate(state.step_latch):
         latch.event.callbacks.append(lambda _e, k=k: snaps.__setitem__(k + 1, net.snapshot()))
-    for cid in range(folding.num_cells):
-        coll.env.process(CellActor(state, cid).run())
+    state.procs = [coll.env.process(CellActor(state, cid).run()) for cid in range(folding.num_cells)]
     return state
 
 
 def _loop(state: RunState, max_sim_time_s: float, progress_after_s: float) -> None:
-    """Step until every actor is done or the queue empties (simpy's run(until=T) would move
-    the clock to T even when nothing is left, hiding a deadlock behind a runaway); raise
+    """Step until every actor is done or stopped, or the queue empties (simpy's run(until=T)
+    would move the clock to T even when nothing is left, hiding a deadlock behind a runaway);
+    raise the :class:`JobStopped` that stopped the job (:meth:`RunState.stop`), or
     :class:`DeadlockError` or :class:`SimulationError` if some cell did not finish."""
     env = state.env
     if progress_after_s > 0 or limits.armed():
@@ -355,6 +356,8 @@ def _loop(state: RunState, max_sim_time_s: float, progress_after_s: float) -> No
     step_event = env.step
     while state.left and env.peek() <= max_sim_time_s:
         step_event()
+    if state.stopped is not None:
+        raise state.stopped
     if all(state.done_flags):
         return
     runaway = env.peek() != float("inf")
@@ -492,10 +495,11 @@ def _loop_in_chunks(env, state, max_sim_time_s, after_s) -> None:
         print(file=sys.stderr, flush=True)
 
 
-def _watch_failed_nics(net: FlowNetwork, folding: Folding, watch: list) -> None:
-    """Stop the job (JobStopped) when a transfer needs a failed NIC (see simulator.scenario.whatif):
-    the network reports transfers over the NICs' links (quotient links when folded: failed
-    NIC links are coloured apart, so they form cells of their own)."""
+def _watch_failed_nics(net: FlowNetwork, folding: Folding, watch: list, on_stop) -> None:
+    """Stop the job (``on_stop(JobStopped)``: :meth:`RunState.stop`) when a transfer needs a
+    failed NIC (see simulator.scenario.whatif): the network reports transfers over the NICs'
+    links (quotient links when folded: failed NIC links are coloured apart, so they form
+    cells of their own)."""
     n = net.num_links
     owner = np.full(n, -1, dtype=np.int64)
     for k, (_name, _gpus, links, _at) in enumerate(watch):
@@ -508,7 +512,7 @@ def _watch_failed_nics(net: FlowNetwork, folding: Folding, watch: list) -> None:
         if not ks:
             return
         name, gpus, _, _ = watch[ks[0]]
-        raise JobStopped(time_s, name, gpus)
+        on_stop(JobStopped(time_s, name, gpus))
 
     net.watch_links(owner >= 0, at_s, stop)
 

@@ -78,3 +78,49 @@ def test_the_golden_cases_use_every_issue_mode():
     used = {o.issue for name in cases() for c in _golden_program(name)[1].classes for o in c.ops
             if o.kind == KIND_COLLECTIVE}
     assert used == set(Issue)
+
+
+# -- a node failing mid-step -----------------------------------------------------------------
+
+_PIPE = {"model": {"preset": "tiny-dense", "num_layers": 4},
+         "cluster": {"preset": "dgx-h100", "num_nodes": 4, "hosts_per_leaf": 2},
+         "parallel": {"tp": 8, "pp": 2, "dp": 2, "global_batch_size": 8, "seq_len": 1024}, "num_steps": 2}
+
+
+def _run_pieces(scenario, fold=True):
+    """simulate._run's set-up and loop, keeping the run's state to look at."""
+    from simulator.collectives import CollectiveEngine
+    from simulator.engine.simulate import _folding, _loop, _state
+    import simpy
+    sc = load_scenario(copy.deepcopy(scenario))
+    prog, pert = _program(sc, None, None)
+    coll = CollectiveEngine(simpy.Environment(), pert.cluster, None)
+    state = _state(sc, prog, pert, coll, _folding(sc, prog, pert, coll, fold, False), False)
+    return state, lambda: _loop(state, 1e7, 0.0)
+
+
+@pytest.mark.parametrize("fold", [True, False], ids=["folded", "unfolded"])
+def test_a_node_failing_mid_step_interrupts_every_cell_and_stops_the_job(fold):
+    """Every NIC of host 1 fails in the middle of the second step: the job stops at the first
+    transfer that needs one of them after that instant.  Every cell's process is interrupted
+    there (simpy Process.interrupt, cause the JobStopped) and ends cleanly; the run raises the
+    JobStopped from its loop, not out of the network's callback."""
+    from simulator.engine import JobStopped, run
+    base = run(copy.deepcopy(_PIPE))
+    (s0, e0), (s1, e1) = base.step_bounds
+    mid = 0.5 * (s1 + e1)
+    failing = {**_PIPE, "whatif": {"failed_nics": [{"nic": f"nic1.{k}", "at_s": mid} for k in range(8)]}}
+    state, loop = _run_pieces(failing, fold)
+    with pytest.raises(JobStopped) as e:
+        loop()
+    assert e.traceback[-1].name == "_loop"
+    assert e.value is state.stopped and e.value.nic.startswith("nic1.")
+    assert mid <= e.value.time_s < e1
+    assert state.env.now == e.value.time_s            # stopped at that instant
+    assert state.left == 0 and not any(state.done_flags)
+    assert all(p.triggered and p.ok and not p.is_alive for p in state.procs)
+    assert set(state.stopped_at) == set(range(len(state.procs)))
+    assert all(step == 1 for step, _op in state.stopped_at.values())      # all of them in the second step
+    with pytest.raises(JobStopped) as e2:
+        run(copy.deepcopy(failing), fold=fold)
+    assert str(e2.value) == str(e.value)
