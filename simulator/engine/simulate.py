@@ -9,7 +9,9 @@ what-if or routing makes members differ (``fold=False``: one cell per rank).
 
 Actors
 ------
-One simpy process per cell runs its class's op list once for all of its ranks.  Its
+One simpy process per cell (:class:`~simulator.engine.actor.CellActor`) runs its class's
+op list once for all of its ranks, each op by its issue mode (``op.issue``, set by the kernel
+stack).  Its
 collectives are issued for every group cell its members belong to, each call counting the
 cell's members in it (the arrival latch of :class:`~simulator.collectives.CollectiveEngine`
 needs the whole group), so the traffic of all groups, axes and cells shares the network and
