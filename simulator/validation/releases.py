@@ -185,28 +185,7 @@ def bridge_settings(record: dict, par: dict, model_is_moe: bool) -> tuple[dict, 
     if "sequence_parallel" in k:
         p["sequence_parallel"] = bool(k["sequence_parallel"]) and tp > 1
         set_here.append(f"sequence_parallel={str(p['sequence_parallel']).lower()}")
-    gran = k.get("recompute_granularity")
-    if gran == "full":
-        p["recompute"] = "full"
-        if k.get("recompute_method"):
-            p["recompute_method"] = k["recompute_method"]
-        if k.get("recompute_num_layers"):
-            p["recompute_num_layers"] = int(k["recompute_num_layers"])
-        set_here.append(f"recompute full ({k.get('recompute_method')}, {k.get('recompute_num_layers')} layers)")
-    elif gran == "selective":
-        mods = list(k.get("recompute_modules") or ["core_attn"])
-        from workloads.parallel import RECOMPUTE_MODULES
-        unknown = [m for m in mods if m not in RECOMPUTE_MODULES]
-        mods = [m for m in mods if m in RECOMPUTE_MODULES]
-        if unknown:
-            notes.append(NOT_MODELLED + f"recompute of {', '.join(unknown)} (Megatron-Bridge recipe)")
-        p["recompute"] = "selective" if mods else "none"
-        if mods:
-            p["recompute_modules"] = mods
-        set_here.append(f"recompute selective {mods}")
-    else:
-        p["recompute"] = "none"
-        set_here.append("recompute none")
+    _recompute_settings(k, p, set_here, notes)
 
     host, graph_note = _cuda_graphs(k, model_is_moe)
     out["host"] = host
@@ -244,6 +223,42 @@ def bridge_settings(record: dict, par: dict, model_is_moe: bool) -> tuple[dict, 
     if model_is_moe:
         notes += _moe_settings(k, out, set_here, pp)
 
+    out["precision_options"] = _precision_settings(k, set_here)
+    notes.insert(0, f"Megatron-Bridge recipe ({link}): " + "; ".join(set_here))
+    notes += _not_modelled(k, model_is_moe, tp)
+    return out, notes
+
+
+def _recompute_settings(k: dict, p: dict, set_here: list, notes: list) -> None:
+    """The recipe's recomputation into the parallel section ``p`` (a selective module
+    Megatron-Core has and clustersim does not is noted as not modelled)."""
+    gran = k.get("recompute_granularity")
+    if gran == "full":
+        p["recompute"] = "full"
+        if k.get("recompute_method"):
+            p["recompute_method"] = k["recompute_method"]
+        if k.get("recompute_num_layers"):
+            p["recompute_num_layers"] = int(k["recompute_num_layers"])
+        set_here.append(f"recompute full ({k.get('recompute_method')}, {k.get('recompute_num_layers')} layers)")
+    elif gran == "selective":
+        mods = list(k.get("recompute_modules") or ["core_attn"])
+        from workloads.parallel import RECOMPUTE_MODULES
+        unknown = [m for m in mods if m not in RECOMPUTE_MODULES]
+        mods = [m for m in mods if m in RECOMPUTE_MODULES]
+        if unknown:
+            notes.append(NOT_MODELLED + f"recompute of {', '.join(unknown)} (Megatron-Bridge recipe)")
+        p["recompute"] = "selective" if mods else "none"
+        if mods:
+            p["recompute_modules"] = mods
+        set_here.append(f"recompute selective {mods}")
+    else:
+        p["recompute"] = "none"
+        set_here.append("recompute none")
+
+
+def _precision_settings(k: dict, set_here: list) -> dict:
+    """The recipe's precision options: BF16 layers at the ends of a low-precision run, FP8
+    parameter gathers."""
     popts = {}
     if (k.get("fp8") or k.get("fp4")) and "first_last_layers_bf16" in k:
         keep = bool(k["first_last_layers_bf16"])
@@ -253,10 +268,7 @@ def bridge_settings(record: dict, par: dict, model_is_moe: bool) -> tuple[dict, 
     if k.get("fp8") and k.get("fp8_param_gather"):
         popts["fp8_param_gather"] = True
         set_here.append("fp8_param_gather (FP8 parameter all-gather)")
-    out["precision_options"] = popts
-    notes.insert(0, f"Megatron-Bridge recipe ({link}): " + "; ".join(set_here))
-    notes += _not_modelled(k, model_is_moe, tp)
-    return out, notes
+    return popts
 
 
 def _moe_settings(k: dict, out: dict, set_here: list, pp: int) -> list[str]:
