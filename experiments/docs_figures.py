@@ -412,6 +412,36 @@ def config_search() -> dict[str, str]:
     return out
 
 
+@producer(level="long")
+def estimate_ranking() -> dict[str, str]:
+    """The estimator against the simulator on 200 feasible layouts of a 16-GPU space (an 8-layer
+    Llama-3 8B on 2 DGX H100, every knob free): the computation of the slow test
+    ``test_estimate_ranks_200_candidates_like_the_simulator`` (about 3 minutes)."""
+    import numpy as np
+
+    from simulator import run
+    from simulator.explore.search import SearchSpec, candidates, screen
+    spec = SearchSpec.from_dict({"model": {"preset": "llama3-8b", "num_layers": 8},
+                                 "cluster": {"preset": "dgx-h100", "num_nodes": 2}, "global_batch_size": 32,
+                                 "seq_len": 2048})
+    cands = candidates(spec)
+    rng = np.random.default_rng(0)
+    table = screen(spec, [cands[i] for i in rng.permutation(len(cands))[:600]])
+    ok = table[table["status"] == "ok"].head(200)
+    sims = []
+    for _, r in ok.iterrows():
+        par = {k: (int(r[k]) if k not in ("schedule", "recompute") else r[k]) for k in
+               ("tp", "cp", "pp", "dp", "ep", "micro_batch_size", "schedule", "vpp", "recompute", "zero_stage")}
+        sims.append(run({**spec.scenario_for({**par, "distributed_optimizer": par["zero_stage"] >= 1,
+                                              "sequence_parallel": par["tp"] > 1}), "num_steps": 2}
+                        ).metrics["step_time_s"])
+    est = ok["est_step_s"].to_numpy()
+    rank = lambda v: np.argsort(np.argsort(v))          # noqa: E731 (as the slow test ranks them)
+    rho = float(np.corrcoef(rank(est), rank(np.array(sims)))[0, 1])
+    return {"spearman": f"{rho:.3f}",
+            "median_pct": f"{np.median(np.abs(est / np.array(sims) - 1)) * 100:.1f}"}
+
+
 # ---------------------------------------------------------------------------------------------
 # Accuracy figures, from the committed prediction tables
 
