@@ -170,7 +170,7 @@ from .memory_accounting import (ACTIVATION_TERMS, DEFAULT_RESERVE_BYTES, MEMORY_
                                 STATIC_ACCOUNTINGS, MemoryEstimate, MemoryOptions, StaticAccounting, _options,
                                 bytes_per_param, check_fits, effective_zero_stage, get_static_accounting)
 from .model import ModelSpec
-from .parallel import ParallelConfig, parse_pipeline_layout, split_layers
+from .parallel import ParallelConfig, mtp_per_virtual_stage, split_layers
 from .schedules import ActionKind, get_schedule, peak_in_flight
 
 __all__ = ["ACTIVATION_TERMS", "cp_buffer_bytes", "DEFAULT_RESERVE_BYTES", "MEMORY_TERMS", "RESERVE_PARTS", "STATIC_ACCOUNTINGS",
@@ -327,12 +327,7 @@ def _placement(model: ModelSpec, parallel: ParallelConfig) -> list[list[_Chunk]]
     vpp = 1 if bidirectional else parallel.vpp
     nvs = pp * vpp
     per_vs = [counts[k % pp][k // pp] for k in range(nvs)]      # virtual stage k = chunk k//pp of stage k%pp
-    mtp = [0] * nvs
-    if parallel.pipeline_layout is not None:
-        for k, tokens in enumerate(parse_pipeline_layout(parallel.pipeline_layout)):
-            mtp[k] = tokens.count("m")
-    else:
-        mtp[-1] = model.mtp_layers
+    mtp = mtp_per_virtual_stage(parallel, model.mtp_layers, nvs)
     chunks, start = [], 0
     for k in range(nvs):
         chunks.append(_Chunk(tuple(range(start, start + per_vs[k])), k == 0, k == nvs - 1, mtp[k]))

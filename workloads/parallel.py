@@ -411,6 +411,16 @@ def parse_pipeline_layout(layout: str, where: str = "parallel.pipeline_layout") 
     return [list(stage) for stage in flat.split("|")]
 
 
+def mtp_per_virtual_stage(cfg: ParallelConfig, mtp_layers: int, num_virtual_stages: int) -> list[int]:
+    """MTP modules each virtual stage holds: where ``pipeline_layout`` puts its ``m`` tokens,
+    else all of them on the last (Megatron-Core builds them in the post-process stage)."""
+    if cfg.pipeline_layout is not None:
+        return [tokens.count("m") for tokens in parse_pipeline_layout(cfg.pipeline_layout)]
+    out = [0] * num_virtual_stages
+    out[-1] = mtp_layers
+    return out
+
+
 def split_layers(num_layers: int, cfg: ParallelConfig, mtp_layers: int = 0,
                  where: str = "parallel") -> list[list[int]]:
     """Transformer layers per (stage, chunk): ``result[stage][chunk]``.

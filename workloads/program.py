@@ -71,7 +71,7 @@ from .mesh import RankGrid
 from .model import ModelSpec
 from .moe_routing import parse_routing
 from .ops import Group, Op, OpKind, is_p2p
-from .parallel import ParallelConfig, parse_pipeline_layout, split_layers
+from .parallel import ParallelConfig, mtp_per_virtual_stage, split_layers
 from .schedules import get_schedule
 from .stacks.megatron_te.context import _Ctx
 from .stacks.megatron_te.moe import _drops_tokens, _moe_signature
@@ -335,11 +335,10 @@ def _chunk_layers(model: ModelSpec, par: ParallelConfig, sched) -> list[tuple[in
         per_k = [counts[k][0] for k in range(par.pp)]
     else:
         per_k = [counts[k % par.pp][k // par.pp] for k in range(par.pp * par.vpp)]
-    mtp = [0] * len(per_k)
-    if par.pipeline_layout is not None and sched.layout != "bidirectional":
-        mtp = [tokens.count("m") for tokens in parse_pipeline_layout(par.pipeline_layout)]
+    if sched.layout == "bidirectional":
+        mtp = [0] * (len(per_k) - 1) + [model.mtp_layers]
     else:
-        mtp[-1] = model.mtp_layers
+        mtp = mtp_per_virtual_stage(par, model.mtp_layers, len(per_k))
     chunk_layers, start, next_mtp = [], 0, model.num_layers
     for n, extra in zip(per_k, mtp):
         chunk_layers.append(tuple(range(start, start + n)) + tuple(range(next_mtp, next_mtp + extra)))

@@ -13,6 +13,7 @@ from simulator.engine import run
 from simulator.explore.estimate import estimate
 from simulator.explore.search import SearchSpec, candidates, pareto_mask, screen, search
 from simulator.explore.sweep import LocalExecutor, Store
+from tests.experiment_scripts import load_experiment
 from topologies import ConfigError
 
 TINY8 = {"model": "tiny-dense", "cluster": {"preset": "dgx-h100", "num_nodes": 1}, "global_batch_size": 16,
@@ -107,35 +108,18 @@ def test_pareto_mask():
     assert pareto_mask(df, "m", "t").tolist() == [True, True, False, False, True]
 
 
-def _spearman(a, b):
-    ra = np.argsort(np.argsort(a))
-    rb = np.argsort(np.argsort(b))
-    return float(np.corrcoef(ra, rb)[0, 1])
-
-
 @pytest.mark.slow
 def test_estimate_ranks_200_candidates_like_the_simulator(capsys):
     """Spearman rank correlation >= 0.9 between estimate and simulation on 200 feasible
-    layouts (a 16-GPU, 2-host search space of a small Llama, every knob free)."""
-    spec = SearchSpec.from_dict({"model": {"preset": "llama3-8b", "num_layers": 8},
-                                 "cluster": {"preset": "dgx-h100", "num_nodes": 2}, "global_batch_size": 32,
-                                 "seq_len": 2048})
-    cands = candidates(spec)
-    rng = np.random.default_rng(0)
-    table = screen(spec, [cands[i] for i in rng.permutation(len(cands))[:600]])
-    ok = table[table["status"] == "ok"].head(200)
-    assert len(ok) == 200
-    sims = []
-    for _, r in ok.iterrows():
-        par = {k: (int(r[k]) if k not in ("schedule", "recompute") else r[k]) for k in
-               ("tp", "cp", "pp", "dp", "ep", "micro_batch_size", "schedule", "vpp", "recompute", "zero_stage")}
-        sims.append(run({**spec.scenario_for({**par, "distributed_optimizer": par["zero_stage"] >= 1,
-                                              "sequence_parallel": par["tp"] > 1}), "num_steps": 2},
-                        ).metrics["step_time_s"])
-    rho = _spearman(ok["est_step_s"].to_numpy(), np.array(sims))
+    layouts (a 16-GPU, 2-host search space of a small Llama, every knob free).  The layouts
+    and runs are experiments/docs_figures.py's, which quotes the figures in the docs."""
+    figures = load_experiment("docs_figures")
+    est, sims = figures.estimate_against_simulation(200)
+    assert len(est) == 200
+    rho = figures.rank_correlation(est, sims)
     with capsys.disabled():
         print(f"\nestimate vs simulation on 200 candidates: Spearman {rho:.3f}, "
-              f"median |est/sim - 1| {np.median(np.abs(ok['est_step_s'].to_numpy() / sims - 1)):.1%}")
+              f"median |est/sim - 1| {np.median(np.abs(est / sims - 1)):.1%}")
     assert rho >= 0.9
 
 
