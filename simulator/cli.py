@@ -920,7 +920,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except JobStopped as e:
         # a what-if failure the job does not survive: the result is the stop itself
-        print(f"clustersim: {e}", file=sys.stderr)
+        done = e.progress()
+        print(f"clustersim: {e}" + (f" ({done})" if done else ""), file=sys.stderr)
         return 1
     except BrokenPipeError:
         # the reader went away (`clustersim ... --json | head`): end quietly, as Unix tools

@@ -671,3 +671,17 @@ def test_a_hugging_face_config_with_a_key_twice_exits_2_naming_it(tmp_path, caps
         assert main(argv) == 2
         _one_line_error(capsys, "hf_config = ", "key 'num_hidden_layers' is given twice in one JSON object "
                                                 "(again on line 5)")
+
+
+def test_a_stopped_job_says_when_and_how_far_it_got(tmp_path, capsys):
+    """A NIC failure the job does not survive: one line, exit 1, naming the NIC, the instant
+    and how many steps had completed (the failure is at t = 0, so none)."""
+    import yaml
+    cfg = tmp_path / "stop.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "model": {"preset": "tiny-dense", "num_layers": 4}, "cluster": {"preset": "dgx-h100", "num_nodes": 4},
+        "parallel": {"tp": 8, "pp": 2, "dp": 2, "global_batch_size": 8, "seq_len": 1024}, "num_steps": 2,
+        "whatif": {"failed_nics": [{"nic": "nic1.0", "at_s": 0.0}]}}))
+    assert main(["run", str(cfg), "--quiet"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "NIC nic1.0" in err[0] and err[0].endswith("(0 of 2 steps had completed)")

@@ -27,6 +27,16 @@ class JobStopped(RuntimeError):
         # args are the fields (simpy re-creates a process's exception from its args)
         super().__init__(time_s, nic, tuple(gpus))
         self.time_s, self.nic, self.gpus = time_s, nic, tuple(gpus)
+        self.steps_completed: int | None = None
+        """Steps every cell had finished when the job stopped (set by the run)."""
+        self.num_steps: int | None = None
+        """Steps the run was to simulate (set by the run)."""
+
+    def progress(self) -> str:
+        """``"1 of 3 steps had completed"``, or "" when the run did not say."""
+        if self.steps_completed is None:
+            return ""
+        return f"{self.steps_completed} of {self.num_steps} steps had completed"
 
     def __str__(self) -> str:
         gl = ", ".join(f"gpu{g}" for g in self.gpus)

@@ -359,7 +359,11 @@ def _loop(state: RunState, max_sim_time_s: float, progress_after_s: float) -> No
     while state.left and env.peek() <= max_sim_time_s:
         step_event()
     if state.stopped is not None:
-        raise state.stopped
+        exc = state.stopped
+        if isinstance(exc, JobStopped):
+            exc.steps_completed = min((step for step, _op in state.stopped_at.values()), default=state.n_steps)
+            exc.num_steps = state.n_steps
+        raise exc
     if all(state.done_flags):
         return
     runaway = env.peek() != float("inf")

@@ -121,6 +121,8 @@ def test_a_node_failing_mid_step_interrupts_every_cell_and_stops_the_job(fold):
     assert all(p.triggered and p.ok and not p.is_alive for p in state.procs)
     assert set(state.stopped_at) == set(range(len(state.procs)))
     assert all(step == 1 for step, _op in state.stopped_at.values())      # all of them in the second step
+    assert (e.value.steps_completed, e.value.num_steps) == (1, 2)
+    assert e.value.progress() == "1 of 2 steps had completed"
     with pytest.raises(JobStopped) as e2:
         run(copy.deepcopy(failing), fold=fold)
     assert str(e2.value) == str(e.value)
