@@ -63,8 +63,10 @@ REACHED = {
     # overlap rules), so a guard on coverage and the gap, not a target reached: every row
     # simulates since models built from dimensions take the architecture their stated size
     # names (MPT: GELU, learned positions, tied embeddings); predicted fast, worse on H100 and
-    # at long sequence (docs/accuracy.md).
-    "llmfoundry": (189, 189, 14.64),
+    # at long sequence (docs/accuracy.md).  11.43 % on the llm_foundry kernel stack (its Triton
+    # attention costed as FlashAttention v1, measured): short sequences land, long ones are
+    # now predicted slow.
+    "llmfoundry": (189, 189, 11.43),
 }
 """Coverage and median absolute step-time error reached (see the module docstring)."""
 

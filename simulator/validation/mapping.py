@@ -103,6 +103,10 @@ Framework defaults for empty cells (echoed per row in ``notes``), :data:`FRAMEWO
   default there; no sequence parallelism, no recompute, no p2p overlap.
 * **torchtitan**: FSDP2 (ZeRO-3), sequence parallelism with TP (its TP plan shards norms
   along the sequence), selective recompute (its default ``activation_checkpoint.mode``).
+* **llm-foundry** (contains "llm-foundry" or "composer"): the ``llm_foundry`` kernel stack
+  (its Triton FlashAttention kernel); where the row is silent FSDP FULL_SHARD (ZeRO-3), no
+  sequence parallelism, no recompute, gradient-reduce and parameter-gather overlap on
+  (``scripts/train/benchmarking/submit_benchmarks.py``).
 * anything else: clustersim's own defaults (Megatron-Core as in NVIDIA's recipes:
   sequence_parallel with TP, distributed optimizer, selective recompute, overlap on), noted.
 
@@ -191,6 +195,15 @@ FRAMEWORKS: dict[str, dict] = {
         "convention": "megatron_core_2025",
         "source": "microsoft/DeepSpeed deepspeed/runtime/zero/config.py (ZeRO off unless configured; overlap_comm "
                   "defaults to True only at stage 3); its pipeline engine does not overlap p2p",
+    },
+    "llm_foundry": {
+        "label": "llm-foundry benchmark runs (Composer, PyTorch FSDP1)",
+        "sequence_parallel": False, "zero_stage": 3, "distributed_optimizer": True, "recompute": "none",
+        "overlap": {"grad_reduce": True, "param_gather": True, "p2p": False, "tp_comm": False},
+        "convention": "megatron_core_2025",
+        "stack": "llm_foundry",
+        "source": "mosaicml/llm-foundry scripts/train/benchmarking/submit_benchmarks.py (FSDP FULL_SHARD, no "
+                  "activation checkpointing unless the run sets it; attn_impl triton): the llm_foundry kernel stack",
     },
     "default": {
         "label": "clustersim defaults (Megatron-Core as in NVIDIA recipes)",
@@ -387,6 +400,8 @@ def _framework(text: str) -> tuple[str, list[str]]:
         return "deepspeed", []
     if "torchtitan" in t:
         return "torchtitan", []
+    if "llm-foundry" in t or "llmfoundry" in t or "composer" in t:
+        return "llm_foundry", []
     return "default", [f"framework {text or 'not stated'!r} not recognised: {FRAMEWORKS['default']['label']}"]
 
 
@@ -644,6 +659,9 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
                 "precision": precision, "overlap": overlap, "num_steps": 2}
     if popts:
         scenario["precision_options"] = popts
+    if prof.get("stack"):
+        scenario["framework"] = prof["stack"]
+        notes.append(f"kernel stack {prof['stack']}")
     if prof.get("grad_reduce_dtype"):
         scenario["grad_reduce_dtype"] = prof["grad_reduce_dtype"]
         notes.append(f"grad_reduce_dtype={prof['grad_reduce_dtype']} ({prof['label']})")

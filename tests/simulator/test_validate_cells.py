@@ -252,3 +252,18 @@ def test_progress_bar_prints_a_line_per_tenth_off_a_terminal():
     lines = out.getvalue().splitlines()
     assert len(lines) == 11 and lines[-1].startswith("[" + "#" * 30 + "] 100/100 rows")
     assert "left" in lines[0] and "left" not in lines[-1]
+
+
+def test_llm_foundry_rows_run_on_the_llm_foundry_stack():
+    """A row whose framework cell names llm-foundry / Composer runs on the ``llm_foundry``
+    kernel stack (its attention kernel), with FSDP FULL_SHARD read from the row."""
+    import csv
+
+    from simulator.validation.mapping import row_to_scenario
+    path = Path(__file__).resolve().parents[2] / "experiments" / "reference" / "published_runs_llmfoundry.csv"
+    with path.open() as f:
+        row = next(csv.DictReader(f))
+    scenario, notes = row_to_scenario(row, "published")
+    assert scenario["framework"] == "llm_foundry" and "kernel stack llm_foundry" in notes
+    assert scenario["parallel"]["zero_stage"] == 3
+    assert load_scenario(scenario).framework == "llm_foundry"

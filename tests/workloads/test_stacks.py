@@ -4,6 +4,7 @@ the estimator read what it sets."""
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -63,9 +64,9 @@ def get_gpu():
 
 
 def test_unknown_framework_is_refused_with_the_known_ones():
-    with pytest.raises(ConfigError, match="megatron_core"):
+    with pytest.raises(ConfigError, match="megatron_core, llm_foundry"):
         get_stack("torchtitan")
-    assert set(KERNEL_STACKS) == {DEFAULT_STACK}
+    assert set(KERNEL_STACKS) == {DEFAULT_STACK, "llm_foundry"}
 
 
 def test_a_block_the_stack_does_not_lower_is_refused_before_any_work():
@@ -126,3 +127,15 @@ def test_fusion_choices_are_the_stacks():
     clamps = {f: sum(o.name == "expert_clamp" for o in layer_ops(oss, par, 0, fusion=Fusion(expert_op_fuser=f)))
               for f in ("always", "never", "with_rank_budget")}
     assert clamps == {"always": 0, "never": 2, "with_rank_budget": 2}
+
+
+def test_llm_foundry_differs_from_the_default_stack_in_its_attention_kernel_only():
+    """The llm_foundry stack is the default one with llm-foundry's Triton FlashAttention (costed
+    as FlashAttention v1): same lowering, schedule and overlap rules, and only the
+    core-attention ops cost more."""
+    from workloads.stacks.megatron_te import STACK as MC
+    lf = get_stack("llm_foundry")
+    assert lf.fusion.attention_backend == "flash_attention_1" and MC.fusion.attention_backend == "flash"
+    for f in ("lowering", "stage_program", "assign_issue_modes", "check_layout", "kernel_rows", "segment_key"):
+        assert getattr(lf, f) is getattr(MC, f)
+    assert replace(lf.fusion, attention_backend="flash") == MC.fusion

@@ -169,7 +169,7 @@ class AttentionBlock(Block):
             a = kn.ACT_BYTES * rope_elems
             ops.pair(kn.ew_pair("rope", L, 2 * a, 2 * a, *args.fusion.rope_kernels))
             ops.pair(kn.attention("core_attn", L, sh, heads, heads, m.qk_head_dim, m.v_head_dim, causal, block,
-                                  window))
+                                  window, args.fusion.attention_backend))
             ops.linear("out_proj", T, h, heads * m.v_head_dim)
         else:
             d = model.head_dim
@@ -187,7 +187,8 @@ class AttentionBlock(Block):
                 else:
                     ops.pair(_unfused_rope(L, a))
             if model.flash_attention:
-                ops.pair(kn.attention("core_attn", L, sh, heads, kv_local, d, d, causal, block, window))
+                ops.pair(kn.attention("core_attn", L, sh, heads, kv_local, d, d, causal, block, window,
+                                      args.fusion.attention_backend))
             else:
                 _unfused_attention(L, sh, heads, d, model.dropout, ops)
             if gate:

@@ -37,6 +37,10 @@ class Fusion:
     ``always`` or ``never``; otherwise they run as eager kernels."""
     cross_entropy_fused: bool = False
     """Megatron's ``--cross-entropy-loss-fusion`` (off by default, as in Megatron-LM)."""
+    attention_backend: str = "flash"
+    """The fused attention kernel (:data:`workloads.costs.compute.ATTENTION_BACKENDS`):
+    ``flash`` is the best kernel of each generation (FlashAttention-2 on Ampere, FlashAttention-3
+    or cuDNN on Hopper and Blackwell, which Transformer Engine picks between)."""
 
     def rope_fused(self, model) -> bool:
         """Whether ``model``'s RoPE runs as the fused kernel."""

@@ -73,6 +73,8 @@ class AttentionShape(NamedTuple):
     mask: str
     window: int | None
     cp: int
+    backend: str = "flash"
+    """The kernel that runs it (:data:`workloads.costs.compute.ATTENTION_BACKENDS`)."""
 
 
 class MemoryBound(NamedTuple):
@@ -279,7 +281,8 @@ def activation(name: str, layer: int, tokens: float, width: int, mlp: str):
 
 
 def attention(name: str, layer: int, sh: Shard, heads: int, kv_heads: int, d_qk: int, d_v: int,
-               causal: bool, block: int, window: int | None = None) -> tuple[ComputeOp, ComputeOp]:
+               causal: bool, block: int, window: int | None = None,
+               backend: str = "flash") -> tuple[ComputeOp, ComputeOp]:
     s, cp = sh.s, sh.cp
     if not causal:
         frac = 1.0
@@ -297,7 +300,7 @@ def attention(name: str, layer: int, sh: Shard, heads: int, kv_heads: int, d_qk:
     f_bytes = ACT_BYTES * (q + kv + o) + FP32 * sh.b * sq * heads
     b_bytes = ACT_BYTES * (2 * q + 2 * kv + 2 * o) + FP32 * sh.b * sq * heads
     mask = "full" if not causal else ("window" if window is not None else "causal")
-    shape = AttentionShape(sh.b, heads, kv_heads, sq, s, d_qk, d_v, mask, window if causal else None, cp)
+    shape = AttentionShape(sh.b, heads, kv_heads, sq, s, d_qk, d_v, mask, window if causal else None, cp, backend)
     # one kernel per ring step with CP; backward: preprocess (dO . O), main, dQ conversion
     return (ComputeOp(name, "F", "attention", fwd, sq, s, d_qk, f_bytes, cp, layer, attention=shape),
             ComputeOp(name, "B", "attention", 2.5 * fwd, sq, s, d_qk, b_bytes, 2 * cp + 1, layer, attention=shape))

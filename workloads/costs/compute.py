@@ -63,7 +63,8 @@ from .precision import DTYPE_BYTES, PrecisionRecipe, get_recipe
 
 __all__ = ["ComputeModel", "RooflineComputeModel", "MeasuredComputeModel", "GemmModel", "AttentionModel",
            "MemoryModel", "LaunchModel", "OpCost", "SM_COUNTS", "GEMM_TILES", "MAMF_BEST_SHAPES",
-           "MAMF_FALLBACK_FRACTION", "FLASH_ATTENTION_EFFICIENCY", "FA_HEAD_DIM_FACTOR", "head_dim_factor", "SUSTAINED_FRACTION", "CHIP_SPREAD",
+           "MAMF_FALLBACK_FRACTION", "FLASH_ATTENTION_EFFICIENCY", "ATTENTION_BACKENDS",
+           "BACKEND_HEAD_DIM_FACTOR", "FA_HEAD_DIM_FACTOR", "head_dim_factor", "SUSTAINED_FRACTION", "CHIP_SPREAD",
            "slowest_chip_factor", "expected_max_normal", "HBM_EFFICIENCY", "KERNEL_HBM_FRACTION", "LAUNCH_OVERHEAD_S",
            "HOST_MODES", "HOST_COSTS", "HostCosts", "host_costs", "CUDA_GRAPH_SCOPES", "COMPUTE_MODELS", "get_compute_model", "num_sms"]
 
@@ -165,6 +166,36 @@ FLASH_ATTENTION_EFFICIENCY: dict[tuple[str, str], dict[str, float]] = {
     ("blackwell", "fp16"): {"F": 0.71, "B": 0.51},
     ("blackwell", "fp8"): {"F": 0.60, "B": 0.45},
 }
+
+ATTENTION_BACKENDS: dict[str, dict[tuple[str, str], dict[str, float]]] = {
+    # backend -> (generation, dtype) -> {"F", "B"} fraction of the dense peak, as in
+    # FLASH_ATTENTION_EFFICIENCY (16k tokens, head dim 128, causal), for fused attention
+    # kernels other than each generation's best.  "flash" is FLASH_ATTENTION_EFFICIENCY itself.
+    #
+    # flash_attention_1: the CUDA FlashAttention v1 (written for Ampere's mma instructions).
+    # Measured on A100 80GB and H100 80GB in the same charts
+    # (experiments/reference/kernels/flash_attention_readme_charts.csv): forward + backward
+    # 83 and 137 TFLOP/s at 16k tokens, causal, head dim 128 (FlashAttention-2: 189 and 328).
+    # The charts give forward + backward only; the split is taken from FlashAttention-2's
+    # Ampere entry (B / F = 0.55 / 0.70): an assumption.  With backward FLOPs 2.5x the
+    # forward, the combined fraction is 3.5 F / (1 + 2.5 / 0.786) = 0.837 F: A100
+    # F = 83 / 312 / 0.837 = 0.318, H100 F = 137 / 989 / 0.837 = 0.1655.  Blackwell: none.
+    "flash_attention_1": {
+        ("ampere", "bf16"): {"F": 0.318, "B": 0.250},
+        ("ampere", "fp16"): {"F": 0.318, "B": 0.250},
+        ("hopper", "bf16"): {"F": 0.1655, "B": 0.130},
+        ("hopper", "fp16"): {"F": 0.1655, "B": 0.130},
+    },
+}
+"""Fused attention kernels by name (:attr:`workloads.blocks.fusion.Fusion.attention_backend`)."""
+
+BACKEND_HEAD_DIM_FACTOR: dict[str, tuple[tuple[int, float], ...]] = {
+    # backend -> its own FA_HEAD_DIM_FACTOR.  FlashAttention v1 is faster per FLOP at head
+    # dim 64 than at 128 (causal, 16k tokens: A100 97 / 83 = 1.17, H100 156 / 137 = 1.14 in
+    # flash_attention_readme_charts.csv); 1.15 taken for both.
+    "flash_attention_1": ((64, 1.15), (128, 1.0)),
+}
+"""Head-dim factors of the backends whose head-dim behaviour differs from FlashAttention's."""
 
 FA_HEAD_DIM_FACTOR: tuple[tuple[int, float], ...] = (
     # (head dim, attention efficiency relative to head dim 128): FLASH_ATTENTION_EFFICIENCY
@@ -414,29 +445,35 @@ class AttentionModel:
     table: dict = field(default_factory=lambda: dict(FLASH_ATTENTION_EFFICIENCY))
     seq_half: int = FA_SEQ_HALF
 
-    def efficiency(self, phase: str, dtype: str, seq_len: float, head_dim: float | None = None) -> float:
+    def efficiency(self, phase: str, dtype: str, seq_len: float, head_dim: float | None = None,
+                   backend: str = "flash") -> float:
         """Fraction of the ``dtype`` peak for a forward (``F``) or backward (``B``) pass with
         ``seq_len`` queries per sequence on the rank and query/key heads of ``head_dim``
-        (None: 128, the head dim the table holds for; :data:`FA_HEAD_DIM_FACTOR`)."""
+        (None: 128, the head dim the table holds for; :data:`FA_HEAD_DIM_FACTOR`), run by the
+        kernel ``backend`` (:data:`ATTENTION_BACKENDS`; ``flash``: :attr:`table`)."""
+        table = self.table if backend == "flash" else ATTENTION_BACKENDS.get(backend)
+        if table is None:
+            raise ConfigError("attention backend", backend, f"unknown; known: flash, {', '.join(ATTENTION_BACKENDS)}")
         try:
-            eff = self.table[(self.generation, dtype)][phase]
+            eff = table[(self.generation, dtype)][phase]
         except KeyError:
-            raise ConfigError("precision", dtype, f"no FlashAttention efficiency for {dtype} {phase} on "
+            raise ConfigError("precision", dtype, f"no {backend} attention efficiency for {dtype} {phase} on "
                                                   f"{self.generation} GPUs") from None
         s = max(float(seq_len), 1.0)
         ramp = (s / (s + self.seq_half)) / (_FA_REFERENCE_SEQ / (_FA_REFERENCE_SEQ + self.seq_half))
-        return eff * min(1.0, ramp) * head_dim_factor(head_dim)
+        return eff * min(1.0, ramp) * head_dim_factor(head_dim, BACKEND_HEAD_DIM_FACTOR.get(backend))
 
 
-def head_dim_factor(head_dim: float | None) -> float:
-    """Attention efficiency at ``head_dim`` relative to head dim 128 (:data:`FA_HEAD_DIM_FACTOR`).
+def head_dim_factor(head_dim: float | None, points: tuple | None = None) -> float:
+    """Attention efficiency at ``head_dim`` relative to head dim 128 (``points``, by default
+    :data:`FA_HEAD_DIM_FACTOR`).
 
     >>> head_dim_factor(64), head_dim_factor(128), head_dim_factor(192), round(head_dim_factor(96), 3)
     (0.7669753086419753, 1.0, 1.0, 0.883)
     """
     if not head_dim:
         return 1.0
-    pts = FA_HEAD_DIM_FACTOR
+    pts = points or FA_HEAD_DIM_FACTOR
     d = float(head_dim)
     if d <= pts[0][0]:
         return pts[0][1]
@@ -583,7 +620,8 @@ class RooflineComputeModel(ComputeModel):
         if op.op_class == "attention":
             dtype = self.recipe.attention_dtype
             phase = "F" if (op.phase == "F" or op.recompute) else "B"
-            eff = self.attention.efficiency(phase, dtype, op.m, op.k) * self.sustained["attention"]
+            backend = op.attention.backend if op.attention is not None else "flash"
+            eff = self.attention.efficiency(phase, dtype, op.m, op.k, backend) * self.sustained["attention"]
             compute_s = op.flops / (self.attention.peak_flops[dtype] * eff) if op.flops else 0.0
             return OpCost(compute_s, self.memory.time_s(op.mem_bytes), launch_s, dtype, eff)
         if op.op_class == "elementwise":

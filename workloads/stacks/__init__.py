@@ -1,17 +1,19 @@
 """Kernel stacks: how each training framework runs the blocks (:mod:`.base`), by name.
 
-Only Megatron-Core with Transformer Engine (``megatron_core``, :mod:`.megatron_te`) exists so
-far; a new framework is a package beside it registered in :data:`KERNEL_STACKS`.
+Megatron-Core with Transformer Engine (``megatron_core``, :mod:`.megatron_te`) is the default
+and the one modelled in full; ``llm_foundry`` (:mod:`.llm_foundry`) changes its attention
+kernel only.  A new framework is a package beside them registered in :data:`KERNEL_STACKS`.
 """
 
 from topologies import ConfigError
 
 from .base import KernelStack
+from .llm_foundry import STACK as LLM_FOUNDRY
 from .megatron_te import STACK as MEGATRON_CORE
 
 __all__ = ["DEFAULT_STACK", "KERNEL_STACKS", "KernelStack", "get_stack"]
 
-KERNEL_STACKS: dict[str, KernelStack] = {s.name: s for s in (MEGATRON_CORE,)}
+KERNEL_STACKS: dict[str, KernelStack] = {s.name: s for s in (MEGATRON_CORE, LLM_FOUNDRY)}
 DEFAULT_STACK = MEGATRON_CORE.name
 
 
