@@ -730,8 +730,14 @@ def _layout(res) -> str:
     return layout_label(res)
 
 
+def _goodput(args) -> int:
+    from .goodput.cli import goodput_command
+    return goodput_command(args, _scenario_spec(args))
+
+
 COMMANDS = {"run": _run, "compare": _compare, "validate": _validate, "presets": _presets, "topo": _topo, "collectives": _collectives,
-            "memory": _print_memory, "schedule": _schedule, "sweep": _sweep, "search": _search, "demo": _demo}
+            "memory": _print_memory, "schedule": _schedule, "sweep": _sweep, "search": _search, "demo": _demo,
+            "goodput": _goodput}
 """Subcommand -> its handler (returns the exit status)."""
 
 
@@ -825,6 +831,8 @@ def _add_inspect(sub) -> None:
     _scenario_args(p)
     p.add_argument("--strict", action="store_true", help="exit 3 when a stage does not fit the GPU's HBM")
     sub.add_parser("demo", help="the default demo: a 32-GPU H100 cluster, its collectives and contention")
+    from .goodput.cli import add_parser as _add_goodput
+    _scenario_args(_add_goodput(sub))
 
 
 def _add_explore(sub) -> None:

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"topologies": 0, "workloads": 1, "simulator": 2}
 """Top-level packages by rank."""
 
-ROOMS = {"scenario": 0, "network": 0, "collectives": 1, "engine": 2, "report": 3, "explore": 4, "validation": 4,
+ROOMS = {"scenario": 0, "network": 0, "collectives": 1, "engine": 2, "report": 3, "explore": 4, "validation": 4, "goodput": 4,
          "cli": 5, "__init__": 6}
 """simulator's rooms by rank (the sub-package, or the module for ``cli`` and the package's
 ``__init__``, which re-exports the public API)."""

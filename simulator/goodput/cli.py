@@ -1,0 +1,151 @@
+"""``clustersim goodput``: time to train a scenario's layout for a number of tokens, with
+failures, checkpoints and restarts (:mod:`simulator.goodput.model`)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+from pathlib import Path
+
+from topologies import ConfigError
+
+from .model import FailureCause, RunModel, monte_carlo, young_interval_s
+from .rates import LLAMA3_CAUSES
+
+__all__ = ["add_parser", "goodput_command", "CHECKPOINT_BYTES_PER_PARAM", "STORAGE_BYTES_PER_S", "RESTART_S"]
+
+CHECKPOINT_BYTES_PER_PARAM = 14
+"""BF16 weights (2 B), FP32 master weights (4 B) and Adam's two moments (8 B) per parameter:
+what a mixed-precision Adam run saves to resume (gradients are not saved)."""
+STORAGE_BYTES_PER_S = 2e12
+"""Aggregate checkpoint write bandwidth: the 2 TB/s sustained of Meta's Llama 3 training
+storage (arXiv:2407.21783, §3.3.1, Tectonic; peak 7 TB/s).  Set yours with --storage-gbps."""
+RESTART_S = 600.0
+"""From a failure to steps running again: detection, rescheduling, process start,
+communicator set-up, checkpoint load and warm-up.  An assumption (10 minutes): no published
+breakdown at scale; set yours with --restart-s."""
+
+
+def add_parser(sub):
+    """The ``goodput`` subparser (the caller adds the scenario overrides ``run`` takes)."""
+    p = sub.add_parser("goodput", help="time to train for N tokens with failures, checkpoints and restarts "
+                                       "(Monte Carlo on simpy)")
+    p.add_argument("scenario", help="scenario YAML (its step is simulated unless --step-time is given)")
+    p.add_argument("--tokens", type=float, required=True, help="tokens to train, e.g. 15e12")
+    p.add_argument("--step-time", type=float, metavar="S", help="step time in seconds instead of simulating the step")
+    p.add_argument("--checkpoint-interval", default="auto", metavar="S|auto",
+                   help="productive seconds between checkpoints; auto: Daly's optimum for the job's MTBF (default)")
+    p.add_argument("--checkpoint-s", type=float, metavar="S",
+                   help="blocking time of one checkpoint write (default: 14 B per parameter over --storage-gbps)")
+    p.add_argument("--storage-gbps", type=float, default=STORAGE_BYTES_PER_S / 1e9,
+                   help="aggregate checkpoint write bandwidth in GB/s (default 2000, Llama 3's storage)")
+    p.add_argument("--restart-s", type=float, default=RESTART_S, help="seconds from a failure to steps running "
+                                                                      "again (default 600, an assumption)")
+    p.add_argument("--failures", metavar="CSV", help="failure causes: columns name, kind, per (gpu, node or job), "
+                                                     "rate_per_hour (default: Llama 3's Table 5 as rates)")
+    p.add_argument("--failure-scale", type=float, default=1.0, help="multiply every failure rate (default 1)")
+    p.add_argument("--runs", type=int, default=200, help="Monte Carlo runs (default 200)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0): same seed, same answer")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--out", metavar="DIR", help="write samples.csv (one row per run) and goodput.png")
+    return p
+
+
+def _causes(args) -> tuple[FailureCause, ...]:
+    if args.failure_scale < 0 or not math.isfinite(args.failure_scale):
+        raise ConfigError("--failure-scale", args.failure_scale, "must be a finite number >= 0")
+    causes = LLAMA3_CAUSES
+    if args.failures:
+        with open(args.failures, newline="") as f:
+            rows = list(csv.DictReader(f))
+        need = {"name", "kind", "per", "rate_per_hour"}
+        if not rows or set(rows[0]) != need:
+            raise ConfigError("--failures", args.failures, f"needs exactly the columns {', '.join(sorted(need))}")
+        try:
+            causes = tuple(FailureCause(r["name"], r["kind"], r["per"], float(r["rate_per_hour"])) for r in rows)
+        except ValueError as e:
+            raise ConfigError("--failures", args.failures, f"rate_per_hour must be a number ({e})") from None
+    return tuple(FailureCause(c.name, c.kind, c.per, c.rate_per_hour * args.failure_scale) for c in causes)
+
+
+def _positive(name: str, v) -> None:
+    if v is not None and not (v > 0 and math.isfinite(v)):
+        raise ConfigError(name, v, "must be a finite number > 0")
+
+
+def _run_model(args, sc) -> tuple[RunModel, dict]:
+    """The run for the scenario: its step (simulated or given), steps for the tokens, the
+    checkpoint write time from the parameter count, and the failure causes."""
+    for name in ("--tokens", "--step-time", "--storage-gbps"):
+        _positive(name, getattr(args, name[2:].replace("-", "_")))
+    interval = None if args.checkpoint_interval == "auto" else _interval(args.checkpoint_interval)
+    step_s = args.step_time
+    if step_s is None:
+        from ..engine import run
+        step_s = float(run(sc, fold=True, progress=False).metrics["step_time_s"])
+    tokens_per_step = sc.parallel.global_batch_size * sc.parallel.seq_len
+    steps = math.ceil(args.tokens / tokens_per_step)
+    params = sc.model.num_params(include_mtp=True)
+    ckpt = args.checkpoint_s if args.checkpoint_s is not None else \
+        params * CHECKPOINT_BYTES_PER_PARAM / (args.storage_gbps * 1e9)
+    model = RunModel(work_s=steps * step_s, num_gpus=sc.cluster.num_gpus, gpus_per_node=sc.cluster.gpus_per_host,
+                     causes=_causes(args), checkpoint_s=ckpt, restart_s=args.restart_s, interval_s=interval)
+    return model, {"step_s": step_s, "steps": steps, "tokens_per_step": tokens_per_step, "params": params}
+
+
+def _interval(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise ConfigError("--checkpoint-interval", text, "must be seconds (a number > 0) or auto") from None
+    _positive("--checkpoint-interval", v)
+    return v
+
+
+def _print_summary(sc, model: RunModel, s: dict, info: dict) -> None:
+    day, hour = 86400.0, 3600.0
+    print(f"{sc.name}: {sc.model.name} on {model.num_gpus:,} x {sc.cluster.gpu.name}, {sc.parallel.describe()}")
+    print(f"  {info['steps']:,} steps of {info['step_s']:.3g} s ({info['tokens_per_step']:,} tokens each): "
+          f"{model.work_s / day:.2f} days of steps without failures")
+    print(f"  time to train: {s['wall_mean_s'] / day:.2f} days mean (+-{s['wall_sem_s'] / day:.2f}), "
+          f"p50 {s['wall_p50_s'] / day:.2f}, p90 {s['wall_p90_s'] / day:.2f}; goodput {s['goodput']:.1%} "
+          f"({s['runs']} runs, seed {s['seed']})")
+    print(f"  job MTBF {model.mtbf_s / hour:.2f} h; checkpoint {model.checkpoint_s:.3g} s every "
+          f"{model.interval / 60:.1f} min ({'given' if model.interval_s else 'auto: Daly'}; Young "
+          f"{young_interval_s(model.checkpoint_s, model.mtbf_s) / 60:.1f} min); restart {model.restart_s:.0f} s")
+    total = sum(s["interruptions"].values())
+    top = sorted(s["interruptions"].items(), key=lambda kv: -kv[1])[:5]
+    print(f"  interruptions: {total:.1f} per run; " + ", ".join(f"{k} {v:.1f}" for k, v in top))
+    lost = {k: v for k, v in s["time_s"].items() if k != "productive"}
+    print("  time by kind: " + ", ".join(f"{k} {v / hour:,.1f} h ({v / s['wall_mean_s']:.1%})" for k, v in lost.items()))
+
+
+def _write_out(out: Path, result) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [{"run": i, "wall_s": o.wall_s, "goodput": o.goodput, **{f"{k}_s": v for k, v in o.time_s.items()},
+             "interruptions": sum(o.interruptions.values())} for i, o in enumerate(result.outcomes)]
+    with open(out / "samples.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+    from .charts import goodput_figure
+    return [out / "samples.csv", goodput_figure(result, out / "goodput.png")]
+
+
+def goodput_command(args, spec) -> int:
+    """The command on the scenario ``spec`` (a path or a mapping, as ``run`` loads it)."""
+    from ..scenario import load_scenario
+    sc = load_scenario(spec)
+    model, info = _run_model(args, sc)
+    result = monte_carlo(model, runs=args.runs, seed=args.seed)
+    s = result.summary()
+    if args.json:
+        print(json.dumps({**s, **info}, indent=1, default=float))
+    else:
+        _print_summary(sc, model, s, info)
+    if args.out:
+        for p in _write_out(Path(args.out), result):
+            print(f"wrote {p}", file=sys.stderr)
+    return 0

@@ -1,0 +1,256 @@
+"""The whole training run: steps, failures, checkpoints and restarts, by Monte Carlo on simpy.
+
+A run needs ``work_s`` seconds of productive step time.  It computes in segments of
+``interval_s`` and writes a checkpoint (``checkpoint_s``, blocking) at the end of each.
+Failures arrive as independent Poisson processes, one per cause (:class:`FailureCause`), at
+any moment: while computing, while writing a checkpoint, while restarting.  A failure loses
+the segment in progress (computed work and any part-written checkpoint) and costs a restart
+(``restart_s``: detection, rescheduling, process start, communicator set-up, checkpoint load,
+warm-up) before the segment starts again; a failure during a restart starts the restart again.
+
+That is the model of Daly's higher-order estimate (J. T. Daly, "A higher order estimate of
+the optimum checkpoint interval for restart dumps", Future Generation Computer Systems 22,
+2006): with ``M`` the job's mean time between failures, the expected wall time of ``n``
+segments of ``interval_s`` is ``n M e^(R/M) (e^((interval + C)/M) - 1)``
+(:func:`daly_expected_wall_s`), and its optimum interval (:func:`daly_optimal_interval_s`)
+tends to Young's ``sqrt(2 C M)`` (J. W. Young, CACM 17, 1974) when ``C << M``.  The Monte
+Carlo reproduces the formula (tests/simulator/test_goodput.py); what it adds is the
+distribution (p50, p90), the causes and the time lost by kind.
+
+Not modelled yet: hot spares, data-parallel replicas as the unit of fault tolerance, slow
+(not failed) GPUs or links, asynchronous checkpoint writes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from topologies import ConfigError
+
+__all__ = ["FailureCause", "GoodputResult", "RunModel", "RunOutcome", "simulate_run", "monte_carlo", "daly_expected_wall_s",
+           "daly_optimal_interval_s", "young_interval_s"]
+
+HOUR = 3600.0
+UNITS = ("gpu", "node", "job")
+
+
+@dataclass(frozen=True)
+class FailureCause:
+    """One cause of interruptions: ``rate_per_hour`` per ``per`` (a GPU, a node or the whole
+    job); ``kind`` keeps hardware apart from software and maintenance."""
+
+    name: str
+    kind: str
+    per: str
+    rate_per_hour: float
+
+    def __post_init__(self):
+        if self.per not in UNITS:
+            raise ConfigError(f"failures.{self.name}.per", self.per, f"must be one of {', '.join(UNITS)}")
+        if not (isinstance(self.rate_per_hour, (int, float)) and self.rate_per_hour >= 0
+                and math.isfinite(self.rate_per_hour)):
+            raise ConfigError(f"failures.{self.name}.rate_per_hour", self.rate_per_hour, "must be a finite number >= 0")
+
+
+@dataclass(frozen=True)
+class RunModel:
+    """A training run: the work, the job's size, its failure causes and its checkpoint policy."""
+
+    work_s: float
+    """Productive step time the run needs (steps x step time)."""
+    num_gpus: int
+    gpus_per_node: int
+    causes: tuple[FailureCause, ...]
+    checkpoint_s: float
+    """Blocking time of one checkpoint write."""
+    restart_s: float
+    """Time from a failure until steps run again (detection, rescheduling, start-up, load)."""
+    interval_s: float | None = None
+    """Productive time between checkpoints; None: Daly's optimum for this job."""
+
+    def __post_init__(self):
+        for name in ("work_s", "checkpoint_s", "restart_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ConfigError(f"run.{name}", v, "must be a finite number of seconds >= 0")
+        if self.work_s <= 0:
+            raise ConfigError("run.work_s", self.work_s, "must be > 0")
+        if self.interval_s is not None and not (self.interval_s > 0 and math.isfinite(self.interval_s)):
+            raise ConfigError("run.checkpoint_interval_s", self.interval_s, "must be > 0 (or auto)")
+        if self.num_gpus < 1 or self.gpus_per_node < 1:
+            raise ConfigError("run.num_gpus", self.num_gpus, "must be >= 1, with gpus_per_node >= 1")
+
+    def units(self, per: str) -> float:
+        return {"gpu": self.num_gpus, "node": math.ceil(self.num_gpus / self.gpus_per_node), "job": 1}[per]
+
+    def rates_per_s(self) -> np.ndarray:
+        """Each cause's interruption rate for this job, per second."""
+        return np.array([c.rate_per_hour * self.units(c.per) / HOUR for c in self.causes], dtype=float)
+
+    @property
+    def mtbf_s(self) -> float:
+        """The job's mean time between interruptions (inf without failures)."""
+        lam = float(self.rates_per_s().sum())
+        return math.inf if lam == 0 else 1.0 / lam
+
+    @property
+    def interval(self) -> float:
+        """The checkpoint interval in effect (the given one, or Daly's optimum)."""
+        if self.interval_s is not None:
+            return float(self.interval_s)
+        return daly_optimal_interval_s(self.checkpoint_s, self.mtbf_s)
+
+
+def young_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
+    """Young's first-order optimum ``sqrt(2 C M)``."""
+    return math.sqrt(2.0 * checkpoint_s * mtbf_s)
+
+
+def daly_optimal_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
+    """Daly's higher-order optimum: ``sqrt(2CM) [1 + sqrt(C/2M)/3 + (C/2M)/9] - C`` for
+    ``C < 2M``, else ``M``; infinite without failures."""
+    if math.isinf(mtbf_s):
+        return math.inf
+    c, m = checkpoint_s, mtbf_s
+    if c >= 2 * m:
+        return m
+    x = c / (2 * m)
+    return math.sqrt(2 * c * m) * (1 + math.sqrt(x) / 3 + x / 9) - c
+
+
+def daly_expected_wall_s(work_s: float, interval_s: float, checkpoint_s: float, restart_s: float,
+                         mtbf_s: float) -> float:
+    """Expected wall time of ``work_s / interval_s`` segments, each ``interval_s`` of work and a
+    checkpoint, under exponential failures of mean ``mtbf_s`` that also strike restarts:
+    ``M e^(R/M) (e^((tau + C)/M) - 1) work / tau`` (Daly 2006, eq. for T_w)."""
+    m = mtbf_s
+    if math.isinf(m):
+        return work_s / interval_s * (interval_s + checkpoint_s)
+    return m * math.exp(restart_s / m) * math.expm1((interval_s + checkpoint_s) / m) * work_s / interval_s
+
+
+@dataclass
+class RunOutcome:
+    """One simulated run: its wall time, the interruptions by cause and the time by kind."""
+
+    wall_s: float = 0.0
+    interruptions: dict = field(default_factory=dict)
+    time_s: dict = field(default_factory=lambda: {"productive": 0.0, "checkpoint": 0.0, "lost_work": 0.0,
+                                                   "lost_checkpoint": 0.0, "restart": 0.0})
+
+    @property
+    def goodput(self) -> float:
+        return self.time_s["productive"] / self.wall_s if self.wall_s else 1.0
+
+
+# -- one run -----------------------------------------------------------------------------------
+def _restart(env, out: RunOutcome, restart_s: float):
+    """Restart until it completes (a failure during a restart starts it again)."""
+    while True:
+        t0 = env.now
+        try:
+            yield env.timeout(restart_s)
+            out.time_s["restart"] += restart_s
+            return
+        except simpy.Interrupt:
+            out.time_s["restart"] += env.now - t0
+
+
+def _job(env, model: RunModel, out: RunOutcome, interval_s: float):
+    """Segments of work, each followed by a checkpoint; a failure loses the segment."""
+    remaining, ckpt = model.work_s, model.checkpoint_s
+    while remaining > 0:
+        seg = min(interval_s, remaining)
+        start, ck_start = env.now, None
+        try:
+            yield env.timeout(seg)
+            ck_start = env.now
+            yield env.timeout(ckpt)
+        except simpy.Interrupt:
+            if ck_start is None:
+                out.time_s["lost_work"] += env.now - start
+            else:
+                out.time_s["lost_work"] += seg
+                out.time_s["lost_checkpoint"] += env.now - ck_start
+            yield from _restart(env, out, model.restart_s)
+            continue
+        remaining -= seg
+        out.time_s["productive"] += seg
+        out.time_s["checkpoint"] += ckpt
+
+
+def _failures(env, job, rng, rates: np.ndarray, causes, out: RunOutcome):
+    """Superposed Poisson processes: the next failure after an exponential wait of the total
+    rate, its cause drawn in proportion to the causes' rates."""
+    total = float(rates.sum())
+    probs = rates / total
+    while True:
+        yield env.timeout(rng.exponential(1.0 / total))
+        if not job.is_alive:
+            return
+        cause = causes[int(rng.choice(len(causes), p=probs))].name
+        out.interruptions[cause] += 1
+        job.interrupt(cause)
+
+
+def simulate_run(model: RunModel, seed) -> RunOutcome:
+    """One run of ``model`` on a simpy event loop, its randomness from ``seed`` (an int or a
+    numpy SeedSequence): the same seed, the same run, bit for bit."""
+    rng = np.random.default_rng(seed)
+    env = simpy.Environment()
+    out = RunOutcome(interruptions={c.name: 0 for c in model.causes})
+    job = env.process(_job(env, model, out, model.interval))
+    rates = model.rates_per_s()
+    if rates.sum() > 0:
+        env.process(_failures(env, job, rng, rates, model.causes, out))
+    env.run(until=job)
+    out.wall_s = env.now
+    return out
+
+
+# -- many runs ---------------------------------------------------------------------------------
+@dataclass
+class GoodputResult:
+    """Monte Carlo over ``runs`` seeded runs of one :class:`RunModel`."""
+
+    model: RunModel
+    seed: int
+    outcomes: list
+
+    @property
+    def wall_s(self) -> np.ndarray:
+        return np.array([o.wall_s for o in self.outcomes])
+
+    def summary(self) -> dict:
+        """Time to train (mean with its standard error, p50, p90), goodput, the interval used,
+        mean interruptions by cause and mean time by kind."""
+        w = self.wall_s
+        n = len(w)
+        kinds = self.outcomes[0].time_s.keys()
+        return {
+            "runs": n, "seed": self.seed, "work_s": self.model.work_s, "mtbf_s": self.model.mtbf_s,
+            "interval_s": self.model.interval, "checkpoint_s": self.model.checkpoint_s,
+            "restart_s": self.model.restart_s,
+            "wall_mean_s": float(w.mean()), "wall_sem_s": float(w.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0,
+            "wall_p50_s": float(np.percentile(w, 50)), "wall_p90_s": float(np.percentile(w, 90)),
+            "goodput": float(np.mean([o.goodput for o in self.outcomes])),
+            "interruptions": {c.name: float(np.mean([o.interruptions[c.name] for o in self.outcomes]))
+                              for c in self.model.causes},
+            "time_s": {k: float(np.mean([o.time_s[k] for o in self.outcomes])) for k in kinds},
+            "daly_expected_wall_s": daly_expected_wall_s(self.model.work_s, self.model.interval,
+                                                         self.model.checkpoint_s, self.model.restart_s,
+                                                         self.model.mtbf_s),
+        }
+
+
+def monte_carlo(model: RunModel, runs: int = 200, seed: int = 0) -> GoodputResult:
+    """``runs`` independent runs of ``model``, run ``i`` seeded by the ``i``-th child of
+    ``SeedSequence(seed)`` (so a run's randomness does not depend on how many others run)."""
+    if not (isinstance(runs, int) and runs >= 1):
+        raise ConfigError("runs", runs, "must be an integer >= 1")
+    seeds = np.random.SeedSequence(seed).spawn(runs)
+    return GoodputResult(model, seed, [simulate_run(model, s) for s in seeds])

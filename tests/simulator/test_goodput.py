@@ -1,0 +1,158 @@
+"""The whole-run model against closed forms: Daly's expected wall time over a curve of
+checkpoint intervals, Young's optimum, exact accounting and bit-for-bit seeded runs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from simulator.goodput import (LLAMA3_CAUSES, FailureCause, RunModel, daly_expected_wall_s, daly_optimal_interval_s,
+                               monte_carlo, simulate_run, young_interval_s)
+from topologies import ConfigError
+
+H = 3600.0
+
+
+def _model(interval_h, *, mtbf_h=10.0, ckpt_min=10.0, restart_min=20.0, work_h=80.0):
+    """A one-cause job with the given MTBF (one GPU failing at 1 / mtbf per hour)."""
+    cause = FailureCause("gpu", "hardware", "gpu", 1.0 / mtbf_h)
+    return RunModel(work_s=work_h * H, num_gpus=1, gpus_per_node=8, causes=(cause,), checkpoint_s=ckpt_min * 60,
+                    restart_s=restart_min * 60, interval_s=None if interval_h is None else interval_h * H)
+
+
+@pytest.mark.parametrize("interval_h", [0.5, 1.0, 2.0, 4.0, 8.0])
+def test_monte_carlo_follows_dalys_curve_over_checkpoint_intervals(interval_h):
+    """Exponential failures (M = 10 h), checkpoint 10 min, restart 20 min, 80 h of work: the
+    Monte Carlo mean wall time agrees with Daly's closed form within 3.5 standard errors at
+    every interval of the curve (0.5 h to 8 h: the closed form moves by 33 % over it)."""
+    m = _model(interval_h)
+    s = monte_carlo(m, runs=300, seed=7).summary()
+    expected = daly_expected_wall_s(m.work_s, m.interval, m.checkpoint_s, m.restart_s, m.mtbf_s)
+    assert abs(s["wall_mean_s"] - expected) <= 3.5 * s["wall_sem_s"]
+    assert s["daly_expected_wall_s"] == expected
+
+
+def test_optimum_is_youngs_when_checkpoints_are_cheap_and_dalys_minimum_otherwise():
+    """C << M: Daly's optimum is Young's sqrt(2 C M) to 0.5 %; at C / M = 1/60 it is the
+    minimum of Daly's own expected wall time (found numerically) to 1 %, and Young's is 2 % off."""
+    assert daly_optimal_interval_s(1.0, 1e5) == pytest.approx(young_interval_s(1.0, 1e5), rel=0.005)
+    c, m, r = 600.0, 36000.0, 1200.0
+    taus = np.linspace(1000, 10000, 90001)
+    numeric = taus[np.argmin([daly_expected_wall_s(1e6, t, c, r, m) for t in taus])]
+    assert daly_optimal_interval_s(c, m) == pytest.approx(numeric, rel=0.01)
+    assert young_interval_s(c, m) != pytest.approx(numeric, rel=0.02)
+
+
+def test_auto_interval_is_dalys_optimum_for_the_jobs_mtbf():
+    m = _model(None)
+    assert m.mtbf_s == pytest.approx(10 * H)
+    assert m.interval == daly_optimal_interval_s(600.0, 10 * H)
+
+
+def test_every_second_of_a_run_is_accounted_for():
+    """Productive + checkpoint + lost work + lost checkpoint + restart = wall, in every run;
+    productive time is exactly the work; interruptions add up to the failures that struck."""
+    m = _model(1.0)
+    for o in monte_carlo(m, runs=20, seed=3).outcomes:
+        assert sum(o.time_s.values()) == pytest.approx(o.wall_s, rel=1e-12)
+        assert o.time_s["productive"] == pytest.approx(m.work_s, rel=1e-12)
+        assert o.goodput == pytest.approx(m.work_s / o.wall_s)
+
+
+def test_without_failures_the_run_is_its_work_and_checkpoints():
+    m = RunModel(
+        work_s=10 * H, num_gpus=8, gpus_per_node=8, causes=(FailureCause("gpu", "hardware", "gpu", 0.0),),
+        checkpoint_s=60.0, restart_s=600.0, interval_s=2 * H)
+    o = simulate_run(m, 0)
+    assert o.wall_s == 10 * H + 5 * 60.0 and sum(o.interruptions.values()) == 0
+
+
+def test_same_seed_same_runs_bit_for_bit():
+    m = _model(1.0)
+    a, b = monte_carlo(m, runs=10, seed=11), monte_carlo(m, runs=10, seed=11)
+    assert [o.wall_s for o in a.outcomes] == [o.wall_s for o in b.outcomes]
+    assert a.summary() == b.summary()
+    assert [o.wall_s for o in monte_carlo(m, runs=10, seed=12).outcomes] != [o.wall_s for o in a.outcomes]
+    # run i does not depend on how many runs there are
+    assert monte_carlo(m, runs=3, seed=11).outcomes[2].wall_s == a.outcomes[2].wall_s
+
+
+def test_llama3_rates_give_its_interruption_count_and_mtbf():
+    """The default rates are Table 5 of the Llama 3 paper as rates: at 16,384 GPUs over 54 days
+    they give its 419 unexpected interruptions back (a consistency check of the conversion, not
+    a validation), a job MTBF of 3.1 h."""
+    m = RunModel(work_s=1.0, num_gpus=16384, gpus_per_node=8, causes=LLAMA3_CAUSES, checkpoint_s=1.0, restart_s=1.0)
+    assert m.mtbf_s / H == pytest.approx(54 * 24 / 419, rel=1e-9)
+    assert {c.kind for c in LLAMA3_CAUSES} == {"hardware", "software", "maintenance"}
+
+
+@pytest.mark.parametrize("kw,field", [({"work_s": 0.0}, "run.work_s"), ({"checkpoint_s": -1.0}, "run.checkpoint_s"),
+                                      ({"interval_s": 0.0}, "run.checkpoint_interval_s"),
+                                      ({"restart_s": math.nan}, "run.restart_s")])
+def test_bad_run_inputs_name_the_field(kw, field):
+    base = {"work_s": H, "num_gpus": 8, "gpus_per_node": 8, "causes": (), "checkpoint_s": 1.0, "restart_s": 1.0}
+    with pytest.raises(ConfigError) as e:
+        RunModel(**{**base, **kw})
+    assert e.value.field == field
+
+
+def test_bad_cause_names_the_field():
+    with pytest.raises(ConfigError, match="failures.x.per"):
+        FailureCause("x", "hardware", "rack", 1.0)
+    with pytest.raises(ConfigError, match="failures.x.rate_per_hour"):
+        FailureCause("x", "hardware", "gpu", -1.0)
+
+
+# -- the command ---------------------------------------------------------------------------------
+DEMO = "experiments/configs/llama3-70b-64xh100.yaml"
+
+
+def test_goodput_command_prints_the_run_and_writes_its_samples(tmp_path, capsys, monkeypatch):
+    """``clustersim goodput``: steps for the tokens from the scenario's batch, the job's MTBF
+    from the default rates at its size, the summary lines, samples.csv and the picture."""
+    import csv as _csv
+
+    from simulator.cli import main
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    rc = main(["goodput", DEMO, "--tokens", "2e11", "--step-time", "8.0", "--runs", "20", "--seed", "3",
+               "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "time to train:" in out and "goodput" in out and "interruptions:" in out and "auto: Daly" in out
+    rows = list(_csv.DictReader((tmp_path / "samples.csv").open()))
+    assert len(rows) == 20 and (tmp_path / "goodput.png").stat().st_size > 10_000
+
+
+def test_goodput_json_is_reproducible_and_matches_the_inputs(capsys, monkeypatch):
+    import json
+
+    from simulator.cli import main
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    args = ["goodput", DEMO, "--tokens", "1e11", "--step-time", "5", "--runs", "8", "--json",
+            "--checkpoint-interval", "1800", "--checkpoint-s", "30", "--restart-s", "300", "--failure-scale", "4"]
+    assert main(args) == 0
+    a = json.loads(capsys.readouterr().out)
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out) == a
+    assert (a["interval_s"], a["checkpoint_s"], a["restart_s"], a["step_s"]) == (1800.0, 30.0, 300.0, 5.0)
+    assert a["steps"] == math.ceil(1e11 / a["tokens_per_step"])
+    # four times Llama 3's rates at 64 GPUs (8 hosts)
+    base = RunModel(work_s=1.0, num_gpus=64, gpus_per_node=8, causes=LLAMA3_CAUSES, checkpoint_s=1.0, restart_s=1.0)
+    assert a["mtbf_s"] == pytest.approx(base.mtbf_s / 4)
+
+
+@pytest.mark.parametrize("flag,value,field", [("--tokens", "-5", "--tokens"), ("--checkpoint-interval", "soon",
+                                              "--checkpoint-interval"), ("--restart-s", "-1", "run.restart_s"),
+                                              ("--failure-scale", "-1", "--failure-scale")])
+def test_goodput_bad_flags_exit_2_naming_the_flag(flag, value, field, capsys, monkeypatch):
+    from simulator.cli import main
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    base = {"--tokens": "1e11", "--step-time": "5"}
+    base[flag] = value
+    argv = ["goodput", DEMO] + [x for kv in base.items() for x in kv] + ["--runs", "2"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("clustersim: error:") and field in err and len(err.strip().splitlines()) == 1
