@@ -82,7 +82,10 @@ _SMS_BY_GENERATION = {"ampere": 108, "hopper": 132, "blackwell": 148}
 
 
 def num_sms(gpu: GPUSpec) -> int:
-    """SMs of ``gpu`` from :data:`SM_COUNTS` (by name prefix), else by generation."""
+    """SMs of ``gpu``: its own count (``GPUSpec.sm_count``: AMD compute units, a custom GPU's
+    ``sm_count``), else :data:`SM_COUNTS` by name prefix, else by generation."""
+    if gpu.sm_count:
+        return gpu.sm_count
     name = gpu.name.upper()
     for prefix, n in SM_COUNTS.items():       # longest prefixes first (GB300 before B300)
         if name.startswith(prefix):
