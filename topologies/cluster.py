@@ -385,7 +385,8 @@ class Cluster:
         racks = 1 if s.hosts_per_rack is None else s.num_nodes // s.hosts_per_rack
         lines = [
             f"cluster {s.name}: {self.num_gpus} x {s.gpu.name} in {s.num_nodes} hosts "
-            f"({s.gpus_per_host} GPUs, {s.nics_per_host} NICs each), NVLink domain {s.nvlink_domain_size}, "
+            f"({s.gpus_per_host} GPUs, {s.nics_per_host} NICs each), "
+            f"{'scale-up mesh' if s.scaleup_topology == 'mesh' else 'NVLink domain'} {s.nvlink_domain_size}, "
             f"{racks} rack(s)",
             f"  {_scaleup_words(s)}, NIC {fmt_bw(s.nic_bandwidth_bytes_per_s)}, "
             f"PCIe {fmt_bw(s.pcie_bandwidth_bytes_per_s)}, oversubscription {s.oversubscription:g}:1, "
