@@ -84,6 +84,10 @@ _HWCSV = "NVIDIA datasheets"
 GiB = 2**30
 _STAS = "stas00/ml-engineering compute/accelerator/README.md and network/README.md"
 
+_MI300X_MAMF_FRACTION = 668.4 / 1307.4
+"""MI300X BF16 MAMF over its dense peak (51.1 %): what the AMD parts without a measured MAMF
+(their FP8, MI325X, MI355X) are assumed to reach, in place of the NVIDIA generation's fallback."""
+
 GPU_SPECS: dict[str, GPUSpec] = {s.name: s for s in (
     GPUSpec("A100-SXM4-40GB", "ampere", 40 * GiB, 1.555e12,
             {"tf32": 156e12, "bf16": 312e12, "fp16": 312e12}, {},
@@ -143,9 +147,11 @@ GPU_SPECS: dict[str, GPUSpec] = {s.name: s for s in (
     # 64 GB/s for each point-to-point link", about 48 GB/s usable); 750 W.  MAMF BF16 668.4
     # TFLOPS (stas00 mamf-finder, torch 2.5.1 + ROCm 6.3, best shape 10240x15360x8192).
     GPUSpec("MI300X", "hopper", 192 * GiB, 5.3e12,
-            {"tf32": 653.7e12, "bf16": 1307.4e12, "fp16": 1307.4e12, "fp8": 2614.9e12}, {"bf16": 668.4e12},
+            {"tf32": 653.7e12, "bf16": 1307.4e12, "fp16": 1307.4e12, "fp8": 2614.9e12},
+            {"tf32": 653.7e12 * _MI300X_MAMF_FRACTION, "bf16": 668.4e12, "fp16": 668.4e12,
+             "fp8": 2614.9e12 * _MI300X_MAMF_FRACTION},
             64e9, 8, False, "AMD Instinct MI300X data sheet; xGMI per link: AMD ROCm blog mi300x-rccl-xgmi; "
-            f"MAMF: {_STAS}", "no FP8 MAMF measured: its FP8 MAMF is the BF16 fraction (51.1 %) of the FP8 peak",
+            f"MAMF: {_STAS}", "no FP8 MAMF measured: the BF16 fraction (51.1 %) of the FP8 peak is assumed",
             power_w=750, scaleup_topology="mesh", sm_count=304, calibration="cdna3", nic_bandwidth_bytes_per_s=400e9 / 8,
             vendor="amd"),
     # MI325X: AMD Instinct MI325X data sheet
@@ -155,7 +161,8 @@ GPU_SPECS: dict[str, GPUSpec] = {s.name: s for s in (
     # MI300X's measured fraction (51.1 % of the BF16 peak) is assumed.
     GPUSpec("MI325X", "hopper", 256 * GiB, 6.0e12,
             {"tf32": 653.7e12, "bf16": 1307.4e12, "fp16": 1307.4e12, "fp8": 2614.9e12},
-            {"bf16": 668.4e12, "fp8": 2614.9e12 * 668.4 / 1307.4},
+            {"tf32": 653.7e12 * _MI300X_MAMF_FRACTION, "bf16": 668.4e12, "fp16": 668.4e12,
+             "fp8": 2614.9e12 * _MI300X_MAMF_FRACTION},
             64e9, 8, False, "AMD Instinct MI325X data sheet", "MAMF: the MI300X's fraction of the peak (assumed)",
             power_w=1000, scaleup_topology="mesh", sm_count=304, calibration="cdna3", nic_bandwidth_bytes_per_s=400e9 / 8,
             vendor="amd"),
@@ -167,7 +174,8 @@ GPU_SPECS: dict[str, GPUSpec] = {s.name: s for s in (
     # the 1,000 W part).  No published MAMF: the MI300X's 51.1 % of the peak is assumed.
     GPUSpec("MI355X", "blackwell", 288 * GiB, 8.0e12,
             {"bf16": 2516.6e12, "fp16": 2516.6e12, "fp8": 5033.2e12, "fp4": 10066.3e12},
-            {"bf16": 2516.6e12 * 668.4 / 1307.4, "fp8": 5033.2e12 * 668.4 / 1307.4},
+            {d: v * _MI300X_MAMF_FRACTION for d, v in (("bf16", 2516.6e12), ("fp16", 2516.6e12), ("fp8", 5033.2e12),
+                                                      ("fp4", 10066.3e12))},
             76.8e9, 8, False, "AMD Instinct MI355X product page / data sheet",
             "MAMF: the MI300X's fraction of the peak (assumed); xGMI efficiency as MI300X's (assumed)",
             power_w=1400, scaleup_topology="mesh", sm_count=256, calibration="cdna4", nic_bandwidth_bytes_per_s=400e9 / 8,

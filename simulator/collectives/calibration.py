@@ -116,7 +116,9 @@ CALIBRATIONS: dict[str, Calibration] = {
     # AMD's own measurement, not fitted: "rated up to 64 GB/s for each point-to-point link ...
     # reduce the usable bandwidth to approximately 48 GB/s per link" (0.75; AMD ROCm blog
     # "Understanding RCCL Bandwidth and xGMI Performance on AMD Instinct MI300X", 2025-03-02,
-    # https://rocm.blogs.amd.com/software-tools-optimization/mi300x-rccl-xgmi/README.html).
+    # https://rocm.blogs.amd.com/software-tools-optimization/mi300x-rccl-xgmi/README.html);
+    # RCCL's topology model takes the same 48 GB/s per gfx94x xGMI link
+    # (GFX94X_XGMI_WIDTH, ROCm/rccl@0cbce2a7 src/graph/topo.h).
     # The published 8-GPU all-reduce in _XGMI is the held-out check (tests/simulator/
     # test_mesh_collectives.py).  Scale-out and NCCL's latency tables: Hopper's, as RCCL keeps
     # NCCL's tuning model (an assumption; no multi-node MI300X plateau is used).

@@ -126,6 +126,7 @@ MAMF_BEST_SHAPES: dict[tuple[str, str], tuple[int, int, int]] = {
     ("H200-SXM", "bf16"): (2048, 2048, 13312),     # "H200 is the same" as H100
     ("H200-SXM", "fp8"): (1280, 4096, 12032),
     ("B200", "bf16"): (1792, 16128, 3072),
+    ("MI300X", "bf16"): (10240, 15360, 8192),    # torch 2.5.1 + ROCm 6.3, PYTORCH_TUNABLEOP_ENABLED=1
 }
 _DEFAULT_BEST_SHAPE = (8192, 8192, 8192)
 
