@@ -31,6 +31,10 @@ A cluster as these builders draw it (one pod, rail-optimised, 2 hosts of 4 GPUs)
                                                           domain, full bandwidth per GPU
                                                           (tier nvlink)
 
+GPUs whose scale-up domain is a full mesh (AMD Infinity Fabric / xGMI) get no switch node:
+:func:`mesh_domains` links every pair of a domain directly (tier nvlink), 7 links per GPU on an
+8-GPU host.
+
 Racks (pods) repeat this picture and connect their spines to a cross-rack core
 (tier xrack).  The NVSwitch of a domain is one non-blocking node: NVLink bandwidth is
 a property of each GPU's port (up and down), as on HGX and NVL72 systems.

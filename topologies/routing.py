@@ -16,6 +16,10 @@ leaves through that peer's NIC, so it stays on one rail of the fabric.  It appli
 the source host has such a peer in its NVLink domain; otherwise the route crosses rails
 through the spines.
 
+On a full-mesh scale-up domain (AMD xGMI, ``ClusterSpec.scaleup_topology == "mesh"``) a hop
+between two GPUs of the domain is their own link instead of the two switch ports
+(:meth:`Router.hop`); PXN relays take that link too.
+
 A route is a :class:`Route`: link ids plus per-link coefficients (bytes carried on the
 link per byte of the flow; 1 except for ``adaptive`` spreading).
 

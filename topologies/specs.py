@@ -25,7 +25,7 @@ borrows one of them (``GPUSpec.generation``)."""
 class Tier(StrEnum):
     """Network tier of a link."""
 
-    NVLINK = "nvlink"   #: GPU <-> NVSwitch (scale-up domain)
+    NVLINK = "nvlink"   #: GPU <-> NVSwitch, or GPU <-> GPU on a full mesh (scale-up domain)
     PCIE = "pcie"       #: GPU <-> NIC inside a host
     IB = "ib"           #: NIC <-> leaf <-> spine (scale-out fabric)
     XRACK = "xrack"     #: spine <-> cross-rack core (slower tier between racks)
