@@ -41,8 +41,9 @@ members loads every directed link alike, and for ``k`` other than 4 and 6 the co
 digraph even splits into ``k-1`` link-disjoint rings (Tillson, 1980).  An 8-GPU all-reduce
 then moves ``2 (n-1)/n x S / 7`` over each link and reaches a bus bandwidth of 7 links.
 Across nodes the channel leaves each domain through its entry GPU's NIC, as on NVLink
-systems.  Tree chains inside a node, all-to-all and send/recv take the direct link of
-each pair.
+systems.  A tree channel's chain inside a mesh domain (up and back down) is spread the same
+way, ``2/k`` of its bytes on each link; all-to-all and send/recv take the direct link of each
+pair.
 """
 
 from __future__ import annotations
@@ -307,6 +308,11 @@ def double_binary_tree(n: int) -> tuple[list[int], list[int]]:
 def _tree_flows(cluster: Cluster, reps: list[int], chains: list[list[int]], share: float):
     """Two coupled flows (trees A and B) over node representatives plus intra-node chains."""
     flows, lat = [], 0.0
+    spread = []
+    if cluster.router.mesh:             # a chain up and down moves 2(k-1) link-bytes: 2/k on each mesh link
+        spread = [(lk, cf * 2 * (len(ch) - 1) / len(ch)) for ch in chains if len(ch) > 1
+                  for lk, cf in [domain_spread(cluster, ch)]]
+        chains = []
     chain_edges = [e for ch in chains for i in range(len(ch) - 1) for e in ((ch[i + 1], ch[i]), (ch[i], ch[i + 1]))]
     for parent in double_binary_tree(len(reps)):
         edges = list(chain_edges)
@@ -314,6 +320,9 @@ def _tree_flows(cluster: Cluster, reps: list[int], chains: list[list[int]], shar
             if par >= 0:
                 edges += [(reps[child], reps[par]), (reps[par], reps[child])]
         links, coefs, l = _concat(cluster, edges)
+        if spread:
+            links = np.concatenate([*(p[0] for p in spread), links])
+            coefs = np.concatenate([*(p[1] for p in spread), coefs])
         lat = max(lat, l)
         flows.append(ChannelFlow(links, coefs, share, inter_node=True))
     return flows, lat
