@@ -33,7 +33,9 @@ channels = rails the members of a node can use):
 Full-mesh domains (AMD xGMI: a link per GPU pair, no switch).  RCCL runs many channels
 whose rings together use every link of the mesh, not one ring on one link per pair (on
 MI300-class GPUs it allows up to ``MAXCHANNELS`` = 128 channels, "Only use full MAXCHANNELS
-for gfx94x": ROCm/rccl@0cbce2a7 ``src/graph/connect.cc``, ``src/include/device.h``).  A
+for gfx94x": ROCm/rccl@0cbce2a7 ``src/graph/connect.cc``, ``src/include/device.h``; its
+README: fewer than 8 MI300X GPUs reach "only a fraction" of the node's bandwidth, and RCCL
+presets 32 channels for 2 GPUs and 24 for 4).  A
 ring channel's part inside a mesh domain of ``k`` members is therefore spread evenly over
 the ``k (k-1)`` directed links among them, ``1/(k-1)`` of its bytes on each
 (:func:`domain_spread`): the uniform mixture of all directed Hamiltonian rings over the
