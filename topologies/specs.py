@@ -41,7 +41,8 @@ class GPUSpec:
 
     name: str
     generation: str
-    """'ampere', 'hopper' or 'blackwell': selects the calibrated constants."""
+    """'ampere', 'hopper' or 'blackwell': selects the calibrated constants (compute efficiencies,
+    NCCL tables, PCIe).  AMD parts and GPUs given by their specs borrow one of them."""
     hbm_bytes: float
     """HBM capacity in bytes (the datasheet's GB read as GiB, see GiB above)."""
     hbm_bandwidth_bytes_per_s: float
@@ -50,9 +51,10 @@ class GPUSpec:
     mamf_flops: dict[str, float]
     """Measured maximum achievable matmul FLOP/s per dtype (empty when unmeasured)."""
     nvlink_bandwidth_bytes_per_s: float
-    """Scale-up bandwidth per GPU, one direction."""
+    """Scale-up bandwidth, one direction: per GPU into the switch, or per link to each peer on a
+    full mesh (``scaleup_topology``)."""
     nvlink_domain_size: int
-    """GPUs in one NVLink domain in the reference system (8 for HGX, 72 for NVL72)."""
+    """GPUs in one scale-up domain in the reference system (8 for HGX and AMD platforms, 72 for NVL72)."""
     nvls: bool
     """NVLink SHARP (in-switch reduction) available: Hopper and later NVSwitch systems."""
     source: str
