@@ -243,6 +243,29 @@ def presets() -> dict[str, str]:
     return {"models": str(len(MODEL_PRESETS)), "clusters": str(len(CLUSTER_PRESETS))}
 
 
+@producer
+def amd_mesh() -> dict[str, str]:
+    """MI300X all-reduce bus bandwidth over the xGMI mesh (4 GiB, 2 and 8 GPUs) against the
+    published rows of experiments/reference/rccl_mi300x.csv (tests/simulator/test_mesh_collectives.py)."""
+    import simpy
+    from simulator.collectives import CollectiveEngine
+    from topologies import build_cluster
+    c = build_cluster("mi300x")
+    ref = ROOT / "experiments" / "reference" / "rccl_mi300x.csv"
+    pub = {int(r["gpus"]): float(r["busbw_GBps"]) for r in csv.DictReader(open(ref)) if r["collective"] == "all_reduce"}
+    out = {}
+    for n in (2, 8):
+        env = simpy.Environment()
+        eng = CollectiveEngine(env, c)
+        eng.issue(eng.register_group(range(n)), 0, "all_reduce", 2**32, count=n)
+        env.run()
+        r = eng.records[-1]
+        bw = 2**32 * 2 * (n - 1) / n / (r.end_s - r.start_s) / 1e9
+        out[f"sim_{n}"], out[f"pub_{n}"] = f"{bw:.1f}", f"{pub[n]:.1f}"
+        out[f"err_{n}"] = f"{bw / pub[n] - 1:+.1%}".replace("%", " %")
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # The what-if studies (experiments/whatif/<study>/run.py at their shipped configurations)
 

@@ -615,10 +615,62 @@ def _validate(args) -> int:
     return validate_main(argv)
 
 
-def _presets(_args) -> int:
-    from workloads import MODEL_PRESETS
-    print("clusters: " + ", ".join(CLUSTER_PRESETS))
-    print("models:   " + ", ".join(MODEL_PRESETS))
+def _scaleup_label(gpu) -> str:
+    if gpu.scaleup_topology == "mesh":
+        return f"mesh of {gpu.nvlink_domain_size}, {gpu.nvlink_bandwidth_bytes_per_s / 1e9:g} GB/s per link"
+    return f"switch of {gpu.nvlink_domain_size}, {gpu.nvlink_bandwidth_bytes_per_s / 1e9:g} GB/s per GPU"
+
+
+def _count(x: float) -> str:
+    """A parameter count: 671 B, 1.03 T, 4.46 M."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+        if x >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:,.0f}"
+
+
+def _hbm(x: float) -> str:
+    t = x / 2**40
+    return (f"{t:.3g} TiB" if t < 1000 else f"{t:,.0f} TiB") if x >= 2**40 else fmt_bytes(x)
+
+
+def preset_rows() -> dict[str, list[list[str]]]:
+    """What ``presets`` prints: per cluster preset its GPUs, model and HBM; per GPU its HBM,
+    peaks and scale-up; per model its parameters (total and active)."""
+    from topologies.cluster import checked_spec
+    from topologies.specs import GPU_SPECS
+    from workloads import MODEL_PRESETS, load_model
+
+    clusters = [["cluster", "GPUs", "GPU", "HBM per GPU", "HBM in all"]]
+    for name in CLUSTER_PRESETS:
+        spec = checked_spec(name)
+        clusters.append([name, f"{spec.num_gpus:,}", spec.gpu.name, fmt_bytes(spec.gpu.hbm_bytes),
+                         _hbm(spec.gpu.hbm_bytes * spec.num_gpus)])
+    gpus = [["GPU", "HBM", "HBM TB/s", "BF16 TFLOP/s", "FP8 TFLOP/s", "scale-up", "power"]]
+    for g in GPU_SPECS.values():
+        fp8 = g.peak_flops.get("fp8")
+        gpus.append([g.name, fmt_bytes(g.hbm_bytes), f"{g.hbm_bandwidth_bytes_per_s / 1e12:g}",
+                     f"{g.peak_flops['bf16'] / 1e12:g}", "-" if fp8 is None else f"{fp8 / 1e12:g}",
+                     _scaleup_label(g), f"{g.power_w:g} W" if g.power_w else "-"])
+    models = [["model", "parameters", "active"]]
+    for name in MODEL_PRESETS:
+        m = load_model(name)
+        total, active = m.num_params(), m.num_active_params()
+        models.append([name, _count(total), _count(active) if active != total else "-"])
+    return {"clusters": clusters, "gpus": gpus, "models": models}
+
+
+def _presets(args) -> int:
+    rows = preset_rows()
+    if getattr(args, "json", False):
+        print(json.dumps({k: [dict(zip(v[0], r)) for r in v[1:]] for k, v in rows.items()}, indent=1))
+        return 0
+    for i, (title, table) in enumerate(rows.items()):
+        widths = [max(len(r[j]) for r in table) for j in range(len(table[0]))]
+        print(("\n" if i else "") + f"{title}:")
+        for r in table:
+            print("  " + "  ".join(c.ljust(w) if j == 0 or j == 2 and title != "gpus" else c.rjust(w)
+                                   for j, (c, w) in enumerate(zip(r, widths))).rstrip())
     return 0
 
 
@@ -806,7 +858,8 @@ def _add_simulate(sub) -> None:
 
 def _add_inspect(sub) -> None:
     """The commands that look at one part: presets, a cluster, its collectives, a schedule, memory."""
-    sub.add_parser("presets", help="list cluster and model presets")
+    pp = sub.add_parser("presets", help="list cluster, GPU and model presets with their sizes")
+    pp.add_argument("--json", action="store_true", help="print the tables as JSON")
     p = sub.add_parser("topo", help="summarise a cluster (preset name or YAML)")
     p.add_argument("cluster", help=f"preset ({', '.join(CLUSTER_PRESETS)}) or YAML file")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a cluster field")

@@ -31,6 +31,10 @@ A cluster as these builders draw it (one pod, rail-optimised, 2 hosts of 4 GPUs)
                                                           domain, full bandwidth per GPU
                                                           (tier nvlink)
 
+GPUs whose scale-up domain is a full mesh (AMD Infinity Fabric / xGMI) get no switch node:
+:func:`mesh_domains` links every pair of a domain directly (tier nvlink), 7 links per GPU on an
+8-GPU host.
+
 Racks (pods) repeat this picture and connect their spines to a cross-rack core
 (tier xrack).  The NVSwitch of a domain is one non-blocking node: NVLink bandwidth is
 a property of each GPU's port (up and down), as on HGX and NVL72 systems.
@@ -47,7 +51,7 @@ from .specs import LINK_LATENCY_S, TIER_INDEX, TIERS, Tier
 if TYPE_CHECKING:
     import networkx as nx
 
-__all__ = ["GraphTable", "nvlink_domains", "host_nics", "leaf_spine", "cross_rack_core"]
+__all__ = ["GraphTable", "nvlink_domains", "mesh_domains", "host_nics", "leaf_spine", "cross_rack_core"]
 
 
 class GraphTable:
@@ -177,6 +181,27 @@ def nvlink_domains(t: GraphTable, num_hosts: int, gpus_per_host: int, domain_siz
         members = np.arange(nd * domain_size)
         t.link(gpus[members], sw[members // domain_size], nvlink_bandwidth_bytes_per_s,
                LINK_LATENCY_S[Tier.NVLINK], Tier.NVLINK)
+    return t
+
+
+def mesh_domains(t: GraphTable, num_hosts: int, gpus_per_host: int, domain_size: int,
+                 link_bandwidth_bytes_per_s: float) -> GraphTable:
+    """GPUs whose scale-up domains are full meshes: every pair of GPUs of a domain has its own
+    link, no switch (AMD Infinity Fabric / xGMI: 8 GPUs, 7 links each).
+
+    Adds the same ``gpu{g}`` nodes as :func:`nvlink_domains`; links ``gpu{a} <-> gpu{b}`` of
+    tier ``nvlink`` for every pair ``a < b`` of a domain, of ``link_bandwidth_bytes_per_s`` per
+    direction, laid domain by domain, ``a`` then ``b`` in order.
+    """
+    n = num_hosts * gpus_per_host
+    i = np.arange(n)
+    gpus = t.add_nodes("gpu", [f"gpu{g}" for g in range(n)], index=i, host=i // gpus_per_host,
+                       local=i % gpus_per_host, domain=i // domain_size)
+    if domain_size > 1:
+        a, b = np.triu_indices(domain_size, k=1)
+        base = np.repeat(np.arange(0, n - n % domain_size, domain_size), a.size)
+        t.link(gpus[base + np.tile(a, n // domain_size)], gpus[base + np.tile(b, n // domain_size)],
+               link_bandwidth_bytes_per_s, LINK_LATENCY_S[Tier.NVLINK], Tier.NVLINK)
     return t
 
 

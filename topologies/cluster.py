@@ -82,6 +82,10 @@ class ClusterSpec:
     nvls: bool = True
     """NCCL may use NVLink SHARP where the GPUs and switches have it (``NCCL_NVLS_ENABLE``,
     default on); false: never (``NCCL_NVLS_ENABLE=0``, as some recipes set)."""
+    scaleup_topology: str = "switch"
+    """``switch``: each GPU's NVLink port into one switch node per domain, of
+    ``nvlink_bandwidth_bytes_per_s``; ``mesh``: a link of ``nvlink_bandwidth_bytes_per_s`` per
+    direction between every pair of GPUs of a domain (AMD xGMI), no switch.  The GPU's."""
 
     @property
     def num_gpus(self) -> int:
@@ -157,6 +161,8 @@ def spec_from_mapping(cfg: dict | str) -> ClusterSpec:
     nics = _int(d, "nics_per_host", 8 if gph >= 8 else gph, minimum=0)
     if "nic_bandwidth" in d:
         nic_bw = parse_bandwidth(d["nic_bandwidth"], "cluster.nic_bandwidth")
+    elif "nic" not in d and gpu.nic_bandwidth_bytes_per_s:
+        nic_bw = gpu.nic_bandwidth_bytes_per_s
     else:
         nic_bw = get_nic_spec(d.get("nic", "ndr")).bandwidth_bytes_per_s
     xr = d.get("xrack_bandwidth_per_host")
@@ -186,7 +192,7 @@ def spec_from_mapping(cfg: dict | str) -> ClusterSpec:
         num_cores=_int(d, "num_cores", 1), xrack_latency_s=parse_time(d.get("xrack_latency", LINK_LATENCY_S[Tier.XRACK]),
                                                                     "cluster.xrack_latency"),
         routing=routing, pxn=bool(d.get("pxn", True)), sharp=bool(d.get("sharp", False)),
-        seed=_int(d, "seed", 0, minimum=0), nvls=bool(d.get("nvls", True)),
+        seed=_int(d, "seed", 0, minimum=0), nvls=bool(d.get("nvls", True)), scaleup_topology=gpu.scaleup_topology,
     )
 
 
@@ -225,6 +231,10 @@ def check_size(spec: ClusterSpec) -> None:
                           f"{nbytes / 2**30:.0f} GB and {secs:.0f} s to build")
 
 
+MESH_MAX_DOMAIN = 32
+"""Largest full-mesh scale-up domain built (32 GPUs: 992 links); xGMI meshes have 8."""
+
+
 def _validate(spec: ClusterSpec) -> None:
     check_size(spec)
     gph, dom, nics = spec.gpus_per_host, spec.nvlink_domain_size, spec.nics_per_host
@@ -236,6 +246,9 @@ def _validate(spec: ClusterSpec) -> None:
         raise ConfigError("cluster.nvlink_domain_size", dom,
                           f"must divide the GPU count {spec.num_gpus} (num_nodes x gpus_per_host); "
                           f"the largest that does and fits is {fit} (e.g. 16 trays of each NVL72 rack: 64)")
+    if spec.scaleup_topology == "mesh" and dom > MESH_MAX_DOMAIN:
+        raise ConfigError("cluster.nvlink_domain_size", dom,
+                          f"a full-mesh scale-up domain has a link per GPU pair: at most {MESH_MAX_DOMAIN} GPUs")
     if nics and gph % nics:
         raise ConfigError("cluster.nics_per_host", nics, f"must divide gpus_per_host = {gph}")
     if nics == 0 and spec.num_gpus > dom:
@@ -372,9 +385,10 @@ class Cluster:
         racks = 1 if s.hosts_per_rack is None else s.num_nodes // s.hosts_per_rack
         lines = [
             f"cluster {s.name}: {self.num_gpus} x {s.gpu.name} in {s.num_nodes} hosts "
-            f"({s.gpus_per_host} GPUs, {s.nics_per_host} NICs each), NVLink domain {s.nvlink_domain_size}, "
+            f"({s.gpus_per_host} GPUs, {s.nics_per_host} NICs each), "
+            f"{'scale-up mesh' if s.scaleup_topology == 'mesh' else 'NVLink domain'} {s.nvlink_domain_size}, "
             f"{racks} rack(s)",
-            f"  NVLink {fmt_bw(s.nvlink_bandwidth_bytes_per_s)}/GPU, NIC {fmt_bw(s.nic_bandwidth_bytes_per_s)}, "
+            f"  {_scaleup_words(s)}, NIC {fmt_bw(s.nic_bandwidth_bytes_per_s)}, "
             f"PCIe {fmt_bw(s.pcie_bandwidth_bytes_per_s)}, oversubscription {s.oversubscription:g}:1, "
             f"{'rail-optimised' if s.rail_optimized else 'not rail-optimised'}, routing {s.routing}"
             + (f", cross-rack {fmt_bw(s.xrack_bandwidth_per_host_bytes_per_s)}/host"
@@ -385,6 +399,12 @@ class Cluster:
 
     def __repr__(self) -> str:
         return f"Cluster({self.spec.name!r}, {self.num_gpus} GPUs)"
+
+
+def _scaleup_words(s: ClusterSpec) -> str:
+    if s.scaleup_topology == "mesh":
+        return f"scale-up full mesh, {fmt_bw(s.nvlink_bandwidth_bytes_per_s)} per link per direction"
+    return f"NVLink {fmt_bw(s.nvlink_bandwidth_bytes_per_s)}/GPU"
 
 
 def build_cluster(cfg: dict | str | ClusterSpec | None = None, **overrides) -> Cluster:
@@ -417,8 +437,8 @@ def checked_spec(cfg: dict | str) -> ClusterSpec:
 def cluster_table(spec: ClusterSpec) -> builders.GraphTable:
     """The graph of ``spec`` as a link table: NVLink domains, NICs, leaf/spine pods, cross-rack core."""
     g = builders.GraphTable()
-    builders.nvlink_domains(g, spec.num_nodes, spec.gpus_per_host, spec.nvlink_domain_size,
-                            spec.nvlink_bandwidth_bytes_per_s)
+    build = builders.mesh_domains if spec.scaleup_topology == "mesh" else builders.nvlink_domains
+    build(g, spec.num_nodes, spec.gpus_per_host, spec.nvlink_domain_size, spec.nvlink_bandwidth_bytes_per_s)
     if spec.nics_per_host == 0 or spec.num_gpus <= spec.nvlink_domain_size and spec.num_nodes == 1:
         if spec.nics_per_host:
             builders.host_nics(g, spec.num_nodes, spec.gpus_per_host, spec.nics_per_host,

@@ -16,6 +16,10 @@ leaves through that peer's NIC, so it stays on one rail of the fabric.  It appli
 the source host has such a peer in its NVLink domain; otherwise the route crosses rails
 through the spines.
 
+On a full-mesh scale-up domain (AMD xGMI, ``ClusterSpec.scaleup_topology == "mesh"``) a hop
+between two GPUs of the domain is their own link instead of the two switch ports
+(:meth:`Router.hop`); PXN relays take that link too.
+
 A route is a :class:`Route`: link ids plus per-link coefficients (bytes carried on the
 link per byte of the flow; 1 except for ``adaptive`` spreading).
 
@@ -88,6 +92,17 @@ class Router:
         self.gpu_nic = np.asarray(c._nic, dtype=np.int64)
         """Per GPU: its NIC (:meth:`~topologies.cluster.Cluster.nic_of`, as an array)."""
         self.nvl_up, self.nvl_down = self._ports(t, "gpu", "nvswitch", n)
+        D = c.nvlink_domain_size
+        self.mesh = c.spec.scaleup_topology == "mesh"
+        """The scale-up domains are full meshes: a GPU reaches a domain peer over their own link."""
+        self.mesh_out: np.ndarray | None = None
+        """Mesh only: per GPU and peer's position in the domain, the link between them (-1 to itself)."""
+        if self.mesh:
+            self.mesh_out = np.full((n, max(D, 1)), -1, dtype=np.int64)
+            a, b, ids = t.pairs("gpu", "gpu")
+            self.mesh_out[a, b % D] = ids
+        self.has_scaleup = (self.nvl_up >= 0) | (self.mesh and D > 1)
+        """Per GPU: it has scale-up links (a switch port or mesh links)."""
         self.pcie_up, self.pcie_down = self._ports(t, "gpu", "nic", n)
         self.nic_names = [t.names[i] for i in t.ids["nic"]]
         num_nics = len(self.nic_names)
@@ -245,9 +260,16 @@ class Router:
             return src
         per = c.gpus_per_host // c.nics_per_host
         peer = c.host_of(src) * c.gpus_per_host + rail * per
-        if c.domain_of(peer) != c.domain_of(src) or self.nvl_up[src] < 0:
+        if c.domain_of(peer) != c.domain_of(src) or not self.has_scaleup[src]:
             return src
         return peer
+
+    def hop(self, a: int, b: int) -> list[int]:
+        """The scale-up links from GPU ``a`` to GPU ``b`` of its domain: ``a``'s port into the
+        switch and the switch's port to ``b``, or their own mesh link."""
+        if self.mesh:
+            return [int(self.mesh_out[a, b % self.cluster.nvlink_domain_size])]
+        return [int(self.nvl_up[a]), int(self.nvl_down[b])]
 
     # -- public ------------------------------------------------------------------------------
     def route(self, src: int, dst: int, *, pxn: bool | None = None, flow_key: int = 0) -> Route:
@@ -268,7 +290,8 @@ class Router:
         if src == dst:
             r = _EMPTY
         elif c.domain_of(src) == c.domain_of(dst):
-            r = Route(np.array([self.nvl_up[src], self.nvl_down[dst]], dtype=np.int64), np.ones(2))
+            h = self.hop(src, dst)
+            r = Route(np.array(h, dtype=np.int64), np.ones(len(h)))
         else:
             if c.nic_of(src) < 0:
                 raise ConfigError("cluster", c.spec.name, f"no path from gpu{src} to gpu{dst}")
@@ -281,8 +304,9 @@ class Router:
             if fo is not None:
                 relay = int(fo[relay])
             if relay != src:
-                links += [int(self.nvl_up[src]), int(self.nvl_down[relay])]
-                coefs += [1.0, 1.0]
+                h = self.hop(src, relay)
+                links += h
+                coefs += [1.0] * len(h)
             sn, dn = c.nic_of(relay), c.nic_of(land)
             links.append(int(self.pcie_up[relay])); coefs.append(1.0)
             if sn != dn:
@@ -292,8 +316,9 @@ class Router:
                 links += fl; coefs += fc
             links.append(int(self.pcie_down[land])); coefs.append(1.0)
             if land != dst:
-                links += [int(self.nvl_up[land]), int(self.nvl_down[dst])]
-                coefs += [1.0, 1.0]
+                h = self.hop(land, dst)
+                links += h
+                coefs += [1.0] * len(h)
             r = Route(np.array(links, dtype=np.int64), np.array(coefs, dtype=float))
         self._cache[key] = r
         return r
@@ -344,7 +369,7 @@ class Router:
         by pair (another policy, failures, few pairs, inputs it would reject)."""
         c = self.cluster
         n_gpu = c.num_gpus
-        if (self.policy != "dmodk" or self.perturbed or src.size < 32 or src.shape != dst.shape or not c.nics_per_host
+        if (self.policy != "dmodk" or self.perturbed or self.mesh or src.size < 32 or src.shape != dst.shape or not c.nics_per_host
                 or src.min(initial=0) < 0 or dst.min(initial=0) < 0
                 or src.max(initial=0) >= n_gpu or dst.max(initial=0) >= n_gpu):
             return None
@@ -390,7 +415,8 @@ class Router:
 
     def domain_ports(self, gpus) -> np.ndarray | None:
         """The NVLink ports of GPUs that share one NVLink domain: ``nvl_up`` of each, then
-        ``nvl_down`` of each; None when they span domains or one has no NVLink port.
+        ``nvl_down`` of each; None when they span domains, one has no NVLink port, or the
+        domains are meshes (a group's routes there cross links between its members).
 
         A route between two of them is ``nvl_up[src], nvl_down[dst]`` (coefficients 1)
         under every policy, PXN setting and failure (:meth:`route`, :meth:`routes`), so
@@ -398,7 +424,7 @@ class Router:
         """
         c = self.cluster
         D = c.nvlink_domain_size
-        if not gpus or not 0 <= gpus[0] < c.num_gpus:
+        if self.mesh or not gpus or not 0 <= gpus[0] < c.num_gpus:
             return None
         dom = gpus[0] // D
         if any(g // D != dom or g < 0 or g >= c.num_gpus for g in gpus):
@@ -412,7 +438,7 @@ class Router:
         ports per group, all -1 where :meth:`domain_ports` gives None (or None for all)."""
         c = self.cluster
         g = np.asarray(gpus, dtype=np.int64)
-        if g.ndim != 2 or g.shape[1] == 0:
+        if self.mesh or g.ndim != 2 or g.shape[1] == 0:
             return None
         inside = ((g >= 0) & (g < c.num_gpus)).all(axis=1)
         gs = np.where(inside[:, None], g, 0)

@@ -73,6 +73,7 @@ class Calibration:
 
 _AZ = "experiments/reference/nccl-tests-azure-a100/all_reduce.csv"
 _MB = "experiments/reference/nccl_microbenchmarks.csv"
+_XGMI = "experiments/reference/rccl_mi300x.csv"
 
 CALIBRATIONS: dict[str, Calibration] = {
     # A100, fitted on the 1-4 host rows (2-32 GPUs) of _AZ only; 64 and 128 GPUs are held out
@@ -111,6 +112,21 @@ CALIBRATIONS: dict[str, Calibration] = {
                              tier_efficiency={"nvlink": 0.758, "pcie": 1.0, "ib": 0.955, "xrack": 0.955},
                              nvls_efficiency=0.790,
                              source=f"{_MB} (P6-B200 ring/NVLS 8 GiB rows, 4-node 16 GiB row)"),
+    # AMD Instinct, RCCL over the xGMI full mesh (GPUSpec.calibration).  Link efficiency from
+    # AMD's own measurement, not fitted: "rated up to 64 GB/s for each point-to-point link ...
+    # reduce the usable bandwidth to approximately 48 GB/s per link" (0.75; AMD ROCm blog
+    # "Understanding RCCL Bandwidth and xGMI Performance on AMD Instinct MI300X", 2025-03-02,
+    # https://rocm.blogs.amd.com/software-tools-optimization/mi300x-rccl-xgmi/README.html);
+    # RCCL's topology model takes the same 48 GB/s per gfx94x xGMI link
+    # (GFX94X_XGMI_WIDTH, ROCm/rccl@0cbce2a7 src/graph/topo.h).
+    # The published 8-GPU all-reduce in _XGMI is the held-out check (tests/simulator/
+    # test_mesh_collectives.py).  Scale-out and NCCL's latency tables: Hopper's, as RCCL keeps
+    # NCCL's tuning model (an assumption; no multi-node MI300X plateau is used).
+    "cdna3": Calibration(name="cdna3", tier_efficiency={"nvlink": 0.75, "pcie": 1.0, "ib": 0.912, "xrack": 0.912},
+                         source="AMD ROCm blog mi300x-rccl-xgmi (48 of 64 GB/s per xGMI link); scale-out as hopper"),
+    # MI355X: no published xGMI efficiency; the MI300X's 0.75 is assumed.
+    "cdna4": Calibration(name="cdna4", tier_efficiency={"nvlink": 0.75, "pcie": 1.0, "ib": 0.955, "xrack": 0.955},
+                         source="xGMI efficiency as cdna3 (assumed); scale-out as blackwell"),
 }
 
 IDEAL = Calibration(name="ideal", ideal=True, step_latency_s=0.0, link_latency=False,

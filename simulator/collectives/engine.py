@@ -120,7 +120,8 @@ class CollectiveEngine:
                  network: FlowNetwork | None = None):
         self.env = env
         self.cluster = cluster
-        self.cal = get_calibration(calibration) if calibration is not None else CALIBRATIONS[cluster.gpu.generation]
+        self.cal = (get_calibration(calibration) if calibration is not None
+                    else CALIBRATIONS[cluster.gpu.calibration or cluster.gpu.generation])
         self.capacity = effective_capacity(cluster, self.cal)
         self.net = network if network is not None else FlowNetwork(env, self.capacity)
         self.groups: dict[int, tuple[int, ...]] = {}
@@ -138,7 +139,8 @@ class CollectiveEngine:
         self._shapes: dict[tuple, tuple] = {}
         self.records: list[CollectiveRecord] = []
         self.generation = cluster.gpu.generation
-        self.nvls_capable = cluster.gpu.nvls and cluster.spec.nvls and cluster.nvlink_domain_size > 2
+        self.nvls_capable = (cluster.gpu.nvls and cluster.spec.nvls and cluster.nvlink_domain_size > 2
+                             and cluster.spec.scaleup_topology == "switch")
         self.folding = None
         self._mult: dict[int, int] = {}
         self._qcache: dict[tuple, list] = {}

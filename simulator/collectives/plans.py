@@ -29,6 +29,23 @@ channels = rails the members of a node can use):
                NVLS in-switch reduction inside the nodes.
 ``direct``     all-to-all: one independent flow per (source, destination) pair, routed
                with PXN; send/recv: one flow.
+
+Full-mesh domains (AMD xGMI: a link per GPU pair, no switch).  RCCL runs many channels
+whose rings together use every link of the mesh, not one ring on one link per pair (on
+MI300-class GPUs it allows up to ``MAXCHANNELS`` = 128 channels, "Only use full MAXCHANNELS
+for gfx94x": ROCm/rccl@0cbce2a7 ``src/graph/connect.cc``, ``src/include/device.h``; its
+README: fewer than 8 MI300X GPUs reach "only a fraction" of the node's bandwidth, and RCCL
+presets 32 channels for 2 GPUs and 24 for 4).  A
+ring channel's part inside a mesh domain of ``k`` members is therefore spread evenly over
+the ``k (k-1)`` directed links among them, ``1/(k-1)`` of its bytes on each
+(:func:`domain_spread`): the uniform mixture of all directed Hamiltonian rings over the
+members loads every directed link alike, and for ``k`` other than 4 and 6 the complete
+digraph even splits into ``k-1`` link-disjoint rings (Tillson, 1980).  An 8-GPU all-reduce
+then moves ``2 (n-1)/n x S / 7`` over each link and reaches a bus bandwidth of 7 links.
+Across nodes the channel leaves each domain through its entry GPU's NIC, as on NVLink
+systems.  A tree channel's chain inside a mesh domain (up and back down) is spread the same
+way, ``2/k`` of its bytes on each link; all-to-all and send/recv take the direct link of each
+pair.
 """
 
 from __future__ import annotations
@@ -39,7 +56,7 @@ import numpy as np
 
 from topologies import Cluster
 
-__all__ = ["ChannelFlow", "Plan", "node_blocks", "ring_plan", "tree_plan", "nvls_plan", "nvls_tree_plan", "collnet_plan",
+__all__ = ["ChannelFlow", "Plan", "node_blocks", "domain_spread", "ring_plan", "tree_plan", "nvls_plan", "nvls_tree_plan", "collnet_plan",
            "alltoall_plan", "p2p_plan", "binary_tree", "double_binary_tree"]
 
 
@@ -176,6 +193,41 @@ def _channels(cluster: Cluster, blocks) -> list[list[int]]:
     return out[:MAX_RING_CHANNELS]
 
 
+def domain_spread(cluster: Cluster, block) -> tuple[np.ndarray, np.ndarray]:
+    """Links and coefficients of traffic in which every member of ``block`` (GPUs of one
+    scale-up domain) sends a byte spread evenly over its links to the other members: its
+    switch port and the switch's port to it (coefficient 1), or, in a mesh, its links to each
+    other member (``1/(k-1)`` each, see the module docstring)."""
+    r = cluster.router
+    if not r.mesh:
+        links = np.concatenate([r.nvl_up[block], r.nvl_down[block]])
+        return links, np.ones(links.size)
+    b = np.asarray(block, dtype=np.int64)
+    src, dst = np.repeat(b, b.size), np.tile(b, b.size)
+    keep = src != dst
+    links = r.mesh_out[src[keep], dst[keep] % cluster.nvlink_domain_size]
+    return links, np.full(links.size, 1.0 / max(b.size - 1, 1))
+
+
+def _mesh_ring(cluster: Cluster, blocks, entries, kind: str, root: int | None):
+    """One ring channel over full-mesh domains: spread inside each domain of more than one
+    member (:func:`domain_spread`), and from each domain's entry GPU to the next's across
+    nodes (a chain from the root's domain for broadcast and reduce)."""
+    parts = [domain_spread(cluster, b) for b in blocks if len(b) > 1]
+    lat = 0.0
+    if len(blocks) > 1:
+        entries = list(entries)
+        if kind in ("broadcast", "reduce"):
+            first = next((i for i, b in enumerate(blocks) if root in b), 0)
+            order = entries[first:] + entries[:first]
+            edges = list(zip(order[:-1], order[1:]))
+        else:
+            edges = list(zip(entries, entries[1:] + entries[:1]))
+        links, coefs, lat = _concat(cluster, edges)
+        parts.append((links, coefs))
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), lat
+
+
 def _rotate(block: list[int], entry: int) -> list[int]:
     i = block.index(entry)
     return block[i:] + block[:i]
@@ -190,7 +242,13 @@ def ring_plan(cluster: Cluster, members, kind: str, root: int | None = None) -> 
     per = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
            "broadcast": 1.0, "reduce": 1.0}[kind]
     flows, lat = [], 0.0
+    mesh = cluster.router.mesh and len(blocks) < n
     for entries in channels:
+        if mesh:                            # full-mesh domains: the channel spreads over their links
+            links, coefs, l = _mesh_ring(cluster, blocks, entries, kind, root if root is not None else members[0])
+            lat = max(lat, l)
+            flows.append(ChannelFlow(links, coefs, per / C, inter_node=len(blocks) > 1))
+            continue
         if len(blocks) == n:                # blocks of one: the ring visits the entries
             order = list(entries)
         else:
@@ -252,6 +310,11 @@ def double_binary_tree(n: int) -> tuple[list[int], list[int]]:
 def _tree_flows(cluster: Cluster, reps: list[int], chains: list[list[int]], share: float):
     """Two coupled flows (trees A and B) over node representatives plus intra-node chains."""
     flows, lat = [], 0.0
+    spread = []
+    if cluster.router.mesh:             # a chain up and down moves 2(k-1) link-bytes: 2/k on each mesh link
+        spread = [(lk, cf * 2 * (len(ch) - 1) / len(ch)) for ch in chains if len(ch) > 1
+                  for lk, cf in [domain_spread(cluster, ch)]]
+        chains = []
     chain_edges = [e for ch in chains for i in range(len(ch) - 1) for e in ((ch[i + 1], ch[i]), (ch[i], ch[i + 1]))]
     for parent in double_binary_tree(len(reps)):
         edges = list(chain_edges)
@@ -259,6 +322,9 @@ def _tree_flows(cluster: Cluster, reps: list[int], chains: list[list[int]], shar
             if par >= 0:
                 edges += [(reps[child], reps[par]), (reps[par], reps[child])]
         links, coefs, l = _concat(cluster, edges)
+        if spread:
+            links = np.concatenate([*(p[0] for p in spread), links])
+            coefs = np.concatenate([*(p[1] for p in spread), coefs])
         lat = max(lat, l)
         flows.append(ChannelFlow(links, coefs, share, inter_node=True))
     return flows, lat
@@ -314,8 +380,8 @@ def collnet_plan(cluster: Cluster, members, nvls: bool) -> Plan:
         if nvls:
             flows.append(_nvls_flow(cluster, b))
         elif ppn > 1:
-            links = np.concatenate([r.nvl_up[b], r.nvl_down[b]])
-            flows.append(ChannelFlow(links, np.ones(links.size), 2.0 * (ppn - 1) / ppn))
+            links, coefs = domain_spread(cluster, b)
+            flows.append(ChannelFlow(links, coefs, 2.0 * (ppn - 1) / ppn))
     lat = 0.0
     for i in range(ppn):
         heads = [b[i] for b in blocks]

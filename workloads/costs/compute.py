@@ -83,7 +83,10 @@ _SMS_BY_GENERATION = {"ampere": 108, "hopper": 132, "blackwell": 148}
 
 
 def num_sms(gpu: GPUSpec) -> int:
-    """SMs of ``gpu`` from :data:`SM_COUNTS` (by name prefix), else by generation."""
+    """SMs of ``gpu``: its own count (``GPUSpec.sm_count``: AMD compute units, a custom GPU's
+    ``sm_count``), else :data:`SM_COUNTS` by name prefix, else by generation."""
+    if gpu.sm_count:
+        return gpu.sm_count
     name = gpu.name.upper()
     for prefix, n in SM_COUNTS.items():       # longest prefixes first (GB300 before B300)
         if name.startswith(prefix):
@@ -124,6 +127,7 @@ MAMF_BEST_SHAPES: dict[tuple[str, str], tuple[int, int, int]] = {
     ("H200-SXM", "bf16"): (2048, 2048, 13312),     # "H200 is the same" as H100
     ("H200-SXM", "fp8"): (1280, 4096, 12032),
     ("B200", "bf16"): (1792, 16128, 3072),
+    ("MI300X", "bf16"): (10240, 15360, 8192),    # torch 2.5.1 + ROCm 6.3, PYTORCH_TUNABLEOP_ENABLED=1
 }
 _DEFAULT_BEST_SHAPE = (8192, 8192, 8192)
 
