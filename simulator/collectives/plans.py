@@ -173,7 +173,7 @@ def _channels(cluster: Cluster, blocks, max_channels: int = MAX_RING_CHANNELS) -
         return [[o[rail][0] if rail in o else b[0] for o, b in zip(offers, blocks)]]
     depth = {r: min(len(o[r]) for o in offers) for r in common}
     out = [[o[r][k] for o in offers] for k in range(max(depth.values())) for r in common if k < depth[r]]
-    return out[:max_channels]
+    return out[:int(max_channels)]
 
 
 def _rotate(block: list[int], entry: int) -> list[int]:

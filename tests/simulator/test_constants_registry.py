@@ -220,6 +220,41 @@ def test_a_perturbed_assumption_reaches_the_compute_model():
         assert RooflineComputeModel("H100").op_cost(gemm).compute_s > t
 
 
+def test_constants_the_golden_cases_do_not_exercise_still_reach_their_model():
+    """The registered constants that move none of the cp2, a100, ep4-zipf, host-eager and
+    llama3-70b golden cases at x1.5 (no such GPU, kernel, algorithm or call size there) are
+    read from the active constants all the same."""
+    import simpy
+    from simulator.collectives import engine, nccl
+    from topologies import build_cluster
+    from workloads.costs.compute import RooflineComputeModel
+    from workloads.costs.flops import ComputeOp
+    half = 0.5
+    for name, model, read in (
+            ("MAMF_FALLBACK_FRACTION", "H800", lambda m: m.gemm.mamf_flops["bf16"]),
+            ("_MAMF_DEFAULT_FRACTION", "B200", lambda m: m.gemm.mamf_flops["fp4"]),
+            ("KERNEL_HBM_FRACTION", "H100", lambda m: 1.0 / m.op_cost(
+                ComputeOp("ssd_scan", "F", "elementwise", 0.0, 0, 0, 0, mem_bytes=1e9)).memory_s)):
+        base = read(RooflineComputeModel(model))
+        with C.scaled(f"workloads.costs.compute.{name}", half):
+            assert read(RooflineComputeModel(model)) == pytest.approx(half * base), name
+    args = {"TREE_CORRECTION": (nccl.bandwidth_factor, ("all_reduce", "tree", "LL", 2, 2 ** 20)),
+            "NET_OVERHEAD_US": (nccl.latency_us, ("all_reduce", "ring", "LL", 16, 2)),
+            "COLLNET_ARITY_US": (nccl.latency_us, ("all_reduce", "collnet_direct", "Simple", 16, 2))}
+    for name, (fn, a) in args.items():
+        base = fn(*a)
+        with C.scaled(f"simulator.collectives.nccl.{name}", 100.0 if name == "NET_OVERHEAD_US" else 2.0):
+            assert fn(*a) != base, name
+        assert fn(*a) == base, name
+    cluster = build_cluster({"preset": "dgx-h100", "num_nodes": 2})
+    ring = engine.CollectiveEngine(simpy.Environment(), cluster).plan(tuple(range(16)), "all_reduce", "ring")[0]
+    with C.scaled("simulator.collectives.nccl.RING_PLATEAU_FACTOR", 2.0), \
+            C.scaled("simulator.collectives.plans.MAX_RING_CHANNELS", 0.125):
+        coll = engine.CollectiveEngine(simpy.Environment(), cluster)
+        assert coll.nccl.ring_plateau_factor["hopper"] == 2 * nccl.RING_PLATEAU_FACTOR["hopper"]
+        assert ring.n_channels == 8 and coll.plan(tuple(range(16)), "all_reduce", "ring")[0].n_channels == 4
+
+
 def test_a_perturbation_reaches_worker_processes():
     """validate(..., workers>1) hands the active constants to its workers (evaluate._simulate):
     a spawned process given the scaled constants computes what this process computes under
