@@ -16,11 +16,12 @@ The subset (``DEV_SUBSET``), chosen to run in about a minute per pass on one cor
 * ``vtrain/ground_truth_multi.csv``: every 4th data row (0, 4, 8, ...) of the 3.6B, 18.4B and
   39.1B models (22 rows, 64-512 A100) plus data row 96 (175B, TP 8 PP 8).
 
-Simulation runs in this process (``validate(..., workers=1)``): the perturbation patches
-module attributes, which worker processes would not see.
+A perturbation is a scaled :class:`~topologies.constants.Constants` object installed by
+:func:`~simulator.validation.constants.scaled`; ``validate`` hands it to its worker
+processes, so ``--workers N`` splits each pass over N processes with the same results.
 
 Run: python experiments/constants_sensitivity.py [--names NAME ...] [--factors 0.9 1.1]
-[--out results/constants_sensitivity.csv]
+[--workers 1] [--out results/constants_sensitivity.csv]
 """
 
 from __future__ import annotations
@@ -63,11 +64,11 @@ COLUMNS = ("name", "provenance", "factor", "rows_ok", "median_abs_error_pct", "m
            "delta_median_abs_pp", "delta_median_signed_pp", "max_row_shift_pp", "wall_s")
 
 
-def run_subset() -> dict[str, float]:
-    """``{row key: error_pct}`` of the subset's ``ok`` rows under the current constants."""
+def run_subset(workers: int = 1) -> dict[str, float]:
+    """``{row key: error_pct}`` of the subset's ``ok`` rows under the active constants."""
     out = {}
     for path, select in DEV_SUBSET:
-        for r in validate(path, select=select, workers=1):
+        for r in validate(path, select=select, workers=workers):
             if r["status"] == "ok":
                 out[f"{path.stem}:{r['id']}"] = float(r["error_pct"])
     return out
@@ -92,19 +93,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--names", nargs="*", help="registry names to perturb (default: every assumption)")
     ap.add_argument("--factors", nargs="*", type=float, default=[0.9, 1.1])
+    ap.add_argument("--workers", type=int, default=1, help="processes per pass (the constants travel with them)")
     ap.add_argument("--out", default=str(ROOT / "results" / "constants_sensitivity.csv"))
     args = ap.parse_args(argv)
     entries = [get(n) for n in args.names] if args.names else list(assumptions())
 
     t0 = time.perf_counter()
-    base = run_subset()
+    base = run_subset(args.workers)
     rows = [_row("(unperturbed)", "", 1.0, base, base, time.perf_counter() - t0)]
     print(f"baseline: {len(base)} ok rows in {rows[0]['wall_s']} s", file=sys.stderr, flush=True)
     for c in entries:
         for f in args.factors:
             t0 = time.perf_counter()
             with scaled(c.name, f):
-                errors = run_subset()
+                errors = run_subset(args.workers)
             rows.append(_row(c.name, c.provenance, f, errors, base, time.perf_counter() - t0))
             r = rows[-1]
             print(f"{c.name} x{f}: |err| {r['delta_median_abs_pp']:+.3f} pp, signed "

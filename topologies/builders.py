@@ -46,7 +46,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .constants import value as active_value
 from .specs import LINK_LATENCY_S, TIER_INDEX, TIERS, Tier
+
+_LAT = "topologies.specs.LINK_LATENCY_S"
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -180,7 +183,7 @@ def nvlink_domains(t: GraphTable, num_hosts: int, gpus_per_host: int, domain_siz
         sw = t.add_nodes("nvswitch", [f"nvsw{d}" for d in range(nd)], index=np.arange(nd))
         members = np.arange(nd * domain_size)
         t.link(gpus[members], sw[members // domain_size], nvlink_bandwidth_bytes_per_s,
-               LINK_LATENCY_S[Tier.NVLINK], Tier.NVLINK)
+               active_value(_LAT, LINK_LATENCY_S)[Tier.NVLINK], Tier.NVLINK)
     return t
 
 
@@ -219,7 +222,8 @@ def host_nics(t: GraphTable, num_hosts: int, gpus_per_host: int, nics_per_host: 
                        index=k, host=k // nics_per_host, rail=k % nics_per_host)
     gpus = np.asarray(t.ids["gpu"], dtype=np.int64)
     g = np.arange(num_hosts * nics_per_host * per_nic)       # host-major, NIC by NIC
-    t.link(gpus[g], nics[g // per_nic], pcie_bandwidth_bytes_per_s, LINK_LATENCY_S[Tier.PCIE], Tier.PCIE)
+    t.link(gpus[g], nics[g // per_nic], pcie_bandwidth_bytes_per_s, active_value(_LAT, LINK_LATENCY_S)[Tier.PCIE],
+           Tier.PCIE)
     return t
 
 
@@ -237,7 +241,7 @@ def leaf_spine(t: GraphTable, pod: int, hosts: range, nics_per_host: int, nic_ba
     ``spine{pod}.{s}``.  Leaves are laid unit by unit, rail by rail; a leaf's NIC links
     host by host, rail by rail.
     """
-    lat = LINK_LATENCY_S[Tier.IB]
+    lat = active_value(_LAT, LINK_LATENCY_S)[Tier.IB]
     rails = nics_per_host if rail_optimized else 1
     num_units = -(-len(hosts) // hosts_per_leaf)
     li = np.arange(num_units * rails)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +28,7 @@ import numpy as np
 import yaml
 
 from . import builders
+from .constants import value as active_value
 from .errors import ConfigError, check_keys
 from .specs import (LINK_LATENCY_S, PCIE_BANDWIDTH, GPUSpec, Tier,
                     get_gpu_spec, get_nic_spec)
@@ -69,7 +70,8 @@ class ClusterSpec:
     xrack_bandwidth_per_host_bytes_per_s: float | None = None
     """Cross-rack bandwidth per host, one direction (the rack's uplink / hosts per rack)."""
     num_cores: int = 1
-    xrack_latency_s: float = LINK_LATENCY_S[Tier.XRACK]
+    xrack_latency_s: float = field(default_factory=lambda: _link_latency()[Tier.XRACK])
+    """Default: the active ``topologies.specs.LINK_LATENCY_S`` (:mod:`topologies.constants`)."""
     routing: str = "dmodk"
     """``dmodk`` | ``ecmp_hash`` | ``adaptive``."""
     pxn: bool = True
@@ -90,6 +92,10 @@ class ClusterSpec:
     @property
     def num_gpus(self) -> int:
         return self.num_nodes * self.gpus_per_host
+
+
+def _link_latency() -> dict:
+    return active_value("topologies.specs.LINK_LATENCY_S", LINK_LATENCY_S)
 
 
 _SPEC_KEYS = {
@@ -183,13 +189,14 @@ def spec_from_mapping(cfg: dict | str) -> ClusterSpec:
         nvlink_bandwidth_bytes_per_s=parse_bandwidth(d.get("nvlink_bandwidth", gpu.nvlink_bandwidth_bytes_per_s),
                                                      "cluster.nvlink_bandwidth"),
         nics_per_host=nics, nic_bandwidth_bytes_per_s=nic_bw,
-        pcie_bandwidth_bytes_per_s=parse_bandwidth(d.get("pcie_bandwidth", PCIE_BANDWIDTH[gpu.generation]),
-                                                   "cluster.pcie_bandwidth"),
+        pcie_bandwidth_bytes_per_s=parse_bandwidth(
+            d.get("pcie_bandwidth", active_value("topologies.specs.PCIE_BANDWIDTH", PCIE_BANDWIDTH)[gpu.generation]),
+            "cluster.pcie_bandwidth"),
         hosts_per_leaf=_int(d, "hosts_per_leaf", 32), rail_optimized=bool(d.get("rail_optimized", True)),
         oversubscription=float(over), num_spines=_int(d, "num_spines", None),
         hosts_per_rack=_int(d, "hosts_per_rack", None),
         xrack_bandwidth_per_host_bytes_per_s=None if xr is None else parse_bandwidth(xr, "cluster.xrack_bandwidth_per_host"),
-        num_cores=_int(d, "num_cores", 1), xrack_latency_s=parse_time(d.get("xrack_latency", LINK_LATENCY_S[Tier.XRACK]),
+        num_cores=_int(d, "num_cores", 1), xrack_latency_s=parse_time(d.get("xrack_latency", _link_latency()[Tier.XRACK]),
                                                                     "cluster.xrack_latency"),
         routing=routing, pxn=bool(d.get("pxn", True)), sharp=bool(d.get("sharp", False)),
         seed=_int(d, "seed", 0, minimum=0), nvls=bool(d.get("nvls", True)), scaleup_topology=gpu.scaleup_topology,

@@ -1,5 +1,8 @@
 """Hardware constants, each with its source.
 
+These tables are the documented defaults; lookups (:func:`get_gpu_spec`, :func:`get_nic_spec`)
+apply the active :class:`~topologies.constants.Constants` overrides.
+
 Peak numbers are dense (no 2:4 sparsity).  Every GPU row cites the NVIDIA datasheets,
 collected by stas00/ml-engineering (compute/accelerator/README.md, network/README.md)
 and glennklockwood.com; the MAMF figures (maximum achievable matmul FLOP/s, measured
@@ -8,9 +11,11 @@ with stas00's mamf-finder) feed the compute model.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
 
+from .constants import active, table_field, value as active_value
 from .errors import ConfigError
 
 __all__ = ["Tier", "GPUSpec", "NICSpec", "GPU_SPECS", "NIC_SPECS", "get_gpu_spec", "get_nic_spec",
@@ -203,12 +208,24 @@ def get_gpu_spec(name: "str | dict | GPUSpec", field: str = "cluster.gpu") -> GP
     if isinstance(name, dict):
         return gpu_from_mapping(name, field)
     key = str(name).strip()
-    if key in GPU_SPECS:
-        return GPU_SPECS[key]
-    alias = _GPU_ALIASES.get(key.lower())
-    if alias is None:
-        raise ConfigError(field, name, f"unknown GPU; known: {', '.join(GPU_SPECS)}")
-    return GPU_SPECS[alias]
+    if key not in GPU_SPECS:
+        key = _GPU_ALIASES.get(key.lower())
+        if key is None:
+            raise ConfigError(field, name, f"unknown GPU; known: {', '.join(GPU_SPECS)}")
+    return _with_active_fields(key, GPU_SPECS[key])
+
+
+_SPEC_FIELDS = ("peak_flops", "mamf_flops", "hbm_bandwidth_bytes_per_s", "nvlink_bandwidth_bytes_per_s")
+"""Fields of :data:`GPU_SPECS` whose ``GPU_SPECS[*].field`` a Constants object may override."""
+
+
+def _with_active_fields(key: str, spec: GPUSpec) -> GPUSpec:
+    """``spec`` with the active constants' ``GPU_SPECS[*].field`` overrides (topologies.constants)."""
+    if active().is_default:
+        return spec
+    changes = {f: table_field("topologies.specs.GPU_SPECS", key, f, getattr(spec, f)) for f in _SPEC_FIELDS}
+    changes = {f: v for f, v in changes.items() if v is not getattr(spec, f)}
+    return dataclasses.replace(spec, **changes) if changes else spec
 
 
 _GPU_KEYS = {
@@ -324,7 +341,7 @@ NIC_SPECS: dict[str, NICSpec] = {n.name: n for n in (
 
 def get_nic_spec(name: str, field: str = "cluster.nic") -> NICSpec:
     try:
-        return NIC_SPECS[str(name).lower()]
+        return active_value("topologies.specs.NIC_SPECS", NIC_SPECS)[str(name).lower()]
     except KeyError:
         raise ConfigError(field, name, f"unknown NIC; known: {', '.join(NIC_SPECS)}") from None
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from topologies import ConfigError
+from topologies.constants import value as active_value
 
 from .blocks.layers import EXTRA_ACTIVATION_TERMS
 from .parallel import ParallelConfig
@@ -151,8 +152,10 @@ class MemoryOptions:
     """Megatron pads the vocabulary to a multiple of this times ``tp`` (its default 128)."""
     dp_bucket_params: float | None = None
     """Parameters per gradient bucket; None: Megatron's ``max(40M, 1M * dp * cp)``."""
-    memory_reserve_bytes: float = DEFAULT_RESERVE_BYTES
-    """Per-GPU memory outside the model's tensors (CUDA context, NCCL, fragmentation)."""
+    memory_reserve_bytes: float = dataclasses.field(
+        default_factory=lambda: active_value("workloads.memory_accounting.DEFAULT_RESERVE_BYTES", DEFAULT_RESERVE_BYTES))
+    """Per-GPU memory outside the model's tensors (CUDA context, NCCL, fragmentation); default
+    the active :data:`DEFAULT_RESERVE_BYTES` (:mod:`topologies.constants`)."""
     extra_warmup_microbatches: int = 0
     """Forwards the interleaved schedule adds to every stage's warm-up, each one more chunk
     activation set in flight: Megatron-Core adds 1 with the MoE EP overlap

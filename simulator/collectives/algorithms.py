@@ -10,8 +10,9 @@ value objects holding the factors the model reads from them.
 
 The engine resolves ``ALGORITHMS[name]`` and ``PROTOCOLS[name]`` once per call (or per
 prediction) and asks the objects; which algorithm NCCL *enables* for a call stays the
-data-driven :func:`.nccl.enabled_algorithms`.  NCCL's tables stay in :mod:`.nccl` and are
-read from there at call time (the sensitivity registry scales them in place or rebinds them).
+data-driven :func:`.nccl.enabled_algorithms`.  NCCL's tables are defined in :mod:`.nccl`;
+the methods that read them take them as an argument (``t``, a :class:`.nccl.NcclTables`,
+built by the engine from its run's constants, :mod:`topologies.constants`).
 
 To add an algorithm: subclass :class:`CollectiveAlgorithm`, give it a ``name`` (the key
 of NCCL's tables in :mod:`.nccl` if it has rows there), a ``build_plan``, a
@@ -91,7 +92,7 @@ class CollectiveAlgorithm:
         return f"<collective algorithm {self.name}>"
 
     # plans
-    def build_plan(self, cluster, members, kind: str, root: int | None) -> Plan:
+    def build_plan(self, cluster, members, kind: str, root: int | None, t: nccl.NcclTables) -> Plan:
         """The channel flows of one call (:mod:`.plans`)."""
         raise ConfigError("algo", self.name, f"unknown algorithm; known: {', '.join(nccl.ALGORITHMS)}")
 
@@ -109,35 +110,40 @@ class CollectiveAlgorithm:
         return a
 
     def latency_us(self, kind: str, proto: Protocol, n_ranks: int, n_nodes: int, intra_hw: str = "nvlink",
-                   latency_inter_us: float = 0.0, intra_scale: float = 1.0, inter_scale: float = 1.0) -> float:
+                   latency_inter_us: float = 0.0, intra_scale: float = 1.0, inter_scale: float = 1.0,
+                   t: nccl.NcclTables | None = None) -> float:
         """NCCL's latency for one call (tuning.cc L328-378, v2.27.7), in microseconds.
 
         ``latency_inter_us`` plays the role of ``graph.latencyInter`` (zero for NCCL's IB
         transport); clustersim passes the physical latency of the slowest inter-node route.
         ``intra_scale`` multiplies the base and intra-node terms, ``inter_scale`` the network
-        terms (per-generation calibration).
+        terms (per-generation calibration).  ``t``: NCCL's tables (default
+        :func:`.nccl.tables` of the active constants).
         """
+        t = t or nccl.tables()
         p = proto.index
-        lat = nccl.BASE_LAT_US[self.name][p] * intra_scale
-        intra = nccl.HW_LAT_US[intra_hw][self.name][p] * intra_scale
+        lat = t.base_lat_us[self.name][p] * intra_scale
+        intra = t.hw_lat_us[intra_hw][self.name][p] * intra_scale
         ppn = n_ranks / n_nodes
-        inter = nccl.HW_LAT_US["net"][self._net_row(ppn)][p] * inter_scale + latency_inter_us
+        inter = t.hw_lat_us["net"][self._net_row(ppn)][p] * inter_scale + latency_inter_us
         if proto.flush:
             inter += latency_inter_us        # the flush term
-        return self._latency(kind, proto, n_ranks, n_nodes, intra_hw, lat, intra, inter, intra_scale, inter_scale)
+        return self._latency(kind, proto, n_ranks, n_nodes, intra_hw, lat, intra, inter, intra_scale, inter_scale, t)
 
     def _net_row(self, ppn: float) -> str:
         return self.name
 
-    def _latency(self, kind, proto, n_ranks, n_nodes, intra_hw, lat, intra, inter, intra_scale, inter_scale):
+    def _latency(self, kind, proto, n_ranks, n_nodes, intra_hw, lat, intra, inter, intra_scale, inter_scale, t):
         raise NotImplementedError
 
-    def plateau(self, lat: float, cal, generation: str, kind: str, proto: Protocol, plan: Plan, size: float) -> float:
+    def plateau(self, lat: float, cal, generation: str, kind: str, proto: Protocol, plan: Plan, size: float,
+                t: nccl.NcclTables) -> float:
         """``lat`` after any size-dependent latency factor."""
         return lat
 
     # bandwidth
-    def nccl_bandwidth_factor(self, kind: str, proto: Protocol, n_nodes: int, size_bytes: float) -> float:
+    def nccl_bandwidth_factor(self, kind: str, proto: Protocol, n_nodes: int, size_bytes: float,
+                              t: nccl.NcclTables | None = None) -> float:
         """Fraction of the link bandwidth NCCL expects with ``proto`` (tuning.cc L279-298, L555-578)."""
         return 1.0
 
@@ -153,8 +159,8 @@ class CollectiveAlgorithm:
 class Ring(CollectiveAlgorithm):
     name, index, port_local, ll_capped = "ring", 0, True, True
 
-    def build_plan(self, cluster, members, kind, root):
-        return ring_plan(cluster, members, kind, root)
+    def build_plan(self, cluster, members, kind, root, t):
+        return ring_plan(cluster, members, kind, root, t.max_ring_channels)
 
     def ideal_latency_s(self, kind, n, N, a):
         return nccl.num_steps(kind, n) * a if kind != "broadcast" else (n - 1) * a
@@ -162,25 +168,25 @@ class Ring(CollectiveAlgorithm):
     def _net_row(self, ppn):
         return "tree" if ppn == 1 else self.name
 
-    def _latency(self, kind, proto, n_ranks, n_nodes, intra_hw, lat, intra, inter, intra_scale, inter_scale):
+    def _latency(self, kind, proto, n_ranks, n_nodes, intra_hw, lat, intra, inter, intra_scale, inter_scale, t):
         p = proto.index
         if kind in ("broadcast", "reduce"):
             hw = "net" if n_nodes > 1 else intra_hw
             scale = inter_scale if n_nodes > 1 else intra_scale
-            return lat + nccl.num_steps(kind, n_ranks) * nccl.HW_LAT_US[hw][self.name][p] * scale
-        overhead = nccl.NET_OVERHEAD_US * proto.net_posts if n_nodes > 1 else 0.0
+            return lat + nccl.num_steps(kind, n_ranks) * t.hw_lat_us[hw][self.name][p] * scale
+        overhead = t.net_overhead_us * proto.net_posts if n_nodes > 1 else 0.0
         intra = max(intra, overhead)
         nsteps = nccl.num_steps(kind, n_ranks)
         n_inter = 0 if n_nodes == 1 else (2 * (n_nodes - 1) if kind == "all_reduce" else n_nodes - 1)
         return lat + (nsteps - n_inter) * intra + n_inter * inter
 
-    def plateau(self, lat, cal, generation, kind, proto, plan, size):
+    def plateau(self, lat, cal, generation, kind, proto, plan, size, t):
         if (cal.ring_plateau and proto.ring_plateau and plan.n_nodes > 1 and kind == "all_reduce"
                 and size / (plan.n_channels * plan.n_ranks) >= 64):
-            lat *= nccl.RING_PLATEAU_FACTOR[generation]
+            lat *= t.ring_plateau_factor[generation]
         return lat
 
-    def nccl_bandwidth_factor(self, kind, proto, n_nodes, size_bytes):
+    def nccl_bandwidth_factor(self, kind, proto, n_nodes, size_bytes, t=None):
         return proto.ring_bw
 
     def size_scaled(self, f, cal, n_nodes, n_ranks):
@@ -192,8 +198,8 @@ class Ring(CollectiveAlgorithm):
 class Tree(CollectiveAlgorithm):
     name, index, port_local, ll_capped = "tree", 1, True, True
 
-    def build_plan(self, cluster, members, kind, root):
-        return tree_plan(cluster, members)
+    def build_plan(self, cluster, members, kind, root, t):
+        return tree_plan(cluster, members, t.max_ring_channels)
 
     def predicted_plan(self, engine, members, kind):
         # NCCL models the tree's bandwidth as half the ring's bus bandwidth
@@ -208,14 +214,14 @@ class Tree(CollectiveAlgorithm):
     def ideal_latency_s(self, kind, n, N, a):
         return 2 * ((n // N - 1) + nccl._log2i(N)) * a
 
-    def _latency(self, kind, proto, n_ranks, n_nodes, intra_hw, lat, intra, inter, intra_scale, inter_scale):
+    def _latency(self, kind, proto, n_ranks, n_nodes, intra_hw, lat, intra, inter, intra_scale, inter_scale, t):
         return lat + 2 * ((n_ranks // n_nodes - 1) * intra + nccl._log2i(n_nodes) * inter)
 
-    def nccl_bandwidth_factor(self, kind, proto, n_nodes, size_bytes):
+    def nccl_bandwidth_factor(self, kind, proto, n_nodes, size_bytes, t=None):
         f = proto.tree_bw(0.92, n_nodes)
         if kind == "all_reduce":
             log_size = nccl._log2i(int(size_bytes) >> 6) if size_bytes >= 64 else -1
-            table = nccl.TREE_CORRECTION[proto.name]
+            table = (t or nccl.tables()).tree_correction[proto.name]
             if 0 <= log_size < len(table):
                 f *= table[log_size]
         return f
@@ -226,14 +232,14 @@ class NVLS(CollectiveAlgorithm):
 
     name, index, port_local = "nvls", 2, True
 
-    def build_plan(self, cluster, members, kind, root):
+    def build_plan(self, cluster, members, kind, root, t):
         multi = len(node_blocks(cluster, members)) > 1
         return collnet_plan(cluster, members, nvls=True) if multi else nvls_plan(cluster, members)
 
     def ideal_latency_s(self, kind, n, N, a):
         return 2 * a
 
-    def _latency(self, kind, proto, n_ranks, n_nodes, intra_hw, lat, intra, inter, intra_scale, inter_scale):
+    def _latency(self, kind, proto, n_ranks, n_nodes, intra_hw, lat, intra, inter, intra_scale, inter_scale, t):
         return intra + (inter if n_nodes > 1 else 0.0)
 
     def efficiency(self, cal, generation):
@@ -243,13 +249,13 @@ class NVLS(CollectiveAlgorithm):
 class NVLSTree(CollectiveAlgorithm):
     name, index, port_local, equal_nodes = "nvls_tree", 3, True, True
 
-    def build_plan(self, cluster, members, kind, root):
+    def build_plan(self, cluster, members, kind, root, t):
         return nvls_tree_plan(cluster, members)
 
     def ideal_latency_s(self, kind, n, N, a):
         return (2 + 2 * nccl._log2i(N)) * a
 
-    def _latency(self, kind, proto, n_ranks, n_nodes, intra_hw, lat, intra, inter, intra_scale, inter_scale):
+    def _latency(self, kind, proto, n_ranks, n_nodes, intra_hw, lat, intra, inter, intra_scale, inter_scale, t):
         return lat + intra + 2 * nccl._log2i(n_nodes) * inter
 
     def efficiency(self, cal, generation):
@@ -259,15 +265,15 @@ class NVLSTree(CollectiveAlgorithm):
 class CollNetDirect(CollectiveAlgorithm):
     name, index, equal_nodes = "collnet_direct", 4, True
 
-    def build_plan(self, cluster, members, kind, root):
+    def build_plan(self, cluster, members, kind, root, t):
         return collnet_plan(cluster, members, nvls=False)
 
     def ideal_latency_s(self, kind, n, N, a):
         return 2 * a
 
-    def _latency(self, kind, proto, n_ranks, n_nodes, intra_hw, lat, intra, inter, intra_scale, inter_scale):
+    def _latency(self, kind, proto, n_ranks, n_nodes, intra_hw, lat, intra, inter, intra_scale, inter_scale, t):
         p_int = n_ranks // n_nodes
-        return lat + 2 * (min(1, p_int - 1) * intra + (p_int - 1) * nccl.COLLNET_ARITY_US) + inter
+        return lat + 2 * (min(1, p_int - 1) * intra + (p_int - 1) * t.collnet_arity_us) + inter
 
     def efficiency(self, cal, generation):
         return nccl.COLLNET_FACTOR[generation]
@@ -281,10 +287,11 @@ class Direct(CollectiveAlgorithm):
     name, index = "direct", 5
 
     def latency_us(self, kind, proto, n_ranks, n_nodes, intra_hw="nvlink", latency_inter_us=0.0,
-                   intra_scale=1.0, inter_scale=1.0):
+                   intra_scale=1.0, inter_scale=1.0, t=None):
+        t = t or nccl.tables()
         hw = "net" if n_nodes > 1 else "nvlink"
         scale = inter_scale if n_nodes > 1 else intra_scale
-        return nccl.HW_LAT_US[hw]["ring"][2] * scale + latency_inter_us
+        return t.hw_lat_us[hw]["ring"][2] * scale + latency_inter_us
 
 
 ALGORITHMS: dict[str, CollectiveAlgorithm] = {}

@@ -133,13 +133,16 @@ IDEAL = Calibration(name="ideal", ideal=True, step_latency_s=0.0, link_latency=F
                     source="textbook alpha-beta: no efficiencies, fixed latency per step")
 
 
-def get_calibration(name_or_cal: "str | Calibration") -> Calibration:
+def get_calibration(name_or_cal: "str | Calibration", calibrations: dict | None = None) -> Calibration:
+    """A calibration, or one by name from ``calibrations`` (default :data:`CALIBRATIONS`; the
+    collective engine passes its run's, :mod:`topologies.constants`) or ``ideal``."""
     if isinstance(name_or_cal, Calibration):
         return name_or_cal
     if name_or_cal == "ideal":
         return IDEAL
+    table = CALIBRATIONS if calibrations is None else calibrations
     try:
-        return CALIBRATIONS[name_or_cal]
+        return table[name_or_cal]
     except KeyError:
         raise ConfigError("calibration", name_or_cal,
-                          f"unknown calibration; known: ideal, {', '.join(CALIBRATIONS)}") from None
+                          f"unknown calibration; known: ideal, {', '.join(table)}") from None

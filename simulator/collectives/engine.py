@@ -27,12 +27,13 @@ import numpy as np
 import simpy
 
 from topologies import Cluster, ConfigError
+from topologies.constants import Constants, active
 from topologies.specs import TIERS
 
 from ..network import FlowNetwork, max_min_rates
 from . import nccl
 from .algorithms import ALGORITHMS, PROTOCOLS, CollectiveAlgorithm, Protocol
-from .calibration import CALIBRATIONS, Calibration, get_calibration
+from .calibration import Calibration, get_calibration
 from .plans import ChannelFlow, Plan, alltoall_plan, node_blocks, p2p_plan
 
 __all__ = ["CollectiveEngine", "CollectiveRecord", "CollectiveError", "KINDS", "TINY_CALL_BYTES", "effective_capacity"]
@@ -42,7 +43,8 @@ __all__ = ["CollectiveEngine", "CollectiveRecord", "CollectiveError", "KINDS", "
 #: term -- and put no flows on the network.  Their bandwidth term is below 1 % of their
 #: latency on every fabric modelled (4 KiB at 25 GB/s: 0.16 us against >= 10 us of
 #: latency), and a world-spanning tree of a few bytes would otherwise mark every host's
-#: links with its position in the tree and keep folding from merging them.
+#: links with its position in the tree and keep folding from merging them.  The documented
+#: default; an engine reads its run's value (:attr:`CollectiveEngine.tiny_call_bytes`).
 TINY_CALL_BYTES = 4096
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
@@ -114,14 +116,22 @@ class CollectiveEngine:
     network : FlowNetwork, optional
         Share one network between several engines or other traffic; by default the
         engine builds one on the calibrated link capacities.
+    constants : Constants, optional
+        The :class:`~topologies.constants.Constants` of the run (default: the active ones):
+        the default calibrations (``CALIBRATIONS``), NCCL's tables (:attr:`nccl`) and
+        :data:`TINY_CALL_BYTES` (:attr:`tiny_call_bytes`) are read from it once, here.
     """
 
     def __init__(self, env: simpy.Environment, cluster: Cluster, calibration: "Calibration | str | None" = None,
-                 network: FlowNetwork | None = None):
+                 network: FlowNetwork | None = None, constants: Constants | None = None):
         self.env = env
         self.cluster = cluster
-        self.cal = (get_calibration(calibration) if calibration is not None
-                    else CALIBRATIONS[cluster.gpu.calibration or cluster.gpu.generation])
+        c = self.constants = active() if constants is None else constants
+        cals = c.get("simulator.collectives.calibration.CALIBRATIONS")
+        self.cal = (get_calibration(calibration, cals) if calibration is not None
+                    else cals[cluster.gpu.calibration or cluster.gpu.generation])
+        self.nccl = nccl.tables(c)
+        self.tiny_call_bytes = c.get("simulator.collectives.engine.TINY_CALL_BYTES")
         self.capacity = effective_capacity(cluster, self.cal)
         self.net = network if network is not None else FlowNetwork(env, self.capacity)
         self.groups: dict[int, tuple[int, ...]] = {}
@@ -271,7 +281,7 @@ class CollectiveEngine:
         a = ALGORITHMS.get(algo)
         if a is None:
             raise ConfigError("algo", algo, f"unknown algorithm; known: {', '.join(nccl.ALGORITHMS)}")
-        p = a.build_plan(self.cluster, members, kind, root)
+        p = a.build_plan(self.cluster, members, kind, root, self.nccl)
         return p, self._seconds_per_byte(p)
 
     def _seconds_per_byte(self, p: Plan) -> float:
@@ -301,7 +311,7 @@ class CollectiveEngine:
                           n_ranks: int = 0) -> float:
         if self.cal.ideal:
             return 1.0
-        f = a.nccl_bandwidth_factor(kind, p, n_nodes, size) * a.efficiency(self.cal, self.generation)
+        f = a.nccl_bandwidth_factor(kind, p, n_nodes, size, self.nccl) * a.efficiency(self.cal, self.generation)
         return a.size_scaled(f, self.cal, n_nodes, n_ranks)
 
     def ll_cap(self, algo: str, proto: str, n_nodes: int) -> float | None:
@@ -311,7 +321,7 @@ class CollectiveEngine:
     def _ll_cap(self, a: CollectiveAlgorithm, p: Protocol, n_nodes: int) -> float | None:
         if self.cal.ideal or not p.ll_capped or not a.ll_capped:
             return None
-        row = nccl.LL_MAX_BW_GBPS[self.generation]
+        row = self.nccl.ll_max_bw_gbps[self.generation]
         return row[min(n_nodes, 3) - 1] * 1e9
 
     @staticmethod
@@ -331,8 +341,8 @@ class CollectiveEngine:
             return a.ideal_latency_s(kind, plan.n_ranks, plan.n_nodes, cal.step_latency_s)
         lat_inter_us = plan.latency_inter_s * 1e6 if cal.link_latency else 0.0
         lat = a.latency_us(kind, p, plan.n_ranks, plan.n_nodes, plan.intra_hw, lat_inter_us,
-                           cal.intra_latency_scale, cal.inter_latency_scale)
-        lat = a.plateau(lat, cal, self.generation, kind, p, plan, size)
+                           cal.intra_latency_scale, cal.inter_latency_scale, self.nccl)
+        lat = a.plateau(lat, cal, self.generation, kind, p, plan, size, self.nccl)
         return (lat + cal.call_latency_us) * 1e-6
 
     def predict(self, members, kind: str, size: float) -> dict[tuple[str, str], float]:
@@ -363,7 +373,7 @@ class CollectiveEngine:
         N = len(blocks)
         out = {}
         sharp = self.cluster.spec.sharp
-        tiny = size <= TINY_CALL_BYTES and N > 1
+        tiny = size <= self.tiny_call_bytes and N > 1
         for algo, proto in nccl.enabled_algorithms(kind, N, self.nvls_capable and equal, ppn, sharp):
             a, p = ALGORITHMS[algo], PROTOCOLS[proto]
             if a.equal_nodes and not equal:
@@ -411,7 +421,7 @@ class CollectiveEngine:
         groups = [tuple(g) for g in groups]
         first = groups[0]
         alone = self.uncontended_s(first, kind, size)
-        if len(groups) == 1 or alone == 0.0 or size <= TINY_CALL_BYTES:
+        if len(groups) == 1 or alone == 0.0 or size <= self.tiny_call_bytes:
             return alone
         if kind == "all_to_all":
             lat = self.latency_s(kind, self.alltoall_routes(first), "Simple", size)
@@ -596,7 +606,7 @@ class CollectiveEngine:
         has its predicted time as latency and no flows."""
         size = call.size
         algo, proto = self.choose(members, call.kind, size, call.algo, call.proto)
-        if size <= TINY_CALL_BYTES:
+        if size <= self.tiny_call_bytes:
             return algo, proto, self.predict(members, call.kind, size)[(algo, proto)], None
         a, p = ALGORITHMS[algo], PROTOCOLS[proto]        # resolved once per call
         plan = self.plan(members, call.kind, algo, call.root)[0]

@@ -14,9 +14,12 @@ simulation agree when nothing else runs.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
+
+from topologies.constants import Constants, active
 
 __all__ = ["ALGORITHMS", "PROTOCOLS", "BASE_LAT_US", "HW_LAT_US", "TREE_CORRECTION", "LL_MAX_BW_GBPS",
-           "latency_us", "bandwidth_factor", "enabled_algorithms"]
+           "NcclTables", "tables", "latency_us", "bandwidth_factor", "enabled_algorithms"]
 
 #: NCCL's algorithms and protocols, in NCCL's order (the axes of its tables below; ties between
 #: equal predictions go to the earlier).  The objects behind the names: :mod:`.algorithms`.
@@ -68,6 +71,34 @@ NET_OVERHEAD_US = 1.0
 RING_PLATEAU_FACTOR = {"ampere": 1.4, "hopper": 1.4, "blackwell": 1.4}
 
 
+class NcclTables(NamedTuple):
+    """NCCL's tables as one run reads them: the module's tables (the documented defaults)
+    with a :class:`~topologies.constants.Constants` object's overrides (:func:`tables`).
+    The collective engine builds one and hands it to the algorithms."""
+
+    base_lat_us: dict
+    hw_lat_us: dict
+    tree_correction: dict
+    ll_max_bw_gbps: dict
+    ring_plateau_factor: dict
+    net_overhead_us: float
+    collnet_arity_us: float
+    max_ring_channels: int
+    """``simulator.collectives.plans.MAX_RING_CHANNELS``."""
+
+
+_FIELDS = {"base_lat_us": "BASE_LAT_US", "hw_lat_us": "HW_LAT_US", "tree_correction": "TREE_CORRECTION",
+           "ll_max_bw_gbps": "LL_MAX_BW_GBPS", "ring_plateau_factor": "RING_PLATEAU_FACTOR",
+           "net_overhead_us": "NET_OVERHEAD_US", "collnet_arity_us": "COLLNET_ARITY_US"}
+
+
+def tables(constants: Constants | None = None) -> NcclTables:
+    """The NCCL tables under ``constants`` (default: the active ones)."""
+    c = active() if constants is None else constants
+    return NcclTables(**{f: c.get(f"simulator.collectives.nccl.{attr}") for f, attr in _FIELDS.items()},
+                      max_ring_channels=c.get("simulator.collectives.plans.MAX_RING_CHANNELS"))
+
+
 def _log2i(x: int) -> int:
     return int(math.floor(math.log2(x))) if x >= 1 else 0
 
@@ -82,17 +113,21 @@ def num_steps(kind: str, n: int) -> int:
 
 
 def latency_us(kind: str, algo: str, proto: str, n_ranks: int, n_nodes: int, intra_hw: str = "nvlink",
-               latency_inter_us: float = 0.0, intra_scale: float = 1.0, inter_scale: float = 1.0) -> float:
+               latency_inter_us: float = 0.0, intra_scale: float = 1.0, inter_scale: float = 1.0,
+               nccl_tables: NcclTables | None = None) -> float:
     """NCCL's latency for one call in microseconds: :meth:`.algorithms.CollectiveAlgorithm.latency_us`
-    of ``ALGORITHMS[algo]`` with ``PROTOCOLS[proto]`` (the model lives with each algorithm)."""
+    of ``ALGORITHMS[algo]`` with ``PROTOCOLS[proto]`` (the model lives with each algorithm);
+    ``nccl_tables`` default :func:`tables` of the active constants."""
     from .algorithms import ALGORITHMS as _A, PROTOCOLS as _PR
     a = _A.get(algo)
     if a is None or algo not in ALGORITHMS:
         raise ValueError(algo)
-    return a.latency_us(kind, _PR[proto], n_ranks, n_nodes, intra_hw, latency_inter_us, intra_scale, inter_scale)
+    return a.latency_us(kind, _PR[proto], n_ranks, n_nodes, intra_hw, latency_inter_us, intra_scale, inter_scale,
+                        nccl_tables or tables())
 
 
-def bandwidth_factor(kind: str, algo: str, proto: str, n_nodes: int, size_bytes: float) -> float:
+def bandwidth_factor(kind: str, algo: str, proto: str, n_nodes: int, size_bytes: float,
+                     nccl_tables: NcclTables | None = None) -> float:
     """Fraction of the link bandwidth NCCL expects an (algorithm, protocol) to reach.
 
     Ring LL 0.5 and LL128 0.92; tree all-reduce 0.92 (any protocol), then LL 1/3.8 and
@@ -101,7 +136,7 @@ def bandwidth_factor(kind: str, algo: str, proto: str, n_nodes: int, size_bytes:
     lives with each algorithm (:meth:`.algorithms.CollectiveAlgorithm.nccl_bandwidth_factor`).
     """
     from .algorithms import ALGORITHMS as _A, PROTOCOLS as _PR
-    return _A[algo].nccl_bandwidth_factor(kind, _PR[proto], n_nodes, size_bytes)
+    return _A[algo].nccl_bandwidth_factor(kind, _PR[proto], n_nodes, size_bytes, nccl_tables or tables())
 
 
 def enabled_algorithms(kind: str, n_nodes: int, nvls_capable: bool, ppn: int,

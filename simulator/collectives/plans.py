@@ -160,7 +160,7 @@ MAX_RING_CHANNELS = 32
 ``src/include/device.h``)."""
 
 
-def _channels(cluster: Cluster, blocks) -> list[list[int]]:
+def _channels(cluster: Cluster, blocks, max_channels: int = MAX_RING_CHANNELS) -> list[list[int]]:
     """The channels of a ring or tree whose group spans NVLink domains: per channel, the
     GPU of each block (domain) where it enters the block.
 
@@ -169,7 +169,7 @@ def _channels(cluster: Cluster, blocks) -> list[list[int]]:
     block offers as many channels as its members have distinct rail-``r`` NICs -- one
     per rail in an 8-GPU server, one per compute tray in an NVL72 rack -- and the group
     gets the fewest any block offers.  Channels take the rails in turn, at most
-    :data:`MAX_RING_CHANNELS`.  One block, blocks of one GPU, or hosts without NICs: one channel.
+    ``max_channels`` (default :data:`MAX_RING_CHANNELS`).  One block, blocks of one GPU, or hosts without NICs: one channel.
     """
     # (blocks are never empty: all of length one <=> their lengths sum to their number)
     if len(blocks) == 1 or cluster.nics_per_host == 0 or sum(map(len, blocks)) == len(blocks):
@@ -190,7 +190,7 @@ def _channels(cluster: Cluster, blocks) -> list[list[int]]:
         return [[o[rail][0] if rail in o else b[0] for o, b in zip(offers, blocks)]]
     depth = {r: min(len(o[r]) for o in offers) for r in common}
     out = [[o[r][k] for o in offers] for k in range(max(depth.values())) for r in common if k < depth[r]]
-    return out[:MAX_RING_CHANNELS]
+    return out[:int(max_channels)]
 
 
 def domain_spread(cluster: Cluster, block) -> tuple[np.ndarray, np.ndarray]:
@@ -233,11 +233,12 @@ def _rotate(block: list[int], entry: int) -> list[int]:
     return block[i:] + block[:i]
 
 
-def ring_plan(cluster: Cluster, members, kind: str, root: int | None = None) -> Plan:
+def ring_plan(cluster: Cluster, members, kind: str, root: int | None = None,
+              max_channels: int = MAX_RING_CHANNELS) -> Plan:
     members = list(members)
     n = len(members)
     blocks = node_blocks(cluster, members)
-    channels = _channels(cluster, blocks)
+    channels = _channels(cluster, blocks, max_channels)
     C = len(channels)
     per = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
            "broadcast": 1.0, "reduce": 1.0}[kind]
@@ -330,10 +331,10 @@ def _tree_flows(cluster: Cluster, reps: list[int], chains: list[list[int]], shar
     return flows, lat
 
 
-def tree_plan(cluster: Cluster, members) -> Plan:
+def tree_plan(cluster: Cluster, members, max_channels: int = MAX_RING_CHANNELS) -> Plan:
     members = list(members)
     blocks = node_blocks(cluster, members)
-    channels = _channels(cluster, blocks)
+    channels = _channels(cluster, blocks, max_channels)
     C = len(channels)
     flows, lat = [], 0.0
     for entries in channels:

@@ -50,7 +50,7 @@ import numpy as np
 
 from workloads.ops import Coll, OpKind, ep_a2a_matrix, is_p2p
 
-from ..collectives.engine import PORT_ALGOS, TINY_CALL_BYTES
+from ..collectives.engine import PORT_ALGOS
 from ..collectives.plans import Plan, node_blocks, p2p_plan, prefetch_rings
 
 __all__ = ["Folding", "GroupCell", "P2PCell", "FoldError", "fold"]
@@ -653,7 +653,7 @@ def _first_of_form(prog, coll, groups, gkind, vs, sizes_mat, flows, gi, group_la
         return None
     tmpl = []
     for coll_kind, size, _, algo, *_ in calls:
-        if size > TINY_CALL_BYTES and all(t[0] != (coll_kind, algo) for t in tmpl):
+        if size > coll.tiny_call_bytes and all(t[0] != (coll_kind, algo) for t in tmpl):
             ref = coll.form_plan(f, coll_kind, algo)
             if ref is None:
                 return None
@@ -722,7 +722,7 @@ def _planned_calls(coll, gpus: tuple, vs: list, form_calls: dict) -> list:
         if coll_kind == "all_to_all":
             continue
         algo, proto = coll.choose(gpus, coll_kind, size)
-        if size <= TINY_CALL_BYTES:          # no flows: its predicted time
+        if size <= coll.tiny_call_bytes:          # no flows: its predicted time
             calls.append((coll_kind, size, skey, algo, proto, coll.predict(gpus, coll_kind, size)[(algo, proto)]))
             continue
         plan = coll.plan(gpus, coll_kind, algo)[0]
@@ -738,7 +738,7 @@ def _templates(coll, gpus: tuple, calls: list) -> dict:
     flows on the network."""
     templates: dict = {}
     for coll_kind, size, _, algo, *_ in calls:
-        if size > TINY_CALL_BYTES and (coll_kind, algo) not in templates:
+        if size > coll.tiny_call_bytes and (coll_kind, algo) not in templates:
             templates[(coll_kind, algo)] = coll.plan(gpus, coll_kind, algo)[0]
     return templates
 

@@ -85,6 +85,7 @@ import numpy as np
 import simpy
 
 from topologies import ConfigError
+from topologies.constants import DEFAULT, Constants, active, using
 from workloads import build_program
 from workloads.ops import Op
 from workloads.program import Program
@@ -109,7 +110,8 @@ __all__ = ["run", "Result", "DeadlockError", "SimulationError", "JobStopped", "T
 #: at most) while NCCL collectives overlap them, on A100, H100, MI250 and MI210.  One
 #: figure for every generation: the paper gives no per-GPU breakdown we could use.  (The
 #: SM share alone -- 16 NCCL channels' CTAs of 132 SMs on H100 -- would give 1.14; the
-#: measurement adds memory-bandwidth and power contention.)
+#: measurement adds memory-bandwidth and power contention.)  The documented default: a run
+#: reads the value of its constants (``run(..., constants=...)``, :mod:`topologies.constants`).
 COMM_SLOWDOWN = {"ampere": 1.189, "hopper": 1.189, "blackwell": 1.189}
 
 TIMELINE_COLUMNS = ("rank", "node", "stream", "kind", "name", "layer", "microbatch", "chunk", "phase", "axis",
@@ -206,7 +208,7 @@ class _Recorder:
 
 def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: float = 1e7,
         fold: "bool | Folding" = True, compute_scale: dict | None = None, whatif=None,
-        progress: "bool | float" = False) -> Result:
+        progress: "bool | float" = False, constants: Constants | None = None) -> Result:
     """Simulate ``scenario`` (a :class:`Scenario`, a mapping or a YAML path).
 
     ``fold`` (default) simulates each cell of interchangeable ranks once on the quotient
@@ -219,7 +221,11 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
     replaces the scenario's what-ifs (:mod:`simulator.scenario.whatif`); a failed NIC without
     failover raises :class:`~simulator.engine.JobStopped`.  ``progress`` prints where the
     simulation is on stderr once it has run for that many seconds (True: 3), every 5 s
-    after; :attr:`Result.profile` says where the wall time went.
+    after; :attr:`Result.profile` says where the wall time went.  ``constants`` (a
+    :class:`~topologies.constants.Constants`; default: the active ones) are the run's
+    constants: the engine reads :data:`COMM_SLOWDOWN` from them and hands them to the
+    collective engine, and they are the active constants while the scenario, cluster,
+    program and cost models are built (:mod:`topologies.constants`).
 
     Eight GPUs in TP 2 x PP 2 x DP 2 fold to one cell per pipeline stage; slowing GPU 5
     splits the cells around it (here every rank shares a group or a transfer with it, or
@@ -234,9 +240,10 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
     >>> len(slow.folding.cells), slow.metrics["step_time_s"] > res.metrics["step_time_s"]
     (8, True)
     """
-    with _gc_tuned():
+    constants = active() if constants is None else constants
+    with _gc_tuned(), using(constants):
         return _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, whatif,
-                    3.0 if progress is True else float(progress or 0.0))
+                    3.0 if progress is True else float(progress or 0.0), constants)
 
 
 @contextlib.contextmanager
@@ -254,7 +261,7 @@ def _gc_tuned():
 
 
 def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, whatif=None,
-         progress_after_s: float = 0.0) -> Result:
+         progress_after_s: float = 0.0, constants: Constants = DEFAULT) -> Result:
     t_wall = time.perf_counter()
     clock = _Clock()
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
@@ -262,11 +269,11 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     prog, pert = _program(sc, compute_scale, whatif)
     clock.lap("program")
     env = simpy.Environment()
-    coll = CollectiveEngine(env, pert.cluster, calibration)
+    coll = CollectiveEngine(env, pert.cluster, calibration, constants=constants)
     coll.coupled_all_to_all = "coupled_all_to_all" in sc.approximations
     folding = _folding(sc, prog, pert, coll, fold, free_comm)
     clock.lap("fold")
-    state = _state(sc, prog, pert, coll, folding, free_comm)
+    state = _state(sc, prog, pert, coll, folding, free_comm, constants)
     _loop(state, max_sim_time_s, progress_after_s)
     clock.lap("event_loop")
     return _result(state, sc, clock, t_wall)
@@ -320,7 +327,7 @@ def _folding(sc, prog, pert, coll, fold, free_comm) -> Folding:
     return folding
 
 
-def _state(sc, prog, pert, coll, folding, free_comm) -> RunState:
+def _state(sc, prog, pert, coll, folding, free_comm, constants: Constants = DEFAULT) -> RunState:
     """The run's shared state, a :class:`CellActor` process per cell, and the network
     snapshots taken as each step ends."""
     cluster = pert.cluster
@@ -329,7 +336,8 @@ def _state(sc, prog, pert, coll, folding, free_comm) -> RunState:
         _watch_failed_nics(coll.net, folding, pert.watch, lambda exc: state.stop(exc))
     for gc_id, cell in enumerate(folding.group_cells):
         coll.register_group(cell.rep_gpus, group_id=gc_id, multiplicity=cell.size)
-    slowdown = COMM_SLOWDOWN[cluster.gpu.generation] if sc.overlap.get("comm_slowdown", True) and not free_comm else 1.0
+    slowdown = (constants.get("simulator.engine.simulate.COMM_SLOWDOWN")[cluster.gpu.generation]
+                if sc.overlap.get("comm_slowdown", True) and not free_comm else 1.0)
     # Sends are rendezvous: a batch of transfers completes once every peer has posted its side
     # (workloads.schedules.comm places the batches as Megatron-Core and DualPipe do); with
     # overlap.p2p sends never block, nor do they under a runtime that posts them asynchronously

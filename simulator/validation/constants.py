@@ -19,43 +19,41 @@ The class follows the constant's own comment in the code; where a comment gives 
 measurement, the constant is an assumption.  A table that mixes classes is filed under the
 class of most of its entries, and :attr:`Constant.source` names the exceptions.
 
-:func:`scaled` multiplies a constant by a factor inside a ``with`` block and puts the
-original objects back afterwards.  Dict-valued constants are changed in place, every
-numeric leaf scaled (nested dicts, tuples, named tuples and dataclasses included; booleans,
-strings and keys untouched), so every module holding a reference sees the change.  Scalar
-constants are replaced on their module and on every loaded module that imported the same
-object, and :attr:`Constant.bound` lists the dataclass field defaults that copied the value
-when the class was defined (``MemoryModel.efficiency = HBM_EFFICIENCY``); those are patched
-too.  The perturbation is process-local: simulate in the same process (``validate(...,
-workers=1)``).  Model objects built before the ``with`` block keep their values.
+The module attributes are the documented defaults and never change.  A run reads every
+registered constant through an immutable :class:`~topologies.constants.Constants` object
+(the registry's names are its keys): ``simulator.engine.run(..., constants=c)`` carries it
+explicitly to the engine and the collective engine and makes it the active constants while
+the scenario, program and cost models are built (:mod:`topologies.constants` says which
+code reads it how).  :func:`scaled` multiplies a registered constant by a factor inside a
+``with`` block by installing ``active().scaled(name, factor)`` as the active constants --
+no module attribute, dataclass default or table is touched -- and the previous constants
+are back afterwards.  The object is picklable: ``validate(..., workers=n)`` hands the
+active constants to its worker processes, so a perturbation holds there too.  An object
+built before the block (a cost model, a cluster) keeps the values it was built with.
 
 >>> from workloads.costs import compute
 >>> with scaled("workloads.costs.compute.HBM_EFFICIENCY", 1.1):
-...     round(compute.MemoryModel(1e12).efficiency, 3)
+...     round(compute.RooflineComputeModel("H100").memory.efficiency, 3)
 0.935
->>> compute.MemoryModel(1e12).efficiency
-0.85
+>>> compute.RooflineComputeModel("H100").memory.efficiency, compute.HBM_EFFICIENCY
+(0.85, 0.85)
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import importlib
-import numbers
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from topologies.constants import Constants, active, scale_value, using
+
 __all__ = ["PROVENANCES", "Constant", "REGISTRY", "get", "assumptions", "resolve", "scaled", "scale_value",
-           "clear_caches", "registry_markdown"]
+           "registry_markdown"]
 
 PROVENANCES = ("datasheet", "microbenchmark", "framework source", "assumption")
 """The provenance classes, from most to least grounded."""
-
-_WILDCARD = "[*]."
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +61,8 @@ class Constant:
     """One registered constant.
 
     ``name`` is ``package.module.ATTR`` or ``package.module.TABLE[*].field`` (that field of
-    every value of the dict ``TABLE``).
+    every value of the dict ``TABLE``): the attribute holds the documented default, and the
+    name is the key a :class:`~topologies.constants.Constants` object overrides it under.
     """
 
     name: str
@@ -75,195 +74,36 @@ class Constant:
     """Where the value comes from, as the code's own comment gives it."""
     shapes: str
     """What in a prediction it affects."""
-    bound: tuple[str, ...] = ()
-    """``package.module.Class.field``: dataclass field defaults that copy this value and
-    must be scaled with it."""
 
     def perturb(self, factor: float):
-        """Context manager: this constant (and its :attr:`bound` defaults) times ``factor``."""
+        """Context manager: this constant times ``factor`` (:func:`scaled`)."""
         return scaled(self.name, factor)
 
 
-# -- resolution --------------------------------------------------------------------------------------
-def _split(name: str) -> tuple[str, str, str | None]:
-    """``(module, attribute, field or None)`` of a registry name."""
-    field = None
-    if _WILDCARD in name:
-        name, field = name.split(_WILDCARD, 1)
-    module, _, attr = name.rpartition(".")
-    if not module or not attr:
-        raise ValueError(f"not a module attribute: {name!r}")
-    return module, attr, field
-
-
 def resolve(name: str) -> Any:
-    """The current value named by ``name``; for ``TABLE[*].field``, ``{key: value.field}``.
+    """The value of ``name`` under the active constants (the default unless :func:`scaled`
+    or :func:`topologies.constants.using` installed others); for ``TABLE[*].field``,
+    ``{key: value.field}``.
 
     Raises AttributeError / ModuleNotFoundError when the name does not exist.
     """
-    module, attr, field = _split(name)
-    obj = getattr(importlib.import_module(module), attr)
-    if field is None:
-        return obj
-    return {k: getattr(v, field) for k, v in obj.items()}
+    return active().get(name)
 
 
-# -- scaling -----------------------------------------------------------------------------------------
-def scale_value(value: Any, factor: float) -> Any:
-    """A copy of ``value`` with every numeric leaf times ``factor``.
+@contextmanager
+def scaled(name: str, factor: float) -> Iterator[Constants]:
+    """Within the block, the registered constant ``name`` is ``factor`` times its value:
+    the block runs under ``active().scaled(name, factor)`` (yielded), and the previous
+    constants are active again afterwards, also after an exception.
 
-    Numbers (not booleans) are multiplied; dicts (values only), tuples, named tuples and
-    dataclass instances are rebuilt with scaled contents; anything else is returned as is.
-
-    >>> scale_value({"a": (1, 2.0), "b": True, "c": "x"}, 2)
-    {'a': (2, 4.0), 'b': True, 'c': 'x'}
+    Only registered names are read through the constants object, so another name is a
+    KeyError.
     """
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, numbers.Real):
-        out = value * factor
-        return int(out) if isinstance(value, int) and float(out).is_integer() else out
-    if isinstance(value, dict):
-        return {k: scale_value(v, factor) for k, v in value.items()}
-    if isinstance(value, tuple):
-        items = [scale_value(v, factor) for v in value]
-        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        changes = {f.name: scale_value(getattr(value, f.name), factor) for f in dataclasses.fields(value) if f.init}
-        return dataclasses.replace(value, **changes)
-    return value
-
-
-def _scale_dict_in_place(d: dict, factor: float, undo: list) -> None:
-    for k, v in list(d.items()):
-        if isinstance(v, dict):
-            _scale_dict_in_place(v, factor, undo)
-        else:
-            undo.append((d, k, v))
-            d[k] = scale_value(v, factor)
-
-
-@contextmanager
-def _scaled_dict(d: dict, factor: float) -> Iterator[None]:
-    undo: list = []
-    try:
-        _scale_dict_in_place(d, factor, undo)
-        yield
-    finally:
-        for container, key, old in reversed(undo):
-            container[key] = old
-
-
-@contextmanager
-def _scaled_field(table: dict, field: str, factor: float) -> Iterator[None]:
-    """Every value of ``table`` (dataclass instances) with ``field`` scaled."""
-    old = dict(table)
-    try:
-        for k, v in old.items():
-            table[k] = dataclasses.replace(v, **{field: scale_value(getattr(v, field), factor)})
-        yield
-    finally:
-        table.clear()
-        table.update(old)
-
-
-@contextmanager
-def _replaced_attribute(module_name: str, attr: str, new: Any) -> Iterator[None]:
-    """``module.attr = new``, and the same on every loaded module that imported the same object."""
-    module = importlib.import_module(module_name)
-    old = getattr(module, attr)
-    holders = [module] + [m for m in list(sys.modules.values())
-                          if m is not None and m is not module and getattr(m, "__dict__", {}).get(attr) is old]
-    try:
-        for m in holders:
-            setattr(m, attr, new)
-        yield
-    finally:
-        for m in holders:
-            setattr(m, attr, old)
-
-
-@contextmanager
-def _dataclass_default(path: str, factor: float) -> Iterator[None]:
-    """The default of dataclass field ``package.module.Class.field`` times ``factor``.
-
-    A dataclass's generated ``__init__`` keeps its defaults as ordinary function defaults
-    (``__defaults__`` for positional parameters, ``__kwdefaults__`` for keyword-only ones);
-    both, and the field record, are patched and restored.
-    """
-    owner, _, field = path.rpartition(".")
-    module_name, _, cls_name = owner.rpartition(".")
-    cls = getattr(importlib.import_module(module_name), cls_name)
-    init = cls.__init__
-    code = init.__code__
-    positional = code.co_varnames[:code.co_argcount]
-    fld = cls.__dataclass_fields__[field]
-    old_defaults, old_kwdefaults, old_field_default = init.__defaults__, init.__kwdefaults__, fld.default
-    try:
-        if old_kwdefaults and field in old_kwdefaults:
-            kw = dict(old_kwdefaults)
-            kw[field] = scale_value(kw[field], factor)
-            init.__kwdefaults__ = kw
-        elif field in positional and old_defaults:
-            i = positional.index(field) - (len(positional) - len(old_defaults))
-            if i < 0:
-                raise ValueError(f"{path} has no default")
-            d = list(old_defaults)
-            d[i] = scale_value(d[i], factor)
-            init.__defaults__ = tuple(d)
-        else:
-            raise ValueError(f"{path} has no default in {cls_name}.__init__")
-        fld.default = scale_value(old_field_default, factor)
-        yield
-    finally:
-        init.__defaults__, init.__kwdefaults__ = old_defaults, old_kwdefaults
-        fld.default = old_field_default
-
-
-def _ensure_loaded() -> None:
-    """Import the simulator's modules, so that every module that imports a constant by name
-    is loaded before a scalar is replaced (and restored) on all of them."""
-    for m in ("topologies", "workloads", "workloads.costs", "simulator.collectives", "simulator.engine",
-              "simulator.validation"):
-        importlib.import_module(m)
-
-
-def clear_caches() -> None:
-    """Clear the functools caches of the cost and memory code (none of them depends on a
-    registered constant today; cleared anyway so a perturbed run can never see a value
-    cached under another one)."""
-    from workloads import memory, model_loading
-    from workloads.costs import compute
-    for fn in (compute.expected_max_normal, memory._held, model_loading._read_preset):
-        cache_clear: Callable[[], None] | None = getattr(fn, "cache_clear", None)
-        if cache_clear is not None:
-            cache_clear()
-
-
-@contextmanager
-def scaled(name: str, factor: float) -> Iterator[None]:
-    """Within the block, the constant ``name`` is ``factor`` times its value.
-
-    ``name`` need not be registered (any module attribute works); a registered constant's
-    :attr:`Constant.bound` dataclass defaults are scaled with it.  Caches are cleared on
-    entry and exit.
-    """
-    _ensure_loaded()
-    module, attr, field = _split(name)
-    obj = getattr(importlib.import_module(module), attr)
-    entry = _BY_NAME.get(name)
-    with ExitStack() as stack:
-        if field is not None:
-            stack.enter_context(_scaled_field(obj, field, factor))
-        elif isinstance(obj, dict):
-            stack.enter_context(_scaled_dict(obj, factor))
-        else:
-            stack.enter_context(_replaced_attribute(module, attr, scale_value(obj, factor)))
-        for path in (entry.bound if entry else ()):
-            stack.enter_context(_dataclass_default(path, factor))
-        clear_caches()
-        stack.callback(clear_caches)
-        yield
+    if name not in _BY_NAME:
+        raise KeyError(f"{name!r} is not a registered constant (simulator.validation.constants.REGISTRY); "
+                       "only registered constants are read through the run's Constants")
+    with using(active().scaled(name, factor)) as c:
+        yield c
 
 
 # -- the registry ------------------------------------------------------------------------------------
@@ -301,8 +141,7 @@ REGISTRY: tuple[Constant, ...] = (
              "K padding of GEMMs"),
     Constant(f"{_C}GEMM_K_OVERHEAD", "128 (units of K)", "assumption",
              "per-tile prologue/epilogue cost, shaped like mamf-finder's small-K fall-off but not fitted",
-             "efficiency of small-K GEMMs (MoE wgrad, MLA down-projections)",
-             bound=(f"{_C}GemmModel.k_overhead",)),
+             "efficiency of small-K GEMMs (MoE wgrad, MLA down-projections)"),
     Constant(f"{_C}SUSTAINED_FRACTION", "Hopper GEMM 0.938, attention 0.874; Blackwell 0.814; Ampere 0.926",
              "microbenchmark",
              f"all-8-GPU sustained vs burst matmul rates ({_MLE} accelerator benchmarks); Ampere from NVIDIA's "
@@ -330,8 +169,7 @@ REGISTRY: tuple[Constant, ...] = (
              "attention kernel time of models with 64-wide heads (gpt-oss)"),
     Constant(f"{_C}FA_SEQ_HALF", "384 tokens", "assumption",
              "sequence-length ramp fitted by eye to the FA2/FA3 papers' curves",
-             "attention efficiency at short per-rank sequences (CP shards)",
-             bound=(f"{_C}AttentionModel.seq_half",)),
+             "attention efficiency at short per-rank sequences (CP shards)"),
     Constant(f"{_K}ATTN_BLOCK_SIZE", "128", "framework source", "FA3 causal tile size for head dim 128",
              "executed fraction of the causal attention FLOPs"),
     # compute: memory-bound ops and launches
@@ -339,8 +177,7 @@ REGISTRY: tuple[Constant, ...] = (
              "datasheet", "NVIDIA datasheets", "time of memory-bound (element-wise) ops"),
     Constant(f"{_C}HBM_EFFICIENCY", "0.85", "assumption",
              "chosen a little below the 90-92 % a STREAM copy reaches on H100",
-             "time of every memory-bound op (norms, activations, casts, optimizer)",
-             bound=(f"{_C}MemoryModel.efficiency",)),
+             "time of every memory-bound op (norms, activations, casts, optimizer)"),
     Constant(f"{_C}KERNEL_HBM_FRACTION", "SSD scan F 0.492 / B 0.485, Mamba grouped RMSNorm 0.816 / 0.206",
              "microbenchmark",
              "experiments/microbench/mamba_bench.py on one H200 (mamba_ssm's Triton kernels at the Nemotron 3 "
@@ -381,8 +218,7 @@ REGISTRY: tuple[Constant, ...] = (
              "GPU-NIC hop"),
     Constant(f"{_S}LINK_LATENCY_S", "IB hop 0.15 us, cross-rack 2 us", "assumption",
              "IB hop picked from the Quantum-2 brief's order of magnitude; cross-rack value assumed",
-             "latency of inter-node collectives and transfers",
-             bound=("topologies.cluster.ClusterSpec.xrack_latency_s",)),
+             "latency of inter-node collectives and transfers"),
     Constant("simulator.collectives.calibration.CALIBRATIONS", "e.g. Hopper NVLink 0.816, IB 0.912, NVLS 0.840",
              "microbenchmark",
              "fits to nccl-tests: Azure A100 all_reduce (2-32 GPUs), H200 / P5en / P6-B200 bus bandwidths",
@@ -408,8 +244,7 @@ REGISTRY: tuple[Constant, ...] = (
     # memory
     Constant("workloads.memory_accounting.DEFAULT_RESERVE_BYTES", "3 GiB", "assumption",
              "CUDA context measured (0.75 GiB); NCCL buffers and fragmentation assumed",
-             "memory-fit verdict only (not step time)",
-             bound=("workloads.memory_accounting.MemoryOptions.memory_reserve_bytes",)),
+             "memory-fit verdict only (not step time)"),
 )
 """Every registered constant."""
 

@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 
 from topologies import ConfigError
+from topologies.constants import Constants, active, using
 
 from .ingest import InvalidRow, Unsupported, _cell, _int, _num, load_runs
 from .mapping import FRAMEWORKS, _framework, row_to_scenario
@@ -255,7 +256,9 @@ def _evaluate_all(rows: list[dict], run_fn, max_gpus, workers: int, on_done=None
     order = sorted(groups, key=lambda k: -_gpus(rows[first_of[k]]))
     ctx = multiprocessing.get_context("spawn")      # no forked copy of a caller's simpy or numpy state
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = {k: pool.submit(_simulate, preps[first_of[k]]["scenario"], run_fn) for k in order}
+        # the active constants (topologies.constants) travel with every job: a perturbation
+        # (simulator.validation.constants.scaled) holds in the workers too
+        futures = {k: pool.submit(_simulate, preps[first_of[k]]["scenario"], run_fn, active()) for k in order}
         if on_done is not None:
             import threading
             lock = threading.Lock()
@@ -315,13 +318,15 @@ def _evaluate(row: dict, run_fn, max_gpus) -> dict:
     return _finish(row, p, _simulate(p["scenario"], run_fn) if p["status"] is None else None)
 
 
-def _simulate(scenario: dict, run_fn) -> dict:
+def _simulate(scenario: dict, run_fn, constants: Constants | None = None) -> dict:
     """One simulation: ``{"status", "metrics", "wall_s"}``, the metrics the rows need
-    (picklable: it comes back from a worker process)."""
+    (picklable: it comes back from a worker process), under ``constants`` (None: the
+    active ones; :mod:`topologies.constants`)."""
     t0 = time.perf_counter()
     metrics = None
     try:
-        res = run_fn(scenario)
+        with using(constants):
+            res = run_fn(scenario)
         m = getattr(res, "metrics", res)
         pred = float(m["step_time_s"])
         if not pred > 0:

@@ -69,3 +69,17 @@ def test_unmeasured_backend_or_generation_is_refused():
         _fwd_bwd_tflops("B200", "flash_attention_1", 4096, 128)
     with pytest.raises(ConfigError, match="unknown; known: flash, flash_attention_1"):
         _fwd_bwd_tflops("A100", "xformers", 4096, 128)
+
+
+def test_backend_tables_reach_the_model_through_the_constants():
+    """ATTENTION_BACKENDS is read through the run's constants (scaled() perturbs it) like every
+    registered constant: twice the efficiency, twice the speed."""
+    from simulator.validation.constants import scaled
+    base = _fwd_bwd_tflops("A100", "flash_attention_1", 16384, 128)
+    with scaled("workloads.costs.compute.ATTENTION_BACKENDS", 2.0):
+        assert _fwd_bwd_tflops("A100", "flash_attention_1", 16384, 128) == pytest.approx(2 * base, rel=1e-3)  # + launches
+    at64 = _fwd_bwd_tflops("A100", "flash_attention_1", 16384, 64)
+    with scaled("workloads.costs.compute.BACKEND_HEAD_DIM_FACTOR", 0.5):
+        assert _fwd_bwd_tflops("A100", "flash_attention_1", 16384, 64) < 0.6 * at64
+    assert _fwd_bwd_tflops("A100", "flash_attention_1", 16384, 128) == base
+    assert _fwd_bwd_tflops("A100", "flash_attention_1", 16384, 64) == at64

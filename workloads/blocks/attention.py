@@ -166,7 +166,7 @@ class AttentionBlock(Block):
             ops.linear("kv_down_proj", Tn, m.kv_lora_rank + m.qk_rope_head_dim, h)
             ops.pair(kn.norm("kv_norm", L, Tn, m.kv_lora_rank))
             ops.linear("kv_up_proj", T, heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)
-            a = kn.ACT_BYTES * rope_elems
+            a = kn.act_bytes() * rope_elems
             ops.pair(kn.ew_pair("rope", L, 2 * a, 2 * a, *args.fusion.rope_kernels))
             ops.pair(kn.attention("core_attn", L, sh, heads, heads, m.qk_head_dim, m.v_head_dim, causal, block,
                                   window, args.fusion.attention_backend))
@@ -178,10 +178,10 @@ class AttentionBlock(Block):
             gate = heads if model.attention_output_gate else 0      # the gate comes out of the query projection
             ops.linear("qkv_proj", T, (heads + gate + 2 * kv_local) * d, h)
             if model.qk_norm:
-                a = kn.ACT_BYTES * T * (heads + kv_local) * d
+                a = kn.act_bytes() * T * (heads + kv_local) * d
                 ops.pair(kn.ew_pair("qk_norm", L, 2 * a, 3 * a, *args.fusion.qk_norm_kernels))
             if model.position_embedding == "rope":
-                a = kn.ACT_BYTES * T * (heads + kv_local) * d      # rotate q and k in place: read + write
+                a = kn.act_bytes() * T * (heads + kv_local) * d      # rotate q and k in place: read + write
                 if args.fusion.rope_fused(model):
                     ops.pair(kn.ew_pair("rope", L, 2 * a, 2 * a, *args.fusion.rope_kernels))
                 else:
@@ -192,7 +192,7 @@ class AttentionBlock(Block):
             else:
                 _unfused_attention(L, sh, heads, d, model.dropout, ops)
             if gate:
-                ops.pair(_output_gate(L, kn.ACT_BYTES * T * heads * d))
+                ops.pair(_output_gate(L, kn.act_bytes() * T * heads * d))
             ops.linear("out_proj", T, h, heads * d)
         ops.pair(kn.residual("attn_residual", L, Tn, h, model.dropout))
 

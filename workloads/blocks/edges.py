@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+from topologies.constants import value as active_value
+
 from . import kernels as kn
 
 __all__ = ["embedding_kernels", "output_and_loss", "padded_vocab_size"]
 
+_E = "workloads.blocks.edges."   # the prefix of this module's constants (topologies.constants)
 _VOCAB_MULTIPLE = 128  # Megatron-LM --make-vocab-size-divisible-by default (times tp)
 
 # Cross-entropy over the vocabulary-parallel logits, bytes per logit (T x Vp/tp of them).
@@ -23,7 +26,7 @@ _CE_KERNELS = {False: (8, 4), True: (2, 1)}
 def padded_vocab_size(vocab_size: int, tp: int = 1, multiple: int | None = None) -> int:
     """Megatron-LM's padded vocabulary: a multiple of ``multiple x tp``
     (``--make-vocab-size-divisible-by``, default 128)."""
-    step = (_VOCAB_MULTIPLE if multiple is None else multiple) * tp
+    step = (active_value(_E + "_VOCAB_MULTIPLE", _VOCAB_MULTIPLE) if multiple is None else multiple) * tp
     return -(-int(vocab_size) // step) * step
 
 
@@ -32,7 +35,7 @@ def output_and_loss(model, sh, L: int, gemm_name: str, ce_name: str, vocab_size,
     vp = padded_vocab_size(model.vocab_size if vocab_size is None else vocab_size, sh.tp)
     f, b, w = kn.linear(gemm_name, L, sh.T, vp // sh.tp, model.hidden_size)
     logits = sh.T * vp / sh.tp
-    fb, bb = _CE_BYTES_PER_LOGIT[fused_ce]
+    fb, bb = active_value(_E + "_CE_BYTES_PER_LOGIT", _CE_BYTES_PER_LOGIT)[fused_ce]
     kf, kb = _CE_KERNELS[fused_ce]
     return ([f, kn.ew(ce_name, "F", L, fb * logits, kf)], [b, kn.ew(ce_name, "B", L, bb * logits, kb)], [w])
 
@@ -46,7 +49,7 @@ def embedding_kernels(model, sh) -> list:
     Learned positions add a table read and an add.
     """
     h, T, tp = model.hidden_size, sh.T, sh.tp
-    a, f32 = kn.ACT_BYTES, kn.FP32
+    a, f32 = kn.act_bytes(), kn.FP32
     f_bytes = a * h * (T / tp + T) + 8 * T          # rows, output, int64 token ids
     w_bytes = a * T * h + 2 * f32 * T * h / tp
     if model.position_embedding == "learned":

@@ -148,7 +148,7 @@ def gdn_scan_kernels(T: float, H: int, dk: int, dv: int, C: int):
     and its cumulative sum, the L2-norm statistics and the in-chunk matrix ``A`` FP32 (4), its
     inverse and the chunk states (``S = T H dk dv / C`` elements) BF16.  An assumption read
     off flash-linear-attention's kernels (module docstring), not a measurement."""
-    a, f = kn.ACT_BYTES, kn.FP32
+    a, f = kn.act_bytes(), kn.FP32
     TH, S = T * H, T * H * dk * dv / C
     qk, v = a * TH * dk, a * TH * dv
     l2 = ("l2norm", 2 * (2 * qk + f * TH))
@@ -205,7 +205,7 @@ class GatedDeltaNetBlock(Block):
         model, L = self.model, self.layer
         g, h, tp = model.gated_deltanet, model.hidden_size, sh.tp
         self.check_split(tp, sh.cp)
-        T, Tn, A = sh.T, sh.Tn, kn.ACT_BYTES
+        T, Tn, A = sh.T, sh.Tn, kn.act_bytes()
         nk, nv = g.num_key_heads // tp, g.num_value_heads // tp
         vd, conv = g.value_dim // tp, g.conv_channels // tp
         ops.pair(kn.norm("gdn_norm", L, Tn, h))

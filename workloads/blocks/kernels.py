@@ -28,8 +28,9 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from topologies import ConfigError
+from topologies.constants import value as active_value
 
-__all__ = ["ACT_BYTES", "ATTN_BLOCK_SIZE", "AttentionShape", "ComputeOp", "Gemm", "MemoryBound", "EXPERT_GROUPED_LINEARS", "LayerOps", "Shard", "activation",
+__all__ = ["ACT_BYTES", "ATTN_BLOCK_SIZE", "act_bytes", "attn_block_size", "AttentionShape", "ComputeOp", "Gemm", "MemoryBound", "EXPERT_GROUPED_LINEARS", "LayerOps", "Shard", "activation",
            "attention", "bmm", "causal_executed_fraction", "ew", "ew_pair", "gemm_role", "grouped_linear", "linear",
            "norm", "residual", "window_executed_fraction"]
 
@@ -41,6 +42,18 @@ ATTN_BLOCK_SIZE = 128
 """FlashAttention key/query tile for the causal diagonal: 128 x 128 in FA3's causal
 forward for head dim 128 on H100 (Dao-AILab/flash-attention ``hopper/`` tile_size_fwd_sm90:
 kBlockM = kBlockN = 128 for causal hdim 128); FA2 on A100 uses 128 x 64 or 128 x 128."""
+
+
+
+def act_bytes() -> float:
+    """:data:`ACT_BYTES` under the active constants (:mod:`topologies.constants`)."""
+    return active_value("workloads.blocks.kernels.ACT_BYTES", ACT_BYTES)
+
+
+def attn_block_size() -> int:
+    """:data:`ATTN_BLOCK_SIZE` under the active constants (:mod:`topologies.constants`)."""
+    return active_value("workloads.blocks.kernels.ATTN_BLOCK_SIZE", ATTN_BLOCK_SIZE)
+
 
 FP32 = 4
 MASK_BYTES = 1        # torch dropout mask: one byte per element
@@ -176,7 +189,7 @@ def gemm_role(op: ComputeOp) -> str:
     return "dgrad" if op.phase == "B" else "wgrad"
 
 
-def window_executed_fraction(seq_len: int, window: int | None, block: int = ATTN_BLOCK_SIZE) -> float:
+def window_executed_fraction(seq_len: int, window: int | None, block: int | None = None) -> float:
     """Executed fraction of the full ``s x s`` attention work under a causal sliding window.
 
     Query ``q`` attends to keys ``[q - window + 1, q]`` (``window`` tokens, itself included;
@@ -191,7 +204,7 @@ def window_executed_fraction(seq_len: int, window: int | None, block: int = ATTN
     >>> window_executed_fraction(4096, 128, 128) == (2 * 32 - 1) / 32 ** 2
     True
     """
-    s, bs = int(seq_len), int(block)
+    s, bs = int(seq_len), int(attn_block_size() if block is None else block)
     if window is None or window >= s:
         return causal_executed_fraction(s, bs)
     w = int(window)
@@ -206,14 +219,14 @@ def window_executed_fraction(seq_len: int, window: int | None, block: int = ATTN
     return entries / (s * s)
 
 
-def causal_executed_fraction(seq_len: int, block: int = ATTN_BLOCK_SIZE) -> float:
+def causal_executed_fraction(seq_len: int, block: int | None = None) -> float:
     """Executed fraction of the full ``s x s`` attention work under a causal mask.
 
     FlashAttention runs the ``n (n + 1) / 2`` blocks on or below the diagonal of ``n x n``
     (``n = s / block``, the last block partial): ``1/2 + block / (2 s)`` when ``block``
     divides ``s``.
     """
-    s, bs = int(seq_len), int(block)
+    s, bs = int(seq_len), int(attn_block_size() if block is None else block)
     full, rem = divmod(s, bs)
     # rows of complete query blocks: block i runs (i + 1) key blocks of bs x bs
     entries = bs * bs * full * (full + 1) / 2
@@ -226,7 +239,7 @@ def causal_executed_fraction(seq_len: int, block: int = ATTN_BLOCK_SIZE) -> floa
 
 
 def gemm_bytes(m, n, k) -> float:
-    return float(ACT_BYTES * (m * k + k * n + m * n))
+    return float(act_bytes() * (m * k + k * n + m * n))
 
 
 def linear(name: str, layer: int, m: int, n: int, k: int) -> tuple[ComputeOp, ComputeOp, ComputeOp]:
@@ -235,7 +248,7 @@ def linear(name: str, layer: int, m: int, n: int, k: int) -> tuple[ComputeOp, Co
     return (ComputeOp(name, "F", "gemm", f, m, n, k, gemm_bytes(m, n, k), 1, layer),
             ComputeOp(name, "B", "gemm", f, m, k, n, gemm_bytes(m, k, n), 1, layer),
             # wgrad accumulates into the FP32 main grad (gradient-accumulation fusion): read + write 4 B
-            ComputeOp(name, "W", "gemm", f, k, n, m, ACT_BYTES * (m * k + m * n) + 2.0 * FP32 * k * n, 1, layer))
+            ComputeOp(name, "W", "gemm", f, k, n, m, act_bytes() * (m * k + m * n) + 2.0 * FP32 * k * n, 1, layer))
 
 
 def grouped_linear(name: str, layer: int, tokens: Sequence[float], n: int, k: int):
@@ -245,9 +258,9 @@ def grouped_linear(name: str, layer: int, tokens: Sequence[float], n: int, k: in
     m = round(t)
     f = 2.0 * t * n * k
     ng = sum(1 for g in groups if g > 0)
-    return (ComputeOp(name, "F", "gemm", f, m, n, k, ACT_BYTES * (t * k + ng * k * n + t * n), 1, layer, False, groups),
-            ComputeOp(name, "B", "gemm", f, m, k, n, ACT_BYTES * (t * n + ng * k * n + t * k), 1, layer, False, groups),
-            ComputeOp(name, "W", "gemm", f, k, n, m, ACT_BYTES * (t * k + t * n) + 2.0 * FP32 * ng * k * n, 1, layer,
+    return (ComputeOp(name, "F", "gemm", f, m, n, k, act_bytes() * (t * k + ng * k * n + t * n), 1, layer, False, groups),
+            ComputeOp(name, "B", "gemm", f, m, k, n, act_bytes() * (t * n + ng * k * n + t * k), 1, layer, False, groups),
+            ComputeOp(name, "W", "gemm", f, k, n, m, act_bytes() * (t * k + t * n) + 2.0 * FP32 * ng * k * n, 1, layer,
                       False, groups))
 
 
@@ -261,14 +274,14 @@ def ew_pair(name: str, layer: int, f_bytes: float, b_bytes: float, kf: int = 1, 
 
 def norm(name: str, layer: int, tokens: float, width: int):
     # F: read x, write y.  B: read x and dy, write dx (dgamma reduced in the same kernel).
-    a = ACT_BYTES * tokens * width
+    a = act_bytes() * tokens * width
     return ew_pair(name, layer, 2 * a, 3 * a)
 
 
 def residual(name: str, layer: int, tokens: float, width: int, dropout: float):
     # bias-dropout-add: F reads the branch output and the residual, writes the sum (+ mask);
     # B reads dy (+ mask) and writes the branch gradient (the residual gradient passes through).
-    a = ACT_BYTES * tokens * width
+    a = act_bytes() * tokens * width
     mask = MASK_BYTES * tokens * width if dropout > 0 else 0
     return ew_pair(name, layer, 3 * a + mask, 2 * a + mask)
 
@@ -276,7 +289,7 @@ def residual(name: str, layer: int, tokens: float, width: int, dropout: float):
 def activation(name: str, layer: int, tokens: float, width: int, mlp: str):
     # swiglu: F reads gate and up (2 w), writes w; B reads gate, up, dy, writes dgate, dup (5 w).
     # gelu: F reads w, writes w; B reads x and dy, writes dx (3 w).
-    a = ACT_BYTES * tokens * width
+    a = act_bytes() * tokens * width
     return ew_pair(name, layer, 3 * a, 5 * a) if mlp == "swiglu" else ew_pair(name, layer, 2 * a, 3 * a)
 
 
@@ -297,8 +310,8 @@ def attention(name: str, layer: int, sh: Shard, heads: int, kv_heads: int, d_qk:
     q = sh.b * sq * heads * d_qk
     kv = sh.b * s * kv_heads * (d_qk + d_v)
     o = sh.b * sq * heads * d_v
-    f_bytes = ACT_BYTES * (q + kv + o) + FP32 * sh.b * sq * heads
-    b_bytes = ACT_BYTES * (2 * q + 2 * kv + 2 * o) + FP32 * sh.b * sq * heads
+    f_bytes = act_bytes() * (q + kv + o) + FP32 * sh.b * sq * heads
+    b_bytes = act_bytes() * (2 * q + 2 * kv + 2 * o) + FP32 * sh.b * sq * heads
     mask = "full" if not causal else ("window" if window is not None else "causal")
     shape = AttentionShape(sh.b, heads, kv_heads, sq, s, d_qk, d_v, mask, window if causal else None, cp, backend)
     # one kernel per ring step with CP; backward: preprocess (dO . O), main, dQ conversion
@@ -310,7 +323,7 @@ def bmm(name: str, phase: str, layer: int, batches: int, m: int, n: int, k: int)
     """``batches`` independent ``m x n x k`` GEMMs in one batched kernel (cuBLAS strided
     batched): timed by the GEMM model as a grouped GEMM of ``batches`` groups of ``m`` rows."""
     return ComputeOp(name, phase, "gemm", 2.0 * batches * m * n * k, m, n, k,
-                     ACT_BYTES * batches * (m * k + k * n + m * n), 1, layer, False, (float(m),) * batches)
+                     act_bytes() * batches * (m * k + k * n + m * n), 1, layer, False, (float(m),) * batches)
 
 
 

@@ -128,7 +128,7 @@ def mamba_scan_kernels(T: float, d: int, heads: int, groups: int, state: int,
     once; the time model applies the measured fraction of HBM bandwidth these kernels reach
     (:data:`~workloads.costs.compute.KERNEL_HBM_FRACTION`), which absorbs what the counts miss.
     """
-    a, f = kn.ACT_BYTES, kn.FP32
+    a, f = kn.act_bytes(), kn.FP32
     Td, TGN, TGQ, TH = T * d, T * groups * state, T * groups * chunk, T * heads
     S = T * d * state / chunk
     cumsum = ("chunk_cumsum", TH * (a + 2 * f))
@@ -216,13 +216,13 @@ class MambaBlock(Block):
         width = mb.in_proj_width // tp
         ops.linear("in_proj", T, width, h)
         if sh.b > 1:
-            ops.pair(kn.ew_pair("mamba_layout", L, 2 * kn.ACT_BYTES * T * (width + d), 2 * kn.ACT_BYTES * T * width,
+            ops.pair(kn.ew_pair("mamba_layout", L, 2 * kn.act_bytes() * T * (width + d), 2 * kn.act_bytes() * T * width,
                                 2, 1))
-        conv = kn.ACT_BYTES * T * (d + 2 * groups * mb.state_dim)
+        conv = kn.act_bytes() * T * (d + 2 * groups * mb.state_dim)
         ops.pair(kn.ew_pair("conv1d", L, 2 * conv, 5 * conv, 1, 2))
         f, b = mamba_scan_bytes(T, d, heads, groups, mb.state_dim, mb.chunk_size)
         ops.pair(kn.ew_pair("ssd_scan", L, f, b, *MAMBA_SCAN_LAUNCHES))
-        a = kn.ACT_BYTES * T * d
+        a = kn.act_bytes() * T * d
         ops.pair(kn.ew_pair("gated_norm", L, 2 * a, 3 * a, 1, 2))
         ops.linear("mamba_out_proj", T, h, d)
         ops.pair(kn.residual("mamba_residual", L, Tn, h, model.dropout))

@@ -334,7 +334,7 @@ class MoEBlock(Block):
         w = moe.latent_size or h
         if moe.latent_size:
             ops.linear("latent_down_proj", Tn, w, h)
-        perm = kn.ACT_BYTES * w * (Tn * (1 + k) + 2 * routed)
+        perm = kn.act_bytes() * w * (Tn * (1 + k) + 2 * routed)
         ops.pair(kn.ew_pair("moe_permute", L, perm, perm, *args.fusion.permute_kernels))
         fe = moe.expert_ffn_hidden_size / etp
         ops.fbw(*kn.grouped_linear("expert_fc1", L, tokens, int(m1 * fe), w))
@@ -362,7 +362,7 @@ class MoEBlock(Block):
                 # sigmoid(x W_g) scales the shared output (HF Qwen3NextSparseMoeBlock, eager):
                 # the h -> 1 GEMM, the sigmoid, the product over the T x h output (read 2, write 1)
                 ops.linear("shared_gate", sh.T, 1, h)
-                a = kn.ACT_BYTES * sh.T * h
+                a = kn.act_bytes() * sh.T * h
                 ops.pair(kn.ew_pair("shared_gate_mul", L, 3 * a, 5 * a, 2, 3))
         ops.pair(kn.residual("mlp_residual", L, Tn, h, model.dropout))
 
@@ -432,7 +432,7 @@ def _expert_clamp(L: int, routed: float, width: int):
     ``le``, ``logical_and_``, ``where`` (``7a``, 4 kernels), then the two gradients
     concatenated for the chunk's input (``4a``, 1 kernel): ``15a`` in 7.  Under
     ``recompute_modules: [moe_act]`` the clamps are recomputed with the activation."""
-    a = kn.ACT_BYTES * routed * width
+    a = kn.act_bytes() * routed * width
     return kn.ew_pair("expert_clamp", L, 8 * a, 15 * a, 3, 7)
 
 
@@ -445,5 +445,5 @@ def _expert_bias(L: int, routed: float, width: int, local_experts: int):
     in ``2 E + 1`` kernels.  Backward: the bias gradient ``sum(grad * p)`` and the probability
     gradient ``sum(grad * b)`` (a product and a reduction each, ``3c`` each) per expert, and
     the split's gradient concatenated (``2c``): ``8c`` in ``4 E + 1``."""
-    c = kn.ACT_BYTES * routed * width
+    c = kn.act_bytes() * routed * width
     return kn.ew_pair("expert_bias", L, 6 * c, 8 * c, 2 * local_experts + 1, 4 * local_experts + 1)

@@ -23,8 +23,8 @@ def mtp_prologue(model, sh, L: int, ops) -> None:
     """An MTP module's input: embedding of the shifted tokens, its two norms, ``eh_proj``."""
     h = model.hidden_size
     # embedding of the shifted tokens (shared table; its gradient is a W-phase scatter-add)
-    ops.fwd.append(kn.ew("mtp_embedding", "F", L, kn.ACT_BYTES * h * (sh.T / sh.tp + sh.T), 2))
-    ops.wgt.append(kn.ew("mtp_embedding", "W", L, kn.ACT_BYTES * sh.T * h + 2 * kn.FP32 * sh.T * h / sh.tp, 4))
+    ops.fwd.append(kn.ew("mtp_embedding", "F", L, kn.act_bytes() * h * (sh.T / sh.tp + sh.T), 2))
+    ops.wgt.append(kn.ew("mtp_embedding", "W", L, kn.act_bytes() * sh.T * h + 2 * kn.FP32 * sh.T * h / sh.tp, 4))
     for name in ("mtp_enorm", "mtp_hnorm"):
         ops.pair(kn.norm(name, L, sh.Tn, h))
     ops.fbw(*kn.linear("mtp_eh_proj", L, sh.T, h // sh.tp, 2 * h))

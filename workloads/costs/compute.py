@@ -56,10 +56,11 @@ from typing import NamedTuple
 import numpy as np
 
 from topologies import ConfigError, GPUSpec, get_gpu_spec
+from topologies.constants import Constants, active, using
 
 from .flops import PHASES, ComputeOp, gemm_role
 from .host import CUDA_GRAPH_SCOPES, HOST_COSTS, HOST_MODES, HostCosts, host_costs  # noqa: F401 (re-exported)
-from .precision import DTYPE_BYTES, PrecisionRecipe, get_recipe
+from .precision import PrecisionRecipe, get_recipe
 
 __all__ = ["ComputeModel", "RooflineComputeModel", "MeasuredComputeModel", "GemmModel", "AttentionModel",
            "MemoryModel", "LaunchModel", "OpCost", "SM_COUNTS", "GEMM_TILES", "MAMF_BEST_SHAPES",
@@ -70,6 +71,10 @@ __all__ = ["ComputeModel", "RooflineComputeModel", "MeasuredComputeModel", "Gemm
 
 
 # -- constants, each with its source -----------------------------------------------------------
+# The module attributes below are the documented defaults; a model reads them through the
+# Constants object of its run (topologies.constants), named with this prefix.
+_C = "workloads.costs.compute."
+
 SM_COUNTS: dict[str, int] = {
     # Streaming multiprocessors per GPU.  A100: NVIDIA A100 Tensor Core GPU Architecture
     # whitepaper (108 SMs enabled of 128).  H100 SXM5 / H200 / H800: NVIDIA H100 Tensor Core
@@ -82,13 +87,14 @@ SM_COUNTS: dict[str, int] = {
 _SMS_BY_GENERATION = {"ampere": 108, "hopper": 132, "blackwell": 148}
 
 
-def num_sms(gpu: GPUSpec) -> int:
+def num_sms(gpu: GPUSpec, counts: dict[str, int] | None = None) -> int:
     """SMs of ``gpu``: its own count (``GPUSpec.sm_count``: AMD compute units, a custom GPU's
-    ``sm_count``), else :data:`SM_COUNTS` by name prefix, else by generation."""
+    ``sm_count``), else from ``counts`` (default :data:`SM_COUNTS`) by name prefix, else by
+    generation."""
     if gpu.sm_count:
         return gpu.sm_count
     name = gpu.name.upper()
-    for prefix, n in SM_COUNTS.items():       # longest prefixes first (GB300 before B300)
+    for prefix, n in (SM_COUNTS if counts is None else counts).items():   # longest prefixes first (GB300 before B300)
         if name.startswith(prefix):
             return n
     return _SMS_BY_GENERATION.get(gpu.generation, 132)
@@ -300,13 +306,14 @@ def _expected_max_normal(n: int) -> float:
     return float((y.sum() - 0.5 * (y[0] + y[-1])) * dx)     # trapezoid rule
 
 
-def slowest_chip_factor(generation: str, num_gpus: int | None) -> float:
+def slowest_chip_factor(generation: str, num_gpus: int | None, spread: dict | None = None) -> float:
     """Sustained tensor rate of the slowest of ``num_gpus`` chips relative to the chip
-    :data:`SUSTAINED_FRACTION` stands for (:data:`CHIP_SPREAD`); 1.0 when ``num_gpus`` is
-    None or the generation has no measured spread."""
-    if num_gpus is None or generation not in CHIP_SPREAD:
+    :data:`SUSTAINED_FRACTION` stands for (``spread``, default :data:`CHIP_SPREAD`); 1.0 when
+    ``num_gpus`` is None or the generation has no measured spread."""
+    spread = CHIP_SPREAD if spread is None else spread
+    if num_gpus is None or generation not in spread:
         return 1.0
-    sigma, n_ref = CHIP_SPREAD[generation]
+    sigma, n_ref = spread[generation]
     return (1.0 - sigma * expected_max_normal(num_gpus)) / (1.0 - sigma * expected_max_normal(n_ref))
 
 
@@ -387,16 +394,21 @@ class GemmModel:
     _u_ref: dict = field(default_factory=dict, init=False, compare=False, repr=False)   # cache of U_ref per dtype
 
     @classmethod
-    def for_gpu(cls, gpu: GPUSpec) -> GemmModel:
-        """The model of ``gpu``, with fallbacks for dtypes it has no MAMF for."""
+    def for_gpu(cls, gpu: GPUSpec, constants: Constants | None = None) -> GemmModel:
+        """The model of ``gpu``, with fallbacks for dtypes it has no MAMF for, under
+        ``constants`` (default: the active ones, :mod:`topologies.constants`)."""
+        c = active() if constants is None else constants
+        fallback, default = c.get(_C + "MAMF_FALLBACK_FRACTION"), c.get(_C + "_MAMF_DEFAULT_FRACTION")
         mamf = {}
         for dtype, peak in gpu.peak_flops.items():
             if dtype in gpu.mamf_flops:
                 mamf[dtype] = gpu.mamf_flops[dtype]
             else:
-                mamf[dtype] = peak * MAMF_FALLBACK_FRACTION.get((gpu.generation, dtype), _MAMF_DEFAULT_FRACTION)
-        shapes = {dtype: MAMF_BEST_SHAPES.get((gpu.name, dtype), _DEFAULT_BEST_SHAPE) for dtype in gpu.peak_flops}
-        return cls(dict(gpu.peak_flops), mamf, num_sms(gpu), shapes)
+                mamf[dtype] = peak * fallback.get((gpu.generation, dtype), default)
+        best = c.get(_C + "MAMF_BEST_SHAPES")
+        shapes = {dtype: best.get((gpu.name, dtype), _DEFAULT_BEST_SHAPE) for dtype in gpu.peak_flops}
+        return cls(dict(gpu.peak_flops), mamf, num_sms(gpu, c.get(_C + "SM_COUNTS")), shapes,
+                   c.get(_C + "GEMM_TILES"), c.get(_C + "GEMM_K_BLOCK"), c.get(_C + "GEMM_K_OVERHEAD"))
 
     def utilization(self, shapes: Sequence[tuple[float, float, float]]) -> float:
         """Best-tile useful share ``U`` of SM time for the sub-GEMMs ``shapes`` (0..1)."""
@@ -448,6 +460,18 @@ class AttentionModel:
     peak_flops: dict
     table: dict = field(default_factory=lambda: dict(FLASH_ATTENTION_EFFICIENCY))
     seq_half: int = FA_SEQ_HALF
+    head_dim_factors: tuple = FA_HEAD_DIM_FACTOR
+    backends: dict = field(default_factory=lambda: dict(ATTENTION_BACKENDS))
+    """Other kernels' tables (:data:`ATTENTION_BACKENDS`)."""
+    backend_head_dim_factors: dict = field(default_factory=lambda: dict(BACKEND_HEAD_DIM_FACTOR))
+
+    @classmethod
+    def for_gpu(cls, gpu: GPUSpec, constants: Constants | None = None) -> AttentionModel:
+        """The model of ``gpu`` under ``constants`` (default: the active ones)."""
+        c = active() if constants is None else constants
+        return cls(gpu.generation, dict(gpu.peak_flops), dict(c.get(_C + "FLASH_ATTENTION_EFFICIENCY")),
+                   c.get(_C + "FA_SEQ_HALF"), c.get(_C + "FA_HEAD_DIM_FACTOR"), dict(c.get(_C + "ATTENTION_BACKENDS")),
+                   dict(c.get(_C + "BACKEND_HEAD_DIM_FACTOR")))
 
     def efficiency(self, phase: str, dtype: str, seq_len: float, head_dim: float | None = None,
                    backend: str = "flash") -> float:
@@ -455,9 +479,9 @@ class AttentionModel:
         ``seq_len`` queries per sequence on the rank and query/key heads of ``head_dim``
         (None: 128, the head dim the table holds for; :data:`FA_HEAD_DIM_FACTOR`), run by the
         kernel ``backend`` (:data:`ATTENTION_BACKENDS`; ``flash``: :attr:`table`)."""
-        table = self.table if backend == "flash" else ATTENTION_BACKENDS.get(backend)
+        table = self.table if backend == "flash" else self.backends.get(backend)
         if table is None:
-            raise ConfigError("attention backend", backend, f"unknown; known: flash, {', '.join(ATTENTION_BACKENDS)}")
+            raise ConfigError("attention backend", backend, f"unknown; known: flash, {', '.join(self.backends)}")
         try:
             eff = table[(self.generation, dtype)][phase]
         except KeyError:
@@ -465,11 +489,12 @@ class AttentionModel:
                                                   f"{self.generation} GPUs") from None
         s = max(float(seq_len), 1.0)
         ramp = (s / (s + self.seq_half)) / (_FA_REFERENCE_SEQ / (_FA_REFERENCE_SEQ + self.seq_half))
-        return eff * min(1.0, ramp) * head_dim_factor(head_dim, BACKEND_HEAD_DIM_FACTOR.get(backend))
+        return eff * min(1.0, ramp) * head_dim_factor(head_dim, self.backend_head_dim_factors.get(backend)
+                                                      if backend != "flash" else self.head_dim_factors)
 
 
 def head_dim_factor(head_dim: float | None, points: tuple | None = None) -> float:
-    """Attention efficiency at ``head_dim`` relative to head dim 128 (``points``, by default
+    """Attention efficiency at ``head_dim`` relative to head dim 128 (``points``, default
     :data:`FA_HEAD_DIM_FACTOR`).
 
     >>> head_dim_factor(64), head_dim_factor(128), head_dim_factor(192), round(head_dim_factor(96), 3)
@@ -477,7 +502,7 @@ def head_dim_factor(head_dim: float | None, points: tuple | None = None) -> floa
     """
     if not head_dim:
         return 1.0
-    pts = points or FA_HEAD_DIM_FACTOR
+    pts = FA_HEAD_DIM_FACTOR if points is None else points
     d = float(head_dim)
     if d <= pts[0][0]:
         return pts[0][1]
@@ -505,8 +530,9 @@ class LaunchModel:
     per_kernel_s: float
 
     @classmethod
-    def for_graphs(cls, cuda_graphs: bool) -> LaunchModel:
-        return cls(LAUNCH_OVERHEAD_S[bool(cuda_graphs)])
+    def for_graphs(cls, cuda_graphs: bool, constants: Constants | None = None) -> LaunchModel:
+        c = active() if constants is None else constants
+        return cls(c.get(_C + "LAUNCH_OVERHEAD_S")[bool(cuda_graphs)])
 
     def time_s(self, num_kernels: int) -> float:
         return num_kernels * self.per_kernel_s
@@ -577,6 +603,10 @@ class RooflineComputeModel(ComputeModel):
     num_gpus
         GPUs of the job: the default sustained fractions then hold for the slowest of that
         many chips (:func:`slowest_chip_factor`); None keeps the generation's reference chip.
+    constants
+        The :class:`~topologies.constants.Constants` every sub-model, the GPU lookup and the
+        recipe read (default: the active ones when the model is built); kept as
+        :attr:`constants`.
 
     Examples
     --------
@@ -590,23 +620,28 @@ class RooflineComputeModel(ComputeModel):
     def __init__(self, gpu: GPUSpec | str, precision: str | PrecisionRecipe = "bf16", cuda_graphs: bool = False,
                  *, num_layers: int | None = None, gemm: GemmModel | None = None,
                  attention: AttentionModel | None = None, memory: MemoryModel | None = None,
-                 launch: LaunchModel | None = None, sustained: dict | None = None, num_gpus: int | None = None):
-        self.gpu = get_gpu_spec(gpu)
-        self.recipe = get_recipe(precision, gpu=self.gpu)
+                 launch: LaunchModel | None = None, sustained: dict | None = None, num_gpus: int | None = None,
+                 constants: Constants | None = None):
+        c = self.constants = active() if constants is None else constants
+        with using(c):
+            self.gpu = get_gpu_spec(gpu)
+            self.recipe = get_recipe(precision, gpu=self.gpu)
         if not isinstance(cuda_graphs, bool):
             raise ConfigError("cuda_graphs", cuda_graphs, "must be true or false")
         self.cuda_graphs = cuda_graphs
         self.num_layers = num_layers
-        self.gemm = gemm or GemmModel.for_gpu(self.gpu)
-        self.attention = attention or AttentionModel(self.gpu.generation, dict(self.gpu.peak_flops))
-        self.memory = memory or MemoryModel(self.gpu.hbm_bandwidth_bytes_per_s)
-        self.launch = launch or LaunchModel.for_graphs(cuda_graphs)
+        self.gemm = gemm or GemmModel.for_gpu(self.gpu, c)
+        self.attention = attention or AttentionModel.for_gpu(self.gpu, c)
+        self.memory = memory or MemoryModel(self.gpu.hbm_bandwidth_bytes_per_s, c.get(_C + "HBM_EFFICIENCY"))
+        self.launch = launch or LaunchModel.for_graphs(cuda_graphs, c)
         if sustained is None:
-            chip = slowest_chip_factor(self.gpu.generation, num_gpus)
-            base = SUSTAINED_FRACTION.get(self.gpu.generation, {"gemm": 1.0, "attention": 1.0})
+            chip = slowest_chip_factor(self.gpu.generation, num_gpus, c.get(_C + "CHIP_SPREAD"))
+            base = c.get(_C + "SUSTAINED_FRACTION").get(self.gpu.generation, {"gemm": 1.0, "attention": 1.0})
             sustained = {k: f * chip for k, f in base.items()}
         self.sustained = dict(sustained)
         self.num_gpus = num_gpus
+        self._dtype_bytes = c.get("workloads.costs.precision.DTYPE_BYTES")
+        self._kernel_hbm = c.get(_C + "KERNEL_HBM_FRACTION")
         self._cache: dict[ComputeOp, float] = {}
 
     def op_cost(self, op: ComputeOp) -> OpCost:
@@ -617,7 +652,7 @@ class RooflineComputeModel(ComputeModel):
             shapes = _sub_gemms(op)
             eff = self.gemm.efficiency(dtype, shapes) * self.sustained["gemm"]
             compute_s = op.flops / (self.gemm.peak_flops[dtype] * eff) if op.flops else 0.0
-            in_b = DTYPE_BYTES[dtype]
+            in_b = self._dtype_bytes[dtype]
             out_b = 2 * 4.0 if gemm_role(op) == "wgrad" else 2.0   # wgrad: FP32 main-grad read + write
             nbytes = sum(in_b * (m * k + k * n) + out_b * m * n for m, n, k in shapes)
             return OpCost(compute_s, self.memory.time_s(nbytes), launch_s, dtype, eff)
@@ -629,7 +664,7 @@ class RooflineComputeModel(ComputeModel):
             compute_s = op.flops / (self.attention.peak_flops[dtype] * eff) if op.flops else 0.0
             return OpCost(compute_s, self.memory.time_s(op.mem_bytes), launch_s, dtype, eff)
         if op.op_class == "elementwise":
-            measured = KERNEL_HBM_FRACTION.get(op.name)
+            measured = self._kernel_hbm.get(op.name)
             if measured is None:
                 return OpCost(0.0, self.memory.time_s(op.mem_bytes), launch_s, "", 0.0)
             frac = measured["F" if (op.phase == "F" or op.recompute) else "B"]

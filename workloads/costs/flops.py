@@ -105,6 +105,7 @@ import numbers
 from collections.abc import Callable, Iterable, Sequence
 
 from topologies import ConfigError
+from topologies.constants import value as active_value
 
 from ..blocks import KernelArgs, LayerOps, layer_blocks, selected_for_recompute
 from ..blocks.edges import embedding_kernels, output_and_loss, padded_vocab_size
@@ -133,6 +134,7 @@ GEMM_ROLES = ("fprop", "dgrad", "wgrad")
 # multi-tensor fused kernel): read grad, master, exp_avg, exp_avg_sq (4 x 4 B), write
 # master and both moments (3 x 4 B) and the BF16 model copy (2 B).
 _ADAM_BYTES_PER_PARAM = 4 * 4 + 3 * 4 + 2
+_F = "workloads.costs.flops."   # the prefix of this module's constants (topologies.constants)
 # Gradient-norm pass (multi_tensor_l2norm) reads the FP32 grads once.
 _GRAD_NORM_BYTES_PER_PARAM = 4
 
@@ -149,7 +151,7 @@ def sum_flops(ops: Iterable[ComputeOp], phase: str | None = None, op_class: str 
 def layer_ops(model: ModelSpec, parallel: ParallelConfig, layer_index: int, micro_batch_size: int | None = None,
               seq_len: int | None = None, *, tokens_per_expert: Sequence[float] | None = None,
               recompute: str | None = None, causal: bool = True,
-              attn_block_size: int = ATTN_BLOCK_SIZE, fusion: Fusion = MEGATRON_TE) -> list[ComputeOp]:
+              attn_block_size: int | None = None, fusion: Fusion = MEGATRON_TE) -> list[ComputeOp]:
     """Compute ops of one decoder layer for one micro-batch on one rank.
 
     Parameters
@@ -171,7 +173,8 @@ def layer_ops(model: ModelSpec, parallel: ParallelConfig, layer_index: int, micr
     causal
         Causal self-attention (decoder training); False counts the full ``s^2`` work.
     attn_block_size
-        FlashAttention tile used to count the executed causal diagonal blocks.
+        FlashAttention tile used to count the executed causal diagonal blocks (None: the
+        active ``ATTN_BLOCK_SIZE``, :mod:`topologies.constants`).
     fusion
         The framework's kernel-level choices (:class:`workloads.blocks.fusion.Fusion`; default
         Megatron-Core with Transformer Engine).
@@ -189,6 +192,8 @@ def layer_ops(model: ModelSpec, parallel: ParallelConfig, layer_index: int, micr
     sh = _shard(model, parallel, micro_batch_size, seq_len)
     is_mtp = layer_index >= model.num_layers
     blocks = layer_blocks(model, layer_index)
+    if attn_block_size is None:
+        attn_block_size = active_value("workloads.blocks.kernels.ATTN_BLOCK_SIZE", ATTN_BLOCK_SIZE)
     args = KernelArgs(parallel, tokens_per_expert, causal, attn_block_size, fusion)
     ops = LayerOps(layer_index)
     if is_mtp:
@@ -258,7 +263,8 @@ def optimizer_ops(num_params: float) -> list[ComputeOp]:
     if isinstance(num_params, bool) or not isinstance(num_params, numbers.Real) or num_params < 0:
         raise ConfigError("num_params", num_params, "must be a non-negative number")
     return [ew("grad_norm", "W", -1, _GRAD_NORM_BYTES_PER_PARAM * num_params, 2),
-            ew("optimizer_step", "W", -1, _ADAM_BYTES_PER_PARAM * num_params, 2)]
+            ew("optimizer_step", "W", -1,
+               active_value(_F + "_ADAM_BYTES_PER_PARAM", _ADAM_BYTES_PER_PARAM) * num_params, 2)]
 
 
 

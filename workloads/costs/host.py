@@ -10,6 +10,7 @@ import numbers
 from typing import NamedTuple
 
 from topologies import ConfigError
+from topologies.constants import value as active_value
 
 __all__ = ["CUDA_GRAPH_SCOPES", "HOST_COSTS", "HOST_MODES", "HostCosts", "host_costs"]
 
@@ -109,10 +110,11 @@ def host_costs(spec, where: str = "host") -> HostCosts:
     if isinstance(spec, HostCosts):
         return spec
     if isinstance(spec, str):
-        if spec not in HOST_COSTS:
+        table = active_value("workloads.costs.host.HOST_COSTS", HOST_COSTS)
+        if spec not in table:
             raise ConfigError(where, spec, f"must be one of {', '.join(HOST_MODES)} or a mapping of kernel_us, "
                                            "call_us, checkpoint_us, expert_launch_us")
-        return HOST_COSTS[spec]
+        return table[spec]
     if isinstance(spec, dict):
         keys = {"kernel_us": "kernel_s", "call_us": "call_s", "checkpoint_us": "checkpoint_s",
                 "expert_launch_us": "expert_launch_s"}
@@ -120,7 +122,7 @@ def host_costs(spec, where: str = "host") -> HostCosts:
         if bad:
             raise ConfigError(f"{where}.{bad[0]}", spec[bad[0]],
                               f"unknown key; known: {', '.join(keys)}, cuda_graph_scope")
-        vals = HOST_COSTS["eager"]._asdict()
+        vals = active_value("workloads.costs.host.HOST_COSTS", HOST_COSTS)["eager"]._asdict()
         if "cuda_graph_scope" in spec:
             vals["graphed"] = _graph_scope(spec["cuda_graph_scope"], f"{where}.cuda_graph_scope")
         for k, v in spec.items():

@@ -74,6 +74,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from topologies import ConfigError, GPUSpec
+from topologies.constants import value as active_value
 
 from .flops import ComputeOp, gemm_role
 
@@ -146,7 +147,7 @@ class PrecisionRecipe:
     @property
     def grad_reduce_bytes(self) -> float:
         """Bytes per gradient element in the data-parallel reduction."""
-        return DTYPE_BYTES[self.grad_reduce_dtype]
+        return active_value("workloads.costs.precision.DTYPE_BYTES", DTYPE_BYTES)[self.grad_reduce_dtype]
 
     def is_low_precision_layer(self, layer: int, num_layers: int | None) -> bool:
         """Whether layer ``layer``'s GEMMs use the recipe's low-precision dtypes.
@@ -291,9 +292,10 @@ def get_recipe(name: str | PrecisionRecipe, *, grad_reduce_dtype: str | None = N
     if isinstance(name, PrecisionRecipe):
         recipe = name
     else:
-        recipe = PRECISION_RECIPES.get(name) if isinstance(name, str) else None
+        recipes = active_value("workloads.costs.precision.PRECISION_RECIPES", PRECISION_RECIPES)
+        recipe = recipes.get(name) if isinstance(name, str) else None
         if recipe is None:
-            raise ConfigError(field, name, f"unknown precision recipe; known: {', '.join(PRECISION_RECIPES)}")
+            raise ConfigError(field, name, f"unknown precision recipe; known: {', '.join(recipes)}")
     if grad_reduce_dtype is not None:
         if grad_reduce_dtype not in _REDUCE_DTYPES:
             raise ConfigError("grad_reduce_dtype", grad_reduce_dtype, f"must be one of {', '.join(_REDUCE_DTYPES)}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 from ...costs import RooflineComputeModel, layer_ops
-from ...costs.compute import LAUNCH_OVERHEAD_S, HostCosts
+from ...costs.compute import HostCosts
 from ...blocks import layer_blocks
 from ...blocks.fusion import MEGATRON_TE, Fusion
 from ...costs.precision import with_quantize_ops
@@ -73,6 +73,12 @@ def _segment_key(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> tu
             ctx.recipe.is_low_precision_layer(layer, ctx.model.num_layers), ctx.model.attention_window(layer))
 
 
+def _launch_gap(compute: RooflineComputeModel) -> float:
+    """Eager minus graphed launch cost per kernel, under the compute model's constants."""
+    launch = compute.constants.get("workloads.costs.compute.LAUNCH_OVERHEAD_S")
+    return launch[False] - launch[True]
+
+
 def kernel_rows(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> list[KernelRow]:
     """One layer's kernels (quantisation included) with the segment of the program each runs in."""
     blocks = layer_blocks(ctx.model, layer)
@@ -84,7 +90,7 @@ def kernel_rows(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> lis
     cp_parts = {name: part for b in blocks for name, part in b.CP_SEGMENTS.items()} if ctx.par.cp > 1 else {}
     graphed = ctx.host.graphed if layer < ctx.model.num_layers else frozenset()     # MTP modules stay eager
     # a graphed kernel leaves the GPU the graph's launch gap instead of the eager one
-    gap = (LAUNCH_OVERHEAD_S[False] - LAUNCH_OVERHEAD_S[True]
+    gap = (_launch_gap(ctx.compute)
            if graphed and isinstance(ctx.compute, RooflineComputeModel) and not ctx.compute.cuda_graphs else 0.0)
     rows = []
     for op, t in zip(ops, times):
