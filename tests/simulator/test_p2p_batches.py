@@ -217,3 +217,16 @@ def test_zero_bubble_sends_never_block_whatever_overlap_p2p_says():
     sends = off.timeline[off.timeline["name"] == "send_grad"]
     assert (sends["end_s"] == sends["start_s"]).any()       # a send alone in its batch: posted, not awaited
     assert not run(_compute_only("1f1b", m=8)).program.async_sends
+
+
+def test_only_megatrons_batches_make_the_host_wait(monkeypatch):
+    """Megatron-Core synchronises the device after a batch (``batch_p2p_sync``); DualPipe's
+    ``req.wait()`` only makes the stream wait, so on a host-bound pipeline its host issues the
+    next chunk while the transfers run, and the step is shorter than with the sync."""
+    sc = _scenario("dualpipe", 4, 1, 8)              # tiny layers: the eager host paces the step
+    res = run(sc)
+    assert not res.program.host_waits_for_p2p and not run(_compute_only("zb_h1", m=8)).program.host_waits_for_p2p
+    assert run(_scenario("1f1b", 4, 1, 8)).program.host_waits_for_p2p
+    monkeypatch.setattr(program_module_root, "host_waits_for_batches", lambda schedule: True)
+    synced = run(sc)
+    assert res.metrics["step_time_s"] < synced.metrics["step_time_s"]

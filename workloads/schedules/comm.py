@@ -40,7 +40,7 @@ from __future__ import annotations
 from .actions import COMM_KINDS, Action, ActionKind, Schedule, route_position
 from .dualpipe import rank_order
 
-__all__ = ["p2p_order", "batches", "sends_async"]
+__all__ = ["p2p_order", "batches", "host_waits_for_batches", "sends_async"]
 
 
 def p2p_order(schedule: Schedule, stage: int, overlap_p2p: bool = False) -> list[Action] | None:
@@ -111,6 +111,19 @@ def sends_async(schedule: Schedule) -> bool:
     DualPipe wait for their batches, sends included (:mod:`.comm`'s module docstring).
     """
     return schedule.name in _ASYNC_SEND_SCHEDULES
+
+
+def host_waits_for_batches(schedule: Schedule) -> bool:
+    """Whether the host waits for the device after each batch of transfers it waited for.
+
+    Megatron-Core does (``batch_p2p_sync``, on by default, synchronises the device after a
+    batched ``batch_isend_irecv`` in ``p2p_communication._communicate``), so the host issues
+    the next work only once the batch has completed.  DualPipe does not: its
+    ``_commit_and_wait_comm`` (deepseek-ai/DualPipe ``dualpipe/dualpipe.py``@3da1bbea) calls
+    ``req.wait()`` on each request, which makes the compute stream wait for the transfers
+    while the host goes on issuing.  Nor do the zero-bubble runtimes, whose receives are
+    waited the same way and whose sends not at all (:func:`sends_async`)."""
+    return schedule.name != "dualpipe" and not sends_async(schedule)
 
 
 def batches(order: list[Action]) -> list[list[Action]]:
