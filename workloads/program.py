@@ -73,6 +73,7 @@ from .moe_routing import parse_routing
 from .ops import Group, Op, OpKind, is_p2p
 from .parallel import ParallelConfig, mtp_per_virtual_stage, split_layers
 from .schedules import get_schedule
+from .schedules.comm import host_waits_for_batches, sends_async
 from .stacks.megatron_te.context import _Ctx
 from .stacks.megatron_te.moe import _drops_tokens, _moe_signature
 from .stacks import DEFAULT_STACK, get_stack
@@ -149,16 +150,19 @@ class Program:
 
     @property
     def async_sends(self) -> bool:
-        """Whether the schedule's runtime posts pipeline sends without waiting for them.
+        """Whether the schedule's runtime posts pipeline sends without waiting for them (the
+        zero-bubble schedules: :func:`~workloads.schedules.comm.sends_async`); the engine
+        then never blocks a send, as with ``overlap.p2p``.  Megatron-Core's schedules post
+        sends and receives as one batch instead, which the engine models as rendezvous unless
+        ``overlap.p2p``."""
+        return sends_async(self.schedule)
 
-        PyTorch pipelining's runtime (the one ZB-V comes from) issues each send as a batched
-        ``isend`` and waits on the handles only at the end of the step
-        (``_PipelineScheduleRuntime._step_microbatches``); with rendezvous sends ZB-V's
-        order deadlocks (stage s sends a chunk-0 activation down while stage s+1 sends a
-        chunk-1 activation up).  Megatron-Core's schedules post sends and receives as one
-        batch instead, which the engine models as rendezvous unless ``overlap.p2p``.
-        """
-        return getattr(self.schedule, "layout", None) == "v"
+    @property
+    def host_waits_for_p2p(self) -> bool:
+        """Whether the host waits for the device after each waited-for batch of pipeline
+        transfers (Megatron's ``batch_p2p_sync``; not DualPipe, not the zero-bubble runtimes:
+        :func:`~workloads.schedules.comm.host_waits_for_batches`)."""
+        return host_waits_for_batches(self.schedule)
 
     def rank_ops(self, rank: int) -> list[Op]:
         """The op list of one rank (its class's ops)."""

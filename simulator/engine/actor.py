@@ -122,7 +122,7 @@ class RunState:
     folding, the recorder and the per-cell books, and the run's switches."""
 
     def __init__(self, env, coll, prog, folding, pert, cluster, rec, n_steps, *, free_comm, slowdown, flex,
-                 fb_overlap, nonblocking_sends):
+                 fb_overlap, nonblocking_sends, p2p_host_sync):
         self.env, self.coll, self.prog, self.folding = env, coll, prog, folding
         self.pert, self.cluster, self.rec, self.n_steps = pert, cluster, rec, n_steps
         self.free_comm = free_comm
@@ -132,6 +132,8 @@ class RunState:
         """(per-pair bytes scale, compute slowdown) of the flex MoE dispatcher, or None."""
         self.fb_overlap = fb_overlap
         self.nonblocking_sends = nonblocking_sends
+        self.p2p_host_sync = p2p_host_sync
+        """Whether the host waits for the device after each batch of transfers."""
         n = folding.num_cells
         self.left = n
         """Cells still running."""
@@ -597,7 +599,7 @@ class CellActor:
         posted, then all awaited."""
         yield from self._host_issue(op)           # one batch_isend_irecv call (its first op)
         yield from self._p2p(self.ops[i:self.plan.next_at[i]], step)
-        if not self.state.nonblocking_sends:
+        if self.state.p2p_host_sync:
             # Megatron synchronises the device after a batch of transfers (batch_p2p_sync):
             # the host issues the next work from here
             self.hc = max(self.hc, self.env.now)

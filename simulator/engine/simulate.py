@@ -59,7 +59,8 @@ The host issues a rank's ops in program order (``scenario.host``, ``Op.host_s``)
 op starts no earlier than the issue of its first kernel and ends no earlier than the issue
 of its last plus that kernel's share of the run time; a collective or a batch of transfers
 starts no earlier than its issue.  The host runs ahead of the GPU and waits for it only
-after a batch of pipeline transfers (Megatron's ``batch_p2p_sync``; not with ``overlap.p2p``),
+after a batch of pipeline transfers (Megatron's ``batch_p2p_sync``; not with ``overlap.p2p``,
+nor under DualPipe or the zero-bubble schedules, whose runtimes only make the stream wait),
 at a host-sync op (a dropless MoE dispatcher reading its token counts: the host resumes
 when the compute stream reaches the op, less the op's lag) and at the step end.  The GPU's
 wait is ``host_issue`` in the breakdown.
@@ -341,11 +342,14 @@ def _state(sc, prog, pert, coll, folding, free_comm, constants: Constants = DEFA
     # Sends are rendezvous: a batch of transfers completes once every peer has posted its side
     # (workloads.schedules.comm places the batches as Megatron-Core and DualPipe do); with
     # overlap.p2p sends never block, nor do they under a runtime that posts them asynchronously
-    # (Program.async_sends: PyTorch pipelining's, for ZB-V).
+    # (Program.async_sends: the zero-bubble schedules').  The host waits for the device after
+    # a waited-for batch only under Megatron's batch_p2p_sync (Program.host_waits_for_p2p).
+    nonblocking = sc.overlap.get("p2p", False) or prog.async_sends
     state = RunState(coll.env, coll, prog, folding, pert, cluster, _Recorder(), sc.num_steps, free_comm=free_comm,
                      slowdown=slowdown, flex=None if free_comm else _flex_dispatch(sc, prog, cluster, coll),
                      fb_overlap=sc.overlap.get("fb_overlap", True),
-                     nonblocking_sends=sc.overlap.get("p2p", False) or prog.async_sends)
+                     nonblocking_sends=nonblocking,
+                     p2p_host_sync=not nonblocking and prog.host_waits_for_p2p)
     net = state.net = _PhysicalView(coll.net, folding, coll.capacity)
     snaps = state.snaps = [None] * (sc.num_steps + 1)
     snaps[0] = net.snapshot()

@@ -1,9 +1,11 @@
 """Pipeline p2p batches (Megatron's interleaved loop, DualPipe's queue) and DualPipe's F&B overlap."""
 
 import collections
+import re
 
 import pytest
 
+import workloads.program as program_module_root
 import workloads.stacks.megatron_te.pipeline as program_module
 from simulator.engine import DeadlockError, run
 from workloads.schedules import ActionKind, get_schedule
@@ -154,3 +156,77 @@ def test_megatron_lm_scatter_gather_sends_a_slice_and_gathers_it():
     assert all(op.group == "tp" and op.coll == "all_gather" for c in sg.program.classes for op in c.ops
                if op.name == "p2p_gather")
     assert plain.metrics["exposed_comm_s"].get("pp", 0) > sg.metrics["exposed_comm_s"].get("pp", 0)
+
+
+# -- zero-bubble schedules: asynchronous sends ------------------------------------------------------
+def _compute_only(schedule, pp=4, m=16):
+    """A pipeline whose only communication is its p2p transfers, short beside the compute:
+    TP, CP, DP and EP 1, every stage on one NVLink host, 8 wide layers per stage, a small
+    vocabulary (the edge stages' embedding and loss cost little), no recomputation and an
+    infinitely fast host.  Unlike ``free_comm``, the transfers keep their send semantics."""
+    return {"model": {"preset": "tiny-dense", "num_layers": 8 * pp, "hidden_size": 4096, "ffn_hidden_size": 14336,
+                      "num_attention_heads": 32, "num_kv_heads": 8, "vocab_size": 1024},
+            "cluster": {"gpu": "H100-SXM", "num_nodes": 1, "gpus_per_host": pp, "nvlink_domain_size": pp,
+                        "nics_per_host": 1},
+            "parallel": {"tp": 1, "pp": pp, "dp": 1, "global_batch_size": m, "micro_batch_size": 1, "seq_len": 4096,
+                         "schedule": schedule, "recompute": "none"},
+            "host": "none", "num_steps": 1}
+
+
+def _analytic_bubble(res, capsys) -> float:
+    """``clustersim schedule``'s bubble fraction for the run's schedule, under the run's own
+    per-chunk F, B and W times (a middle stage's, micro-batch 1)."""
+    from simulator.cli import main
+    cls = next(c for c in res.program.classes if c.stage == 1)
+    t = collections.defaultdict(float)
+    for op in cls.ops:
+        if op.kind == "compute" and op.microbatch == 1 and op.chunk == 0:
+            t[op.phase] += op.duration_s * 1e3
+    par, sched = res.program.parallel, res.program.schedule
+    capsys.readouterr()
+    assert main(["schedule", "--schedule", sched.name, "--pp", str(par.pp), "--microbatches",
+                 str(par.num_microbatches), "--vpp", str(sched.vpp), "--costs", f"{t['F']!r},{t['B']!r},{t['W']!r}"]) == 0
+    return float(re.search(r"bubble ([0-9.]+)% of the step", capsys.readouterr().out).group(1)) / 100
+
+
+@pytest.mark.parametrize("schedule", ["zb_h1", "zb_v", "dualpipe"])
+def test_compute_only_bubble_matches_the_schedule_tool(schedule, capsys):
+    """With the p2p transfers issued as the implementations issue them, the engine's bubble
+    on a compute-only pipeline is the schedule's own, within a point."""
+    res = run(_compute_only(schedule))
+    assert res.metrics["bubble_fraction"] == pytest.approx(_analytic_bubble(res, capsys), abs=0.01)
+
+
+def test_zb_h1_with_rendezvous_sends_leaves_a_gap_at_every_microbatch(monkeypatch, capsys):
+    """Negative control: with ZB-H1's sends blocking until the peer posts its receive, a stage
+    sends a gradient alone after its ``B`` (a ``W`` follows), and its upstream neighbour posts
+    the matching receive with its next activation send, which completes only once the stage
+    has run its ``W``: the bubble grows by about one ``W`` per micro-batch."""
+    monkeypatch.setattr(program_module_root, "sends_async", lambda schedule: False)
+    res = run(_compute_only("zb_h1"))
+    assert res.metrics["bubble_fraction"] > _analytic_bubble(res, capsys) + 0.1
+
+
+def test_zero_bubble_sends_never_block_whatever_overlap_p2p_says():
+    """The zero-bubble runtimes post sends asynchronously (``overlap.p2p`` changes nothing for
+    them); 1F1B keeps Megatron's paired, waited-for batches."""
+    sc = _compute_only("zb_h1", m=8)
+    on, off = run({**sc, "overlap": {"p2p": True}}), run({**sc, "overlap": {"p2p": False}})
+    assert on.program.async_sends and off.program.async_sends
+    assert on.metrics["step_time_s"] == off.metrics["step_time_s"]
+    sends = off.timeline[off.timeline["name"] == "send_grad"]
+    assert (sends["end_s"] == sends["start_s"]).any()       # a send alone in its batch: posted, not awaited
+    assert not run(_compute_only("1f1b", m=8)).program.async_sends
+
+
+def test_only_megatrons_batches_make_the_host_wait(monkeypatch):
+    """Megatron-Core synchronises the device after a batch (``batch_p2p_sync``); DualPipe's
+    ``req.wait()`` only makes the stream wait, so on a host-bound pipeline its host issues the
+    next chunk while the transfers run, and the step is shorter than with the sync."""
+    sc = _scenario("dualpipe", 4, 1, 8)              # tiny layers: the eager host paces the step
+    res = run(sc)
+    assert not res.program.host_waits_for_p2p and not run(_compute_only("zb_h1", m=8)).program.host_waits_for_p2p
+    assert run(_scenario("1f1b", 4, 1, 8)).program.host_waits_for_p2p
+    monkeypatch.setattr(program_module_root, "host_waits_for_batches", lambda schedule: True)
+    synced = run(sc)
+    assert res.metrics["step_time_s"] < synced.metrics["step_time_s"]

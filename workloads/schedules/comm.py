@@ -30,6 +30,9 @@ so a send and the next action's receive share a batch (Megatron's
   near forward's output waits for the far forward; in phase 3 the far forward's input is
   received before the weight pass; ``F&B`` pairs receive both inputs before and send both
   outputs after.
+* the zero-bubble schedules (``zb_h1``, ``zb_v``) use the plain rule with sends that do not
+  block (:func:`sends_async`): their runtimes post each send and never wait for it, and
+  wait for a receive only when its consumer runs.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from __future__ import annotations
 from .actions import COMM_KINDS, Action, ActionKind, Schedule, route_position
 from .dualpipe import rank_order
 
-__all__ = ["p2p_order", "batches"]
+__all__ = ["p2p_order", "batches", "host_waits_for_batches", "sends_async"]
 
 
 def p2p_order(schedule: Schedule, stage: int, overlap_p2p: bool = False) -> list[Action] | None:
@@ -76,6 +79,51 @@ def p2p_order(schedule: Schedule, stage: int, overlap_p2p: bool = False) -> list
         return k < last
 
     return [a for a in order if a.kind not in COMM_KINDS or has_peer(a)]
+
+
+#: Schedules whose runtime posts pipeline sends without waiting for them.
+_ASYNC_SEND_SCHEDULES = frozenset({"zb_h1", "zb_v"})
+
+
+def sends_async(schedule: Schedule) -> bool:
+    """Whether ``schedule``'s runtime posts its pipeline sends asynchronously: the rank goes
+    on computing after posting a send and never waits for it; it waits for a receive just
+    before the action that consumes it.
+
+    Both zero-bubble runtimes do so:
+
+    * sail-sg/zero-bubble-pipeline-parallelism (the paper's implementation, ZB-H1 and ZB-V;
+      ``megatron/core/pipeline_parallel/zerobubble/runtime.py``@39f2c186): ``flush`` posts the
+      queued transfers with ``isend`` / ``irecv`` (``p2p_pipeline_ops``: its runtime keeps
+      ``overlap_p2p_comm`` on, so ``batch_p2p_comm`` is off) and drops the send handles ("send
+      handles (send_reqs) can simply be dropped"); ``schedule_f_impl`` / ``schedule_b_impl``
+      wait on the receive handles of the micro-batch they compute, and nothing waits on a send;
+    * PyTorch pipelining (``ScheduleInterleavedZeroBubble``, ``ScheduleZBVZeroBubble``):
+      ``_PipelineScheduleRuntime._step_microbatches`` posts each send as a batched ``isend``
+      and waits on the send handles only at the end of the step.
+
+    With rendezvous sends instead, ZB-H1's order leaves a gap at every micro-batch: after its
+    ``B`` a stage sends the gradient alone (a ``W`` follows, with no receive to pair it with),
+    so its upstream neighbour, which posts that receive with its next activation send, waits
+    for the stage's whole ``W`` before the activation send completes and its ``B`` can start.
+    ZB-V's order deadlocks (stage ``s`` sends a chunk-0 activation down while stage ``s+1``
+    sends a chunk-1 activation up).  Megatron-Core's own schedules (1F1B, interleaved) and
+    DualPipe wait for their batches, sends included (:mod:`.comm`'s module docstring).
+    """
+    return schedule.name in _ASYNC_SEND_SCHEDULES
+
+
+def host_waits_for_batches(schedule: Schedule) -> bool:
+    """Whether the host waits for the device after each batch of transfers it waited for.
+
+    Megatron-Core does (``batch_p2p_sync``, on by default, synchronises the device after a
+    batched ``batch_isend_irecv`` in ``p2p_communication._communicate``), so the host issues
+    the next work only once the batch has completed.  DualPipe does not: its
+    ``_commit_and_wait_comm`` (deepseek-ai/DualPipe ``dualpipe/dualpipe.py``@3da1bbea) calls
+    ``req.wait()`` on each request, which makes the compute stream wait for the transfers
+    while the host goes on issuing.  Nor do the zero-bubble runtimes, whose receives are
+    waited the same way and whose sends not at all (:func:`sends_async`)."""
+    return schedule.name != "dualpipe" and not sends_async(schedule)
 
 
 def batches(order: list[Action]) -> list[list[Action]]:
