@@ -75,6 +75,7 @@ block: the step is then the schedule's longest path (a test compares the two exa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import os
 import time
@@ -260,6 +261,8 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     clock.lap("load")
     prog, pert = _program(sc, compute_scale, whatif)
+    if whatif is not None:              # the summary and the result describe the what-ifs run
+        sc = dataclasses.replace(sc, whatif=pert.wi)
     clock.lap("program")
     env = simpy.Environment()
     coll = CollectiveEngine(env, pert.cluster, calibration)

@@ -213,6 +213,9 @@ def test_cp_mla_latent_shrinks_the_ring_counts_the_up_projection_and_speeds_a_cp
     assert what.metrics["step_time_s"] < 0.7 * base.metrics["step_time_s"]
     line = what.metrics["whatif"][0]
     assert "what-if" in line and "no framework" in line and "1,152 B" in line and "40,960 B" in line
+    # given to run() instead of the scenario: the same program, the same label
+    kw = run(MLA_CP, whatif={"cp_mla_latent": True})
+    assert kw.metrics["step_time_s"] == what.metrics["step_time_s"] and kw.metrics["whatif"] == [line]
 
 
 @pytest.mark.parametrize("patch, needle", [
