@@ -193,6 +193,25 @@ def whatif() -> dict[str, str]:
 
 
 @producer
+def cp_mla_latent() -> dict[str, str]:
+    """docs/whatifs.md's cp_mla_latent example: DeepSeek-V3's MLA (two dense layers) at 32k
+    tokens, TP 2 x CP 8 on 2 DGX H100, the ring crossing InfiniBand; with and without the what-if."""
+    from workloads import load_model
+    from workloads.stacks.megatron_te.context_parallel import mla_cp_bytes_per_token
+    sc = {"model": {"preset": "deepseek-v3", "num_layers": 2, "mtp_layers": 0, "moe": None},
+          "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+          "parallel": {"tp": 2, "cp": 8, "dp": 1, "micro_batch_size": 1, "global_batch_size": 1,
+                       "seq_len": 32768, "sequence_parallel": True}, "num_steps": 2}
+    base = _run(sc).metrics
+    what = _run({**sc, "whatif": {"cp_mla_latent": True}}).metrics
+    kv1, latent = mla_cp_bytes_per_token(load_model("deepseek-v3"), 1)
+    return {"base_ms": f"{base['step_time_s'] * 1e3:.0f}", "what_ms": f"{what['step_time_s'] * 1e3:.0f}",
+            "base_cp_ms": f"{base['breakdown_s']['exposed_cp'] * 1e3:.0f}",
+            "what_cp_ms": f"{what['breakdown_s'].get('exposed_cp', 0.0) * 1e3:.0f}",
+            "kv_tp1": f"{kv1:,.0f}", "latent": f"{latent:,.0f}", "ratio_tp1": f"{kv1 / latent:.0f}"}
+
+
+@producer
 def host_modes() -> dict[str, str]:
     """The topology study's dense job (Llama-3 8B, TP 8 x DP 8, 64 H100) under CUDA graphs and
     eager, and a 2x straggler in a TP group in eager mode."""

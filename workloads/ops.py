@@ -200,6 +200,9 @@ class OpName(StrEnum):
     FSDP_GATHER_BWD = "fsdp_gather_bwd"     #: ... and before its backward
     TIED_EMBEDDING_GRAD = "tied_embedding_grad"
     GRAD_NORM = "grad_norm"
+    # -- what-if: context parallelism exchanging MLA's latent (cp_mla_latent) ---------------
+    CP_LATENT_UP = "cp_latent_up"           #: up-projection of a received chunk's latent to per-head K/V
+    CP_LATENT_UP_BWD = "cp_latent_up_bwd"   #: ... backward: recomputed up-projection, dgrad to the latent, wgrad
 
 
 class Issue(StrEnum):

@@ -75,6 +75,7 @@ from .parallel import ParallelConfig, mtp_per_virtual_stage, split_layers
 from .schedules import get_schedule
 from .schedules.comm import host_waits_for_batches, sends_async
 from .stacks.megatron_te.context import _Ctx
+from .stacks.megatron_te.context_parallel import check_cp_mla_latent
 from .stacks.megatron_te.moe import _drops_tokens, _moe_signature
 from .stacks import DEFAULT_STACK, get_stack
 
@@ -252,7 +253,7 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
                   with_memory: bool = False, grad_reduce_dtype: str | None = None,
                   p2p_overlap: bool = False, grad_reduce_overlap: bool = True, host="eager",
                   moe_ep_overlap: bool = False, overlap: Mapping | None = None,
-                  framework: str = DEFAULT_STACK) -> Program:
+                  framework: str = DEFAULT_STACK, cp_mla_latent: bool = False) -> Program:
     """The class-level program of one training step.
 
     Parameters
@@ -284,6 +285,7 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     overlap : the scenario's ``overlap`` switches, from which the kernel stack sets every
         op's issue mode (:class:`~workloads.ops.Issue`); missing switches take their defaults
     framework : the kernel stack that lowers the blocks (:mod:`workloads.stacks`)
+    cp_mla_latent : the what-if ``whatif.cp_mla_latent`` (:mod:`simulator.scenario.whatif`)
     """
     stack = get_stack(framework)
     stack.check_blocks(sorted({b.kind for i in range(model.num_layers) for b in layer_blocks(model, i)}))
@@ -303,13 +305,12 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     else:
         sched = get_schedule(par.schedule)(par.pp, par.num_microbatches, par.vpp)
     ctx = _Ctx(model, par, compute, recipe, par.micro_batch_size, seq, _chunk_layers(model, par, sched), sched,
-               parse_routing(moe_routing), seed)
+               parse_routing(moe_routing), seed, cp_mla_latent=cp_mla_latent and check_cp_mla_latent(model, par))
     ctx.p2p_overlap = p2p_overlap
     stack.check_layout(model, par, sched, moe_ep_overlap=moe_ep_overlap)
     ctx.moe_ep_overlap = moe_ep_overlap
     ctx.grad_overlap = grad_reduce_overlap
-    ctx.host = hc
-    ctx.fusion = stack.fusion
+    ctx.host, ctx.fusion = hc, stack.fusion
     a2a_sizes: dict = {}
     classes, class_of_rank = _rank_classes(ctx, grid, a2a_sizes, stack.stage_program)
     for c in classes:

@@ -262,4 +262,19 @@ def describe_whatif(sc, grid) -> list[str]:
         out.append(f"NIC {n.nic} fails at {n.at_s:g} s (failover: {w.nic_failover})")
     if w.placement is not None:
         out.append("ranks placed on GPUs by a custom placement")
+    if w.cp_mla_latent:
+        out.append(_cp_mla_latent_sentence(sc))
     return out
+
+
+def _cp_mla_latent_sentence(sc) -> str:
+    """The ``cp_mla_latent`` what-if in one sentence, with the bytes per token and layer each
+    CP exchange moves both ways."""
+    from workloads.stacks.megatron_te.context_parallel import mla_cp_bytes_per_token
+    m, tp = sc.model.mla, sc.parallel.tp
+    kv, latent = mla_cp_bytes_per_token(sc.model, tp)
+    heads = sc.model.num_attention_heads // tp
+    return (f"cp_mla_latent (what-if; no framework does this today): the CP {sc.parallel.cp_comm_type} exchange "
+            f"carries MLA's latent and RoPE key, ({m.kv_lora_rank} + {m.qk_rope_head_dim}) x 2 = {latent:,.0f} B "
+            f"per token and layer, instead of per-head K and V, {heads} heads x ({m.qk_head_dim} + {m.v_head_dim}) "
+            f"x 2 = {kv:,.0f} B ({kv / latent:.1f}x less); each rank up-projects the chunks it receives")

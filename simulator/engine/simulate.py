@@ -76,6 +76,7 @@ block: the step is then the schedule's longest path (a test compares the two exa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import os
 import time
@@ -268,6 +269,8 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     clock.lap("load")
     prog, pert = _program(sc, compute_scale, whatif)
+    if whatif is not None:              # the summary and the result describe the what-ifs run
+        sc = dataclasses.replace(sc, whatif=pert.wi)
     clock.lap("program")
     env = simpy.Environment()
     coll = CollectiveEngine(env, pert.cluster, calibration, constants=constants)
@@ -282,18 +285,18 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
 
 def _program(sc, compute_scale, whatif):
     """The scenario's program, and the perturbation of its what-ifs and ``compute_scale``."""
+    wi = WhatIf.from_dict(sc.whatif if whatif is None else whatif)
     prog = build_program(sc.model, sc.parallel, sc.cluster.gpu, precision=sc.recipe_or_name,
                          moe_routing=sc.moe_routing, seed=sc.seed, grad_reduce_dtype=sc.grad_reduce_dtype,
                          p2p_overlap=sc.overlap.get("p2p", False), moe_ep_overlap=sc.overlap.get("moe_ep_comm", False),
                          grad_reduce_overlap=sc.overlap.get("grad_reduce", True), host=sc.host,
-                         overlap=sc.overlap, framework=sc.framework)
+                         overlap=sc.overlap, framework=sc.framework, cp_mla_latent=wi.cp_mla_latent)
     grid = prog.grid
     scale = {int(r): float(f) for r, f in (compute_scale or {}).items()}
     for r, f in scale.items():
         if not 0 <= r < grid.world_size or not f > 0:
             raise ConfigError("compute_scale", {r: f}, f"ranks must be in [0, {grid.world_size}), factors > 0")
     # what-ifs: a perturbed cluster (links, NICs) and per-rank compute hooks and colours
-    wi = WhatIf.from_dict(sc.whatif if whatif is None else whatif)
     if whatif is not None:
         wi.check(sc.cluster, grid.world_size, sc.num_steps)
     if wi.placement is not None:

@@ -13,7 +13,9 @@ The search file (``clustersim search SEARCH.yaml``)::
     simulate: 10                       # optional: simulate the best k by estimate ("all": every one)
     placement:                         # optional: the placement rules, here with their defaults
       tp_within_nvlink_domain: true    #   a TP group stays inside one NVLink domain
-      cp_across_nvlink_domains: true   #   a CP group may span domains (only with cp_comm_type p2p / a2a+p2p)
+      tp_cp_within_nvlink_domain: true #   with cp > 1, a TP x CP group stays inside one NVLink domain
+      cp_across_nvlink_domains: true   #   without that rule, a CP group may span domains (only with
+                                       #   cp_comm_type p2p / a2a+p2p)
     hbm_headroom: 0.0                  # optional: fraction of HBM kept free (also flop_convention,
                                        # memory_accounting: the scenario keys)
 
@@ -45,11 +47,19 @@ Placement rules (``placement``; each rejection names its rule): a group occupies
 of ranks spanned by its axis and the axes inside it in ``mesh_order`` (TP innermost by
 default), and stays in one NVLink domain when that block divides the domain.  TP
 collectives are on the critical path of every layer, so by default TP must stay inside a
-domain (``tp_within_nvlink_domain: false`` lifts the rule).  CP may cross domains, as
-ring attention (``p2p``) and the hierarchical ``a2a+p2p`` hide its transfers behind
-attention, but not with ``all_gather`` or ``a2a``, whose exposed collectives would cross
-the scale-out network; ``cp_across_nvlink_domains: false`` keeps every CP group inside a
-domain.
+domain (``tp_within_nvlink_domain: false`` lifts the rule).  With ``cp > 1`` the TP x CP
+group (the ``tp * cp`` ranks that share the other coordinates) must by default fit one
+domain too (``tp_cp_within_nvlink_domain``), the usual 5D rule of thumb: TP x CP at most the
+GPUs of one NVLink domain, so that both sets of per-layer collectives stay on NVLink.  Setting
+it false lets CP cross domains, as ring attention (``p2p``) and the hierarchical
+``a2a+p2p`` hide its transfers behind attention, but not with ``all_gather`` or ``a2a``,
+whose exposed collectives would cross the scale-out network; ``cp_across_nvlink_domains:
+false`` then still keeps every CP group inside a domain.  How the three interact: the TP
+rule is checked first; the TP x CP rule, while on, contains both the TP rule (a TP group
+crossing a domain is refused under it even with ``tp_within_nvlink_domain: false`` when
+``cp > 1``) and the CP rule (``cp_across_nvlink_domains`` matters only once
+``tp_cp_within_nvlink_domain`` is false); with ``cp = 1`` the TP x CP group is the TP group
+and only ``tp_within_nvlink_domain`` applies.
 
 A candidate is ``invalid`` when the configuration or placement rules reject it (the reason
 recorded), ``oom`` when a stage exceeds the usable HBM (``(1 - hbm_headroom) x HBM``) under
@@ -84,7 +94,8 @@ _SCENARIO_KEYS = ("precision", "overlap", "moe_routing", "num_steps", "grad_redu
 _SPEC_KEYS = {"model", "cluster", "global_batch_size", "seq_len", "fixed", "bounds", "simulate", "name",
               "description", "placement", *_SCENARIO_KEYS}
 #: Placement rules and their defaults (see the module docstring).
-PLACEMENT_DEFAULTS = {"tp_within_nvlink_domain": True, "cp_across_nvlink_domains": True}
+PLACEMENT_DEFAULTS = {"tp_within_nvlink_domain": True, "tp_cp_within_nvlink_domain": True,
+                      "cp_across_nvlink_domains": True}
 #: CP communication types whose transfers overlap attention, so a CP group may span domains.
 _CP_SPANNING = ("p2p", "a2a+p2p")
 
@@ -276,12 +287,13 @@ def screen(spec: SearchSpec, cands: list[dict], estimator: Estimator | None = No
     return pd.DataFrame(rows)
 
 
-def _block(par: ParallelConfig, axis: str) -> int:
-    """Consecutive ranks one ``axis`` group spans: the product of the degrees of ``axis`` and
-    of the axes inside it in ``mesh_order`` (dense groups: ep counts 1, it is carved out of dp)."""
+def _block(par: ParallelConfig, *axes: str) -> int:
+    """Consecutive ranks one group of ``axes`` spans: the product of the degrees of the
+    outermost of ``axes`` in ``mesh_order`` and of every axis inside it (dense groups: ep
+    counts 1, it is carved out of dp)."""
     sizes = {"tp": par.tp, "cp": par.cp, "ep": 1, "dp": par.dp, "pp": par.pp}
     order = par.mesh_order.split("-")
-    return math.prod(sizes[a] for a in order[:order.index(axis) + 1])
+    return math.prod(sizes[a] for a in order[:max(order.index(a) for a in axes) + 1])
 
 
 def placement_violation(par: ParallelConfig, domain: int, rules: dict | None = None) -> str | None:
@@ -289,13 +301,17 @@ def placement_violation(par: ParallelConfig, domain: int, rules: dict | None = N
     naming the rule, or None (see the module docstring)."""
     rules = {**PLACEMENT_DEFAULTS, **(rules or {})}
 
-    def inside(axis: str) -> bool:
-        b = _block(par, axis)
+    def inside(*axes: str) -> bool:
+        b = _block(par, *axes)
         return b <= domain and domain % b == 0
 
     if par.tp > 1 and rules["tp_within_nvlink_domain"] and not inside("tp"):
         return (f"placement: the TP group of {par.tp} spans {_block(par, 'tp')} consecutive ranks, which do not fit "
                 f"one NVLink domain of {domain} GPUs (rule search.placement.tp_within_nvlink_domain)")
+    if par.cp > 1 and rules["tp_cp_within_nvlink_domain"] and not inside("tp", "cp"):
+        return (f"placement: the TP x CP group (tp {par.tp} x cp {par.cp}) spans {_block(par, 'tp', 'cp')} "
+                f"consecutive ranks, which do not fit one NVLink domain of {domain} GPUs (rule "
+                f"search.placement.tp_cp_within_nvlink_domain; set it false to let CP cross domains)")
     if par.cp > 1 and not inside("cp"):
         cp_type = getattr(par, "cp_comm_type", "p2p")
         if not rules["cp_across_nvlink_domains"]:

@@ -201,6 +201,9 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
     whatif = WhatIf.from_dict(data.get("whatif"))
     cluster = build_cluster(cspec) if cluster is None else cluster
     whatif.check(cluster, par.world_size, num_steps)
+    if whatif.cp_mla_latent:
+        from workloads.stacks.megatron_te.context_parallel import check_cp_mla_latent
+        check_cp_mla_latent(model, par)
     from workloads.moe_routing import parse_routing
     routing = data.get("moe_routing", "balanced")
     parse_routing(routing, "scenario.moe_routing")

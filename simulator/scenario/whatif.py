@@ -48,6 +48,16 @@ collective algorithm choices and latencies all see them:
 order stays ``parallel.mesh_order``).  Topology alternatives (oversubscription, NVLink
 domain size, rail optimisation, racks, routing policy) are cluster keys.
 
+*Algorithm*: ``cp_mla_latent: true`` changes what the program does, not the machine.  For
+a model with multi-head latent attention (MLA) under context parallelism (``p2p`` ring or
+``all_gather``), the exchange carries each token's compressed latent and decoupled RoPE
+key, ``(kv_lora_rank + qk_rope_head_dim) x 2`` bytes per layer, instead of the per-head K
+and V that Megatron-Core up-projects before Transformer Engine's exchange,
+``heads/tp x (qk_head_dim + v_head_dim) x 2``; every rank up-projects the chunks it
+receives (forward: the up-projection; backward: it again, its data and weight gradients),
+work Megatron does once per token on the token's own rank.  No framework does this today
+(:mod:`workloads.stacks.megatron_te.context_parallel`).
+
 Randomness comes from the scenario's ``seed`` only: jitter entry ``j`` draws from
 ``numpy.random.default_rng([seed, 0x57484154, j])`` (step scopes: one matrix of steps x
 GPUs or hosts) or ``default_rng([seed, 0x57484154, j, 1 + gpu])`` (op scope: one stream
@@ -78,7 +88,7 @@ __all__ = ["WhatIf", "Jitter", "Thermal", "LinkChange", "NicChange", "NicFailure
            "SEED_TAG"]
 
 WHATIF_KEYS = ("slow_gpus", "slow_ranks", "jitter", "thermal", "degraded_links", "failed_links", "degraded_nics",
-               "failed_nics", "nic_failover", "placement")
+               "failed_nics", "nic_failover", "placement", "cp_mla_latent")
 SCOPES = ("op", "gpu_step", "host_step")
 SEED_TAG = 0x57484154           # "WHAT": separates what-if draws from other users of the seed
 
@@ -151,6 +161,9 @@ class WhatIf:
     """``none`` (a failed NIC stops the job) | ``pxn`` (a same-host peer's NIC carries its traffic)."""
     placement: tuple | None = None
     """GPU of every rank (None: the identity)."""
+    cp_mla_latent: bool = False
+    """The CP exchange of an MLA model carries the latent instead of per-head K/V (a what-if
+    of the algorithm, see the module docstring)."""
 
     # -- parsing ---------------------------------------------------------------------------------
     @classmethod
@@ -224,6 +237,10 @@ class WhatIf:
             if not isinstance(pl, (list, tuple)):
                 raise ConfigError("whatif.placement", pl, "expected a list: the GPU of every rank")
             w.placement = tuple(_id(g, "whatif.placement") for g in pl)
+        latent = d.get("cp_mla_latent", False)
+        if not isinstance(latent, bool):
+            raise ConfigError("whatif.cp_mla_latent", latent, "must be true or false")
+        w.cp_mla_latent = latent
         return w
 
     def to_dict(self) -> dict:
@@ -257,6 +274,8 @@ class WhatIf:
             out["nic_failover"] = self.nic_failover
         if self.placement is not None:
             out["placement"] = list(self.placement)
+        if self.cp_mla_latent:
+            out["cp_mla_latent"] = True
         return out
 
     @property

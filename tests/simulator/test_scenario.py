@@ -340,3 +340,31 @@ def test_a_binary_hf_config_named_in_a_scenario_is_refused_naming_it(tmp_path):
         with pytest.raises(ConfigError) as e:
             load_scenario({**BASE, "model": {"hf_config": str(where)}})
         assert e.value.field == "model.hf_config" and "a binary file, not text (at byte 0" in e.value.rule
+
+
+def test_llama405b_16k_as_meta_ran_it_fits_term_by_term():
+    """experiments/configs/llama3.1-405b-16k.yaml follows arXiv:2407.21783 (Table 4, §3.3.2):
+    interleaved 1F1B with one layer slot per model chunk (vpp 8, embedding and loss counted
+    in the split), no activation checkpointing, FSDP sharding gradients and optimizer state
+    (zero_stage 2).  Read as plain 1F1B with ZeRO-1 it was 86.6 GB on stage 1 (0.7 GB over
+    80 GiB); no memory term was wrong, the unsharded fp32 gradients (12.75 GB) were.
+
+    Stage 1 (8 layers, 3.188 B parameters per rank), GB: weights 6.376 (bf16, unsharded: FSDP
+    does not reshard after the forward), gradients 0.100 (fp32 / 128), master weights 0.100,
+    Adam moments 0.199, activations 68.25 (all 16 micro-batches x 8 chunks warmed up: 128 x
+    0.533 GB, 31.75 s b h / t bytes per layer plus the fp32 log-sum-exp), dp_buckets 1.024
+    (two 128M-parameter fp32 buckets), reserve 3.221: 79.27 of 85.9 GB."""
+    sc = load_scenario(CONFIGS / "llama3.1-405b-16k.yaml")
+    par = sc.parallel
+    assert (par.schedule, par.vpp, par.zero_stage, par.recompute) == ("interleaved_1f1b", 8, 2, "none")
+    ests = sc.memory_estimates()
+    hbm = sc.usable_hbm_bytes
+    assert all(e.fits(hbm) for e in ests)
+    worst = max(ests, key=lambda e: e.total_bytes)
+    assert worst.stage == 1 and worst.in_flight_microbatches == 16 * 8
+    gb = {k: round(v / 1e9, 3) for k, v in worst.terms().items() if v}
+    assert gb == {"weights": 6.376, "gradients": 0.1, "master_weights": 0.1, "optimizer_states": 0.199,
+                  "activations": 68.251, "dp_buckets": 1.024, "reserve": 3.221}
+    assert worst.total_bytes / 1e9 == pytest.approx(79.27, abs=0.01)
+    # the first and last ranks hold 7 layers: the embedding and the loss take a layer's slot
+    assert [ests[0].num_layers, ests[-1].num_layers] == [7, 7]

@@ -268,11 +268,21 @@ def test_placement_rules_name_the_rule_they_apply():
     # TP 16 inside a 72-GPU NVL72 domain does not divide it: groups would straddle two
     assert placement_violation(par(tp=16, dp=-1), 72) is not None
     assert placement_violation(par(tp=8, dp=-1), 72) is None              # 72 = 9 x 8
-    # CP across domains: allowed with the default ring (p2p), refused when the rule is off
+    # TP x CP across domains: refused by default, naming the rule
     cross = par(tp=8, cp=2, dp=-1)
-    assert placement_violation(cross, 8) is None
-    assert "cp_across_nvlink_domains" in placement_violation(cross, 8, {"cp_across_nvlink_domains": False})
-    assert placement_violation(par(tp=4, cp=2, dp=-1), 8, {"cp_across_nvlink_domains": False}) is None
+    msg = placement_violation(cross, 8)
+    assert "TP x CP group (tp 8 x cp 2) spans 16" in msg and "search.placement.tp_cp_within_nvlink_domain" in msg
+    assert placement_violation(par(tp=4, cp=2, dp=-1), 8) is None
+    # with the TP x CP rule lifted, CP may cross with the default ring (p2p), unless its own rule is off
+    free = {"tp_cp_within_nvlink_domain": False}
+    assert placement_violation(cross, 8, free) is None
+    assert "cp_across_nvlink_domains" in placement_violation(cross, 8, {**free, "cp_across_nvlink_domains": False})
+    assert placement_violation(par(tp=4, cp=2, dp=-1), 8, {**free, "cp_across_nvlink_domains": False}) is None
+    # the TP x CP rule contains the TP rule once cp > 1; with cp = 1 only the TP rule applies
+    assert "tp_cp_within_nvlink_domain" in placement_violation(par(tp=16, cp=2, dp=-1), 8,
+                                                                {"tp_within_nvlink_domain": False})
+    # an axis between TP and CP in mesh_order widens the group's block: tp 2 x dp 16 x cp 2 = 64 ranks
+    assert "spans 64" in placement_violation(par(tp=2, cp=2, dp=-1, mesh_order="tp-dp-cp-ep-pp"), 8)
 
 
 def test_hbm_headroom_turns_tight_layouts_out_of_memory():
@@ -305,9 +315,10 @@ def test_cp_may_cross_nvlink_domains_only_with_ring_attention():
     def par(kind):
         return ParallelConfig(tp=8, cp=2, dp=-1, global_batch_size=8, cp_comm_type=kind).resolve(16)
 
-    assert placement_violation(par("p2p"), 8) is None
+    free = {"tp_cp_within_nvlink_domain": False}
+    assert placement_violation(par("p2p"), 8, free) is None
     for kind in ("all_gather", "a2a"):
-        rule = placement_violation(par(kind), 8)
+        rule = placement_violation(par(kind), 8, free)
         assert rule and f"cp_comm_type '{kind}'" in rule and "cp_across_nvlink_domains" in rule
 
 
@@ -335,3 +346,21 @@ def test_a_candidate_past_the_point_timeout_keeps_its_estimate(tmp_path, capsys)
                  "--top", "1"]) == 0
     assert "timeout" in capsys.readouterr().out.splitlines()[-1]
     assert main(["search", str(path), "--point-timeout", "-1"]) == 2
+
+
+def test_tp_x_cp_across_an_nvlink_domain_is_excluded_by_default_and_allowed_when_relaxed():
+    """Llama-3 8B (8 layers) at 32k tokens on 2 DGX H100 with TP 8: CP 2 makes a TP x CP group of
+    16 ranks across the two 8-GPU domains, refused by default with the rule's name; with
+    ``tp_cp_within_nvlink_domain: false`` the ring (p2p) CP crosses and the layout is screened."""
+    base = {"model": {"preset": "llama3-8b", "num_layers": 8}, "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+            "global_batch_size": 8, "seq_len": 32768,
+            "fixed": {"tp": 8, "cp": 2, "pp": 1, "micro_batch_size": 1, "schedule": "1f1b", "recompute": "full",
+                      "zero_stage": 1}}
+    spec = SearchSpec.from_dict(base)
+    assert spec.placement["tp_cp_within_nvlink_domain"] is True
+    strict = screen(spec, candidates(spec))
+    assert len(strict) == 1 and strict.iloc[0]["status"] == "invalid"
+    assert "search.placement.tp_cp_within_nvlink_domain" in strict.iloc[0]["reason"]
+    relaxed_spec = SearchSpec.from_dict({**base, "placement": {"tp_cp_within_nvlink_domain": False}})
+    relaxed = screen(relaxed_spec, candidates(relaxed_spec))
+    assert len(relaxed) == 1 and relaxed.iloc[0]["status"] == "ok" and relaxed.iloc[0]["est_step_s"] > 0

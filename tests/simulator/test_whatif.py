@@ -171,3 +171,61 @@ def test_cli_reports_a_job_stopped_by_a_failed_nic(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "job stopped at t =" in err and "nic1.3" in err and "gpu11" in err
     with pytest.raises(JobStopped):
         run(with_whatif({"failed_nics": ["nic1.3"]}))
+
+
+# -- cp_mla_latent: the CP exchange of an MLA model carries the latent ---------------------------------
+#: DeepSeek-V3's MLA (two dense layers, no MTP) at 32k tokens, TP 2 x CP 8 on 2 DGX H100: the CP
+#: ring crosses InfiniBand and its exposed hops are the biggest part of the step.
+MLA_CP = {"model": {"preset": "deepseek-v3", "num_layers": 2, "mtp_layers": 0, "moe": None},
+          "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+          "parallel": {"tp": 2, "cp": 8, "dp": 1, "micro_batch_size": 1, "global_batch_size": 1, "seq_len": 32768,
+                       "sequence_parallel": True},
+          "num_steps": 2}
+
+
+def test_cp_mla_latent_bytes_per_token_are_the_closed_form():
+    from workloads import load_model
+    from workloads.stacks.megatron_te.context_parallel import mla_cp_bytes_per_token
+    m = load_model("deepseek-v3")
+    a = m.mla
+    # the preset's dims (config.json): 128 heads, q/k head 128 + 64 RoPE, v 128, latent 512
+    assert (m.num_attention_heads, a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim, a.kv_lora_rank) == \
+        (128, 128, 64, 128, 512)
+    assert mla_cp_bytes_per_token(m, 1) == (128 * (192 + 128) * 2, (512 + 64) * 2) == (81920, 1152)
+    assert mla_cp_bytes_per_token(m, 2) == (64 * (192 + 128) * 2, 1152)       # the latent is not split over TP
+
+
+def test_cp_mla_latent_shrinks_the_ring_counts_the_up_projection_and_speeds_a_cp_bound_step():
+    from workloads.program import build_program
+    sc = load_scenario(MLA_CP)
+    progs = [build_program(sc.model, sc.parallel, sc.cluster.gpu, cp_mla_latent=x) for x in (False, True)]
+    hop = [sum(o.size_bytes for o in p.classes[0].ops if o.name in ("cp_hop", "cp_hop_bwd")) for p in progs]
+    assert hop[0] / hop[1] == pytest.approx((64 * 320 * 2) / 1152)
+    # the extra work: 7 received chunks of 4,096 tokens up-projected per layer, forward once
+    # and backward three times (again, dgrad, wgrad): 2 T r (heads/tp)(nope + v) FLOPs each
+    up = [o for o in progs[1].classes[0].ops if o.name in ("cp_latent_up", "cp_latent_up_bwd")]
+    gemm = 2 * 4096 * 512 * 64 * (128 + 128)
+    assert sum(o.flops for o in up) == pytest.approx(2 * 7 * (1 + 3) * gemm)
+    assert not any(o.name.startswith("cp_latent") for o in progs[0].classes[0].ops)
+    base = run(MLA_CP)
+    what = run(with_whatif({"cp_mla_latent": True}, MLA_CP))
+    assert base.metrics["breakdown_s"]["exposed_cp"] > 0.3 * base.metrics["step_time_s"]     # CP-bound
+    assert what.metrics["step_time_s"] < 0.7 * base.metrics["step_time_s"]
+    line = what.metrics["whatif"][0]
+    assert "what-if" in line and "no framework" in line and "1,152 B" in line and "40,960 B" in line
+    # given to run() instead of the scenario: the same program, the same label
+    kw = run(MLA_CP, whatif={"cp_mla_latent": True})
+    assert kw.metrics["step_time_s"] == what.metrics["step_time_s"] and kw.metrics["whatif"] == [line]
+
+
+@pytest.mark.parametrize("patch, needle", [
+    ({"model": {"preset": "llama3-8b", "num_layers": 2}}, "multi-head latent attention"),
+    ({"parallel": {**MLA_CP["parallel"], "cp": 1, "dp": 8, "global_batch_size": 8}}, "parallel.cp > 1"),
+    ({"parallel": {**MLA_CP["parallel"], "cp_comm_type": "a2a"}}, "splits heads"),
+])
+def test_cp_mla_latent_is_refused_where_it_does_not_apply(patch, needle):
+    with pytest.raises(ConfigError, match="whatif.cp_mla_latent") as err:
+        load_scenario(with_whatif({"cp_mla_latent": True}, {**MLA_CP, **patch}))
+    assert needle in str(err.value)
+    with pytest.raises(ConfigError, match="must be true or false"):
+        load_scenario(with_whatif({"cp_mla_latent": "yes"}, MLA_CP))

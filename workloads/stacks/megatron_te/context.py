@@ -44,6 +44,7 @@ class _Ctx:
     cp_pos: int = 0               #: ring position of the CP ranks being built (sequential split)
     a2a_sizes: dict = field(default_factory=dict)
     fusion: Fusion = MEGATRON_TE       #: the stack's kernel-level choices
+    cp_mla_latent: bool = False        #: what-if: the CP exchange carries MLA's latent (context_parallel.py)
 
 
 
@@ -127,6 +128,13 @@ def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[
         acc[2] += row.host_s
         acc[3] += row.launches
         phase = row.segment.split(":", 1)[0]
+        if ctx.cp_mla_latent and (op.quantizes or op.name) == "kv_up_proj" and not op.recompute:
+            # (also kept apart: the up-projection the cp_mla_latent what-if repeats per received chunk)
+            up = seg.setdefault(f"latent_up:{op.phase}", [0.0, 0.0, 0.0, 0])
+            up[0] += op.flops
+            up[1] += row.time_s
+            up[2] += row.host_s
+            up[3] += row.launches
         if (op.quantizes or op.name) == "moe_permute" and phase != "B":
             # (also kept apart: the GPU work after the dispatcher's host sync, _dispatch_sync)
             seg[f"{phase}:permute_s"] = seg.get(f"{phase}:permute_s", 0.0) + row.time_s

@@ -5,6 +5,8 @@ and a Mamba layer's head-transposing all-to-all."""
 from __future__ import annotations
 
 import numpy as np
+from topologies import ConfigError
+
 from ...ops import Coll, Group, OpName, Phase, Stream
 
 from .context import _NOSEG
@@ -33,6 +35,37 @@ def _kv_bytes(ctx) -> float:
     kv_heads = max(m.num_kv_heads // par.tp, 1)
     return 2 * kv_heads * m.head_dim * 2.0
 
+
+
+def mla_cp_bytes_per_token(model, tp: int) -> tuple[float, float]:
+    """(per-head K and V, latent) bytes per token and layer one TP rank's CP exchange moves
+    for an MLA model (bf16): ``heads/tp x (qk_head_dim + v_head_dim) x 2`` as Megatron-Core
+    and Transformer Engine exchange them (:func:`_kv_bytes`), against the ``cp_mla_latent``
+    what-if's ``(kv_lora_rank + qk_rope_head_dim) x 2``: the compressed latent and the
+    decoupled RoPE key, shared by every head (so not divided over TP).
+
+    >>> from workloads import load_model
+    >>> mla_cp_bytes_per_token(load_model("deepseek-v3"), 1)       # 128 x (192 + 128) x 2, (512 + 64) x 2
+    (81920.0, 1152.0)
+    """
+    m = model.mla
+    heads = model.num_attention_heads // tp
+    return heads * (m.qk_head_dim + m.v_head_dim) * 2.0, (m.kv_lora_rank + m.qk_rope_head_dim) * 2.0
+
+
+def check_cp_mla_latent(model, par, where: str = "whatif.cp_mla_latent") -> bool:
+    """The ``cp_mla_latent`` what-if needs an MLA model, context parallelism and an exchange
+    that moves K/V (``p2p`` ring or ``all_gather``); ConfigError naming the rule otherwise,
+    else True."""
+    if model.mla is None:
+        raise ConfigError(where, True, f"needs a model with multi-head latent attention (an 'mla' section, "
+                          f"as DeepSeek-V3's); {model.name} has per-head K/V only")
+    if par.cp <= 1:
+        raise ConfigError(where, True, f"needs context parallelism (parallel.cp > 1); cp = {par.cp}")
+    if par.cp_comm_type not in ("p2p", "all_gather"):
+        raise ConfigError(where, True, f"applies to the exchanges that move K/V, cp_comm_type p2p or all_gather; "
+                          f"'{par.cp_comm_type}' splits heads")
+    return True
 
 
 def _qkv_out_bytes(ctx) -> tuple[float, float]:
@@ -115,6 +148,9 @@ def _cp_attention(ctx, em, seg, src, layer, mb, chunk, phase) -> None:
     post = seg.get(f"{src}:attn_post", _NOSEG)
     tokens = ctx.mbs * ctx.seq / par.cp          # this rank's tokens
     kv_chunk = _kv_bytes(ctx) * tokens           # its K and V (after an a2a: the same bytes)
+    if ctx.cp_mla_latent:                        # what-if: MLA's latent and RoPE key instead
+        kv_chunk = mla_cp_bytes_per_token(ctx.model, par.tp)[1] * tokens
+    up = _latent_up(ctx, seg, bwd)
     qkv_b, out_b = (x * tokens for x in _qkv_out_bytes(ctx))
     core_name = OpName.CORE_ATTN_BWD if bwd else OpName.CORE_ATTN
     if bwd:
@@ -129,6 +165,7 @@ def _cp_attention(ctx, em, seg, src, layer, mb, chunk, phase) -> None:
     if kind == "all_gather":
         em.coll(Stream.CP, Coll.ALL_GATHER, Group.CP, kv_chunk * par.cp, OpName.CP_KV_BWD if bwd else OpName.CP_KV,
                 layer, mb, chunk, phase)
+        _latent_block(em, up, layer, mb, chunk, phase, par.cp - 1)
         _core_block(em, core_name, layer, mb, chunk, phase, core, sum(shares), 1.0)
         if bwd:
             em.coll(Stream.CP, Coll.REDUCE_SCATTER, Group.CP, kv_chunk * par.cp, OpName.CP_DKV, layer, mb, chunk,
@@ -139,6 +176,8 @@ def _cp_attention(ctx, em, seg, src, layer, mb, chunk, phase) -> None:
                 size = kv_chunk if i in (0, ring - 1) else 2 * kv_chunk
             else:
                 size = kv_chunk if i < ring - 1 else 0.0
+            if i > 0:
+                _latent_block(em, up, layer, mb, chunk, phase, 1)
             if size > 0:
                 tag = ("cp_ring", a2a, size)
                 if tag not in ctx.a2a_sizes:
@@ -155,6 +194,29 @@ def _cp_attention(ctx, em, seg, src, layer, mb, chunk, phase) -> None:
     if not bwd:
         em.compute(OpName.ATTN_OUT, layer, mb, chunk, phase, *post)
 
+
+
+def _latent_up(ctx, seg, bwd: bool):
+    """The ``cp_mla_latent`` what-if's extra work per received chunk, ``(FLOPs, seconds, host
+    seconds, kernels)``, or None without the what-if: the up-projection of its latent to
+    per-head K/V (a chunk holds as many tokens as the rank's own); in the backward the
+    up-projection again (nothing up-projected is kept across the ring), its data gradient
+    back to the latent (what the ring then carries to the chunk's owner) and its weight
+    gradient.  The rank's own chunk is up-projected once, as without the what-if."""
+    if not ctx.cp_mla_latent:
+        return None
+    parts = [seg.get(f"latent_up:{p}", _NOSEG) for p in (("F", "B", "W") if bwd else ("F",))]
+    return tuple(sum(p[i] for p in parts) for i in range(4))
+
+
+def _latent_block(em, up, layer, mb, chunk, phase, n: int) -> None:
+    """``n`` received chunks' share of :func:`_latent_up`, one compute op (before the hop is
+    posted, so the hop overlaps the core-attention block only)."""
+    if up is None or n <= 0:
+        return
+    f, t, hs, k = up
+    em.compute(OpName.CP_LATENT_UP_BWD if phase == Phase.B else OpName.CP_LATENT_UP, layer, mb, chunk, phase,
+               f * n, t * n, hs * n, k * n)
 
 
 def _cp_work_share(ctx) -> float:
