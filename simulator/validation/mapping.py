@@ -424,27 +424,49 @@ def _recompute(text: str) -> dict | None:
     raise Unsupported(f"activation_recompute {text!r}")
 
 
+#: FSDP sharding strategies (PyTorch ``ShardingStrategy``) -> ZeRO stage: SHARD_GRAD_OP shards
+#: gradients and optimizer state and keeps the parameters gathered after the forward (ZeRO-2);
+#: NO_SHARD is plain data parallelism.  Source: pytorch/pytorch torch/distributed/fsdp/api.py
+#: (``ShardingStrategy`` docstrings).
+_FSDP_STRATEGIES = (("shardgradop", 2), ("fullshard", 3), ("noshard", 0))
+_ZERO_STAGE = re.compile(r"(?:zero|stage)[\s_:=-]*(?:stage)?[\s_:=-]*([0-3])(?![\d.])")
+_NO = ("0", "none", "no", "false", "off", "disabled", "n", "na")
+_DIST_OPT = ("distributedoptimizer", "distopt", "usedistributedoptimizer", "true", "yes", "y", "on", "enabled", "1")
+
+
 def _zero(text: str) -> int | None:
+    """The ZeRO stage of a ``zero_fsdp`` cell (None when empty); :class:`Unsupported` naming
+    the cell for a sharding clustersim does not model (HSDP, offload) or cannot read.
+
+    FSDP's strategy names first (``FSDP SHARD_GRAD_OP (ZeRO-2-like)`` is stage 2), then DDP,
+    a stated stage (``ZeRO-1``, ``ZeRO stage 2``, ``zero_stage=3``), FSDP otherwise (FSDP2,
+    ``fully_shard``, Megatron-FSDP: stage 3), the distributed optimizer (stage 1).
+    """
     s = _key(text)
     if not s:
         return None
-    if s.startswith("ddp") or s.startswith("fsdp0") or s in ("0", "zero0", "none", "no", "false"):
-        return 0                                # "DDP (FSDP=0 per doc)"
+    low = text.lower()
     if "hsdp" in s or "hybrid" in s:
-        raise Unsupported(f"zero_fsdp {text!r} (HSDP: sharding within a replica group)")
-    if "fsdp" in s or s in ("3", "zero3", "zerostage3", "fullshard"):
-        return 3                                # FSDP2, Megatron-FSDP (optimizer, gradients and parameters)
-    if s in ("zerostage2",):
-        return 2
-    if s in ("zerostage1",):
-        return 1
-    if s in ("2", "zero2"):
-        return 2
-    if s in ("1", "zero1", "distributedoptimizer", "distopt", "true", "yes"):
-        return 1
-    if s in ("0", "zero0", "none", "no", "ddp", "false"):
-        return 0
-    raise Unsupported(f"zero_fsdp {text!r}")
+        raise Unsupported(f"zero_fsdp {text!r}: HSDP (hybrid sharding within a replica group, replicated across) "
+                          "is not modelled")
+    if "offload" in s or "infinity" in s:
+        raise Unsupported(f"zero_fsdp {text!r}: optimizer / parameter offload to the host is not modelled")
+    for name, stage in _FSDP_STRATEGIES:
+        if name in s:
+            return stage
+    if s.startswith("ddp") or s.startswith("fsdp0") or s in _NO:
+        return 0                                # "DDP (FSDP=0 per doc)"
+    m = _ZERO_STAGE.search(low)
+    if m:
+        return int(m.group(1))
+    if s in ("1", "2", "3"):
+        return int(s)
+    if "fsdp" in s or "fullyshard" in s:
+        return 3                                # FSDP2, fully_shard, Megatron-FSDP (optimizer, gradients, parameters)
+    if re.sub(r"^(?:megatron)?", "", s) in _DIST_OPT or "distributedoptimizer" in s:
+        return 1                                # "--use-distributed-optimizer", "dist-opt"
+    raise Unsupported(f"zero_fsdp {text!r}: not a ZeRO stage (0-3), an FSDP sharding strategy, DDP or the "
+                      "distributed optimizer")
 
 
 def _network(text: str, preset: dict) -> tuple[dict, list[str]]:
