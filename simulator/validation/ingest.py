@@ -130,7 +130,7 @@ def _bool(row: dict, key: str) -> bool | None:
     s = _cell(row, key).lower()
     if not s or s in _UNSTATED:
         return None
-    s = re.sub(r"^[a-z_ -]+[=:]\s*", "", s)           # "sp=true", "sequence_parallel: on"
+    s = re.sub(r"^[a-z_ -]+=\s*", "", s)              # "sp=true", "sequence_parallel = on"
     s = re.split(r"[\s(;,:]", s, maxsplit=1)[0] or s
     if s in _TRUE:
         return True

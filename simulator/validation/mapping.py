@@ -532,11 +532,11 @@ def _zero(text: str) -> int | None:
                       "distributed optimizer")
 
 
-#: A rate in a network cell: ``400Gb/s``, ``400 Gbps``, ``400G``, ``3.2 Tbps``, ``50 GB/s`` (bytes).
-_RATE = re.compile(r"(\d+(?:\.\d+)?)\s*([GgTt])(?:(B)(?:/s|ps)|(?:[Bb]it|b)?(?:/s|ps)?(?![A-Za-z]))")
+#: A rate in a network cell: ``400Gb/s``, ``400 Gbps``, ``400G``, ``100GbE``, ``3.2 Tbps``, ``50 GB/s`` (bytes).
+_RATE = re.compile(r"(\d+(?:\.\d+)?)\s*([GgTt])(?:(B)(?:/s|ps)|(?:[Bb]it|b)?(?:/s|ps|E)?(?![A-Za-z]))")
 #: NIC generations named without a rate (InfiniBand HDR / NDR / XDR per port).
 _NIC_WORDS = {"hdr": 200.0, "ndr": 400.0, "xdr": 800.0}
-_PER_GPU = re.compile(r"per[\s-]*gpu|/\s*gpu|each\s*gpu|a\s*gpu", re.IGNORECASE)
+_PER_GPU = re.compile(r"per[\s-]*gpu|/\s*gpu|each\s*gpu", re.IGNORECASE)
 _PER_HOST = re.compile(r"per[\s-]*(?:node|host|server|system)|/\s*(?:node|host)|node[\s-]*(?:to[\s-]*)?node|total|"
                        r"aggregate", re.IGNORECASE)
 _PER_NIC = re.compile(r"connectx|\bcx-?\d|\bnic|\bhca|\bport|\b[hnx]dr\b|per[\s-]*(?:nic|link|port|rail)",
@@ -587,6 +587,9 @@ def _network(text: str, preset: dict) -> tuple[dict, list[str]]:
                     f"{p_nics} x {_fmt(p_bw)} Gb/s kept"]
     if nics < 1:
         raise InvalidRow(f"inter_node_network {text!r}: 0 NICs")
+    if gph % nics:
+        raise Unsupported(f"inter_node_network {text!r}: {nics} NICs per host do not divide the preset's {gph}-GPU "
+                          "hosts (clustersim gives each NIC the same number of GPUs)")
     if nics == p_nics and abs(rate - p_bw) < 1e-6:
         return {}, []
     return ({"nics_per_host": nics, "nic_bandwidth": f"{_fmt(rate)} Gb/s"},

@@ -52,6 +52,7 @@ def test_shard_grad_op_rows_run_as_zero_2():
 # -- booleans -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("text, value", [("yes (TP/SP)", True), ("\u2713", True), ("\u2714 (with TP)", True),
                                          ("Y", True), ("enabled", True), ("sp=true", True), ("True", True),
+                                         ("yes: per recipe", True),
                                          ("\u2717", False), ("N", False), ("disabled", False), ("no (pre-SP)", False),
                                          ("-", None), ("n/a", None), ("", None)])
 def test_boolean_spellings(text, value):
@@ -108,6 +109,7 @@ NETWORK = [  # cell, preset, (NICs per host, Gb/s per NIC) or None for the prese
     ("1600 Gbps node-node RoCE", "dgx-a100", None), ("1600 Gbps node-node RoCE", "dgx-h100", (8, 200)),
     ("IB (50 GB/s) per GPU", "hgx-h800", None), ("2x200G per GPU", "dgx-a100", (8, 400)),
     ("not stated in table", "dgx-h100", None), ("8x NDR", "dgx-a100", (8, 400)),
+    ("8x100GbE", "dgx-h100", (8, 100)), ("NVIDIA GPU fabric, 400G", "dgx-a100", None),
 ]
 
 
@@ -119,6 +121,8 @@ def test_network_cells_per_gpu_per_host_or_per_nic(text, preset, want):
     else:
         assert (net["nics_per_host"], net["nic_bandwidth"]) == (want[0], f"{want[1]} Gb/s")
         assert notes and "per host" in notes[0]
+    if want is None and "fabric" in text:
+        assert "kept" in notes[0]          # a rate that says neither per GPU nor per host
 
 
 def test_a_bare_rate_keeps_the_preset_and_says_so():
