@@ -103,6 +103,15 @@ GPU_SPECS: dict[str, GPUSpec] = {s.name: s for s in (
     GPUSpec("A100-SXM4-80GB", "ampere", 80 * GiB, 2.039e12,
             {"tf32": 156e12, "bf16": 312e12, "fp16": 312e12}, {"bf16": 271.2e12},
             300e9, 8, False, f"{_HWCSV} ({_STAS}; MAMF best shape 1024x10240x5120)", power_w=400),
+    # A800 SXM4 80GB: the export SKU of the A100 80GB (same GA100 silicon, compute and HBM2e);
+    # only NVLink is cut, 600 -> 400 GB/s both directions together = 200 GB/s per direction
+    # (NVIDIA's statement of 2022-11-07, summarised at https://aiwiki.ai/wiki/nvidia_a800; peaks
+    # and memory as the A100 80GB, https://hmc-tech.com/gpu/nvidia-a800-vs-nvidia-t40).
+    GPUSpec("A800-SXM4-80GB", "ampere", 80 * GiB, 2.039e12,
+            {"tf32": 156e12, "bf16": 312e12, "fp16": 312e12}, {"bf16": 271.2e12},
+            200e9, 8, False, f"{_HWCSV} (A100 80GB figures; NVLink 400 GB/s bidirectional per NVIDIA's A800 "
+            "statement, aiwiki.ai/wiki/nvidia_a800)",
+            "MAMF: the A100 80GB's (same silicon and clocks)", power_w=400),
     GPUSpec("H100-SXM", "hopper", 80 * GiB, 3.35e12,
             {"tf32": 494.5e12, "bf16": 989e12, "fp16": 989e12, "fp8": 1979e12},
             {"bf16": 794.5e12, "fp8": 1402.6e12},
@@ -192,6 +201,7 @@ GPU_SPECS: dict[str, GPUSpec] = {s.name: s for s in (
 _GPU_ALIASES = {
     "a100": "A100-SXM4-80GB", "a100-40gb": "A100-SXM4-40GB", "a100-80gb": "A100-SXM4-80GB",
     "a100-sxm4-40gb": "A100-SXM4-40GB", "a100-sxm4-80gb": "A100-SXM4-80GB",
+    "a800": "A800-SXM4-80GB", "a800-sxm4-80gb": "A800-SXM4-80GB", "a800-80gb": "A800-SXM4-80GB",
     "h100": "H100-SXM", "h100-sxm": "H100-SXM", "h100-sxm5-80gb": "H100-SXM", "h100-sxm-80gb": "H100-SXM",
     "h200": "H200-SXM", "h200-sxm": "H200-SXM", "h200-sxm-141gb": "H200-SXM",
     "h800": "H800-SXM", "h800-sxm": "H800-SXM", "h800-sxm5-80gb": "H800-SXM",

@@ -128,14 +128,23 @@ def _bool(row: dict, key: str) -> bool | None:
     """A yes/no cell; None when empty, :class:`InvalidRow` otherwise.  An annotation after the
     word is allowed and ignored: ``yes (TP/SP)`` is True, ``no (pre-SP)`` False."""
     s = _cell(row, key).lower()
-    if not s:
+    if not s or s in _UNSTATED:
         return None
+    s = re.sub(r"^[a-z_ -]+=\s*", "", s)              # "sp=true", "sequence_parallel = on"
     s = re.split(r"[\s(;,:]", s, maxsplit=1)[0] or s
-    if s in ("true", "yes", "y", "1", "on", "enabled"):
+    if s in _TRUE:
         return True
-    if s in ("false", "no", "n", "0", "off", "disabled", "none"):
+    if s in _FALSE:
         return False
-    raise InvalidRow(f"{key} {_cell(row, key)!r} is not a boolean")
+    raise InvalidRow(f"{key} {_cell(row, key)!r} is not a boolean (yes / no, true / false, on / off, \u2713 / \u2717, "
+                     "optionally followed by a note)")
+
+
+#: Words (the first of a cell) read as yes / no; the check marks tables use included.
+_TRUE = ("true", "yes", "y", "1", "on", "enabled", "enable", "\u2713", "\u2714", "\u2705", "\u2611")
+_FALSE = ("false", "no", "n", "0", "off", "disabled", "disable", "none", "\u2717", "\u2718", "\u274c")
+#: Whole cells that say the source did not state it (as an empty cell does).
+_UNSTATED = ("-", "\u2013", "\u2014", "n/a", "na", "?", "unknown", "not stated")
 
 
 def _key(s: str) -> str:

@@ -12,9 +12,12 @@ gpu_type (system if    GPU name and cluster preset, case- and punctuation-blind:
 empty)                 ``A100 ... 40GB`` -> dgx-a100 with gpu A100-SXM4-40GB; other A100 SXM
                        (80GB, or size not stated: noted) -> dgx-a100; ``H100`` SXM variants
                        (H100-SXM-80GB, H100 SXM5, H100 80GB HBM3) -> dgx-h100; ``H200`` ->
-                       dgx-h200; ``H800`` -> hgx-h800; ``B200`` -> dgx-b200; ``B300`` -> dgx-b200 with gpu B300;
+                       dgx-h200; ``H800`` -> hgx-h800; ``A800`` (SXM4 80GB) -> dgx-a100 with gpu
+                       A800-SXM4-80GB (NVLink 400 GB/s both directions, 200 per direction);
+                       ``B200`` -> dgx-b200; ``B300`` -> dgx-b200 with gpu B300;
                        ``GB200`` (NVL72) -> gb200-nvl72; ``GB300`` (NVL72) -> gb200-nvl72 with gpu
-                       GB300.  PCIe / NVL cards, GH200 and other GPUs: unsupported.
+                       GB300.  PCIe / NVL cards (the 40GB A800 is one), H20, GH200 and other
+                       GPUs: unsupported, naming the cell.
 num_gpus,              ``num_nodes = num_gpus / gpus per host`` of the preset; fewer GPUs than
 gpus_per_node          one host -> one host of that many GPUs (NVLink only, noted); a count
                        that is not whole hosts, or a stated gpus_per_node that matches neither
@@ -25,16 +28,22 @@ gpus_per_node          one host -> one host of that many GPUs (NVLink only, note
                        fewer than 72 GPUs is one NVLink domain of its size; one that is not a
                        whole number of racks runs equal domains, the largest of whole hosts
                        that divides it (128 GPUs -> 2 x 64, 16 trays a rack; noted).
-inter_node_network     ``<n>x ... <b> Gb/s`` overrides the preset's NICs per host and NIC rate
-                       when it differs (noted); anything else keeps the preset.
+inter_node_network     per host, per GPU or per NIC (:func:`_network`): ``8x400Gb/s IB``,
+                       ``RoCE 4x200Gbps`` (NICs x rate); ``3.2 Tbps per node``, ``1600 Gbps
+                       node-node`` (the host's total over the preset's NICs); ``400G per GPU``
+                       (a NIC per GPU); ``ConnectX-7 NDR 400``, ``8x NDR`` (a NIC's rate; bytes
+                       ``GB/s`` converted).  Overrides the preset's NICs per host and NIC rate
+                       when they differ (noted); a rate that says none of these, or no rate,
+                       keeps the preset (the former noted).
 model                  a model preset by name, punctuation-blind (``GPT3-175B`` -> gpt3-175b,
                        ``Llama 3.1 70B`` -> llama3.1-70b, ``Mixtral 8x7B`` -> mixtral-8x7b);
                        ``... PROXY (<n> layers)`` -> the preset with ``num_layers = n`` (must
                        agree with the num_layers cell).  Variant tags (:func:`model_variants`):
                        ``(tokendrop)`` -> capacity factor 1.0; ``(w/o MTP)`` -> no MTP module;
                        ``(w/ MTP)`` -> the preset's (unsupported if it has none).  Unknown model: built from the row's
-                       dimensions when it gives them (:func:`model_from_dimensions`; the MLP
-                       kind from params_b), else unsupported.  The
+                       dimensions when it gives them (:func:`model_from_dimensions`: what the
+                       model and notes cells state -- ALiBi, biases, tied embeddings, MLP, norm
+                       -- as given, the rest from params_b), else unsupported.  The
                        NeMo 405B proxies split evenly (7 layers at pp 1; 21 = pp 3 x vpp 7 x 1;
                        42 = 3 x 7 x 2), so no ``num_layers_in_first/last_pipeline_stage``
                        knob is needed.  A layer count that does not divide over pp x vpp:
@@ -43,16 +52,18 @@ model                  a model preset by name, punctuation-blind (``GPT3-175B`` 
                        split`` as NeMo's 405B recipe sets them; else (DeepSeek-V3's 61 on
                        pp 8) :func:`edge_stage_split`: the middle
                        stages the fewest layers that fit, the first and last stage the rest
-                       (7, 8 x 6, 6; noted); where no split of whole chunks fits, the
-                       scenario's ConfigError (invalid).
-num_layers, hidden_    override the preset where they differ (noted).  ``vocab_size`` is the
-size, ffn_hidden_size, vocabulary of the source's FLOP formula; the *executed* vocabulary is
-num_heads, num_kv_     the row's, except rows whose notes name the GPT2BPETokenizer proxy (the
-heads, vocab_size,     NeMo 24.09 Llama 3.1 405B recipe): GPT-2's 50,257 padded to Megatron's
-num_experts, moe_top_k multiple of 128 x tp (51,200 at tp 8).
-(cells like ``2048 per  ``ffn_hidden_size`` ``<n> per expert`` is the expert width;
-expert``, ``256 routed ``num_experts`` ``<r> routed + <s> shared`` the routed and shared
-+ 1 shared``)          expert counts.
+                       (7, 8 x 6, 6; noted); where no split of whole chunks fits and no
+                       recipe gives a layout: unsupported, naming num_layers, pp and vpp.
+num_layers, hidden_    override the preset where they differ (noted; a stated layer count is
+size, ffn_hidden_size, the one simulated: a recipe's pipeline layout for the preset's count is
+num_heads, num_kv_     dropped, and a hybrid preset's layer pattern, which cannot be resized,
+heads, vocab_size,     makes it unsupported).  ``vocab_size`` is the vocabulary of the source's
+num_experts, moe_top_k FLOP formula; the *executed* vocabulary is the row's, except rows whose
+(cells like ``2048 per notes name the GPT2BPETokenizer proxy (the NeMo 24.09 Llama 3.1 405B
+expert``, ``256 routed recipe): GPT-2's 50,257 padded to Megatron's multiple of 128 x tp (51,200
++ 1 shared``)          at tp 8).  ``ffn_hidden_size`` ``<n> per expert`` is the expert width;
+                       ``num_experts`` ``<r> routed + <s> shared`` the routed and shared expert
+                       counts.
 seq_len                ``parallel.seq_len`` (and the model's when it differs).
 tp, pp, cp, ep, vpp    the degrees; empty -> 1; a tp or pp cell that gives a model-parallel
                        size without its split (``8 (TP*PP)``) is unsupported.  An ep that does
@@ -63,9 +74,18 @@ tp, pp, cp, ep, vpp    the degrees; empty -> 1; a tp or pp cell that gives a mod
                        num_gpus: invalid.
 micro_batch_size,      as given (empty micro-batch: 1, noted; empty global batch: invalid);
 global_batch_size      ``grad_accum`` is checked against ``gbs / (mbs * dense dp)`` (noted).
-sp, zero_fsdp,         as given (booleans may carry an annotation, ``yes (TP/SP)``; ZeRO stage
-activation_recompute   0-3, FSDP2 / Megatron-FSDP = 3, ``DDP ...`` = 0; recompute ``full AC``,
-                       ``selective AC``, ``per-op SAC``); empty -> the framework's default below.
+sp, zero_fsdp,         as given.  Booleans: yes / no, true / false, on / off, Y / N, enabled,
+activation_recompute   check marks, optionally annotated (``yes (TP/SP)``, ``sp=true``); ``-`` /
+                       ``n/a`` = empty.  zero_fsdp (:func:`_zero`): FSDP ``SHARD_GRAD_OP`` = 2,
+                       ``FULL_SHARD`` = 3, ``NO_SHARD`` / ``DDP ...`` = 0; a stated stage
+                       (``ZeRO-1``, ``ZeRO stage 2``, ``zero_stage=3``); other FSDP (FSDP2,
+                       ``fully_shard``, Megatron-FSDP) = 3; the distributed optimizer
+                       (``dist-opt``, ``--use-distributed-optimizer``) = 1; HSDP / HYBRID_SHARD
+                       and offload: unsupported.  Recompute (:func:`_recompute`): ``full``,
+                       ``activation checkpointing``, ``AC=full``, ``full (uniform, 1 layer)``,
+                       ``block 4`` (method and layers kept); ``selective``, ``SAC``; ``none``,
+                       ``no AC``; offload / partial: unsupported.  Empty -> the framework's
+                       default below.
 precision              ``BF16`` -> bf16; ``FP16`` -> bf16 (same tensor-core peak; noted);
                        ``FP8`` -> fp8_delayed: NeMo's and Transformer Engine's default FP8
                        recipe (``DelayedScaling``, HYBRID E4M3 forward / E5M2 backward,
@@ -74,7 +94,9 @@ precision              ``BF16`` -> bf16; ``FP16`` -> bf16 (same tensor-core peak
                        ``MXFP8`` / ``FP8-MX`` -> mxfp8; ``NVFP4`` / ``FP4`` -> nvfp4;
                        ``FP8-CS`` -> fp8_tensorwise, and a bare ``FP8`` too in Megatron-Bridge
                        tables; torchao ``float8 rowwise`` / ``Float8 linears`` ->
-                       fp8_tensorwise (noted); others unsupported.
+                       fp8_tensorwise (noted); ``fp8 delayed`` -> fp8_delayed in any framework;
+                       ``bf16-mixed``, ``amp_bf16`` -> bf16; a recipe the row's GPU cannot run
+                       (MXFP8 on Hopper), FP32 / TF32 and others unsupported, naming the cell.
 schedule               interleaved_1f1b when vpp > 1, else 1f1b.
 =====================  ==========================================================================
 
@@ -144,10 +166,10 @@ import re
 
 from topologies import ConfigError
 
-from .ingest import FORMATS, InvalidRow, Unsupported, _bool, _cell, _int, _key, _num
+from .ingest import _UNSTATED, FORMATS, InvalidRow, Unsupported, _bool, _cell, _int, _key, _num
 
 __all__ = ["FRAMEWORKS", "edge_stage_split", "map_gpu", "map_model", "map_precision", "model_from_dimensions",
-           "row_to_scenario"]
+           "row_to_scenario", "stated_architecture"]
 
 #: Prefix of a note naming a source feature clustersim does not model (counted by :func:`.report.summary`).
 _NOT_MODELLED = "not modelled: "
@@ -248,37 +270,45 @@ def map_gpu(text: str) -> tuple[str, str, list[str]]:
     k = _key(text)
     pcie = "pcie" in k or re.search(r"nvl(?!ink|\d)", s) is not None
     if not k:
-        raise Unsupported("GPU type not stated")
+        raise Unsupported("gpu_type (and system) not stated")
     if "gb300" in k:
         return "gb200-nvl72", "GB300", ["GB300 on the GB200 NVL72 rack layout (72-GPU NVLink domain)"]
     if "gb200" in k:
         return "gb200-nvl72", "GB200", []
     if "gh200" in k:
-        raise Unsupported(f"GPU {text!r} (GH200) has no clustersim spec")
+        raise Unsupported(f"gpu_type {text!r} (GH200) has no clustersim spec")
     if "b300" in k:
         return "dgx-b200", "B300", ["B300 on the DGX B200 host layout"]
     if "b200" in k:
         return "dgx-b200", "B200", []
     if "h800" in k:
         if pcie:
-            raise Unsupported(f"GPU {text!r}: H800 PCIe cards are not modelled")
+            raise Unsupported(f"gpu_type {text!r}: H800 PCIe cards are not modelled")
         return "hgx-h800", "H800-SXM", []
     if "h200" in k:
         if pcie:
-            raise Unsupported(f"GPU {text!r}: H200 NVL / PCIe cards are not modelled")
+            raise Unsupported(f"gpu_type {text!r}: H200 NVL / PCIe cards are not modelled")
         return "dgx-h200", "H200-SXM", []
     if "h100" in k:
         if pcie:
-            raise Unsupported(f"GPU {text!r}: H100 PCIe / NVL cards are not modelled")
+            raise Unsupported(f"gpu_type {text!r}: H100 PCIe / NVL cards are not modelled")
         return "dgx-h100", "H100-SXM", []
+    if re.search(r"\bh20\b", s):
+        raise Unsupported(f"gpu_type {text!r}: the H20 (export Hopper, a fraction of the H100's FLOP/s) has no "
+                          "clustersim spec")
+    if "a800" in k:
+        if pcie or re.search(r"40\s*g", s):
+            raise Unsupported(f"gpu_type {text!r}: A800 PCIe cards (the 40GB A800 is one) are not modelled")
+        return "dgx-a100", "A800-SXM4-80GB", ["A800 on the DGX A100 host layout (NVLink 400 GB/s both directions, "
+                                              "200 per direction)"]
     if "a100" in k:
         if pcie:
-            raise Unsupported(f"GPU {text!r}: A100 PCIe cards are not modelled")
+            raise Unsupported(f"gpu_type {text!r}: A100 PCIe cards are not modelled")
         if re.search(r"40\s*g", s):
             return "dgx-a100", "A100-SXM4-40GB", []
         notes = [] if re.search(r"80\s*g", s) else ["A100 memory size not stated: 80GB assumed"]
         return "dgx-a100", "A100-SXM4-80GB", notes
-    raise Unsupported(f"GPU {text!r} has no clustersim spec")
+    raise Unsupported(f"gpu_type {text!r} has no clustersim spec")
 
 
 def _model_keys() -> dict[str, str]:
@@ -364,8 +394,10 @@ def map_precision(text: str, framework: str | None = None) -> tuple[str, list[st
     if "fp8" in k or "float8" in k:
         if re.search(r"block|blk|deepseek", s):
             return "fp8_blockwise", []
-        if re.search(r"current|tensorwise|\bcs\b", s):
+        if re.search(r"current|\bcs\b", s) or "tensorwise" in k:
             return "fp8_tensorwise", []
+        if "delayed" in k:
+            return "fp8_delayed", []
         if "rowwise" in k:
             return "fp8_tensorwise", [("float8 rowwise (torchao): GEMMs at the FP8 rate with per-row scales applied "
                                        "in the epilogue; its casts costed as tensorwise scaling's (the extra per-row "
@@ -383,9 +415,15 @@ def map_precision(text: str, framework: str | None = None) -> tuple[str, list[st
                                 "HYBRID format, amax history 1024)")]
     if "bf16" in k or "bfloat16" in k:
         return "bf16", []
-    if "fp16" in k or "float16" in k or k in ("mixed", "mixedprecision", "amp"):
+    if "fp16" in k or "float16" in k or "half" in k or k in ("mixed", "mixedprecision", "amp"):
         return "bf16", ["FP16 mixed precision run as bf16 (same tensor-core peak; loss scaling not modelled)"]
-    raise Unsupported(f"precision {text!r}")
+    if re.search(r"fp32|tf32|float32|single", k):
+        raise Unsupported(f"precision {text!r}: FP32 / TF32 training is not modelled (clustersim's recipes are BF16, "
+                          "FP16 as BF16, FP8, MXFP8 and NVFP4)")
+    if "fp4" in k:
+        raise Unsupported(f"precision {text!r}: only NVFP4 of the 4-bit recipes is modelled")
+    raise Unsupported(f"precision {text!r}: not a precision clustersim reads (BF16, FP16, FP8 and its scaling "
+                      "recipes, MXFP8, NVFP4)")
 
 
 def _framework(text: str) -> tuple[str, list[str]]:
@@ -405,60 +443,157 @@ def _framework(text: str) -> tuple[str, list[str]]:
     return "default", [f"framework {text or 'not stated'!r} not recognised: {FRAMEWORKS['default']['label']}"]
 
 
+#: Cells that say "no recompute" (also as the first word: ``none (default)``, ``no AC``).
+_RC_NONE = ("none", "no", "false", "off", "0", "disabled", "n", "\u2717", "\u2718")
+#: Words that name full recompute: whole transformer layers checkpointed (Megatron's ``full``,
+#: PyTorch / FSDP activation checkpointing of each block, DeepSpeed's checkpoint_activations).
+_RC_FULL = re.compile(r"\bfull\b|\ball\b|checkpoint|\bac\b|\brecompute|\bblock\b|\buniform\b|^(?:yes|y|true|on|1|enabled"
+                      "|\u2713|\u2714)(?!\\w)")
+
+
 def _recompute(text: str) -> dict | None:
+    """The ``parallel`` recompute settings of an ``activation_recompute`` cell (None when
+    empty); :class:`Unsupported` naming the cell for a kind clustersim does not model.
+
+    ``AC=full`` / ``recompute: selective`` read their value; ``selective`` / ``SAC`` ->
+    selective; ``none`` / ``no AC`` -> none; ``full``, ``activation checkpointing``, a yes ->
+    full, with Megatron's method (``block`` / ``uniform``) and layer count where stated
+    (``full (uniform, 1 layer)``, ``block 4``).
+    """
     s = text.strip().lower()
-    if not s:
+    if not s or s in _UNSTATED:
         return None
-    if s in ("none", "no", "false", "off", "0", "disabled", "n/a"):
+    m = re.fullmatch(r"[a-z_\s-]*(?:ac|recompute\w*|checkpoint\w*|granularity)\s*[=:]\s*(\S.*)", s)
+    if m:
+        s = m.group(1).strip()                 # "AC=full", "activation_checkpointing: true"
+    first = re.split(r"[\s(;,:]", s, maxsplit=1)[0] or s
+    if first in _RC_NONE or re.match(r"no\s", s):
         return {"recompute": "none"}
     if "selective" in s or re.search(r"\bsac\b", s):
         return {"recompute": "selective"}     # "selective AC", "per-op SAC", "selective (attention core only)"
-    if "full" in s or s in ("yes", "true", "on", "1", "all", "checkpointing"):
-        out = {"recompute": "full"}
-        if "block" in s:
-            out["recompute_method"] = "block"
-        m = re.search(r"(\d+)\s*layers?", s)
-        if m:
-            out["recompute_num_layers"] = int(m.group(1))
-        return out
-    raise Unsupported(f"activation_recompute {text!r}")
+    if re.search(r"offload|partial|cpu", s):
+        raise Unsupported(f"activation_recompute {text!r}: activation offload / partial checkpointing is not modelled")
+    if not _RC_FULL.search(s):
+        raise Unsupported(f"activation_recompute {text!r}: not none, selective or full recompute")
+    out: dict = {"recompute": "full"}
+    method = re.search(r"\b(block|uniform)\b", s)
+    if method and method.group(1) == "block":
+        out["recompute_method"] = "block"
+    n = re.search(r"(\d+)\s*layers?\b", s) or re.search(r"\b(?:block|uniform)\D{0,3}(\d+)\b", s)
+    if n:
+        if int(n.group(1)) < 1:
+            raise Unsupported(f"activation_recompute {text!r}: a layer count of 0 recomputes nothing; say none")
+        out["recompute_num_layers"] = int(n.group(1))
+    return out
+
+
+#: FSDP sharding strategies (PyTorch ``ShardingStrategy``) -> ZeRO stage: SHARD_GRAD_OP shards
+#: gradients and optimizer state and keeps the parameters gathered after the forward (ZeRO-2);
+#: NO_SHARD is plain data parallelism.  Source: pytorch/pytorch torch/distributed/fsdp/api.py
+#: (``ShardingStrategy`` docstrings).
+_FSDP_STRATEGIES = (("shardgradop", 2), ("fullshard", 3), ("noshard", 0))
+_ZERO_STAGE = re.compile(r"(?:zero|stage)[\s_:=-]*(?:stage)?[\s_:=-]*([0-3])(?![\d.])")
+_NO = ("0", "none", "no", "false", "off", "disabled", "n", "na")
+_DIST_OPT = ("distributedoptimizer", "distopt", "usedistributedoptimizer", "true", "yes", "y", "on", "enabled", "1")
 
 
 def _zero(text: str) -> int | None:
+    """The ZeRO stage of a ``zero_fsdp`` cell (None when empty); :class:`Unsupported` naming
+    the cell for a sharding clustersim does not model (HSDP, offload) or cannot read.
+
+    FSDP's strategy names first (``FSDP SHARD_GRAD_OP (ZeRO-2-like)`` is stage 2), then DDP,
+    a stated stage (``ZeRO-1``, ``ZeRO stage 2``, ``zero_stage=3``), FSDP otherwise (FSDP2,
+    ``fully_shard``, Megatron-FSDP: stage 3), the distributed optimizer (stage 1).
+    """
     s = _key(text)
     if not s:
         return None
-    if s.startswith("ddp") or s.startswith("fsdp0") or s in ("0", "zero0", "none", "no", "false"):
-        return 0                                # "DDP (FSDP=0 per doc)"
+    low = text.lower()
     if "hsdp" in s or "hybrid" in s:
-        raise Unsupported(f"zero_fsdp {text!r} (HSDP: sharding within a replica group)")
-    if "fsdp" in s or s in ("3", "zero3", "zerostage3", "fullshard"):
-        return 3                                # FSDP2, Megatron-FSDP (optimizer, gradients and parameters)
-    if s in ("zerostage2",):
-        return 2
-    if s in ("zerostage1",):
-        return 1
-    if s in ("2", "zero2"):
-        return 2
-    if s in ("1", "zero1", "distributedoptimizer", "distopt", "true", "yes"):
-        return 1
-    if s in ("0", "zero0", "none", "no", "ddp", "false"):
-        return 0
-    raise Unsupported(f"zero_fsdp {text!r}")
+        raise Unsupported(f"zero_fsdp {text!r}: HSDP (hybrid sharding within a replica group, replicated across) "
+                          "is not modelled")
+    if "offload" in s or "infinity" in s:
+        raise Unsupported(f"zero_fsdp {text!r}: optimizer / parameter offload to the host is not modelled")
+    for name, stage in _FSDP_STRATEGIES:
+        if name in s:
+            return stage
+    if s.startswith("ddp") or s.startswith("fsdp0") or s in _NO:
+        return 0                                # "DDP (FSDP=0 per doc)"
+    m = _ZERO_STAGE.search(low)
+    if m:
+        return int(m.group(1))
+    if s in ("1", "2", "3"):
+        return int(s)
+    if "fsdp" in s or "fullyshard" in s:
+        return 3                                # FSDP2, fully_shard, Megatron-FSDP (optimizer, gradients, parameters)
+    if re.sub(r"^(?:megatron)?", "", s) in _DIST_OPT or "distributedoptimizer" in s:
+        return 1                                # "--use-distributed-optimizer", "dist-opt"
+    raise Unsupported(f"zero_fsdp {text!r}: not a ZeRO stage (0-3), an FSDP sharding strategy, DDP or the "
+                      "distributed optimizer")
+
+
+#: A rate in a network cell: ``400Gb/s``, ``400 Gbps``, ``400G``, ``100GbE``, ``3.2 Tbps``, ``50 GB/s`` (bytes).
+_RATE = re.compile(r"(\d+(?:\.\d+)?)\s*([GgTt])(?:(B)(?:/s|ps)|(?:[Bb]it|b)?(?:/s|ps|E)?(?![A-Za-z]))")
+#: NIC generations named without a rate (InfiniBand HDR / NDR / XDR per port).
+_NIC_WORDS = {"hdr": 200.0, "ndr": 400.0, "xdr": 800.0}
+_PER_GPU = re.compile(r"per[\s-]*gpu|/\s*gpu|each\s*gpu", re.IGNORECASE)
+_PER_HOST = re.compile(r"per[\s-]*(?:node|host|server|system)|/\s*(?:node|host)|node[\s-]*(?:to[\s-]*)?node|total|"
+                       r"aggregate", re.IGNORECASE)
+_PER_NIC = re.compile(r"connectx|\bcx-?\d|\bnic|\bhca|\bport|\b[hnx]dr\b|per[\s-]*(?:nic|link|port|rail)",
+                      re.IGNORECASE)
+
+
+def _rate_gbps(text: str) -> float | None:
+    """The first rate of a network cell in Gb/s (bytes converted; a bare NIC generation,
+    ``NDR``, at its port rate); None when the cell gives none."""
+    m = _RATE.search(text)
+    if m:
+        return float(m.group(1)) * (1000 if m.group(2) in "Tt" else 1) * (8 if m.group(3) else 1)
+    word = re.search(r"\b([hnx]dr)\b", text, re.IGNORECASE)
+    return _NIC_WORDS[word.group(1).lower()] if word else None
 
 
 def _network(text: str, preset: dict) -> tuple[dict, list[str]]:
-    m = re.search(r"(\d+)\s*[x×]\s*[^,;]*?(\d+(?:\.\d+)?)\s*Gb(?:/s|ps|it/s)", text, re.IGNORECASE)
-    if not m:
-        return {}, []
+    """``(cluster overrides, notes)`` of an ``inter_node_network`` cell, per host, per GPU or
+    per NIC: ``8x400Gb/s IB`` / ``RoCE 4x200Gbps`` (NICs x rate), ``3.2 Tbps per node`` /
+    ``1600 Gbps node-node`` (the host's total over the preset's NIC count), ``400G per GPU``
+    (one NIC per GPU), ``ConnectX-7 NDR 400`` (a NIC's rate, the preset's NIC count).  A
+    rate that says none of these keeps the preset (noted); so does a cell with no rate."""
     from topologies.specs import NIC_SPECS
-    nics, gbps = int(m.group(1)), float(m.group(2))
-    p_nics = preset.get("nics_per_host", 8)
-    p_bw = NIC_SPECS[preset.get("nic", "ndr")].bandwidth_bytes_per_s * 8 / 1e9
-    if nics == p_nics and abs(gbps - p_bw) < 1e-6:
+
+    gbps = _rate_gbps(text)
+    if gbps is None:
         return {}, []
-    return ({"nics_per_host": nics, "nic_bandwidth": f"{_fmt(gbps)} Gb/s"},
-            [f"network {nics} x {_fmt(gbps)} Gb/s per host (preset {p_nics} x {_fmt(p_bw)} Gb/s)"])
+    if gbps <= 0:
+        raise InvalidRow(f"inter_node_network {text!r}: a rate of 0")
+    p_nics, gph = preset.get("nics_per_host", 8), preset.get("gpus_per_host", 8)
+    p_bw = NIC_SPECS[preset.get("nic", "ndr")].bandwidth_bytes_per_s * 8 / 1e9
+    count = re.search(r"(\d+)\s*[x×*]\s*(?!\d+\s*[x×*])\D{0,40}?\d", text) or \
+        re.search(r"(\d+)\s*(?:nics?|hcas?|ports?|rails?)\b", text, re.IGNORECASE)
+    if _PER_GPU.search(text):
+        nics, rate = gph, gbps * (int(count.group(1)) if count else 1)
+        how = f"{_fmt(rate)} Gb/s per GPU: {gph} NICs per host"
+    elif count:
+        nics, rate = int(count.group(1)), gbps
+        how = f"{nics} x {_fmt(rate)} Gb/s per host"
+    elif _PER_HOST.search(text):
+        nics, rate = p_nics, gbps / p_nics
+        how = f"{_fmt(gbps)} Gb/s per host over the preset's {p_nics} NICs"
+    elif _PER_NIC.search(text):
+        nics, rate = p_nics, gbps
+        how = f"{_fmt(rate)} Gb/s per NIC, the preset's {p_nics} NICs per host"
+    else:
+        return {}, [f"inter_node_network {text!r}: a rate without NICs, per GPU or per host; the preset's "
+                    f"{p_nics} x {_fmt(p_bw)} Gb/s kept"]
+    if nics < 1:
+        raise InvalidRow(f"inter_node_network {text!r}: 0 NICs")
+    if gph % nics:
+        raise Unsupported(f"inter_node_network {text!r}: {nics} NICs per host do not divide the preset's {gph}-GPU "
+                          "hosts (clustersim gives each NIC the same number of GPUs)")
+    if nics == p_nics and abs(rate - p_bw) < 1e-6:
+        return {}, []
+    return ({"nics_per_host": nics, "nic_bandwidth": f"{_fmt(rate)} Gb/s"},
+            [f"network {nics} x {_fmt(rate)} Gb/s per host ({how}; preset {p_nics} x {_fmt(p_bw)} Gb/s)"])
 
 
 def _partial_host(preset: dict, n: int) -> tuple[dict, list[str]]:
@@ -560,17 +695,55 @@ _ARCHITECTURES = tuple({"mlp": mlp, "position_embedding": pos, "tied_embeddings"
 _PARAMS_MATCH = 0.01
 
 
+#: What a row's text (its model and notes cells) may state about the architecture, each a
+#: ``(field, value, pattern)``, the first match per field winning; ALiBi has no position table.
+_ARCH_CLUES = (
+    ("position_embedding", "none", r"\balibi\b"),
+    ("position_embedding", "rope", r"\brope\b|rotary"),
+    ("position_embedding", "learned", r"(?<!no )learned[\s_-]*(?:abs\w*[\s_-]*)?pos|absolute[\s_-]*pos"),
+    ("tied_embeddings", False, r"untied|not[\s_-]*tied|no[\s_-]*(?:weight[\s_-]*)?tying|tie_word_embeddings\W*false"),
+    ("tied_embeddings", True, r"\btied[\s_-]*(?:input|output|word|embed)|weight[\s_-]*tying|tie_word_embeddings\W*true"),
+    ("add_bias_linear", True, r"no_bias\W*false|add_bias_linear\W*true"),
+    ("add_bias_linear", False, r"no[\s_-]*bias|bias[\s_-]*free|without[\s_-]*bias|add_bias_linear\W*false"),
+    ("add_bias_linear", True, r"\bbias(?:es)?\b"),
+    ("mlp", "swiglu", r"swiglu|geglu|gated[\s_-]*(?:mlp|linear|gelu|silu)"),
+    ("mlp", "gelu", r"\bgelu\b|\brelu\b"),
+    ("norm", "layernorm", r"layer[\s_-]*norm"),
+    ("norm", "rmsnorm", r"rms[\s_-]*norm"),
+)
+
+
+def stated_architecture(row: dict) -> dict:
+    """The architecture fields a published row's ``model`` and ``notes`` cells state
+    (``ALiBi`` -> no position table, ``no biases``, ``tied embeddings``, ``SwiGLU``,
+    ``LayerNorm`` ...); fields they do not mention are absent.
+
+    >>> stated_architecture({"notes": "MPT arch: ALiBi, no biases, tie_word_embeddings=True"})
+    {'position_embedding': 'none', 'tied_embeddings': True, 'add_bias_linear': False}
+    """
+    text = f"{_cell(row, 'model')} {_cell(row, 'notes')}".lower()
+    found: dict = {}
+    for field, value, pattern in _ARCH_CLUES:
+        if field not in found and re.search(pattern, text):
+            found[field] = value
+    return found
+
+
 def model_from_dimensions(row: dict) -> tuple[dict, str] | None:
     """A dense model built from a published row's dimensions when its name is no preset:
     ``(model mapping, note)``, or None when the row lacks them (num_layers, hidden_size,
     ffn_hidden_size, num_heads, vocab_size, seq_len) or names experts.
 
-    The dimensions leave three things open that change the parameter count: the MLP (two
-    matrices, GELU-like; three, SwiGLU), a learned position table sized to the sequence
-    (GPT, MPT as llm-foundry counts it), and an output layer tied to the embedding (MPT). With
-    ``params_b`` given, the first of :data:`_ARCHITECTURES` within 1 % of it, else the closest
-    within 10 %; without it, ModelSpec's defaults (noted): SwiGLU, RoPE, untied embeddings.
-    Norms and attention are ModelSpec's defaults (RMSNorm, FlashAttention, no biases).
+    The dimensions leave open what changes the parameter count: the MLP (two matrices,
+    GELU-like; three, SwiGLU), a learned position table sized to the sequence (GPT, MPT as
+    llm-foundry counts it; none with ALiBi or RoPE), an output layer tied to the embedding
+    (MPT), biases and the norm.  What the row's model and notes cells state
+    (:func:`stated_architecture`: ``ALiBi``, ``no biases``, ``tied embeddings`` ...) is
+    taken as given; the rest is searched: with ``params_b``, the first of
+    :data:`_ARCHITECTURES` within 1 % of it, else the closest within 10 % (Unsupported
+    beyond, naming the stated architecture); without it, ModelSpec's defaults (noted):
+    SwiGLU, RoPE, untied embeddings.  Norms, biases and attention where not stated:
+    ModelSpec's defaults (RMSNorm, no biases, FlashAttention).
 
     >>> row = {"model": "MPT-125m", "num_layers": 12, "hidden_size": 768, "ffn_hidden_size": 3072,
     ...        "num_heads": 12, "vocab_size": 50368, "seq_len": 2048, "params_b": 0.1253}
@@ -588,13 +761,18 @@ def model_from_dimensions(row: dict) -> tuple[dict, str] | None:
     kv = _int(row, "num_kv_heads")
     name = _cell(row, "model")
     base = {"name": _key(name) or "custom", **dims, "num_kv_heads": kv or dims["num_attention_heads"]}
+    said = stated_architecture(row)
+    archs = list(dict.fromkeys(tuple(sorted({**a, **said}.items())) for a in _ARCHITECTURES))
+    archs = [dict(a) for a in archs]
+    told = f"stated in the row: {_describe(said)}; " if said else ""
+    rest = _defaults_left(said)
     stated = _num(row, "params_b")
     if not stated:
-        return ({**base, **_ARCHITECTURES[0]},
-                f"unknown model {name!r}: built from the row's dimensions; no params_b to tell the architecture: "
-                f"SwiGLU, RoPE, untied embeddings, RMSNorm, no biases (ModelSpec defaults)")
+        return ({**base, **archs[0]},
+                f"unknown model {name!r}: built from the row's dimensions; {told}no params_b to tell the rest of the "
+                f"architecture: {_describe(archs[0])}{rest}")
     counts = []
-    for arch in _ARCHITECTURES:
+    for arch in archs:
         try:
             counts.append(ModelSpec.from_dict({**base, **arch}).num_params() / 1e9)
         except ConfigError as e:
@@ -602,17 +780,32 @@ def model_from_dimensions(row: dict) -> tuple[dict, str] | None:
     off = [abs(c / stated - 1) for c in counts]
     i = next((j for j, o in enumerate(off) if o <= _PARAMS_MATCH), min(range(len(off)), key=off.__getitem__))
     if off[i] > 0.10:
-        raise Unsupported(f"unknown model {name!r}: no architecture its dimensions allow comes within 10 % of the "
-                          f"stated {stated:g}B parameters (closest {counts[i]:.3g}B: {_describe(_ARCHITECTURES[i])})")
-    arch = _ARCHITECTURES[i]
+        raise Unsupported(f"unknown model {name!r}: no architecture its dimensions allow {told}comes within 10 % of "
+                          f"the stated {stated:g}B parameters (closest {counts[i]:.3g}B: {_describe(archs[i])})")
+    arch = archs[i]
     return ({**base, **arch},
-            f"unknown model {name!r}: built from the row's dimensions, {_describe(arch)} ({counts[i]:.4g}B parameters "
-            f"against {stated:g}B stated); RMSNorm, no biases (ModelSpec defaults)")
+            f"unknown model {name!r}: built from the row's dimensions, {told}{_describe(arch)} ({counts[i]:.4g}B "
+            f"parameters against {stated:g}B stated){rest}")
+
+
+_ARCH_WORDS = {
+    "mlp": lambda v: f"mlp {v}",
+    "position_embedding": lambda v: {"learned": "learned positions", "rope": "RoPE", "none": "ALiBi / no position "
+                                     "table (the attention bias not costed)"}[v],
+    "tied_embeddings": lambda v: "tied embeddings" if v else "untied embeddings",
+    "add_bias_linear": lambda v: "linear biases" if v else "no biases",
+    "norm": lambda v: {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[v],
+}
 
 
 def _describe(arch: dict) -> str:
-    return (f"mlp {arch['mlp']}, {'learned positions' if arch['position_embedding'] == 'learned' else 'RoPE'}, "
-            f"{'tied' if arch['tied_embeddings'] else 'untied'} embeddings")
+    return ", ".join(_ARCH_WORDS[k](arch[k]) for k in _ARCH_WORDS if k in arch)
+
+
+def _defaults_left(said: dict) -> str:
+    """The ModelSpec defaults a built model keeps for what its row does not state."""
+    left = [w for k, w in (("norm", "RMSNorm"), ("add_bias_linear", "no biases")) if k not in said]
+    return f"; {', '.join(left)} (ModelSpec defaults)" if left else ""
 
 
 def edge_stage_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, int] | None:
@@ -667,7 +860,22 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
         notes.append(f"grad_reduce_dtype={prof['grad_reduce_dtype']} ({prof['label']})")
     if fw == "megatron_bridge":
         notes += _bridge_recipe(row, scenario, base)
+    _check_pipeline_split(par, int(model.get("num_layers", base.get("num_layers", 0)) or 0))
     return scenario, notes
+
+
+_SPLIT_KEYS = ("pipeline_layout", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+               "account_for_embedding_in_pipeline_split")
+
+
+def _check_pipeline_split(par: dict, layers: int) -> None:
+    """:class:`Unsupported` when the layers do not divide over pp x vpp and neither the row,
+    its recipe nor the harness's rules (:func:`_published_layout`) give a split."""
+    stages = par["pp"] * par.get("vpp", 1)
+    if par["pp"] > 1 and layers % stages and not any(k in par for k in _SPLIT_KEYS):
+        raise Unsupported(f"num_layers {layers} do not divide over pp {par['pp']} x vpp {par.get('vpp', 1)}, the row "
+                          "gives no split and no uneven split of whole chunks fits (Megatron needs "
+                          "num_layers_in_first/last_pipeline_stage or a pipeline layout)")
 
 
 def _bridge_layout(record: dict, release: str, scenario: dict, base: dict) -> list[str]:
@@ -681,6 +889,11 @@ def _bridge_layout(record: dict, release: str, scenario: dict, base: dict) -> li
     par = scenario["parallel"]
     stages = par["pp"] * par.get("vpp", 1)
     layout, notes = record["knobs"].get("pipeline_layout"), []
+    model = scenario["model"]
+    layers = model.get("num_layers") if isinstance(model, dict) else None
+    if layers is not None and layers != base.get("num_layers"):
+        return [f"the recipe's pipeline layout places the preset's {base.get('num_layers')} layers, the row states "
+                f"{layers}: the harness's split"] if par["pp"] > 1 else []
     if par["pp"] < 2 or layout is None and not (base.get("num_layers", 0) % stages):
         return []
     if layout is None or len(parse_pipeline_layout(layout)) != stages:
@@ -692,7 +905,6 @@ def _bridge_layout(record: dict, release: str, scenario: dict, base: dict) -> li
                      f"release's variant has none for pp {par['pp']} x vpp {par.get('vpp', 1)})")
     else:
         notes.append(f"pipeline layout {layout} (recipe)")
-    model = scenario["model"]
     mtp = model.get("mtp_layers", base.get("mtp_layers", 0)) if isinstance(model, dict) else base.get("mtp_layers", 0)
     if "m" in layout and not mtp:
         layout = layout.replace("m", "")
@@ -787,13 +999,19 @@ def _published_cluster(row: dict, n: int) -> tuple[dict, list[str]]:
 
     notes: list[str] = []
     gpu_text = _cell(row, "gpu_type") or _cell(row, "system")
-    preset, gpu, gnotes = map_gpu(gpu_text)
+    try:
+        preset, gpu, gnotes = map_gpu(gpu_text)
+    except Unsupported as e:
+        if _cell(row, "gpu_type"):
+            raise
+        raise Unsupported(f"gpu_type empty, system {gpu_text!r}: {e.reason}") from None
     notes += gnotes
     pdata = load_preset(preset)
     gph = pdata.get("gpus_per_host", 8)
     stated = _int(row, "gpus_per_node")
     if stated is not None and stated not in (gph, pdata.get("nvlink_domain_size", gph)):
-        raise Unsupported(f"{stated} GPUs per node on {preset} (hosts of {gph})")
+        raise Unsupported(f"gpus_per_node {stated} on {preset} (hosts of {gph}, NVLink domains of "
+                          f"{pdata.get('nvlink_domain_size', gph)})")
     cluster = {"preset": preset, "num_nodes": n // gph}
     if n < gph:
         part, pnotes = _partial_host(pdata, n)
@@ -816,6 +1034,8 @@ def _published_cluster(row: dict, n: int) -> tuple[dict, list[str]]:
     cluster.update(leaf)
     notes += lnotes
     net, nnotes = _network(_cell(row, "inter_node_network"), pdata)
+    if net and n < gph:                          # one host's share of the stated NICs
+        net["nics_per_host"] = max(1, net["nics_per_host"] * n // gph)
     cluster.update(net)
     notes += nnotes
     return cluster, notes
@@ -874,6 +1094,11 @@ def _published_model(row: dict) -> tuple[dict, dict, str | None, list[str]]:
             if moe:
                 model["moe"] = moe
                 notes.append(f"moe {moe} (preset {mpreset})")
+    pattern = base.get("hybrid_override_pattern")
+    if pattern and model.get("num_layers", len(pattern)) != len(pattern):
+        raise Unsupported(f"num_layers {model['num_layers']}: preset {mpreset} is a hybrid whose layer pattern has "
+                          f"{len(pattern)} layers, and the pattern of a {model['num_layers']}-layer variant is not "
+                          "stated")
     notes += _apply_variants(row, model, base, mpreset)
     if _cell(row, "moe_layer_pattern"):
         notes.append(f"moe_layer_pattern {_cell(row, 'moe_layer_pattern')!r} not read: the preset's pattern")
@@ -1059,6 +1284,20 @@ def _framework_defaults(row: dict, par: dict) -> tuple[str, dict, dict, list[str
     return fw, prof, overlap, notes
 
 
+def _check_precision_gpu(text: str, precision: str, cluster: dict) -> None:
+    """:class:`Unsupported` naming the precision cell when the row's GPU cannot run its recipe
+    (MXFP8 / NVFP4 need Blackwell, FP8 Hopper or later)."""
+    from topologies import load_preset
+    from topologies.specs import get_gpu_spec
+    from workloads.costs.precision import PRECISION_RECIPES
+
+    gpu = get_gpu_spec(cluster.get("gpu") or load_preset(cluster["preset"])["gpu"])
+    try:
+        PRECISION_RECIPES[precision].check_gpu(gpu)
+    except ConfigError as e:
+        raise Unsupported(f"precision {text!r} ({precision}) on {gpu.name}: {e.rule}") from None
+
+
 def _precision_and_recipe(row: dict, fw: str, mpreset: str | None, cluster: dict) -> tuple[str, dict, list[str]]:
     """``(precision recipe, cluster, notes)``: the row's precision, and the NeMo recipe's
     settings for its model (cluster overrides, or a not-modelled note)."""
@@ -1072,6 +1311,7 @@ def _precision_and_recipe(row: dict, fw: str, mpreset: str | None, cluster: dict
                      "read as current scaling (FP8-CS) as the next release's table names it")
     precision, pnotes = map_precision(text, fw)
     notes += pnotes
+    _check_precision_gpu(text, precision, cluster)
     if fw == "nemo":
         for prec, over, text in _NEMO_RECIPES.get(mpreset, []):
             if prec and not precision.startswith(prec):
