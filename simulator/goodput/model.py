@@ -17,13 +17,31 @@ tends to Young's ``sqrt(2 C M)`` (J. W. Young, CACM 17, 1974) when ``C << M``.  
 Carlo reproduces the formula (tests/simulator/test_goodput.py); what it adds is the
 distribution (p50, p90), the causes and the time lost by kind.
 
-Not modelled yet: hot spares, data-parallel replicas as the unit of fault tolerance, slow
-(not failed) GPUs or links, asynchronous checkpoint writes.
+Two options change what a failure costs:
+
+- Hot spares (``spares``, ``repair_s``): a hardware or maintenance failure takes a node out
+  of the job; it goes to repair for ``repair_s`` and then joins the spare pool.  The restart
+  swaps in a ready spare; when none is ready it waits (``spare_wait``) for the next repaired
+  node.  ``spares=None`` (unlimited) is the model above, bit for bit; so is any pool that
+  never runs dry.  Software failures take no node.
+- Data-parallel replicas as the unit of fault tolerance (``replicas`` > 1): a GPU or node
+  failure takes down the one replica it strikes (each equally likely), which rejoins after its
+  restart (and any wait for a spare) while the others keep training at ``up / replicas`` of
+  full speed (the time lost is ``degraded``); no work is rolled back.  Job-wide causes
+  (``per: job``) and failures during a whole-job restart still roll the job back to its last
+  checkpoint.  With only replica failures of total rate ``L`` each replica is up a fraction
+  ``1 / (1 + L R / replicas)`` of the time (an alternating renewal process: up for an
+  exponential time of mean ``replicas / L``, down for ``R``), so the work takes
+  ``work (1 + L R / replicas)`` plus its checkpoints; as ``R -> 0`` goodput tends to the
+  checkpoint overhead alone, ``interval / (interval + C)``.
+
+Not modelled yet: slow (not failed) GPUs or links, asynchronous checkpoint writes.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,6 +54,9 @@ __all__ = ["FailureCause", "GoodputResult", "RunModel", "RunOutcome", "simulate_
 
 HOUR = 3600.0
 UNITS = ("gpu", "node", "job")
+NODE_TAKING_KINDS = ("hardware", "maintenance")
+"""Causes of these kinds take a node out of the job (to repair); software failures do not."""
+KINDS = ("productive", "checkpoint", "lost_work", "lost_checkpoint", "restart", "spare_wait", "degraded")
 
 
 @dataclass(frozen=True)
@@ -71,6 +92,12 @@ class RunModel:
     """Time from a failure until steps run again (detection, rescheduling, start-up, load)."""
     interval_s: float | None = None
     """Productive time between checkpoints; None: Daly's optimum for this job."""
+    spares: int | None = None
+    """Hot spare nodes ready at the start; None: unlimited (a failed node is always replaced at once)."""
+    repair_s: float = 0.0
+    """Time from a node's failure until it is back in the spare pool (only with ``spares``)."""
+    replicas: int = 1
+    """Data-parallel replicas that fail and rejoin independently (1: any failure stops the job)."""
 
     def __post_init__(self):
         for name in ("work_s", "checkpoint_s", "restart_s"):
@@ -83,6 +110,13 @@ class RunModel:
             raise ConfigError("run.checkpoint_interval_s", self.interval_s, "must be > 0 (or auto)")
         if self.num_gpus < 1 or self.gpus_per_node < 1:
             raise ConfigError("run.num_gpus", self.num_gpus, "must be >= 1, with gpus_per_node >= 1")
+        if self.spares is not None and not (isinstance(self.spares, int) and self.spares >= 0):
+            raise ConfigError("run.spares", self.spares, "must be an integer >= 0 (or None: unlimited)")
+        if not (isinstance(self.repair_s, (int, float)) and math.isfinite(self.repair_s) and self.repair_s >= 0):
+            raise ConfigError("run.repair_s", self.repair_s, "must be a finite number of seconds >= 0")
+        if not (isinstance(self.replicas, int) and 1 <= self.replicas <= self.units("node")):
+            raise ConfigError("run.replicas", self.replicas,
+                              f"must be an integer from 1 to the job's {self.units('node')} nodes")
 
     def units(self, per: str) -> float:
         return {"gpu": self.num_gpus, "node": math.ceil(self.num_gpus / self.gpus_per_node), "job": 1}[per]
@@ -139,28 +173,82 @@ class RunOutcome:
 
     wall_s: float = 0.0
     interruptions: dict = field(default_factory=dict)
-    time_s: dict = field(default_factory=lambda: {"productive": 0.0, "checkpoint": 0.0, "lost_work": 0.0,
-                                                   "lost_checkpoint": 0.0, "restart": 0.0})
+    time_s: dict = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))
 
     @property
     def goodput(self) -> float:
         return self.time_s["productive"] / self.wall_s if self.wall_s else 1.0
 
 
+class SparePool:
+    """Hot spare nodes: ``ready`` now, and failed nodes in repair until their return times
+    (first in, first out: every repair takes ``repair_s``).  Unlimited when ``spares`` is None."""
+
+    def __init__(self, spares: int | None, repair_s: float):
+        self.ready, self.repair_s = spares, repair_s
+        self.returns: deque = deque()
+        self.deficit = 0
+
+    def _settle(self, now: float) -> None:
+        while self.returns and self.returns[0] <= now and self.deficit == 0:
+            self.returns.popleft()
+            self.ready += 1
+
+    def replace(self, now: float) -> float:
+        """A node fails at ``now``: it goes to repair and a spare replaces it.  When the spare
+        is there (``now`` if one is ready, else the return of the node that will fill the gap)."""
+        if self.ready is None:
+            return now
+        self._settle(now)
+        self.returns.append(now + self.repair_s)
+        if self.ready > 0:
+            self.ready -= 1
+            return now
+        # no spare ready: the job waits for the next returns not yet promised to a waiter
+        self.deficit += 1
+        at = self.returns[self.deficit - 1]
+        return at
+
+    def filled(self, now: float) -> None:
+        """The waiters whose node has returned by ``now`` take it."""
+        while self.deficit and self.returns and self.returns[0] <= now:
+            self.returns.popleft()
+            self.deficit -= 1
+        self._settle(now)
+
+
 # -- one run -----------------------------------------------------------------------------------
-def _restart(env, out: RunOutcome, restart_s: float):
-    """Restart until it completes (a failure during a restart starts it again)."""
+def _restart(env, out: RunOutcome, model: RunModel, pool: SparePool, cause: FailureCause):
+    """Wait for a replacement node if the failure took one and no spare is ready, then restart
+    until it completes (a failure during the wait or the restart may take another node; one
+    during the restart starts it again)."""
+    need = pool.replace(env.now) if cause.kind in NODE_TAKING_KINDS else env.now
     while True:
-        t0 = env.now
+        t0, waiting = env.now, need > env.now
         try:
-            yield env.timeout(restart_s)
-            out.time_s["restart"] += restart_s
+            if waiting:
+                yield env.timeout(need - env.now)
+                out.time_s["spare_wait"] += env.now - t0
+                pool.filled(env.now)
+                continue
+            yield env.timeout(model.restart_s)
+            out.time_s["restart"] += model.restart_s
             return
-        except simpy.Interrupt:
-            out.time_s["restart"] += env.now - t0
+        except simpy.Interrupt as e:
+            out.time_s["spare_wait" if waiting else "restart"] += env.now - t0
+            if e.cause.kind in NODE_TAKING_KINDS:
+                need = max(need, pool.replace(env.now))
 
 
-def _job(env, model: RunModel, out: RunOutcome, interval_s: float):
+def _lose(out: RunOutcome, now: float, start: float, ck_start, seg_wall: float) -> None:
+    if ck_start is None:
+        out.time_s["lost_work"] += now - start
+    else:
+        out.time_s["lost_work"] += seg_wall
+        out.time_s["lost_checkpoint"] += now - ck_start
+
+
+def _job(env, model: RunModel, out: RunOutcome, interval_s: float, pool: SparePool):
     """Segments of work, each followed by a checkpoint; a failure loses the segment."""
     remaining, ckpt = model.work_s, model.checkpoint_s
     while remaining > 0:
@@ -170,31 +258,27 @@ def _job(env, model: RunModel, out: RunOutcome, interval_s: float):
             yield env.timeout(seg)
             ck_start = env.now
             yield env.timeout(ckpt)
-        except simpy.Interrupt:
-            if ck_start is None:
-                out.time_s["lost_work"] += env.now - start
-            else:
-                out.time_s["lost_work"] += seg
-                out.time_s["lost_checkpoint"] += env.now - ck_start
-            yield from _restart(env, out, model.restart_s)
+        except simpy.Interrupt as e:
+            _lose(out, env.now, start, ck_start, seg)
+            yield from _restart(env, out, model, pool, e.cause)
             continue
         remaining -= seg
         out.time_s["productive"] += seg
         out.time_s["checkpoint"] += ckpt
 
 
-def _failures(env, job, rng, rates: np.ndarray, causes, out: RunOutcome):
+def _failures(env, strike, rng, rates: np.ndarray, causes, out: RunOutcome):
     """Superposed Poisson processes: the next failure after an exponential wait of the total
-    rate, its cause drawn in proportion to the causes' rates."""
+    rate, its cause drawn in proportion to the causes' rates; ``strike(cause)`` applies it and
+    says whether the run is still going."""
     total = float(rates.sum())
     probs = rates / total
     while True:
         yield env.timeout(rng.exponential(1.0 / total))
-        if not job.is_alive:
+        cause = causes[int(rng.choice(len(causes), p=probs))]
+        if not strike(cause):
             return
-        cause = causes[int(rng.choice(len(causes), p=probs))].name
-        out.interruptions[cause] += 1
-        job.interrupt(cause)
+        out.interruptions[cause.name] += 1
 
 
 def simulate_run(model: RunModel, seed) -> RunOutcome:
@@ -203,10 +287,23 @@ def simulate_run(model: RunModel, seed) -> RunOutcome:
     rng = np.random.default_rng(seed)
     env = simpy.Environment()
     out = RunOutcome(interruptions={c.name: 0 for c in model.causes})
-    job = env.process(_job(env, model, out, model.interval))
+    pool = SparePool(model.spares, model.repair_s)
+    if model.replicas > 1:
+        from .replicas import Replicas
+        ctl = Replicas(env, model, out, pool, rng)
+        job = ctl.start()
+        strike = ctl.strike
+    else:
+        job = env.process(_job(env, model, out, model.interval, pool))
+
+        def strike(cause):
+            if not job.is_alive:
+                return False
+            job.interrupt(cause)
+            return True
     rates = model.rates_per_s()
     if rates.sum() > 0:
-        env.process(_failures(env, job, rng, rates, model.causes, out))
+        env.process(_failures(env, strike, rng, rates, model.causes, out))
     env.run(until=job)
     out.wall_s = env.now
     return out

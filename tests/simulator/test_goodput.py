@@ -156,3 +156,81 @@ def test_goodput_bad_flags_exit_2_naming_the_flag(flag, value, field, capsys, mo
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("clustersim: error:") and field in err and len(err.strip().splitlines()) == 1
+
+
+# -- hot spares and data-parallel replicas ---------------------------------------------------------
+def _fleet(**kw):
+    """64 GPUs (8 nodes) failing at one per 10 h in all, 200 h of work."""
+    cause = FailureCause("gpu", "hardware", "gpu", 1.0 / 10 / 64)
+    base = {"work_s": 200 * H, "num_gpus": 64, "gpus_per_node": 8, "causes": (cause,), "checkpoint_s": 60.0,
+            "restart_s": 1200.0, "interval_s": 2 * H}
+    return RunModel(**{**base, **kw})
+
+
+def test_unlimited_spares_or_a_pool_that_never_runs_dry_is_the_plain_model_bit_for_bit():
+    plain = monte_carlo(_fleet(), runs=20, seed=4)
+    for spares in (1000, 20):
+        pooled = monte_carlo(_fleet(spares=spares, repair_s=2 * H), runs=20, seed=4)
+        assert [o.wall_s for o in pooled.outcomes] == [o.wall_s for o in plain.outcomes]
+        assert sum(o.time_s["spare_wait"] for o in pooled.outcomes) == 0.0
+
+
+def test_software_failures_take_no_node_so_an_empty_pool_costs_nothing():
+    sw = (FailureCause("bug", "software", "job", 0.1),)
+    a = monte_carlo(_fleet(causes=sw), runs=10, seed=2)
+    b = monte_carlo(_fleet(causes=sw, spares=0, repair_s=10 * H), runs=10, seed=2)
+    assert [o.wall_s for o in a.outcomes] == [o.wall_s for o in b.outcomes]
+
+
+def test_without_spares_every_failure_waits_for_its_repair_as_dalys_longer_restart():
+    """No spare: a failed node must come back (repair D = 30 min) before the restart (R = 20
+    min), so the run matches Daly's closed form with a restart of R + D (within 3.5 standard
+    errors; Daly restarts the whole R + D on a second failure, the model only extends the
+    wait, a difference of under 1 % here).  Fewer spares, longer runs."""
+    m = _fleet(spares=0, repair_s=1800.0)
+    s = monte_carlo(m, runs=300, seed=5).summary()
+    expected = daly_expected_wall_s(m.work_s, m.interval, m.checkpoint_s, m.restart_s + 1800.0, m.mtbf_s)
+    assert abs(s["wall_mean_s"] - expected) <= 3.5 * s["wall_sem_s"]
+    assert s["time_s"]["spare_wait"] > 0
+    walls = [monte_carlo(_fleet(spares=k, repair_s=4 * H), runs=40, seed=1).summary()["wall_mean_s"] for k in (0, 1, 8)]
+    assert walls[0] > walls[1] > walls[2]
+    for o in monte_carlo(m, runs=10, seed=3).outcomes:
+        assert sum(o.time_s.values()) == pytest.approx(o.wall_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("replicas", [2, 4, 8])
+def test_replicas_lose_only_throughput_as_the_alternating_renewal_closed_form(replicas):
+    """A failure takes one of ``r`` replicas down for R = 30 min while the others train on:
+    with no checkpoint cost the run takes work x (1 + L R / r) (each replica is up a fraction
+    1 / (1 + L R / r) of the time), within 3.5 standard errors; nothing is rolled back."""
+    m = _fleet(replicas=replicas, checkpoint_s=0.0, restart_s=1800.0, interval_s=4 * H)
+    s = monte_carlo(m, runs=100, seed=1).summary()
+    expected = m.work_s * (1 + 1800.0 / m.mtbf_s / replicas)
+    assert abs(s["wall_mean_s"] - expected) <= 3.5 * s["wall_sem_s"]
+    assert s["time_s"]["lost_work"] == 0.0 and s["time_s"]["degraded"] > 0
+    for o in monte_carlo(m, runs=5, seed=2).outcomes:
+        assert sum(o.time_s.values()) == pytest.approx(o.wall_s, rel=1e-9)
+
+
+def test_replicas_with_instant_restarts_leave_only_the_checkpoint_overhead():
+    """R -> 0: goodput tends to interval / (interval + C), the bound with replicas."""
+    m = _fleet(replicas=4, restart_s=1e-3, checkpoint_s=120.0, interval_s=H)
+    s = monte_carlo(m, runs=5, seed=0).summary()
+    assert s["goodput"] == pytest.approx(H / (H + 120.0), rel=1e-4)
+
+
+def test_job_wide_failures_still_roll_replicas_back():
+    job = FailureCause("bug", "software", "job", 1.0 / 20)
+    m = _fleet(replicas=4, causes=(job,))
+    s = monte_carlo(m, runs=50, seed=3).summary()
+    plain = monte_carlo(_fleet(causes=(job,)), runs=50, seed=3).summary()
+    assert s["time_s"]["lost_work"] > 0 and s["time_s"]["degraded"] == 0
+    assert s["wall_mean_s"] == pytest.approx(plain["wall_mean_s"], rel=0.05)
+
+
+@pytest.mark.parametrize("kw,field", [({"spares": -1}, "run.spares"), ({"repair_s": -5.0}, "run.repair_s"),
+                                      ({"replicas": 0}, "run.replicas"), ({"replicas": 9}, "run.replicas")])
+def test_bad_spares_and_replicas_name_the_field(kw, field):
+    with pytest.raises(ConfigError) as e:
+        _fleet(**kw)
+    assert e.value.field == field
