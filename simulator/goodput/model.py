@@ -22,8 +22,12 @@ Two options change what a failure costs:
 - Hot spares (``spares``, ``repair_s``): a hardware or maintenance failure takes a node out
   of the job; it goes to repair for ``repair_s`` and then joins the spare pool.  The restart
   swaps in a ready spare; when none is ready it waits (``spare_wait``) for the next repaired
-  node.  ``spares=None`` (unlimited) is the model above, bit for bit; so is any pool that
-  never runs dry.  Software failures take no node.
+  node, and while it waits it runs nothing, so nothing of it fails.  ``spares=None``
+  (unlimited) is the model above, bit for bit; so is any pool that never runs dry.  Software
+  failures take no node.  With no spares at all and a repair time ``D``, each failure costs
+  ``D e^(R/M) + M (e^(R/M) - 1)`` before the work resumes, and the expected wall time is
+  Daly's with ``M`` replaced by ``M + D`` outside the exponentials:
+  ``n e^(R/M) (e^((tau + C)/M) - 1) (M + D)`` (:func:`no_spares_expected_wall_s`).
 - Data-parallel replicas as the unit of fault tolerance (``replicas`` > 1): a GPU or node
   failure takes down the one replica it strikes (each equally likely), which rejoins after its
   restart (and any wait for a spare) while the others keep training at ``up / replicas`` of
@@ -50,7 +54,7 @@ import simpy
 from topologies import ConfigError
 
 __all__ = ["FailureCause", "GoodputResult", "RunModel", "RunOutcome", "simulate_run", "monte_carlo", "daly_expected_wall_s",
-           "daly_optimal_interval_s", "young_interval_s"]
+           "daly_optimal_interval_s", "young_interval_s", "no_spares_expected_wall_s", "SparePool"]
 
 HOUR = 3600.0
 UNITS = ("gpu", "node", "job")
@@ -167,6 +171,17 @@ def daly_expected_wall_s(work_s: float, interval_s: float, checkpoint_s: float, 
     return m * math.exp(restart_s / m) * math.expm1((interval_s + checkpoint_s) / m) * work_s / interval_s
 
 
+def no_spares_expected_wall_s(work_s: float, interval_s: float, checkpoint_s: float, restart_s: float,
+                              mtbf_s: float, repair_s: float) -> float:
+    """Expected wall time when every failure takes a node and no spare is kept: Daly's model
+    with each restart preceded by a wait of ``repair_s`` during which nothing fails,
+    ``n e^(R/M) (e^((tau + C)/M) - 1) (M + D)``; ``repair_s = 0`` is Daly's."""
+    m = mtbf_s
+    if math.isinf(m):
+        return work_s / interval_s * (interval_s + checkpoint_s)
+    return math.exp(restart_s / m) * math.expm1((interval_s + checkpoint_s) / m) * (m + repair_s) * work_s / interval_s
+
+
 @dataclass
 class RunOutcome:
     """One simulated run: its wall time, the interruptions by cause and the time by kind."""
@@ -188,6 +203,8 @@ class SparePool:
         self.ready, self.repair_s = spares, repair_s
         self.returns: deque = deque()
         self.deficit = 0
+        self.waiting = False
+        """True while the job waits for a node: it runs nothing, so nothing of it can fail."""
 
     def _settle(self, now: float) -> None:
         while self.returns and self.returns[0] <= now and self.deficit == 0:
@@ -227,7 +244,9 @@ def _restart(env, out: RunOutcome, model: RunModel, pool: SparePool, cause: Fail
         t0, waiting = env.now, need > env.now
         try:
             if waiting:
+                pool.waiting = True
                 yield env.timeout(need - env.now)
+                pool.waiting = False
                 out.time_s["spare_wait"] += env.now - t0
                 pool.filled(env.now)
                 continue
@@ -270,15 +289,17 @@ def _job(env, model: RunModel, out: RunOutcome, interval_s: float, pool: SparePo
 def _failures(env, strike, rng, rates: np.ndarray, causes, out: RunOutcome):
     """Superposed Poisson processes: the next failure after an exponential wait of the total
     rate, its cause drawn in proportion to the causes' rates; ``strike(cause)`` applies it and
-    says whether the run is still going."""
+    says whether it interrupted anything (None once the run is over)."""
     total = float(rates.sum())
     probs = rates / total
     while True:
         yield env.timeout(rng.exponential(1.0 / total))
         cause = causes[int(rng.choice(len(causes), p=probs))]
-        if not strike(cause):
+        struck = strike(cause)
+        if struck is None:
             return
-        out.interruptions[cause.name] += 1
+        if struck:
+            out.interruptions[cause.name] += 1
 
 
 def simulate_run(model: RunModel, seed) -> RunOutcome:
@@ -298,6 +319,8 @@ def simulate_run(model: RunModel, seed) -> RunOutcome:
 
         def strike(cause):
             if not job.is_alive:
+                return None
+            if pool.waiting:
                 return False
             job.interrupt(cause)
             return True

@@ -38,17 +38,21 @@ class Replicas:
 
     # -- failures ----------------------------------------------------------------------------
     def strike(self, cause) -> bool:
-        """Apply one failure; False once the job has finished."""
+        """Apply one failure: True if it took the job or a replica down, False if it struck a
+        replica already down or the job while it waits for a node, None once the job is done."""
         if not self.job.is_alive:
+            return None
+        if self.pool.waiting:
             return False
         if cause.per == "job" or not self.computing:
             self.job.interrupt(cause)
             return True
         i = int(self.rng.integers(len(self.down)))
-        if not self.down[i]:
-            self.down[i] = True
-            self.env.process(self._rejoin(i, cause))
-            self.job.interrupt(_RATE)
+        if self.down[i]:
+            return False
+        self.down[i] = True
+        self.env.process(self._rejoin(i, cause))
+        self.job.interrupt(_RATE)
         return True
 
     def _rejoin(self, i: int, cause):

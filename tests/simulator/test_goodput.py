@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from simulator.goodput import (LLAMA3_CAUSES, FailureCause, RunModel, daly_expected_wall_s, daly_optimal_interval_s,
-                               monte_carlo, simulate_run, young_interval_s)
+                               monte_carlo, no_spares_expected_wall_s, simulate_run, young_interval_s)
 from topologies import ConfigError
 
 H = 3600.0
@@ -182,20 +182,26 @@ def test_software_failures_take_no_node_so_an_empty_pool_costs_nothing():
     assert [o.wall_s for o in a.outcomes] == [o.wall_s for o in b.outcomes]
 
 
-def test_without_spares_every_failure_waits_for_its_repair_as_dalys_longer_restart():
-    """No spare: a failed node must come back (repair D = 30 min) before the restart (R = 20
-    min), so the run matches Daly's closed form with a restart of R + D (within 3.5 standard
-    errors; Daly restarts the whole R + D on a second failure, the model only extends the
-    wait, a difference of under 1 % here).  Fewer spares, longer runs."""
-    m = _fleet(spares=0, repair_s=1800.0)
+@pytest.mark.parametrize("repair_h", [0.5, 4.0])
+def test_without_spares_the_run_follows_dalys_form_with_the_repair_wait(repair_h):
+    """No spare: each failure waits for its node's repair (D) before the restart, and nothing
+    fails while the job waits; the expected wall time is then exactly Daly's with M + D in
+    place of M outside the exponentials, n e^(R/M) (e^((tau+C)/M) - 1) (M + D): the Monte
+    Carlo agrees within 3.5 standard errors (D = 0.5 h and 4 h: +3 % and +35 % over Daly)."""
+    m = _fleet(spares=0, repair_s=repair_h * H)
     s = monte_carlo(m, runs=300, seed=5).summary()
-    expected = daly_expected_wall_s(m.work_s, m.interval, m.checkpoint_s, m.restart_s + 1800.0, m.mtbf_s)
+    expected = no_spares_expected_wall_s(m.work_s, m.interval, m.checkpoint_s, m.restart_s, m.mtbf_s, m.repair_s)
     assert abs(s["wall_mean_s"] - expected) <= 3.5 * s["wall_sem_s"]
     assert s["time_s"]["spare_wait"] > 0
-    walls = [monte_carlo(_fleet(spares=k, repair_s=4 * H), runs=40, seed=1).summary()["wall_mean_s"] for k in (0, 1, 8)]
-    assert walls[0] > walls[1] > walls[2]
+    assert no_spares_expected_wall_s(1e6, 3600, 60, 600, 36000, 0.0) == pytest.approx(
+        daly_expected_wall_s(1e6, 3600, 60, 600, 36000), rel=1e-12)
     for o in monte_carlo(m, runs=10, seed=3).outcomes:
         assert sum(o.time_s.values()) == pytest.approx(o.wall_s, rel=1e-12)
+
+
+def test_fewer_spares_longer_runs():
+    walls = [monte_carlo(_fleet(spares=k, repair_s=8 * H), runs=40, seed=1).summary()["wall_mean_s"] for k in (0, 1, 8)]
+    assert walls[0] > walls[1] > walls[2]
 
 
 @pytest.mark.parametrize("replicas", [2, 4, 8])
