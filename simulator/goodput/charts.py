@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["goodput_figure", "sweep_figure", "mtbf_vs_job_size_figure"]
+__all__ = ["goodput_figure", "sweep_figure"]
 
 _KINDS = (("productive", "steps kept"), ("checkpoint", "checkpoint writes"), ("lost_work", "steps lost (redone)"),
           ("lost_checkpoint", "checkpoint writes lost"), ("restart", "restarts"),
@@ -77,6 +77,8 @@ def sweep_figure(rows: list[dict], keys: list[str], path: Path) -> Path:
         if len(groups) > 1:
             ax.legend(fontsize=7)
     a.set_ylabel("time to train (days): mean, bar p50 to p90")
+    if max(r["time_to_train_days"] for r in rows) > 8 * min(r["time_to_train_days"] for r in rows):
+        a.set_yscale("log")
     b.set_ylabel("goodput (%)")
     a.set_title("time to train", fontsize=10)
     b.set_title("goodput (time on kept steps / wall time)", fontsize=10)
@@ -85,30 +87,3 @@ def sweep_figure(rows: list[dict], keys: list[str], path: Path) -> Path:
     plt.close(fig)
     return path
 
-
-def mtbf_vs_job_size_figure(ours: dict, fits: dict, measured: dict, path: Path) -> Path:
-    """Mean time between failures (hours, log) against job size (GPUs, log): clustersim's
-    curves (``ours``: label -> (gpus, hours)), published fits (label -> (gpus, hours)) and
-    published points (label -> list of (gpus, hours))."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for label, (g, h) in ours.items():
-        ax.plot(g, h, lw=2, label=label)
-    for label, (g, h) in fits.items():
-        ax.plot(g, h, ls="--", color="grey" if "RSC-2" in label else "black", lw=1.2, label=label)
-    for label, pts in measured.items():
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker="s", color="#c44e52", zorder=3, label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("GPUs in the job")
-    ax.set_ylabel("mean time between failures (hours)")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
-    ax.set_title("job MTBF against job size", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

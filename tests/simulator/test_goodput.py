@@ -296,3 +296,51 @@ def test_the_measured_small_job_points_are_where_the_rates_do_not_carry():
     hw = {g: job_mtbf_h(LLAMA3_CAUSES, g, kinds=("hardware",)) / k["mttf"][g][0] for g in (8, 1024)}
     assert hw[8] == pytest.approx(7.2, abs=0.1) and hw[1024] == pytest.approx(8.1, abs=0.1)
     assert job_mtbf_h(LLAMA3_CAUSES, 8) / k["mttf"][8][0] == pytest.approx(0.020, abs=0.001)
+
+
+# -- the command: spares, replicas, sweeps and the report ----------------------------------------
+def test_goodput_sweep_runs_every_combination_on_one_step_and_writes_csv_png_and_report(tmp_path, capsys, monkeypatch):
+    """``--sweep KEY=V1,V2`` (repeatable) is a grid: one row per combination, the first key
+    slowest, all on the same step and seed; spares and replicas reach the model; --out writes
+    sweep.csv and sweep.png, --report an HTML page with the sweep's section."""
+    import csv as _csv
+    import json
+
+    from simulator.cli import main
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    args = ["goodput", DEMO, "--tokens", "2e11", "--step-time", "8.0", "--runs", "4", "--failure-scale", "20",
+            "--sweep", "checkpoint_interval=600,auto", "--sweep", "spares=0,unlimited", "--repair-h", "6"]
+    assert main(args + ["--json"]) == 0
+    pts = json.loads(capsys.readouterr().out)["points"]
+    assert [(p["checkpoint_interval"], p["spares"]) for p in pts] == [("600", "0"), ("600", "unlimited"),
+                                                                        ("auto", "0"), ("auto", "unlimited")]
+    assert pts[0]["time_to_train_days"] > pts[1]["time_to_train_days"] and pts[0]["spare_wait_h"] > 0
+    assert pts[1]["spare_wait_h"] == 0 and pts[0]["interval_min"] == 10.0
+    assert main(args + ["--out", str(tmp_path), "--report", str(tmp_path / "r.html")]) == 0
+    assert "time_to_train_days" in capsys.readouterr().out
+    assert len(list(_csv.DictReader((tmp_path / "sweep.csv").open()))) == 4
+    assert (tmp_path / "sweep.png").stat().st_size > 10_000
+    page = (tmp_path / "r.html").read_text()
+    assert "Time to train across the sweep" in page and "data:image/png;base64," in page
+
+
+def test_goodput_report_of_one_run_has_the_time_to_train_section(tmp_path, capsys, monkeypatch):
+    from simulator.cli import main
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    assert main(["goodput", DEMO, "--tokens", "2e11", "--step-time", "8.0", "--runs", "4", "--replicas", "2",
+                 "--report", str(tmp_path / "g.html")]) == 0
+    assert "2 replicas as the unit of fault tolerance" in capsys.readouterr().out
+    page = (tmp_path / "g.html").read_text()
+    assert "<h2>Time to train</h2>" in page and "Interruptions per run by cause" in page and "2 (unit" in page
+
+
+@pytest.mark.parametrize("flag,value,field", [("--sweep", "speed=1,2", "--sweep"), ("--sweep", "replicas=two", "--sweep"),
+                                              ("--spares", "some", "--spares"), ("--replicas", "1000", "run.replicas"),
+                                              ("--repair-h", "-1", "--repair-h")])
+def test_goodput_bad_spares_replicas_and_sweeps_exit_2_naming_the_flag(flag, value, field, capsys, monkeypatch):
+    from simulator.cli import main
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    argv = ["goodput", DEMO, "--tokens", "1e11", "--step-time", "5", "--runs", "2", flag, value]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("clustersim: error:") and field in err and len(err.strip().splitlines()) == 1
