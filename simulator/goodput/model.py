@@ -136,11 +136,21 @@ class RunModel:
         return math.inf if lam == 0 else 1.0 / lam
 
     @property
+    def rollback_mtbf_s(self) -> float:
+        """Mean time between the failures that roll the job back to its checkpoint: all of
+        them with one replica, the job-wide (``per: job``) ones with several."""
+        if self.replicas == 1:
+            return self.mtbf_s
+        lam = sum(r for r, c in zip(self.rates_per_s(), self.causes) if c.per == "job")
+        return math.inf if lam == 0 else 1.0 / lam
+
+    @property
     def interval(self) -> float:
-        """The checkpoint interval in effect (the given one, or Daly's optimum)."""
+        """The checkpoint interval in effect (the given one, or Daly's optimum for the
+        failures that roll the job back, at most the whole work: one checkpoint at the end)."""
         if self.interval_s is not None:
             return float(self.interval_s)
-        return daly_optimal_interval_s(self.checkpoint_s, self.mtbf_s)
+        return min(daly_optimal_interval_s(self.checkpoint_s, self.rollback_mtbf_s), float(self.work_s))
 
 
 def young_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
@@ -363,7 +373,7 @@ class GoodputResult:
             "time_s": {k: float(np.mean([o.time_s[k] for o in self.outcomes])) for k in kinds},
             "daly_expected_wall_s": daly_expected_wall_s(self.model.work_s, self.model.interval,
                                                          self.model.checkpoint_s, self.model.restart_s,
-                                                         self.model.mtbf_s),
+                                                         self.model.mtbf_s) if self.model.replicas == 1 else None,
         }
 
 

@@ -344,3 +344,15 @@ def test_goodput_bad_spares_replicas_and_sweeps_exit_2_naming_the_flag(flag, val
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("clustersim: error:") and field in err and len(err.strip().splitlines()) == 1
+
+
+def test_with_replicas_the_auto_interval_is_dalys_for_the_failures_that_roll_back():
+    """Replica failures roll nothing back, so ``auto`` takes Daly's optimum for the job-wide
+    causes only (Llama 3's software bugs and dependencies: 56 in 54 days, M = 23.1 h), and
+    one checkpoint at the end when there are none."""
+    m = RunModel(work_s=1e7, num_gpus=16384, gpus_per_node=8, causes=LLAMA3_CAUSES, checkpoint_s=3.0, restart_s=600.0,
+                 replicas=8)
+    assert m.rollback_mtbf_s / H == pytest.approx(54 * 24 / 56)
+    assert m.interval == daly_optimal_interval_s(3.0, m.rollback_mtbf_s)
+    assert _fleet(replicas=4, interval_s=None).interval == 200 * H
+    assert _fleet(interval_s=None).rollback_mtbf_s == _fleet(interval_s=None).mtbf_s
