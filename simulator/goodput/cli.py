@@ -176,7 +176,7 @@ def _print_summary(sc, model: RunModel, s: dict, info: dict) -> None:
           f"({s['runs']} runs, seed {s['seed']})")
     print(f"  job MTBF {model.mtbf_s / hour:.2f} h; checkpoint {model.checkpoint_s:.3g} s every "
           f"{model.interval / 60:.1f} min ({'given' if model.interval_s else 'auto: Daly'}; Young "
-          f"{young_interval_s(model.checkpoint_s, model.mtbf_s) / 60:.1f} min); restart {model.restart_s:.0f} s")
+          f"{young_interval_s(model.checkpoint_s, model.rollback_mtbf_s) / 60:.1f} min); restart {model.restart_s:.0f} s")
     spares = "unlimited spares" if model.spares is None else \
         f"{model.spares} spare nodes, repair {model.repair_s / hour:.3g} h"
     print(f"  {spares}; {model.replicas} replica{'s' if model.replicas > 1 else ''} as the unit of fault tolerance")
