@@ -247,11 +247,52 @@ def _sweep_command(args, sc, points: list[dict]) -> int:
         from .charts import sweep_figure
         written += [out / "sweep.csv", sweep_figure(rows, keys, out / "sweep.png")]
     if args.report:
-        from ..report.html import goodput_report
-        written.append(goodput_report(sc, None, info, args.report, sweep=(rows, keys)))
+        written.append(_report_sweep(sc, rows, keys, args.report))
     for p in written:
         print(f"wrote {p}", file=sys.stderr)
     return 0
+
+
+def _summary_rows(model: RunModel, s: dict, info: dict) -> list[list]:
+    day, hour = 86400.0, 3600.0
+    spares = "unlimited" if model.spares is None else f"{model.spares} nodes, repair {model.repair_s / hour:.3g} h"
+    return [["steps", f"{info['steps']:,} of {info['step_s']:.4g} s ({info['tokens_per_step']:,} tokens each)"],
+            ["without failures", f"{model.work_s / day:.2f} days"],
+            ["time to train", f"{s['wall_mean_s'] / day:.2f} days mean (+-{s['wall_sem_s'] / day:.2f}), "
+                              f"p50 {s['wall_p50_s'] / day:.2f}, p90 {s['wall_p90_s'] / day:.2f}"],
+            ["goodput", f"{s['goodput']:.1%}"], ["job MTBF", f"{model.mtbf_s / hour:.2f} h"],
+            ["checkpoint", f"{model.checkpoint_s:.3g} s every {model.interval / 60:.1f} min"],
+            ["restart", f"{model.restart_s:.0f} s"], ["hot spares", spares],
+            ["replicas", f"{model.replicas} (unit of fault tolerance)"],
+            ["Monte Carlo", f"{s['runs']} runs, seed {s['seed']}"]]
+
+
+def _report_run(sc, result, info: dict, path) -> Path:
+    """The HTML page of one result (:func:`simulator.report.html.goodput_report`)."""
+    import tempfile
+
+    from ..report.html import goodput_report
+    from .charts import goodput_figure
+    s = result.summary()
+    run = {"summary": _summary_rows(result.model, s, info),
+           "lost": [[k, f"{v / 3600:,.1f} h", f"{v / s['wall_mean_s']:.1%}"] for k, v in s["time_s"].items()],
+           "causes": [[k, f"{v:.2f}"] for k, v in sorted(s["interruptions"].items(), key=lambda kv: -kv[1]) if v > 0]}
+    with tempfile.TemporaryDirectory() as tmp:
+        run["image"] = goodput_figure(result, Path(tmp) / "goodput.png")
+        return goodput_report(sc, path, run=run)
+
+
+def _report_sweep(sc, rows: list[dict], keys: list[str], path) -> Path:
+    import tempfile
+
+    from ..report.html import goodput_report
+    from .charts import sweep_figure
+    cols = keys + ["mtbf_h", "interval_min", "time_to_train_days", "p50_days", "p90_days", "goodput"]
+    table = [[f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols] for r in rows]
+    with tempfile.TemporaryDirectory() as tmp:
+        sweep = {"image": sweep_figure(rows, keys, Path(tmp) / "sweep.png"), "header": cols, "rows": table,
+                 "keys": len(keys)}
+        return goodput_report(sc, path, sweep=sweep)
 
 
 def goodput_command(args, spec) -> int:
@@ -270,8 +311,7 @@ def goodput_command(args, spec) -> int:
         _print_summary(sc, model, s, info)
     written = _write_out(Path(args.out), result) if args.out else []
     if args.report:
-        from ..report.html import goodput_report
-        written.append(goodput_report(sc, result, info, args.report))
+        written.append(_report_run(sc, result, info, args.report))
     for p in written:
         print(f"wrote {p}", file=sys.stderr)
     return 0

@@ -256,58 +256,28 @@ def compare_report(results: Sequence, names: Sequence[str], path: str | Path) ->
 
 
 # -- time to train (clustersim goodput) ----------------------------------------------------------
-def _goodput_rows(model, s: dict, info: dict) -> list[list]:
-    day, hour = 86400.0, 3600.0
-    spares = "unlimited" if model.spares is None else f"{model.spares} nodes, repair {model.repair_s / hour:.3g} h"
-    return [["steps", f"{info['steps']:,} of {info['step_s']:.4g} s ({info['tokens_per_step']:,} tokens each)"],
-            ["without failures", f"{model.work_s / day:.2f} days"],
-            ["time to train", f"{s['wall_mean_s'] / day:.2f} days mean (+-{s['wall_sem_s'] / day:.2f}), "
-                              f"p50 {s['wall_p50_s'] / day:.2f}, p90 {s['wall_p90_s'] / day:.2f}"],
-            ["goodput", f"{s['goodput']:.1%}"], ["job MTBF", f"{model.mtbf_s / hour:.2f} h"],
-            ["checkpoint", f"{model.checkpoint_s:.3g} s every {model.interval / 60:.1f} min"],
-            ["restart", f"{model.restart_s:.0f} s"], ["hot spares", spares],
-            ["replicas", f"{model.replicas} (unit of fault tolerance)"],
-            ["Monte Carlo", f"{s['runs']} runs, seed {s['seed']}"]]
-
-
-def goodput_section(result, info: dict) -> list[str]:
-    """The time-to-train section of a page: the run model and its outcome (a table), the
-    distribution of time to train and the time lost by kind (a chart), the interruptions."""
-    import tempfile
-
-    from ..goodput.charts import goodput_figure
-
-    s = result.summary()
-    with tempfile.TemporaryDirectory() as tmp:
-        img = _png_file(goodput_figure(result, Path(tmp) / "goodput.png"))
-    lost = [[k, f"{v / 3600:,.1f} h", f"{v / s['wall_mean_s']:.1%}"] for k, v in s["time_s"].items()]
-    causes = sorted(s["interruptions"].items(), key=lambda kv: -kv[1])
-    return ["<h2>Time to train</h2>", _table(_goodput_rows(result.model, s, info), None),
-            '<div class="side">' + img + _table(lost, ["kind", "mean per run", "share"]) + "</div>",
-            "<h2>Interruptions per run by cause</h2>",
-            _table([[k, f"{v:.2f}"] for k, v in causes if v > 0], ["cause", "mean"])]
-
-
-def _sweep_section(rows: list[dict], keys: list[str]) -> list[str]:
-    import tempfile
-
-    from ..goodput.charts import sweep_figure
-
-    cols = keys + ["mtbf_h", "interval_min", "time_to_train_days", "p50_days", "p90_days", "goodput"]
-    fmt = [[f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols] for r in rows]
-    with tempfile.TemporaryDirectory() as tmp:
-        img = _png_file(sweep_figure(rows, keys, Path(tmp) / "sweep.png"))
-    return ["<h2>Time to train across the sweep</h2>",
-            "<p>Every point on the same simulated step and the same seed (common random numbers).</p>",
-            img, _table(fmt, cols, left=len(keys))]
-
-
-def goodput_report(sc, result, info: dict, path: str | Path, *, sweep: tuple | None = None) -> Path:
-    """Write the time-to-train page of ``clustersim goodput`` (one result, or a sweep's
-    ``(rows, keys)``) for the scenario ``sc`` to ``path``."""
-    body = goodput_section(result, info) if result is not None else []
+def goodput_section(run: dict | None = None, sweep: dict | None = None) -> list[str]:
+    """The time-to-train section of a page, from what ``clustersim goodput`` computed (this
+    module draws nothing of it): ``run`` has ``summary`` (label, text rows), ``image`` (a PNG
+    path: the distribution and the time lost by kind), ``lost`` (kind, hours, share rows) and
+    ``causes`` (cause, mean rows); ``sweep`` has ``image``, ``header``, ``rows`` and ``keys``
+    (the number of leading key columns)."""
+    body = []
+    if run is not None:
+        body += ["<h2>Time to train</h2>", _table(run["summary"], None),
+                 '<div class="side">' + _png_file(run["image"]) + _table(run["lost"], ["kind", "mean per run", "share"])
+                 + "</div>", "<h2>Interruptions per run by cause</h2>", _table(run["causes"], ["cause", "mean"])]
     if sweep is not None:
-        body += _sweep_section(*sweep)
+        body += ["<h2>Time to train across the sweep</h2>",
+                 "<p>Every point on the same simulated step and the same seed (common random numbers).</p>",
+                 _png_file(sweep["image"]), _table(sweep["rows"], sweep["header"], left=sweep["keys"])]
+    return body
+
+
+def goodput_report(sc, path: str | Path, *, run: dict | None = None, sweep: dict | None = None) -> Path:
+    """Write the time-to-train page of ``clustersim goodput`` for the scenario ``sc`` to
+    ``path`` (:func:`goodput_section`, then the scenario)."""
+    body = goodput_section(run, sweep)
     body += ["<h2>Scenario</h2>", f"<pre>{html.escape(yaml.safe_dump(sc.source, sort_keys=False))}</pre>"]
     out = Path(path)
     out.write_text(_page(f"clustersim goodput: {sc.name}",
