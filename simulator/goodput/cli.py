@@ -14,7 +14,8 @@ from topologies import ConfigError
 from .model import FailureCause, RunModel, monte_carlo, young_interval_s
 from .rates import LLAMA3_CAUSES
 
-__all__ = ["add_parser", "goodput_command", "CHECKPOINT_BYTES_PER_PARAM", "STORAGE_BYTES_PER_S", "RESTART_S"]
+__all__ = ["add_parser", "goodput_command", "CHECKPOINT_BYTES_PER_PARAM", "STORAGE_BYTES_PER_S", "RESTART_S",
+           "REPAIR_H", "SWEEP_KEYS", "sweep_points"]
 
 CHECKPOINT_BYTES_PER_PARAM = 14
 """BF16 weights (2 B), FP32 master weights (4 B) and Adam's two moments (8 B) per parameter:
@@ -26,6 +27,12 @@ RESTART_S = 600.0
 """From a failure to steps running again: detection, rescheduling, process start,
 communicator set-up, checkpoint load and warm-up.  An assumption (10 minutes): no published
 breakdown at scale; set yours with --restart-s."""
+REPAIR_H = 48.0
+"""From a node's failure until it is back in the spare pool: diagnosis, a part swapped or the
+node replaced, burn-in.  An assumption (two days): set yours with --repair-h."""
+SWEEP_KEYS = {"checkpoint_interval": str, "checkpoint_s": float, "storage_gbps": float, "restart_s": float,
+              "failure_scale": float, "spares": str, "repair_h": float, "replicas": int}
+"""What ``--sweep`` varies: the flags of the same names (dashes as underscores)."""
 
 
 def add_parser(sub):
@@ -46,6 +53,19 @@ def add_parser(sub):
     p.add_argument("--failures", metavar="CSV", help="failure causes: columns name, kind, per (gpu, node or job), "
                                                      "rate_per_hour (default: Llama 3's Table 5 as rates)")
     p.add_argument("--failure-scale", type=float, default=1.0, help="multiply every failure rate (default 1)")
+    p.add_argument("--spares", default="unlimited", metavar="N|unlimited",
+                   help="hot spare nodes; a hardware failure waits for a repaired node when none is ready "
+                        "(default unlimited)")
+    p.add_argument("--repair-h", type=float, default=REPAIR_H,
+                   help=f"hours from a node's failure to its return as a spare (default {REPAIR_H:g}, an assumption; "
+                        "only with --spares N)")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="data-parallel replicas that fail and rejoin on their own while the others train on "
+                        "(default 1: any failure stops the job)")
+    p.add_argument("--sweep", action="append", metavar="KEY=V1,V2,...",
+                   help="run the model at every combination of these values (repeatable); KEY is one of "
+                        + ", ".join(SWEEP_KEYS) + "; the step is simulated once")
+    p.add_argument("--report", metavar="HTML", help="write a self-contained HTML page of the result (and sweep)")
     p.add_argument("--runs", type=int, default=200, help="Monte Carlo runs (default 200)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0): same seed, same answer")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -75,24 +95,66 @@ def _positive(name: str, v) -> None:
         raise ConfigError(name, v, "must be a finite number > 0")
 
 
-def _run_model(args, sc) -> tuple[RunModel, dict]:
-    """The run for the scenario: its step (simulated or given), steps for the tokens, the
-    checkpoint write time from the parameter count, and the failure causes."""
-    for name in ("--tokens", "--step-time", "--storage-gbps"):
+def _step(args, sc) -> dict:
+    """The scenario's step (simulated or given), the steps for the tokens and the parameters."""
+    for name in ("--tokens", "--step-time"):
         _positive(name, getattr(args, name[2:].replace("-", "_")))
-    interval = None if args.checkpoint_interval == "auto" else _interval(args.checkpoint_interval)
     step_s = args.step_time
     if step_s is None:
         from ..engine import run
         step_s = float(run(sc, fold=True, progress=False).metrics["step_time_s"])
     tokens_per_step = sc.parallel.global_batch_size * sc.parallel.seq_len
-    steps = math.ceil(args.tokens / tokens_per_step)
-    params = sc.model.num_params(include_mtp=True)
+    return {"step_s": step_s, "steps": math.ceil(args.tokens / tokens_per_step), "tokens_per_step": tokens_per_step,
+            "params": sc.model.num_params(include_mtp=True)}
+
+
+def _spares(text) -> int | None:
+    if str(text) in ("unlimited", "inf", "none"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError("--spares", text, "must be a whole number of nodes >= 0 or unlimited") from None
+
+
+def _build(args, sc, info: dict) -> RunModel:
+    """The run model for ``args`` on the step ``info``: the checkpoint write time from the
+    parameter count, the failure causes, spares and replicas."""
+    _positive("--storage-gbps", args.storage_gbps)
+    interval = None if args.checkpoint_interval == "auto" else _interval(args.checkpoint_interval)
     ckpt = args.checkpoint_s if args.checkpoint_s is not None else \
-        params * CHECKPOINT_BYTES_PER_PARAM / (args.storage_gbps * 1e9)
-    model = RunModel(work_s=steps * step_s, num_gpus=sc.cluster.num_gpus, gpus_per_node=sc.cluster.gpus_per_host,
-                     causes=_causes(args), checkpoint_s=ckpt, restart_s=args.restart_s, interval_s=interval)
-    return model, {"step_s": step_s, "steps": steps, "tokens_per_step": tokens_per_step, "params": params}
+        info["params"] * CHECKPOINT_BYTES_PER_PARAM / (args.storage_gbps * 1e9)
+    if not (args.repair_h >= 0 and math.isfinite(args.repair_h)):
+        raise ConfigError("--repair-h", args.repair_h, "must be a finite number of hours >= 0")
+    return RunModel(work_s=info["steps"] * info["step_s"], num_gpus=sc.cluster.num_gpus,
+                    gpus_per_node=sc.cluster.gpus_per_host, causes=_causes(args), checkpoint_s=ckpt,
+                    restart_s=args.restart_s, interval_s=interval, spares=_spares(args.spares),
+                    repair_s=args.repair_h * 3600.0, replicas=args.replicas)
+
+
+def _run_model(args, sc) -> tuple[RunModel, dict]:
+    """The run for the scenario: its step and the run model around it."""
+    info = _step(args, sc)
+    return _build(args, sc, info), info
+
+
+def sweep_points(texts) -> list[dict]:
+    """``--sweep KEY=V1,V2`` flags as the grid of their values (every combination, the first
+    key slowest), each value converted as its flag converts it."""
+    import itertools
+    axes = []
+    for text in texts or ():
+        key, eq, values = str(text).partition("=")
+        key = key.strip().replace("-", "_")
+        if not eq or key not in SWEEP_KEYS or not values.strip():
+            raise ConfigError("--sweep", text, "must be KEY=V1,V2,... with KEY one of " + ", ".join(SWEEP_KEYS))
+        try:
+            axes.append([(key, SWEEP_KEYS[key](v.strip())) for v in values.split(",")])
+        except ValueError:
+            raise ConfigError("--sweep", text, f"values of {key} must be {SWEEP_KEYS[key].__name__}s") from None
+    if len({ax[0][0] for ax in axes}) != len(axes):
+        raise ConfigError("--sweep", texts, "names a key twice")
+    return [dict(combo) for combo in itertools.product(*axes)] if axes else []
 
 
 def _interval(text: str) -> float:
@@ -114,7 +176,10 @@ def _print_summary(sc, model: RunModel, s: dict, info: dict) -> None:
           f"({s['runs']} runs, seed {s['seed']})")
     print(f"  job MTBF {model.mtbf_s / hour:.2f} h; checkpoint {model.checkpoint_s:.3g} s every "
           f"{model.interval / 60:.1f} min ({'given' if model.interval_s else 'auto: Daly'}; Young "
-          f"{young_interval_s(model.checkpoint_s, model.mtbf_s) / 60:.1f} min); restart {model.restart_s:.0f} s")
+          f"{young_interval_s(model.checkpoint_s, model.rollback_mtbf_s) / 60:.1f} min); restart {model.restart_s:.0f} s")
+    spares = "unlimited spares" if model.spares is None else \
+        f"{model.spares} spare nodes, repair {model.repair_s / hour:.3g} h"
+    print(f"  {spares}; {model.replicas} replica{'s' if model.replicas > 1 else ''} as the unit of fault tolerance")
     total = sum(s["interruptions"].values())
     top = sorted(s["interruptions"].items(), key=lambda kv: -kv[1])[:5]
     print(f"  interruptions: {total:.1f} per run; " + ", ".join(f"{k} {v:.1f}" for k, v in top))
@@ -134,10 +199,109 @@ def _write_out(out: Path, result) -> list[Path]:
     return [out / "samples.csv", goodput_figure(result, out / "goodput.png")]
 
 
+def _sweep_row(point: dict, model: RunModel, s: dict) -> dict:
+    day, hour = 86400.0, 3600.0
+    return {**point, "mtbf_h": model.mtbf_s / hour, "interval_min": model.interval / 60.0,
+            "checkpoint_s": model.checkpoint_s, "time_to_train_days": s["wall_mean_s"] / day,
+            "sem_days": s["wall_sem_s"] / day, "p50_days": s["wall_p50_s"] / day, "p90_days": s["wall_p90_s"] / day,
+            "goodput": s["goodput"], **{f"{k}_h": v / hour for k, v in s["time_s"].items() if k != "productive"}}
+
+
+def _run_sweep(args, sc, points: list[dict]) -> tuple[list[dict], dict]:
+    """Every point of the grid through the model, on one simulated step and one seed (common
+    random numbers: the points differ by their keys, not by their luck)."""
+    import argparse
+    info = _step(args, sc)
+    rows = []
+    for point in points:
+        model = _build(argparse.Namespace(**{**vars(args), **point}), sc, info)
+        rows.append(_sweep_row(point, model, monte_carlo(model, runs=args.runs, seed=args.seed).summary()))
+    return rows, info
+
+
+def _print_sweep(sc, rows: list[dict], keys: list[str], info: dict, args) -> None:
+    print(f"{sc.name}: {sc.model.name} on {sc.cluster.num_gpus:,} x {sc.cluster.gpu.name}; {info['steps']:,} steps "
+          f"of {info['step_s']:.3g} s; {args.runs} runs per point, seed {args.seed}")
+    cols = keys + ["mtbf_h", "interval_min", "time_to_train_days", "p90_days", "goodput"]
+    print("  " + "  ".join(f"{c:>18}" for c in cols))
+    for r in rows:
+        cells = [f"{r[c]:>18.4g}" if isinstance(r[c], float) else f"{str(r[c]):>18}" for c in cols]
+        print("  " + "  ".join(cells))
+
+
+def _sweep_command(args, sc, points: list[dict]) -> int:
+    keys = list(points[0])
+    rows, info = _run_sweep(args, sc, points)
+    if args.json:
+        print(json.dumps({"points": rows, **info}, indent=1, default=float))
+    else:
+        _print_sweep(sc, rows, keys, info, args)
+    written = []
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "sweep.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+            w.writeheader()
+            w.writerows(rows)
+        from .charts import sweep_figure
+        written += [out / "sweep.csv", sweep_figure(rows, keys, out / "sweep.png")]
+    if args.report:
+        written.append(_report_sweep(sc, rows, keys, args.report))
+    for p in written:
+        print(f"wrote {p}", file=sys.stderr)
+    return 0
+
+
+def _summary_rows(model: RunModel, s: dict, info: dict) -> list[list]:
+    day, hour = 86400.0, 3600.0
+    spares = "unlimited" if model.spares is None else f"{model.spares} nodes, repair {model.repair_s / hour:.3g} h"
+    return [["steps", f"{info['steps']:,} of {info['step_s']:.4g} s ({info['tokens_per_step']:,} tokens each)"],
+            ["without failures", f"{model.work_s / day:.2f} days"],
+            ["time to train", f"{s['wall_mean_s'] / day:.2f} days mean (+-{s['wall_sem_s'] / day:.2f}), "
+                              f"p50 {s['wall_p50_s'] / day:.2f}, p90 {s['wall_p90_s'] / day:.2f}"],
+            ["goodput", f"{s['goodput']:.1%}"], ["job MTBF", f"{model.mtbf_s / hour:.2f} h"],
+            ["checkpoint", f"{model.checkpoint_s:.3g} s every {model.interval / 60:.1f} min"],
+            ["restart", f"{model.restart_s:.0f} s"], ["hot spares", spares],
+            ["replicas", f"{model.replicas} (unit of fault tolerance)"],
+            ["Monte Carlo", f"{s['runs']} runs, seed {s['seed']}"]]
+
+
+def _report_run(sc, result, info: dict, path) -> Path:
+    """The HTML page of one result (:func:`simulator.report.html.goodput_report`)."""
+    import tempfile
+
+    from ..report.html import goodput_report
+    from .charts import goodput_figure
+    s = result.summary()
+    run = {"summary": _summary_rows(result.model, s, info),
+           "lost": [[k, f"{v / 3600:,.1f} h", f"{v / s['wall_mean_s']:.1%}"] for k, v in s["time_s"].items()],
+           "causes": [[k, f"{v:.2f}"] for k, v in sorted(s["interruptions"].items(), key=lambda kv: -kv[1]) if v > 0]}
+    with tempfile.TemporaryDirectory() as tmp:
+        run["image"] = goodput_figure(result, Path(tmp) / "goodput.png")
+        return goodput_report(sc, path, run=run)
+
+
+def _report_sweep(sc, rows: list[dict], keys: list[str], path) -> Path:
+    import tempfile
+
+    from ..report.html import goodput_report
+    from .charts import sweep_figure
+    cols = keys + ["mtbf_h", "interval_min", "time_to_train_days", "p50_days", "p90_days", "goodput"]
+    table = [[f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols] for r in rows]
+    with tempfile.TemporaryDirectory() as tmp:
+        sweep = {"image": sweep_figure(rows, keys, Path(tmp) / "sweep.png"), "header": cols, "rows": table,
+                 "keys": len(keys)}
+        return goodput_report(sc, path, sweep=sweep)
+
+
 def goodput_command(args, spec) -> int:
     """The command on the scenario ``spec`` (a path or a mapping, as ``run`` loads it)."""
     from ..scenario import load_scenario
+    points = sweep_points(args.sweep)
     sc = load_scenario(spec)
+    if points:
+        return _sweep_command(args, sc, points)
     model, info = _run_model(args, sc)
     result = monte_carlo(model, runs=args.runs, seed=args.seed)
     s = result.summary()
@@ -145,7 +309,9 @@ def goodput_command(args, spec) -> int:
         print(json.dumps({**s, **info}, indent=1, default=float))
     else:
         _print_summary(sc, model, s, info)
-    if args.out:
-        for p in _write_out(Path(args.out), result):
-            print(f"wrote {p}", file=sys.stderr)
+    written = _write_out(Path(args.out), result) if args.out else []
+    if args.report:
+        written.append(_report_run(sc, result, info, args.report))
+    for p in written:
+        print(f"wrote {p}", file=sys.stderr)
     return 0

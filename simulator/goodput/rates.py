@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .model import FailureCause
 
-__all__ = ["LLAMA3_CAUSES", "LLAMA3_GPUS", "LLAMA3_HOURS"]
+__all__ = ["LLAMA3_CAUSES", "LLAMA3_GPUS", "LLAMA3_HOURS", "job_mtbf_h", "failures_per_1000_node_days"]
 
 LLAMA3_GPUS = 16384
 LLAMA3_HOURS = 54 * 24.0
@@ -49,3 +49,20 @@ _UNITS = {"gpu": LLAMA3_GPUS, "node": _NODES, "job": 1}
 LLAMA3_CAUSES: tuple[FailureCause, ...] = tuple(
     FailureCause(name, kind, per, count / (LLAMA3_HOURS * _UNITS[per])) for name, kind, per, count in _TABLE5)
 """The Table 5 causes as rates per GPU-, host- or job-hour."""
+
+
+def job_mtbf_h(causes, gpus: int, gpus_per_node: int = 8, kinds: tuple[str, ...] | None = None) -> float:
+    """Mean time between interruptions (hours) of a job on ``gpus`` GPUs from the causes of the
+    given ``kinds`` (all when None): the rates per GPU, per node and per job summed."""
+    units = {"gpu": gpus, "node": -(-gpus // gpus_per_node), "job": 1}
+    lam = sum(c.rate_per_hour * units[c.per] for c in causes if kinds is None or c.kind in kinds)
+    return float("inf") if lam == 0 else 1.0 / lam
+
+
+def failures_per_1000_node_days(causes, gpus_per_node: int = 8, kinds: tuple[str, ...] | None = None) -> float:
+    """The causes' rate per node (its GPUs' rates and its own) in failures per 1000 node-days,
+    the unit of the per-node failure rates fitted on Meta's research clusters (Kokolis et al.,
+    arXiv:2410.21680); per-job causes do not grow with the node count and are left out."""
+    per_node = sum(c.rate_per_hour * {"gpu": gpus_per_node, "node": 1, "job": 0}[c.per]
+                   for c in causes if kinds is None or c.kind in kinds)
+    return per_node * 24.0 * 1000.0

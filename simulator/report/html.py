@@ -6,7 +6,10 @@ inlined as ``data:`` URIs, the styles are in the page.  It holds the scenario as
 summary (step time, MFU, tokens/s, memory verdict, what-ifs), the step-time breakdown (a chart
 and, beside it, a table of each category's time and share), the
 Gantt chart of the reported step, memory per pipeline stage and link utilisation per tier;
-a comparison adds the table across runs and the charts on one time axis.  Its footer says
+a comparison adds the table across runs and the charts on one time axis.  ``clustersim goodput
+... --report report.html`` writes the time-to-train page (:func:`goodput_report`): the run
+model, the distribution of time to train and where the wall time went, or a sweep's table and
+chart.  Its footer says
 which clustersim wrote it: the version, the git commit of the code (``+modified`` when the
 checkout had uncommitted changes) and the date, in UTC (``SOURCE_DATE_EPOCH``, when set,
 fixes the date, so that a page can be rebuilt byte for byte).
@@ -25,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["run_report", "compare_report", "provenance"]
+__all__ = ["run_report", "compare_report", "provenance", "goodput_section", "goodput_report"]
 
 _CODE_ROOT = Path(__file__).resolve().parents[2]
 
@@ -249,4 +252,35 @@ def compare_report(results: Sequence, names: Sequence[str], path: str | Path) ->
             body.append(f"<p>{c} what-if: " + html.escape("; ".join(r.metrics["whatif"])) + "</p>")
     out = Path(path)
     out.write_text(_page("clustersim: comparison", " vs ".join(names), body))
+    return out
+
+
+# -- time to train (clustersim goodput) ----------------------------------------------------------
+def goodput_section(run: dict | None = None, sweep: dict | None = None) -> list[str]:
+    """The time-to-train section of a page, from what ``clustersim goodput`` computed (this
+    module draws nothing of it): ``run`` has ``summary`` (label, text rows), ``image`` (a PNG
+    path: the distribution and the time lost by kind), ``lost`` (kind, hours, share rows) and
+    ``causes`` (cause, mean rows); ``sweep`` has ``image``, ``header``, ``rows`` and ``keys``
+    (the number of leading key columns)."""
+    body = []
+    if run is not None:
+        body += ["<h2>Time to train</h2>", _table(run["summary"], None),
+                 '<div class="side">' + _png_file(run["image"]) + _table(run["lost"], ["kind", "mean per run", "share"])
+                 + "</div>", "<h2>Interruptions per run by cause</h2>", _table(run["causes"], ["cause", "mean"])]
+    if sweep is not None:
+        body += ["<h2>Time to train across the sweep</h2>",
+                 "<p>Every point on the same simulated step and the same seed (common random numbers).</p>",
+                 _png_file(sweep["image"]), _table(sweep["rows"], sweep["header"], left=sweep["keys"])]
+    return body
+
+
+def goodput_report(sc, path: str | Path, *, run: dict | None = None, sweep: dict | None = None) -> Path:
+    """Write the time-to-train page of ``clustersim goodput`` for the scenario ``sc`` to
+    ``path`` (:func:`goodput_section`, then the scenario)."""
+    body = goodput_section(run, sweep)
+    body += ["<h2>Scenario</h2>", f"<pre>{html.escape(yaml.safe_dump(sc.source, sort_keys=False))}</pre>"]
+    out = Path(path)
+    out.write_text(_page(f"clustersim goodput: {sc.name}",
+                         f"{sc.model.name} on {sc.cluster.num_gpus:,} x {sc.cluster.gpu.name}, "
+                         f"{sc.parallel.describe()}", body))
     return out
