@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from topologies import CLUSTER_PRESETS, ConfigError, build_cluster
@@ -929,7 +930,8 @@ OUTPUTS = {"run": {"out": _FOLDER, "gantt": _FILE, "trace": _FILE, "report": _FI
            "compare": {"out": _FOLDER, "report": _FILE},
            "sweep": {"db": _FILE_MKDIR, "out": _FILE_MKDIR},
            "search": {"db": _FILE_MKDIR, "out": _FILE_MKDIR, "plot": _FILE_MKDIR, "emit": _FILE_MKDIR},
-           "validate": {"out": _FILE_MKDIR, "plot": _FILE_MKDIR}}
+           "validate": {"out": _FILE_MKDIR, "plot": _FILE_MKDIR},
+           "goodput": {"out": _FOLDER, "report": _FILE}}
 
 
 def check_outputs(args) -> None:
@@ -959,6 +961,11 @@ def _check_output(value: str, flag: str, kind: str) -> None:
         raise ConfigError(flag, value, f"folder '{folder}' does not exist")
     if not os.access(near, os.W_OK | os.X_OK):
         raise ConfigError(flag, value, f"folder '{near}' is not writable")
+    try:                    # permissions can say yes where a write fails (root on /proc, a read-only mount)
+        with tempfile.TemporaryFile(dir=near):
+            pass
+    except OSError as e:
+        raise ConfigError(flag, value, f"cannot write in '{near}' ({e.strerror})") from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -685,3 +685,14 @@ def test_a_stopped_job_says_when_and_how_far_it_got(tmp_path, capsys):
     assert main(["run", str(cfg), "--quiet"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "NIC nic1.0" in err[0] and err[0].endswith("(0 of 2 steps had completed)")
+
+
+def test_an_output_folder_where_writes_fail_is_refused_before_work(capsys):
+    """Permission bits can say yes where a write fails (root under /proc): the CLI tries a
+    temporary file there first and refuses in one line, before any simulation."""
+    import os
+    if not os.path.isdir("/proc"):
+        pytest.skip("no /proc")
+    assert main(["run", "experiments/configs/llama3-70b-64xh100.yaml", "--quiet", "--out", "/proc/clustersim-x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--out" in err[0] and "cannot write in '/proc'" in err[0]
