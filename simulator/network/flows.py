@@ -225,17 +225,20 @@ class FlowNetwork:
         if items:
             t.admitted += 1
             self._admitted[t] = None
-        count = 0
-        for (links, coefs, size, weight, cap), rid in zip(items, t.rids):
-            key = (rid, size, cap)
-            slot = self._merge.get(key)
-            if slot is not None:
-                self._weight[slot] += weight
-                continue
-            self._merge[key] = self._add_flow(gid, rid, links, coefs, size, size, weight, cap)
-            count += 1
-            self.num_flows += 1
-        self._merge.clear()
+        if len(items) > _FEW:
+            count = self._add_batch(gid, t)
+        else:
+            count = 0
+            for (links, coefs, size, weight, cap), rid in zip(items, t.rids):
+                key = (rid, size, cap)
+                slot = self._merge.get(key)
+                if slot is not None:
+                    self._weight[slot] += weight
+                    continue
+                self._merge[key] = self._add_flow(gid, rid, links, coefs, size, size, weight, cap)
+                count += 1
+            self._merge.clear()
+        self.num_flows += count
         if count == 0:
             ev.succeed(now)
             return
@@ -386,6 +389,38 @@ class FlowNetwork:
             occ[i] += 1
         self._act_tail.append(slot)
         return slot
+
+    def _add_batch(self, gid: int, t: "_Template") -> int:
+        """:meth:`_admit`'s loop over a large group in a few array operations: the same
+        flows, merged the same way (:meth:`_Template.batch`), with the same weights, in the
+        same admission order; returns how many live flows it added."""
+        rids, sizes, weights, caps, lens, links, coefs, link_list = t.batch()
+        n = sizes.size
+        if self._pool_top + links.size > self._pool_links.size:
+            self._compact(links.size)
+        slots = [self._alloc() for _ in range(n)]
+        sl = np.array(slots, dtype=np.int64)
+        self._rem[sl] = sizes
+        self._size[sl] = sizes
+        self._rate[sl] = 0.0
+        self._weight[sl] = weights
+        self._cap[sl] = caps
+        self._group[sl] = gid
+        self._rid[sl] = rids
+        top = self._pool_top
+        self._pool_links[top:top + links.size] = links
+        self._pool_coefs[top:top + links.size] = coefs
+        offs = np.zeros(n, dtype=np.int64)
+        np.cumsum(lens[:-1], out=offs[1:])
+        self._off[sl] = offs + top
+        self._len[sl] = lens
+        self._pool_top += links.size
+        self._pool_live += links.size
+        occ = self._occ
+        for i in link_list:
+            occ[i] += 1
+        self._act_tail.extend(slots)
+        return n
 
     @staticmethod
     def utilization(a: NetworkSnapshot, b: NetworkSnapshot, capacity: np.ndarray) -> np.ndarray:
@@ -646,7 +681,7 @@ class _Template:
     bytes it puts there (cached: rates depend only on routes and capacities)."""
 
     __slots__ = ("items", "rids", "uniq", "links", "rate", "isolatable", "duration", "per_s", "total_bytes",
-                 "done_runs", "done_busy_s", "admitted", "expected")
+                 "done_runs", "done_busy_s", "admitted", "expected", "_batch")
 
     def __init__(self, flows):
         items = []
@@ -668,6 +703,32 @@ class _Template:
         self.done_busy_s = 0.0
         self.admitted = 0                           # times started on a network
         self.expected = None
+        self._batch = None
+
+    def batch(self) -> tuple:
+        """The live flows one start of the group adds, as arrays (cached): flows with the
+        same route, size and cap merge into the first of them, whose weight is the sum of
+        theirs taken in order (as :meth:`FlowNetwork._admit` adds them one by one).
+        Returns (route ids, sizes, weights, caps, route lengths, concatenated links and
+        coefficients, the links as a list)."""
+        if self._batch is None:
+            first: dict[tuple, int] = {}
+            chosen, rids, weights = [], [], []
+            for it, rid in zip(self.items, self.rids):
+                key = (rid, it[2], it[4])
+                k = first.get(key)
+                if k is None:
+                    first[key] = len(chosen)
+                    chosen.append(it)
+                    rids.append(rid)
+                    weights.append(it[3])
+                else:
+                    weights[k] += it[3]
+            links = np.concatenate([it[0] for it in chosen])
+            self._batch = (np.array(rids, dtype=np.int64), np.array([it[2] for it in chosen]), np.array(weights),
+                           np.array([it[4] for it in chosen]), np.array([it[0].size for it in chosen], dtype=np.int64),
+                           links, np.concatenate([it[1] for it in chosen]), links.tolist())
+        return self._batch
 
     def expected_bytes(self) -> np.ndarray:
         """Per distinct link (``uniq``), the bytes one run of the group puts there:
