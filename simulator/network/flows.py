@@ -57,6 +57,9 @@ from .maxmin import max_min_rates
 __all__ = ["FlowNetwork", "NetworkSnapshot"]
 
 _SOLVE_CACHE_ENTRIES = 1 << 14      # distinct live flow sets remembered (each a few arrays of its size)
+# ... and at most this many bytes of them: skewed all-to-alls re-solve thousands of flows at every
+# pair's finish and rarely meet a set again; by entries alone the cache grew to about 2 GB there
+_SOLVE_CACHE_BYTES = 256 << 20
 # Up to this many live flows, per-event updates loop over them in Python: numpy costs 1-3 us
 # per call on tiny arrays, an element ~0.1 us; the same float64 operations in the same order
 # give the same bits either way.
@@ -150,6 +153,7 @@ class FlowNetwork:
         self._admitted: dict = {}
         self._route_ids: dict = {}              # (links, coefs) bytes -> route id
         self._solved: dict = {}                 # live flow set -> (rates, loaded links, load): see _solve_rates
+        self._solved_bytes = 0                  # what its keys and arrays hold
         self.isolate = isolate                  # False: every group goes through the solver (tests)
         self.num_solves = 0
         self.num_solve_hits = 0                 # solves answered by the cache (counted in num_solves too)
@@ -653,9 +657,12 @@ class FlowNetwork:
                                minlength=self.num_links)
             load_links = np.flatnonzero(load)
             hit = (rate, load_links, load[load_links], rate.tolist() if act.size <= _FEW else None)
-            if len(self._solved) >= _SOLVE_CACHE_ENTRIES:
+            size = 3 * len(key[0]) + rate.nbytes + load_links.nbytes + hit[2].nbytes
+            if len(self._solved) >= _SOLVE_CACHE_ENTRIES or self._solved_bytes + size > _SOLVE_CACHE_BYTES:
                 self._solved.clear()        # a run that never repeats itself: bound the memory
+                self._solved_bytes = 0
             self._solved[key] = hit
+            self._solved_bytes += size
         else:
             self.num_solve_hits += 1
         rate, self._load_links, self._load, rates = hit
