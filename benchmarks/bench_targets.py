@@ -62,6 +62,14 @@ CASES = {
     "deepseek-v3-2048-zipf1.2-coupled": ({**DSV3, "moe_routing": "zipf(1.2)", "approximations": ["coupled_all_to_all"]},
                                          60, None, True, False),
     "llama3.1-405b-131k": (L405B_131K, 10, 4, False, False),
+    # scaled-down versions of the two slowest exact cases, for profiling and paired timing:
+    # GBS 192 (48 micro-batches per pipeline, 1/8 of the work; goal 1/8 of the full one's) and
+    # Zipf(1.2) at GBS 128 for one step (1/32 of the work; goal about 1/32 of 60 s)
+    "llama3.1-405b-256xgb200-vpp4-gbs192": (
+        {**L405B_GB200, "parallel": {**L405B_GB200["parallel"], "global_batch_size": 192}}, 1.25, None, True, False),
+    "deepseek-v3-zipf1.2-gbs128-1step": (
+        {**DSV3, "moe_routing": "zipf(1.2)", "num_steps": 1, "parallel": {**DSV3["parallel"], "global_batch_size": 128}},
+        2, None, True, False),
     "refuse-131k-degrees": ({**L405B_131K, "parallel": {**L405B_131K["parallel"], "dp": 128}}, 1, None, False, True),
     "refuse-1m-gpus": ({**L405B_131K, "cluster": {"preset": "h100-16k", "num_nodes": 131072},
                         "parallel": {**L405B_131K["parallel"], "dp": -1}}, 1, None, False, True),

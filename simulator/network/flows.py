@@ -57,6 +57,9 @@ from .maxmin import max_min_rates
 __all__ = ["FlowNetwork", "NetworkSnapshot"]
 
 _SOLVE_CACHE_ENTRIES = 1 << 14      # distinct live flow sets remembered (each a few arrays of its size)
+# ... and at most this many bytes of them: skewed all-to-alls re-solve thousands of flows at every
+# pair's finish and rarely meet a set again; by entries alone the cache grew to about 2 GB there
+_SOLVE_CACHE_BYTES = 256 << 20
 # Up to this many live flows, per-event updates loop over them in Python: numpy costs 1-3 us
 # per call on tiny arrays, an element ~0.1 us; the same float64 operations in the same order
 # give the same bits either way.
@@ -150,6 +153,7 @@ class FlowNetwork:
         self._admitted: dict = {}
         self._route_ids: dict = {}              # (links, coefs) bytes -> route id
         self._solved: dict = {}                 # live flow set -> (rates, loaded links, load): see _solve_rates
+        self._solved_bytes = 0                  # what its keys and arrays hold
         self.isolate = isolate                  # False: every group goes through the solver (tests)
         self.num_solves = 0
         self.num_solve_hits = 0                 # solves answered by the cache (counted in num_solves too)
@@ -225,17 +229,20 @@ class FlowNetwork:
         if items:
             t.admitted += 1
             self._admitted[t] = None
-        count = 0
-        for (links, coefs, size, weight, cap), rid in zip(items, t.rids):
-            key = (rid, size, cap)
-            slot = self._merge.get(key)
-            if slot is not None:
-                self._weight[slot] += weight
-                continue
-            self._merge[key] = self._add_flow(gid, rid, links, coefs, size, size, weight, cap)
-            count += 1
-            self.num_flows += 1
-        self._merge.clear()
+        if len(items) > _FEW:
+            count = self._add_batch(gid, t)
+        else:
+            count = 0
+            for (links, coefs, size, weight, cap), rid in zip(items, t.rids):
+                key = (rid, size, cap)
+                slot = self._merge.get(key)
+                if slot is not None:
+                    self._weight[slot] += weight
+                    continue
+                self._merge[key] = self._add_flow(gid, rid, links, coefs, size, size, weight, cap)
+                count += 1
+            self._merge.clear()
+        self.num_flows += count
         if count == 0:
             ev.succeed(now)
             return
@@ -386,6 +393,38 @@ class FlowNetwork:
             occ[i] += 1
         self._act_tail.append(slot)
         return slot
+
+    def _add_batch(self, gid: int, t: "_Template") -> int:
+        """:meth:`_admit`'s loop over a large group in a few array operations: the same
+        flows, merged the same way (:meth:`_Template.batch`), with the same weights, in the
+        same admission order; returns how many live flows it added."""
+        rids, sizes, weights, caps, lens, links, coefs, link_list = t.batch()
+        n = sizes.size
+        if self._pool_top + links.size > self._pool_links.size:
+            self._compact(links.size)
+        slots = [self._alloc() for _ in range(n)]
+        sl = np.array(slots, dtype=np.int64)
+        self._rem[sl] = sizes
+        self._size[sl] = sizes
+        self._rate[sl] = 0.0
+        self._weight[sl] = weights
+        self._cap[sl] = caps
+        self._group[sl] = gid
+        self._rid[sl] = rids
+        top = self._pool_top
+        self._pool_links[top:top + links.size] = links
+        self._pool_coefs[top:top + links.size] = coefs
+        offs = np.zeros(n, dtype=np.int64)
+        np.cumsum(lens[:-1], out=offs[1:])
+        self._off[sl] = offs + top
+        self._len[sl] = lens
+        self._pool_top += links.size
+        self._pool_live += links.size
+        occ = self._occ
+        for i in link_list:
+            occ[i] += 1
+        self._act_tail.extend(slots)
+        return n
 
     @staticmethod
     def utilization(a: NetworkSnapshot, b: NetworkSnapshot, capacity: np.ndarray) -> np.ndarray:
@@ -618,9 +657,12 @@ class FlowNetwork:
                                minlength=self.num_links)
             load_links = np.flatnonzero(load)
             hit = (rate, load_links, load[load_links], rate.tolist() if act.size <= _FEW else None)
-            if len(self._solved) >= _SOLVE_CACHE_ENTRIES:
+            size = 3 * len(key[0]) + rate.nbytes + load_links.nbytes + hit[2].nbytes
+            if len(self._solved) >= _SOLVE_CACHE_ENTRIES or self._solved_bytes + size > _SOLVE_CACHE_BYTES:
                 self._solved.clear()        # a run that never repeats itself: bound the memory
+                self._solved_bytes = 0
             self._solved[key] = hit
+            self._solved_bytes += size
         else:
             self.num_solve_hits += 1
         rate, self._load_links, self._load, rates = hit
@@ -646,7 +688,7 @@ class _Template:
     bytes it puts there (cached: rates depend only on routes and capacities)."""
 
     __slots__ = ("items", "rids", "uniq", "links", "rate", "isolatable", "duration", "per_s", "total_bytes",
-                 "done_runs", "done_busy_s", "admitted", "expected")
+                 "done_runs", "done_busy_s", "admitted", "expected", "_batch")
 
     def __init__(self, flows):
         items = []
@@ -668,6 +710,32 @@ class _Template:
         self.done_busy_s = 0.0
         self.admitted = 0                           # times started on a network
         self.expected = None
+        self._batch = None
+
+    def batch(self) -> tuple:
+        """The live flows one start of the group adds, as arrays (cached): flows with the
+        same route, size and cap merge into the first of them, whose weight is the sum of
+        theirs taken in order (as :meth:`FlowNetwork._admit` adds them one by one).
+        Returns (route ids, sizes, weights, caps, route lengths, concatenated links and
+        coefficients, the links as a list)."""
+        if self._batch is None:
+            first: dict[tuple, int] = {}
+            chosen, rids, weights = [], [], []
+            for it, rid in zip(self.items, self.rids):
+                key = (rid, it[2], it[4])
+                k = first.get(key)
+                if k is None:
+                    first[key] = len(chosen)
+                    chosen.append(it)
+                    rids.append(rid)
+                    weights.append(it[3])
+                else:
+                    weights[k] += it[3]
+            links = np.concatenate([it[0] for it in chosen])
+            self._batch = (np.array(rids, dtype=np.int64), np.array([it[2] for it in chosen]), np.array(weights),
+                           np.array([it[4] for it in chosen]), np.array([it[0].size for it in chosen], dtype=np.int64),
+                           links, np.concatenate([it[1] for it in chosen]), links.tolist())
+        return self._batch
 
     def expected_bytes(self) -> np.ndarray:
         """Per distinct link (``uniq``), the bytes one run of the group puts there:

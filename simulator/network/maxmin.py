@@ -88,10 +88,9 @@ def max_min_rates(ptr: np.ndarray, links: np.ndarray, coefs: np.ndarray | None, 
         if live.any():
             rate[0] = min(rate[0], float(np.min(capacity[u[live]] / load[live])))
         return rate
-    seg = np.diff(ptr)
-    fids = np.flatnonzero(seg)              # flows with at least one link
-    seg = seg[fids]
-    nz_flow = np.repeat(np.arange(F, dtype=np.int64), np.diff(ptr))
+    seg_all = np.diff(ptr)
+    fids = np.flatnonzero(seg_all)          # flows with at least one link
+    seg = seg_all[fids]
     # compact link space without sorting: only links some flow crosses take part
     mark = np.zeros(capacity.size, dtype=bool)
     mark[links] = True
@@ -102,13 +101,12 @@ def max_min_rates(ptr: np.ndarray, links: np.ndarray, coefs: np.ndarray | None, 
     Lc = used.size
     use = np.ones(links.size) if coefs is None else np.array(coefs, dtype=float)
     if weight is not None:
-        use *= np.asarray(weight, dtype=float)[nz_flow]
+        use *= np.repeat(np.asarray(weight, dtype=float), seg_all)     # each entry's flow's weight
     cnt = np.bincount(nz_link, weights=use, minlength=Lc)
     rem = capacity[used].copy()
     fcap = np.full(F, np.inf) if cap is None else np.asarray(cap, dtype=float)
     fcap_a = fcap[fids]
     rounds = 0
-    notb = np.zeros(Lc, dtype=bool)
     while fids.size:
         rounds += 1
         # Shares of the links live flows cross: per link when routes are long (ring
@@ -130,7 +128,7 @@ def max_min_rates(ptr: np.ndarray, links: np.ndarray, coefs: np.ndarray | None, 
         # A link is a local bottleneck when no flow crossing it is held lower elsewhere
         # (share <= fmin (1 + tol) for every crossing flow); mark the links that fail it.
         lower = fmin_nz * (1.0 + _REL) < s_nz
-        notb[nz_link] = False
+        notb = np.zeros(Lc, dtype=bool)     # (fresh: cheaper than clearing the live entries' links)
         notb[nz_link[lower]] = True
         bott_nz = ~notb[nz_link]
         frozen = np.logical_or.reduceat(bott_nz, starts) | (fcap_a <= smin * (1.0 + _REL))

@@ -5,6 +5,7 @@ import pytest
 import simpy
 
 from simulator.network import FlowNetwork
+from simulator.network import flows as flows_mod
 
 
 def run_flows(capacity, flows):
@@ -191,3 +192,48 @@ def test_solve_cache_answers_exactly_what_the_solver_would():
     assert net.num_solve_hits > net.num_solves // 2 and net0.num_solve_hits == 0
     assert cached == fresh                      # bit for bit, not approximately
     assert net.link_bytes.tolist() == net0.link_bytes.tolist()
+
+
+def test_solve_cache_byte_bound_changes_nothing(monkeypatch):
+    """A cache that clears itself whenever it would hold more than a few bytes answers the
+    same as one that keeps everything (a cleared entry is solved again, to the same bits)."""
+    kept, net = _repeating_traffic(cache=True)
+    monkeypatch.setattr(flows_mod, "_SOLVE_CACHE_BYTES", 200)
+    bounded, net_b = _repeating_traffic(cache=True)
+    assert bounded == kept
+    assert net_b.link_bytes.tolist() == net.link_bytes.tolist()
+    assert net_b.num_solve_hits < net.num_solve_hits and net_b._solved_bytes <= 200 + 100
+
+
+def _wide_groups():
+    """Groups of 40-120 flows (some identical, so they merge into weighted flows) over
+    shared links, started at staggered instants: completion times and link bytes."""
+    rng = np.random.default_rng(7)
+    env = simpy.Environment()
+    net = FlowNetwork(env, rng.uniform(1.0, 4.0, 16), isolate=False)
+    done = {}
+
+    def group(i):
+        yield env.timeout(0.1 * i)
+        flows = []
+        for _ in range(int(rng.integers(40, 120))):
+            links = rng.choice(16, size=int(rng.integers(1, 4)), replace=False)
+            size = float(rng.choice([0.5, 1.0, 2.0]))
+            flows.append((np.sort(links) if rng.random() < 0.5 else links[:1], None, size,
+                          float(rng.choice([1.0, 2.0])), np.inf if rng.random() < 0.8 else 1.5))
+        yield net.transfer_group(flows)
+        done[i] = env.now
+
+    for i in range(6):
+        env.process(group(i))
+    env.run()
+    return done, net.link_bytes.tolist(), net.num_flows
+
+
+def test_wide_groups_start_as_their_flows_one_by_one(monkeypatch):
+    """A group of more than _FEW flows starts in array operations (merging identical flows
+    and summing their weights in order); with the threshold out of reach every group takes
+    the one-flow-at-a-time path.  Both give the same results to the bit."""
+    batched = _wide_groups()
+    monkeypatch.setattr(flows_mod, "_FEW", 10**9)
+    assert _wide_groups() == batched
