@@ -14,15 +14,20 @@ from topologies import ConfigError
 from .model import FailureCause, RunModel, monte_carlo, young_interval_s
 from .rates import LLAMA3_CAUSES
 
-__all__ = ["add_parser", "goodput_command", "CHECKPOINT_BYTES_PER_PARAM", "STORAGE_BYTES_PER_S", "RESTART_S",
+__all__ = ["add_parser", "goodput_command", "CHECKPOINT_BYTES_PER_PARAM", "STORAGE_BYTES_PER_S",
+           "STORAGE_NODE_BYTES_PER_S", "RESTART_S",
            "REPAIR_H", "SWEEP_KEYS", "sweep_points"]
 
 CHECKPOINT_BYTES_PER_PARAM = 14
 """BF16 weights (2 B), FP32 master weights (4 B) and Adam's two moments (8 B) per parameter:
-what a mixed-precision Adam run saves to resume (gradients are not saved)."""
+what a mixed-precision Adam run saves to resume (gradients are not saved).  The command takes
+the bytes from the scenario's memory model (:mod:`.checkpoint`); this is the quick estimate."""
 STORAGE_BYTES_PER_S = 2e12
 """Aggregate checkpoint write bandwidth: the 2 TB/s sustained of Meta's Llama 3 training
 storage (arXiv:2407.21783, §3.3.1, Tectonic; peak 7 TB/s).  Set yours with --storage-gbps."""
+STORAGE_NODE_BYTES_PER_S = 25e9
+"""Checkpoint write bandwidth of one node to storage: an assumption (25 GB/s, the line rate
+of one 200 Gb/s storage port); set yours with --storage-node-gbps."""
 RESTART_S = 600.0
 """From a failure to steps running again: detection, rescheduling, process start,
 communicator set-up, checkpoint load and warm-up.  An assumption (10 minutes): no published
@@ -30,7 +35,8 @@ breakdown at scale; set yours with --restart-s."""
 REPAIR_H = 48.0
 """From a node's failure until it is back in the spare pool: diagnosis, a part swapped or the
 node replaced, burn-in.  An assumption (two days): set yours with --repair-h."""
-SWEEP_KEYS = {"checkpoint_interval": str, "checkpoint_s": float, "storage_gbps": float, "restart_s": float,
+SWEEP_KEYS = {"checkpoint_interval": str, "checkpoint_s": float, "storage_gbps": float, "storage_node_gbps": float,
+              "restart_s": float,
               "failure_scale": float, "spares": str, "repair_h": float, "replicas": int}
 """What ``--sweep`` varies: the flags of the same names (dashes as underscores)."""
 
@@ -45,9 +51,13 @@ def add_parser(sub):
     p.add_argument("--checkpoint-interval", default="auto", metavar="S|auto",
                    help="productive seconds between checkpoints; auto: Daly's optimum for the job's MTBF (default)")
     p.add_argument("--checkpoint-s", type=float, metavar="S",
-                   help="blocking time of one checkpoint write (default: 14 B per parameter over --storage-gbps)")
+                   help="blocking time of one checkpoint write (default: the memory model's unique state over "
+                        "--storage-gbps or its busiest node's share over --storage-node-gbps, the longer)")
     p.add_argument("--storage-gbps", type=float, default=STORAGE_BYTES_PER_S / 1e9,
                    help="aggregate checkpoint write bandwidth in GB/s (default 2000, Llama 3's storage)")
+    p.add_argument("--storage-node-gbps", type=float, default=STORAGE_NODE_BYTES_PER_S / 1e9,
+                   help=f"one node's checkpoint write bandwidth in GB/s (default {STORAGE_NODE_BYTES_PER_S / 1e9:g}, "
+                        "an assumption)")
     p.add_argument("--restart-s", type=float, default=RESTART_S, help="seconds from a failure to steps running "
                                                                       "again (default 600, an assumption)")
     p.add_argument("--failures", metavar="CSV", help="failure causes: columns name, kind, per (gpu, node or job), "
@@ -104,8 +114,12 @@ def _step(args, sc) -> dict:
         from ..engine import run
         step_s = float(run(sc, fold=True, progress=False).metrics["step_time_s"])
     tokens_per_step = sc.parallel.global_batch_size * sc.parallel.seq_len
-    return {"step_s": step_s, "steps": math.ceil(args.tokens / tokens_per_step), "tokens_per_step": tokens_per_step,
+    info = {"step_s": step_s, "steps": math.ceil(args.tokens / tokens_per_step), "tokens_per_step": tokens_per_step,
             "params": sc.model.num_params(include_mtp=True)}
+    if args.checkpoint_s is None:
+        from .checkpoint import checkpoint_bytes
+        info.update(checkpoint_bytes(sc))
+    return info
 
 
 def _spares(text) -> int | None:
@@ -120,10 +134,12 @@ def _spares(text) -> int | None:
 def _build(args, sc, info: dict) -> RunModel:
     """The run model for ``args`` on the step ``info``: the checkpoint write time from the
     parameter count, the failure causes, spares and replicas."""
+    from .checkpoint import checkpoint_write_s
     _positive("--storage-gbps", args.storage_gbps)
+    _positive("--storage-node-gbps", args.storage_node_gbps)
     interval = None if args.checkpoint_interval == "auto" else _interval(args.checkpoint_interval)
     ckpt = args.checkpoint_s if args.checkpoint_s is not None else \
-        info["params"] * CHECKPOINT_BYTES_PER_PARAM / (args.storage_gbps * 1e9)
+        checkpoint_write_s(info, args.storage_gbps * 1e9, args.storage_node_gbps * 1e9)
     if not (args.repair_h >= 0 and math.isfinite(args.repair_h)):
         raise ConfigError("--repair-h", args.repair_h, "must be a finite number of hours >= 0")
     return RunModel(work_s=info["steps"] * info["step_s"], num_gpus=sc.cluster.num_gpus,
@@ -177,6 +193,10 @@ def _print_summary(sc, model: RunModel, s: dict, info: dict) -> None:
     print(f"  job MTBF {model.mtbf_s / hour:.2f} h; checkpoint {model.checkpoint_s:.3g} s every "
           f"{model.interval / 60:.1f} min ({'given' if model.interval_s else 'auto: Daly'}; Young "
           f"{young_interval_s(model.checkpoint_s, model.rollback_mtbf_s) / 60:.1f} min); restart {model.restart_s:.0f} s")
+    if "checkpoint_unique_bytes" in info:
+        print(f"  checkpoint size: {info['checkpoint_unique_bytes'] / 1e12:.3g} TB unique "
+              f"({info['checkpoint_bytes_per_param']:g} B per parameter), busiest node "
+              f"{info['checkpoint_node_bytes'] / 1e9:.3g} GB")
     spares = "unlimited spares" if model.spares is None else \
         f"{model.spares} spare nodes, repair {model.repair_s / hour:.3g} h"
     print(f"  {spares}; {model.replicas} replica{'s' if model.replicas > 1 else ''} as the unit of fault tolerance")

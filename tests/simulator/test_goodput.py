@@ -356,3 +356,41 @@ def test_with_replicas_the_auto_interval_is_dalys_for_the_failures_that_roll_bac
     assert m.interval == daly_optimal_interval_s(3.0, m.rollback_mtbf_s)
     assert _fleet(replicas=4, interval_s=None).interval == 200 * H
     assert _fleet(interval_s=None).rollback_mtbf_s == _fleet(interval_s=None).mtbf_s
+
+
+# -- checkpoint size from the memory model ----------------------------------------------------------
+def test_checkpoint_bytes_of_pure_dp_with_the_distributed_optimizer_are_14_bytes_per_parameter():
+    """Pure data parallelism (dp = 16 over 2 nodes), distributed optimizer: the unique state is
+    each parameter once at 2 + 4 + 8 bytes (weights, master weights, Adam's moments); the
+    busiest node holds the first replica's weights (one rank: tp = 1) and eight optimizer
+    shards, and the write time is the longer bandwidth limit."""
+    from simulator.goodput.checkpoint import checkpoint_bytes, checkpoint_write_s
+    from simulator.scenario import load_scenario
+    sc = load_scenario({"model": "tiny-dense", "cluster": {"preset": "dgx-h100", "num_nodes": 2},
+                        "parallel": {"tp": 1, "pp": 1, "dp": -1, "global_batch_size": 16,
+                                     "distributed_optimizer": True}})
+    e, = sc.memory_estimates()
+    p = e.num_params
+    info = checkpoint_bytes(sc)
+    assert info["checkpoint_bytes_per_param"] == 14.0
+    assert info["checkpoint_unique_bytes"] == pytest.approx(p * 14, rel=1e-12)
+    assert info["checkpoint_node_bytes"] == pytest.approx(2 * p + 8 * 12 * p / 16, rel=1e-12)
+    assert checkpoint_write_s(info, 1e9, 1e12) == pytest.approx(p * 14 / 1e9, rel=1e-12)
+    assert checkpoint_write_s(info, 1e12, 1e6) == pytest.approx((2 * p + 6 * p) / 1e6, rel=1e-12)
+
+
+def test_goodput_checkpoint_time_from_the_memory_model_and_bad_node_bandwidth(capsys, monkeypatch):
+    import json
+
+    from simulator.cli import main
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    args = ["goodput", DEMO, "--tokens", "1e11", "--step-time", "5", "--runs", "2", "--json",
+            "--storage-node-gbps", "10"]
+    assert main(args) == 0
+    a = json.loads(capsys.readouterr().out)
+    assert a["checkpoint_s"] == pytest.approx(max(a["checkpoint_node_bytes"] / 10e9,
+                                                  a["checkpoint_unique_bytes"] / 2000e9))
+    assert a["checkpoint_unique_bytes"] == pytest.approx(a["params"] * 14, rel=0.01)
+    assert main(args[:-1] + ["0"]) == 2
+    err = capsys.readouterr().err
+    assert "--storage-node-gbps" in err and "must be a finite number > 0" in err
