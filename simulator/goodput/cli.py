@@ -58,6 +58,12 @@ def add_parser(sub):
     p.add_argument("--storage-node-gbps", type=float, default=STORAGE_NODE_BYTES_PER_S / 1e9,
                    help=f"one node's checkpoint write bandwidth in GB/s (default {STORAGE_NODE_BYTES_PER_S / 1e9:g}, "
                         "an assumption)")
+    p.add_argument("--async-checkpoint", action="store_true",
+                   help="block only for the device-to-host copy; the write to storage (the time above) runs in "
+                        "the background, and a failure before it completes rolls back to the previous checkpoint")
+    p.add_argument("--host-copy-gbps", type=float, metavar="GBPS",
+                   help="device-to-host copy bandwidth per GPU in GB/s for --async-checkpoint (default: the GPU's "
+                        "PCIe x16 link x 0.8, an assumption)")
     p.add_argument("--restart-s", type=float, default=RESTART_S, help="seconds from a failure to steps running "
                                                                       "again (default 600, an assumption)")
     p.add_argument("--failures", metavar="CSV", help="failure causes: columns name, kind, per (gpu, node or job), "
@@ -116,8 +122,9 @@ def _step(args, sc) -> dict:
     tokens_per_step = sc.parallel.global_batch_size * sc.parallel.seq_len
     info = {"step_s": step_s, "steps": math.ceil(args.tokens / tokens_per_step), "tokens_per_step": tokens_per_step,
             "params": sc.model.num_params(include_mtp=True)}
-    if args.checkpoint_s is None:
-        from .checkpoint import checkpoint_bytes
+    if args.checkpoint_s is None or args.async_checkpoint:
+        from .checkpoint import checkpoint_bytes, host_copy_bytes_per_s
+        info["host_copy_bytes_per_s"] = host_copy_bytes_per_s(sc)
         info.update(checkpoint_bytes(sc))
     return info
 
@@ -140,12 +147,27 @@ def _build(args, sc, info: dict) -> RunModel:
     interval = None if args.checkpoint_interval == "auto" else _interval(args.checkpoint_interval)
     ckpt = args.checkpoint_s if args.checkpoint_s is not None else \
         checkpoint_write_s(info, args.storage_gbps * 1e9, args.storage_node_gbps * 1e9)
+    copy_s, write_s = _async(args, info, ckpt)
     if not (args.repair_h >= 0 and math.isfinite(args.repair_h)):
         raise ConfigError("--repair-h", args.repair_h, "must be a finite number of hours >= 0")
     return RunModel(work_s=info["steps"] * info["step_s"], num_gpus=sc.cluster.num_gpus,
-                    gpus_per_node=sc.cluster.gpus_per_host, causes=_causes(args), checkpoint_s=ckpt,
+                    gpus_per_node=sc.cluster.gpus_per_host, causes=_causes(args), checkpoint_s=copy_s,
                     restart_s=args.restart_s, interval_s=interval, spares=_spares(args.spares),
-                    repair_s=args.repair_h * 3600.0, replicas=args.replicas)
+                    repair_s=args.repair_h * 3600.0, replicas=args.replicas, async_write_s=write_s)
+
+
+def _async(args, info: dict, ckpt: float) -> tuple[float, float | None]:
+    """(blocking checkpoint time, background write time or None): with --async-checkpoint
+    the busiest rank's bytes over the host copy bandwidth block and ``ckpt`` runs behind."""
+    if not args.async_checkpoint:
+        if args.host_copy_gbps is not None:
+            raise ConfigError("--host-copy-gbps", args.host_copy_gbps, "needs --async-checkpoint")
+        return ckpt, None
+    if args.replicas > 1:
+        raise ConfigError("--async-checkpoint", True, "is modelled with --replicas 1 only")
+    _positive("--host-copy-gbps", args.host_copy_gbps)
+    bw = info["host_copy_bytes_per_s"] if args.host_copy_gbps is None else args.host_copy_gbps * 1e9
+    return info["checkpoint_rank_bytes"] / bw, ckpt
 
 
 def _run_model(args, sc) -> tuple[RunModel, dict]:
@@ -197,6 +219,10 @@ def _print_summary(sc, model: RunModel, s: dict, info: dict) -> None:
         print(f"  checkpoint size: {info['checkpoint_unique_bytes'] / 1e12:.3g} TB unique "
               f"({info['checkpoint_bytes_per_param']:g} B per parameter), busiest node "
               f"{info['checkpoint_node_bytes'] / 1e9:.3g} GB")
+    if model.async_write_s is not None:
+        print(f"  asynchronous checkpoints: {model.checkpoint_s:.3g} s blocking copy of "
+              f"{info['checkpoint_rank_bytes'] / 1e9:.3g} GB per GPU, {model.async_write_s:.3g} s write in the "
+              "background (a checkpoint due while one is written is skipped)")
     spares = "unlimited spares" if model.spares is None else \
         f"{model.spares} spare nodes, repair {model.repair_s / hour:.3g} h"
     print(f"  {spares}; {model.replicas} replica{'s' if model.replicas > 1 else ''} as the unit of fault tolerance")

@@ -39,7 +39,9 @@ Two options change what a failure costs:
   ``work (1 + L R / replicas)`` plus its checkpoints; as ``R -> 0`` goodput tends to the
   checkpoint overhead alone, ``interval / (interval + C)``.
 
-Not modelled yet: slow (not failed) GPUs or links, asynchronous checkpoint writes.
+Asynchronous checkpoint writes (``async_write_s``): :mod:`.asyncckpt`.
+
+Not modelled yet: slow (not failed) GPUs or links.
 """
 
 from __future__ import annotations
@@ -102,6 +104,9 @@ class RunModel:
     """Time from a node's failure until it is back in the spare pool (only with ``spares``)."""
     replicas: int = 1
     """Data-parallel replicas that fail and rejoin independently (1: any failure stops the job)."""
+    async_write_s: float | None = None
+    """Asynchronous checkpoints: the background write to storage after the blocking copy
+    (``checkpoint_s``); None: checkpoints are written synchronously (:mod:`.asyncckpt`)."""
 
     def __post_init__(self):
         for name in ("work_s", "checkpoint_s", "restart_s"):
@@ -121,6 +126,13 @@ class RunModel:
         if not (isinstance(self.replicas, int) and 1 <= self.replicas <= self.units("node")):
             raise ConfigError("run.replicas", self.replicas,
                               f"must be an integer from 1 to the job's {self.units('node')} nodes")
+
+        if self.async_write_s is not None:
+            if not (isinstance(self.async_write_s, (int, float)) and math.isfinite(self.async_write_s)
+                    and self.async_write_s >= 0):
+                raise ConfigError("run.async_write_s", self.async_write_s, "must be a finite number of seconds >= 0")
+            if self.replicas > 1:
+                raise ConfigError("run.async_write_s", self.async_write_s, "asynchronous checkpoints need replicas = 1")
 
     def units(self, per: str) -> float:
         return {"gpu": self.num_gpus, "node": math.ceil(self.num_gpus / self.gpus_per_node), "job": 1}[per]
@@ -147,10 +159,12 @@ class RunModel:
     @property
     def interval(self) -> float:
         """The checkpoint interval in effect (the given one, or Daly's optimum for the
-        failures that roll the job back, at most the whole work: one checkpoint at the end)."""
+        failures that roll the job back, at least an asynchronous write's time (closer
+        checkpoints would be skipped), at most the whole work: one checkpoint at the end)."""
         if self.interval_s is not None:
             return float(self.interval_s)
-        return min(daly_optimal_interval_s(self.checkpoint_s, self.rollback_mtbf_s), float(self.work_s))
+        daly = daly_optimal_interval_s(self.checkpoint_s, self.rollback_mtbf_s)
+        return min(max(daly, self.async_write_s or 0.0), float(self.work_s))
 
 
 def young_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
@@ -325,7 +339,11 @@ def simulate_run(model: RunModel, seed) -> RunOutcome:
         job = ctl.start()
         strike = ctl.strike
     else:
-        job = env.process(_job(env, model, out, model.interval, pool))
+        if model.async_write_s is None:
+            job = env.process(_job(env, model, out, model.interval, pool))
+        else:
+            from .asyncckpt import async_job
+            job = env.process(async_job(env, model, out, model.interval, pool))
 
         def strike(cause):
             if not job.is_alive:
@@ -364,7 +382,7 @@ class GoodputResult:
         return {
             "runs": n, "seed": self.seed, "work_s": self.model.work_s, "mtbf_s": self.model.mtbf_s,
             "interval_s": self.model.interval, "checkpoint_s": self.model.checkpoint_s,
-            "restart_s": self.model.restart_s,
+            "restart_s": self.model.restart_s, "async_write_s": self.model.async_write_s,
             "wall_mean_s": float(w.mean()), "wall_sem_s": float(w.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0,
             "wall_p50_s": float(np.percentile(w, 50)), "wall_p90_s": float(np.percentile(w, 90)),
             "goodput": float(np.mean([o.goodput for o in self.outcomes])),

@@ -3,6 +3,7 @@ checkpoint intervals, Young's optimum, exact accounting and bit-for-bit seeded r
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -394,3 +395,60 @@ def test_goodput_checkpoint_time_from_the_memory_model_and_bad_node_bandwidth(ca
     assert main(args[:-1] + ["0"]) == 2
     err = capsys.readouterr().err
     assert "--storage-node-gbps" in err and "must be a finite number > 0" in err
+
+
+# -- asynchronous checkpoints --------------------------------------------------------------------
+def test_async_with_an_instant_write_is_the_plain_model_with_the_copy_as_c_and_follows_daly():
+    """A background write of 0 s makes every checkpoint usable when its copy ends: the same runs
+    bit for bit as synchronous checkpoints of the copy time, whose mean is Daly's with C = copy."""
+    sync, asyn = _model(2.0), dataclasses.replace(_model(2.0), async_write_s=0.0)
+    a, b = monte_carlo(sync, runs=300, seed=7), monte_carlo(asyn, runs=300, seed=7)
+    assert [o.wall_s for o in a.outcomes] == [o.wall_s for o in b.outcomes]
+    s = b.summary()
+    expected = daly_expected_wall_s(asyn.work_s, asyn.interval, asyn.checkpoint_s, asyn.restart_s, asyn.mtbf_s)
+    assert abs(s["wall_mean_s"] - expected) <= 3.5 * s["wall_sem_s"]
+
+
+def test_async_write_longer_than_the_interval_skips_checkpoints():
+    """No failures, 10 h of work in 2 h segments, 60 s copy, 3 h write: the checkpoint at 2 h
+    is taken (write until 5 h 1 min), the one at 4 h 1 min skipped (write in flight), the one
+    at 6 h 1 min taken, 8 h 2 min skipped, and the last at 10 h 2 min copied and written:
+    13 h and 3 min in all."""
+    m = RunModel(work_s=10 * H, num_gpus=8, gpus_per_node=8, causes=(FailureCause("gpu", "hardware", "gpu", 0.0),),
+                 checkpoint_s=60.0, restart_s=600.0, interval_s=2 * H, async_write_s=3 * H)
+    o = simulate_run(m, 0)
+    assert o.wall_s == 13 * H + 180.0
+    assert o.time_s["productive"] == 10 * H and o.time_s["checkpoint"] == 3 * 60.0 + 3 * H
+
+
+def test_async_failures_roll_back_to_the_last_completed_write_and_every_second_is_counted():
+    """A write as long as the segments: failures lose more than the segment in progress, so
+    the run is longer than with an instant write; the work is all kept and the time adds up."""
+    base = dataclasses.replace(_model(1.0), checkpoint_s=30.0)
+    slow = dataclasses.replace(base, async_write_s=1.5 * H)
+    fast = dataclasses.replace(base, async_write_s=0.0)
+    rs, rf = monte_carlo(slow, runs=100, seed=5), monte_carlo(fast, runs=100, seed=5)
+    for o in rs.outcomes:
+        assert sum(o.time_s.values()) == pytest.approx(o.wall_s, rel=1e-12)
+        assert o.time_s["productive"] == pytest.approx(slow.work_s, rel=1e-12)
+    assert rs.summary()["wall_mean_s"] > rf.summary()["wall_mean_s"] * 1.05
+    assert slow.interval == 1.0 * H and dataclasses.replace(slow, interval_s=None).interval >= 1.5 * H
+
+
+def test_async_checkpoint_flags(capsys, monkeypatch):
+    import json
+
+    from simulator.cli import main
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    args = ["goodput", DEMO, "--tokens", "1e11", "--step-time", "5", "--runs", "2", "--json", "--async-checkpoint",
+            "--checkpoint-s", "120", "--host-copy-gbps", "40"]
+    assert main(args) == 0
+    a = json.loads(capsys.readouterr().out)
+    assert a["async_write_s"] == 120.0 and a["checkpoint_s"] == pytest.approx(a["checkpoint_rank_bytes"] / 40e9)
+    for bad, field in ((args[:-1] + ["-3"], "--host-copy-gbps"), (args + ["--replicas", "2"], "--async-checkpoint"),
+                       ([x for x in args if x != "--async-checkpoint"], "--host-copy-gbps")):
+        assert main(bad) == 2
+        err = capsys.readouterr().err
+        assert field in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(ConfigError, match="run.async_write_s"):
+        dataclasses.replace(_model(1.0), async_write_s=-1.0)
