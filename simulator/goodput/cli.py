@@ -15,7 +15,8 @@ from .model import FailureCause, RunModel, monte_carlo, young_interval_s
 from .rates import LLAMA3_CAUSES
 
 __all__ = ["add_parser", "goodput_command", "CHECKPOINT_BYTES_PER_PARAM", "STORAGE_BYTES_PER_S",
-           "STORAGE_NODE_BYTES_PER_S", "RESTART_S",
+           "STORAGE_NODE_BYTES_PER_S", "RESTART_S", "RESTART_COMM_S",
+           "RESTART_FIXED_S", "RESTART_ALPHA", "restart_s",
            "REPAIR_H", "SWEEP_KEYS", "sweep_points"]
 
 CHECKPOINT_BYTES_PER_PARAM = 14
@@ -32,6 +33,19 @@ RESTART_S = 600.0
 """From a failure to steps running again: detection, rescheduling, process start,
 communicator set-up, checkpoint load and warm-up.  An assumption (10 minutes): no published
 breakdown at scale; set yours with --restart-s."""
+RESTART_COMM_S = 150.0
+"""Of :data:`RESTART_S`, the communicator set-up at :data:`RESTART_REF_NODES`: about 2.5
+minutes of NCCL initialisation that PyTorch's maintainers report at "above certain K GPUs"
+(github.com/NVIDIA/nccl/issues/1156, 2024-01-23), taken at Llama 3's size; the rest
+(:data:`RESTART_FIXED_S`) does not grow with the job.  Both an assumption beyond that one
+report."""
+RESTART_FIXED_S = RESTART_S - RESTART_COMM_S
+RESTART_REF_NODES = 2048
+"""The job size at which the restart is :data:`RESTART_S`: Llama 3's 16,384 GPUs."""
+RESTART_ALPHA = 1.0
+"""Growth of the communicator set-up with the node count, ``(nodes / 2048) ** alpha``: linear,
+as NCCL's bootstrap all-gathers run over a ring of all ranks (an assumption; set yours with
+--restart-alpha)."""
 REPAIR_H = 48.0
 """From a node's failure until it is back in the spare pool: diagnosis, a part swapped or the
 node replaced, burn-in.  An assumption (two days): set yours with --repair-h."""
@@ -64,8 +78,16 @@ def add_parser(sub):
     p.add_argument("--host-copy-gbps", type=float, metavar="GBPS",
                    help="device-to-host copy bandwidth per GPU in GB/s for --async-checkpoint (default: the GPU's "
                         "PCIe x16 link x 0.8, an assumption)")
-    p.add_argument("--restart-s", type=float, default=RESTART_S, help="seconds from a failure to steps running "
-                                                                      "again (default 600, an assumption)")
+    p.add_argument("--restart-s", type=float, metavar="S",
+                   help="seconds from a failure to steps running again, whatever the job's size (default: "
+                        "--restart-fixed-s + --restart-comm-s x (nodes / 2048) ** --restart-alpha, 600 s at 2,048 "
+                        "nodes)")
+    p.add_argument("--restart-fixed-s", type=float, default=RESTART_FIXED_S,
+                   help=f"part of a restart that does not grow with the job (default {RESTART_FIXED_S:g}, an assumption)")
+    p.add_argument("--restart-comm-s", type=float, default=RESTART_COMM_S,
+                   help=f"communicator set-up at 2,048 nodes (default {RESTART_COMM_S:g}, NCCL issue 1156)")
+    p.add_argument("--restart-alpha", type=float, default=RESTART_ALPHA,
+                   help=f"growth of the communicator set-up with nodes (default {RESTART_ALPHA:g}: linear)")
     p.add_argument("--failures", metavar="CSV", help="failure causes: columns name, kind, per (gpu, node or job), "
                                                      "rate_per_hour (default: Llama 3's Table 5 as rates)")
     p.add_argument("--failure-scale", type=float, default=1.0, help="multiply every failure rate (default 1)")
@@ -129,6 +151,22 @@ def _step(args, sc) -> dict:
     return info
 
 
+def restart_s(nodes: int, fixed_s: float = RESTART_FIXED_S, comm_s: float = RESTART_COMM_S,
+              alpha: float = RESTART_ALPHA) -> float:
+    """A restart of a job on ``nodes`` nodes: ``fixed_s + comm_s (nodes / 2048) ** alpha``."""
+    return fixed_s + comm_s * (nodes / RESTART_REF_NODES) ** alpha
+
+
+def _restart(args, nodes: int) -> float:
+    if args.restart_s is not None:
+        return args.restart_s
+    for name in ("restart_fixed_s", "restart_comm_s", "restart_alpha"):
+        v = getattr(args, name)
+        if not (v >= 0 and math.isfinite(v)):
+            raise ConfigError("--" + name.replace("_", "-"), v, "must be a finite number >= 0")
+    return restart_s(nodes, args.restart_fixed_s, args.restart_comm_s, args.restart_alpha)
+
+
 def _spares(text) -> int | None:
     if str(text) in ("unlimited", "inf", "none"):
         return None
@@ -152,7 +190,7 @@ def _build(args, sc, info: dict) -> RunModel:
         raise ConfigError("--repair-h", args.repair_h, "must be a finite number of hours >= 0")
     return RunModel(work_s=info["steps"] * info["step_s"], num_gpus=sc.cluster.num_gpus,
                     gpus_per_node=sc.cluster.gpus_per_host, causes=_causes(args), checkpoint_s=copy_s,
-                    restart_s=args.restart_s, interval_s=interval, spares=_spares(args.spares),
+                    restart_s=_restart(args, -(-sc.cluster.num_gpus // sc.cluster.gpus_per_host)), interval_s=interval, spares=_spares(args.spares),
                     repair_s=args.repair_h * 3600.0, replicas=args.replicas, async_write_s=write_s)
 
 
@@ -204,7 +242,7 @@ def _interval(text: str) -> float:
     return v
 
 
-def _print_summary(sc, model: RunModel, s: dict, info: dict) -> None:
+def _print_summary(sc, model: RunModel, s: dict, info: dict, args) -> None:
     day, hour = 86400.0, 3600.0
     print(f"{sc.name}: {sc.model.name} on {model.num_gpus:,} x {sc.cluster.gpu.name}, {sc.parallel.describe()}")
     print(f"  {info['steps']:,} steps of {info['step_s']:.3g} s ({info['tokens_per_step']:,} tokens each): "
@@ -214,7 +252,8 @@ def _print_summary(sc, model: RunModel, s: dict, info: dict) -> None:
           f"({s['runs']} runs, seed {s['seed']})")
     print(f"  job MTBF {model.mtbf_s / hour:.2f} h; checkpoint {model.checkpoint_s:.3g} s every "
           f"{model.interval / 60:.1f} min ({'given' if model.interval_s else 'auto: Daly'}; Young "
-          f"{young_interval_s(model.checkpoint_s, model.rollback_mtbf_s) / 60:.1f} min); restart {model.restart_s:.0f} s")
+          f"{young_interval_s(model.checkpoint_s, model.rollback_mtbf_s) / 60:.1f} min); restart {model.restart_s:.0f} s"
+          + ("" if args.restart_s is not None else f" (grows with the {model.units('node'):,} nodes)"))
     if "checkpoint_unique_bytes" in info:
         print(f"  checkpoint size: {info['checkpoint_unique_bytes'] / 1e12:.3g} TB unique "
               f"({info['checkpoint_bytes_per_param']:g} B per parameter), busiest node "
@@ -354,7 +393,7 @@ def goodput_command(args, spec) -> int:
     if args.json:
         print(json.dumps({**s, **info}, indent=1, default=float))
     else:
-        _print_summary(sc, model, s, info)
+        _print_summary(sc, model, s, info, args)
     written = _write_out(Path(args.out), result) if args.out else []
     if args.report:
         written.append(_report_run(sc, result, info, args.report))

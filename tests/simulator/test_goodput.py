@@ -452,3 +452,27 @@ def test_async_checkpoint_flags(capsys, monkeypatch):
         assert field in err and len(err.strip().splitlines()) == 1
     with pytest.raises(ConfigError, match="run.async_write_s"):
         dataclasses.replace(_model(1.0), async_write_s=-1.0)
+
+
+# -- restart cost growing with the job --------------------------------------------------------------
+def test_restart_grows_with_the_node_count_and_is_600_s_at_llama3s_size():
+    from simulator.goodput.cli import RESTART_S, restart_s
+    assert restart_s(2048) == RESTART_S == 600.0
+    assert restart_s(8) == pytest.approx(450.0 + 150.0 * 8 / 2048)
+    assert restart_s(16384) == pytest.approx(450.0 + 150.0 * 8)
+    assert restart_s(8192, 100.0, 50.0, 0.5) == pytest.approx(100.0 + 50.0 * 2.0)
+
+
+def test_goodput_restart_flags(capsys, monkeypatch):
+    import json
+
+    from simulator.cli import main
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    args = ["goodput", DEMO, "--tokens", "1e11", "--step-time", "5", "--runs", "2", "--json", "--checkpoint-s", "30"]
+    assert main(args + ["--restart-fixed-s", "100", "--restart-comm-s", "2048", "--restart-alpha", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["restart_s"] == pytest.approx(108.0)    # 8 nodes
+    assert main(args + ["--restart-s", "77", "--restart-alpha", "3"]) == 0            # the given restart wins
+    assert json.loads(capsys.readouterr().out)["restart_s"] == 77.0
+    assert main(args + ["--restart-alpha", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "--restart-alpha" in err and ">= 0" in err
