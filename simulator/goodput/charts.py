@@ -10,7 +10,7 @@ __all__ = ["goodput_figure", "sweep_figure"]
 
 _KINDS = (("productive", "steps kept"), ("checkpoint", "checkpoint writes"), ("lost_work", "steps lost (redone)"),
           ("lost_checkpoint", "checkpoint writes lost"), ("restart", "restarts"),
-          ("spare_wait", "waiting for a spare node"), ("degraded", "replicas down (slower steps)"))
+          ("spare_wait", "waiting for a spare node"), ("degraded", "slower steps (replicas down, slow GPUs)"))
 
 
 def goodput_figure(result, path: Path) -> Path:

@@ -49,6 +49,10 @@ as NCCL's bootstrap all-gathers run over a ring of all ranks (an assumption; set
 REPAIR_H = 48.0
 """From a node's failure until it is back in the spare pool: diagnosis, a part swapped or the
 node replaced, burn-in.  An assumption (two days): set yours with --repair-h."""
+SLOW_FACTOR = 1.5
+"""Step time while a slow GPU is undetected, over the normal one: an assumption."""
+DETECT_H = 1.0
+"""Hours from a GPU turning slow to its detection (the detection policy): an assumption."""
 SWEEP_KEYS = {"checkpoint_interval": str, "checkpoint_s": float, "storage_gbps": float, "storage_node_gbps": float,
               "restart_s": float,
               "failure_scale": float, "spares": str, "repair_h": float, "replicas": int}
@@ -100,6 +104,15 @@ def add_parser(sub):
     p.add_argument("--replicas", type=int, default=1,
                    help="data-parallel replicas that fail and rejoin on their own while the others train on "
                         "(default 1: any failure stops the job)")
+    p.add_argument("--slow-rate", type=float, default=0.0, metavar="PER_GPU_HOUR",
+                   help="GPUs turning slow (not failing) per GPU-hour; the job runs --slow-factor slower until "
+                        "one is detected (default 0)")
+    p.add_argument("--slow-factor", type=float, default=SLOW_FACTOR,
+                   help=f"step time while a slow GPU is undetected, over the normal one (default {SLOW_FACTOR:g}, "
+                        "an assumption)")
+    p.add_argument("--detect-h", type=float, default=DETECT_H,
+                   help=f"hours from a GPU turning slow to its detection, then handled as a failure (default "
+                        f"{DETECT_H:g}, an assumption)")
     p.add_argument("--sweep", action="append", metavar="KEY=V1,V2,...",
                    help="run the model at every combination of these values (repeatable); KEY is one of "
                         + ", ".join(SWEEP_KEYS) + "; the step is simulated once")
@@ -191,7 +204,19 @@ def _build(args, sc, info: dict) -> RunModel:
     return RunModel(work_s=info["steps"] * info["step_s"], num_gpus=sc.cluster.num_gpus,
                     gpus_per_node=sc.cluster.gpus_per_host, causes=_causes(args), checkpoint_s=copy_s,
                     restart_s=_restart(args, -(-sc.cluster.num_gpus // sc.cluster.gpus_per_host)), interval_s=interval, spares=_spares(args.spares),
-                    repair_s=args.repair_h * 3600.0, replicas=args.replicas, async_write_s=write_s)
+                    repair_s=args.repair_h * 3600.0, replicas=args.replicas, async_write_s=write_s,
+                    **_slow(args))
+
+
+def _slow(args) -> dict:
+    """The slow-GPU fields of the run model from --slow-rate, --slow-factor and --detect-h."""
+    for flag, v, low in (("--slow-rate", args.slow_rate, 0.0), ("--slow-factor", args.slow_factor, 1.0),
+                         ("--detect-h", args.detect_h, 0.0)):
+        if not (v >= low and math.isfinite(v)):
+            raise ConfigError(flag, v, f"must be a finite number >= {low:g}")
+    if args.slow_rate > 0 and (args.replicas > 1 or args.async_checkpoint):
+        raise ConfigError("--slow-rate", args.slow_rate, "is modelled with --replicas 1 and synchronous checkpoints only")
+    return {"slow_rate_per_hour": args.slow_rate, "slow_factor": args.slow_factor, "detect_s": args.detect_h * 3600.0}
 
 
 def _async(args, info: dict, ckpt: float) -> tuple[float, float | None]:
@@ -262,6 +287,9 @@ def _print_summary(sc, model: RunModel, s: dict, info: dict, args) -> None:
         print(f"  asynchronous checkpoints: {model.checkpoint_s:.3g} s blocking copy of "
               f"{info['checkpoint_rank_bytes'] / 1e9:.3g} GB per GPU, {model.async_write_s:.3g} s write in the "
               "background (a checkpoint due while one is written is skipped)")
+    if model.slow_rate_per_hour > 0:
+        print(f"  slow GPUs: {model.slow_rate_per_hour:.3g} per GPU-hour, steps x{model.slow_factor:g} until "
+              f"detected after {model.detect_s / hour:.3g} h, then handled as a failure")
     spares = "unlimited spares" if model.spares is None else \
         f"{model.spares} spare nodes, repair {model.repair_s / hour:.3g} h"
     print(f"  {spares}; {model.replicas} replica{'s' if model.replicas > 1 else ''} as the unit of fault tolerance")

@@ -41,7 +41,9 @@ Two options change what a failure costs:
 
 Asynchronous checkpoint writes (``async_write_s``): :mod:`.asyncckpt`.
 
-Not modelled yet: slow (not failed) GPUs or links.
+Slow (not failed) GPUs that persist until detected (``slow_rate_per_hour``): :mod:`.degraded`.
+
+Not modelled yet: slow links.
 """
 
 from __future__ import annotations
@@ -107,6 +109,12 @@ class RunModel:
     async_write_s: float | None = None
     """Asynchronous checkpoints: the background write to storage after the blocking copy
     (``checkpoint_s``); None: checkpoints are written synchronously (:mod:`.asyncckpt`)."""
+    slow_rate_per_hour: float = 0.0
+    """GPUs turning slow (not failing), per GPU-hour (:mod:`.degraded`)."""
+    slow_factor: float = 1.0
+    """How much longer a step takes while a slow GPU is undetected."""
+    detect_s: float = 0.0
+    """Time from a GPU turning slow until it is detected and handled as a failure."""
 
     def __post_init__(self):
         for name in ("work_s", "checkpoint_s", "restart_s"):
@@ -133,6 +141,17 @@ class RunModel:
                 raise ConfigError("run.async_write_s", self.async_write_s, "must be a finite number of seconds >= 0")
             if self.replicas > 1:
                 raise ConfigError("run.async_write_s", self.async_write_s, "asynchronous checkpoints need replicas = 1")
+
+        self._check_slow()
+
+    def _check_slow(self) -> None:
+        for name, low in (("slow_rate_per_hour", 0.0), ("slow_factor", 1.0), ("detect_s", 0.0)):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= low):
+                raise ConfigError(f"run.{name}", v, f"must be a finite number >= {low:g}")
+        if self.slow_rate_per_hour > 0 and (self.replicas > 1 or self.async_write_s is not None):
+            raise ConfigError("run.slow_rate_per_hour", self.slow_rate_per_hour,
+                              "slow GPUs are modelled with replicas = 1 and synchronous checkpoints only")
 
     def units(self, per: str) -> float:
         return {"gpu": self.num_gpus, "node": math.ceil(self.num_gpus / self.gpus_per_node), "job": 1}[per]
@@ -258,6 +277,20 @@ class SparePool:
         self._settle(now)
 
 
+def _plain_strike(job_of, pool: SparePool):
+    """The strike of a job that any failure stops: None once it is over, False while it waits
+    for a node (nothing of it runs), else it is interrupted (True)."""
+    def strike(cause):
+        job = job_of()
+        if not job.is_alive:
+            return None
+        if pool.waiting:
+            return False
+        job.interrupt(cause)
+        return True
+    return strike
+
+
 # -- one run -----------------------------------------------------------------------------------
 def _restart(env, out: RunOutcome, model: RunModel, pool: SparePool, cause: FailureCause):
     """Wait for a replacement node if the failure took one and no spare is ready, then restart
@@ -338,20 +371,18 @@ def simulate_run(model: RunModel, seed) -> RunOutcome:
         ctl = Replicas(env, model, out, pool, rng)
         job = ctl.start()
         strike = ctl.strike
+    elif model.slow_rate_per_hour > 0:
+        from .degraded import SLOW_CAUSE, SlowGpus
+        out.interruptions[SLOW_CAUSE.name] = 0
+        strike = _plain_strike(lambda: job, pool)
+        job = SlowGpus(env, model, out, pool, rng, strike).start()
     else:
         if model.async_write_s is None:
             job = env.process(_job(env, model, out, model.interval, pool))
         else:
             from .asyncckpt import async_job
             job = env.process(async_job(env, model, out, model.interval, pool))
-
-        def strike(cause):
-            if not job.is_alive:
-                return None
-            if pool.waiting:
-                return False
-            job.interrupt(cause)
-            return True
+        strike = _plain_strike(lambda: job, pool)
     rates = model.rates_per_s()
     if rates.sum() > 0:
         env.process(_failures(env, strike, rng, rates, model.causes, out))
@@ -386,8 +417,8 @@ class GoodputResult:
             "wall_mean_s": float(w.mean()), "wall_sem_s": float(w.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0,
             "wall_p50_s": float(np.percentile(w, 50)), "wall_p90_s": float(np.percentile(w, 90)),
             "goodput": float(np.mean([o.goodput for o in self.outcomes])),
-            "interruptions": {c.name: float(np.mean([o.interruptions[c.name] for o in self.outcomes]))
-                              for c in self.model.causes},
+            "interruptions": {k: float(np.mean([o.interruptions[k] for o in self.outcomes]))
+                              for k in self.outcomes[0].interruptions},
             "time_s": {k: float(np.mean([o.time_s[k] for o in self.outcomes])) for k in kinds},
             "daly_expected_wall_s": daly_expected_wall_s(self.model.work_s, self.model.interval,
                                                          self.model.checkpoint_s, self.model.restart_s,
