@@ -55,7 +55,8 @@ DETECT_H = 1.0
 """Hours from a GPU turning slow to its detection (the detection policy): an assumption."""
 SWEEP_KEYS = {"checkpoint_interval": str, "checkpoint_s": float, "storage_gbps": float, "storage_node_gbps": float,
               "restart_s": float,
-              "failure_scale": float, "spares": str, "repair_h": float, "replicas": int}
+              "failure_scale": float, "spares": str, "repair_h": float, "replicas": int, "slow_rate": float,
+              "slow_factor": float, "detect_h": float}
 """What ``--sweep`` varies: the flags of the same names (dashes as underscores)."""
 
 
@@ -377,6 +378,11 @@ def _summary_rows(model: RunModel, s: dict, info: dict) -> list[list]:
             ["checkpoint", f"{model.checkpoint_s:.3g} s every {model.interval / 60:.1f} min"],
             ["restart", f"{model.restart_s:.0f} s"], ["hot spares", spares],
             ["replicas", f"{model.replicas} (unit of fault tolerance)"],
+            ["asynchronous checkpoints", "no" if model.async_write_s is None else
+             f"{model.checkpoint_s:.3g} s copy blocks, {model.async_write_s:.3g} s write in the background"],
+            ["slow GPUs", "none" if model.slow_rate_per_hour == 0 else
+             f"{model.slow_rate_per_hour:.3g} per GPU-hour, x{model.slow_factor:g} until detected after "
+             f"{model.detect_s / hour:.3g} h"],
             ["Monte Carlo", f"{s['runs']} runs, seed {s['seed']}"]]
 
 
