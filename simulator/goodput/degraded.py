@@ -12,18 +12,16 @@ writes and restarts run at full speed.
 
 from __future__ import annotations
 
-import simpy
-
-from .model import FailureCause, RunModel, RunOutcome, SparePool, _lose, _restart
+from .model import FailureCause, RunModel, RunOutcome, SparePool
+from .rated import RatedJob
 
 __all__ = ["SlowGpus", "SLOW_CAUSE"]
 
 SLOW_CAUSE = FailureCause("slow_gpu", "hardware", "gpu", 0.0)
 """The failure a detected slow GPU is handled as (its rate is ``slow_rate_per_hour``)."""
-_RATE = "rate"
 
 
-class SlowGpus:
+class SlowGpus(RatedJob):
     """The job's speed (1, or ``1 / slow_factor`` while a slow GPU is undetected), the
     process that turns GPUs slow and detects them, and the job that computes at that speed."""
 
@@ -61,55 +59,4 @@ class SlowGpus:
 
     def _set(self, slow: bool) -> None:
         self.slow = slow
-        if self.computing and self.job.is_alive:
-            self.job.interrupt(_RATE)
-
-    def _compute(self, seg: float):
-        """``seg`` seconds of full-speed work at the current speed; returns the wall time the
-        slowdown added."""
-        done, degraded = 0.0, 0.0
-        while True:
-            rate, t0 = self.rate, self.env.now
-            try:
-                yield self.env.timeout((seg - done) / rate)
-                return degraded + (self.env.now - t0) * (1.0 - rate)
-            except simpy.Interrupt as e:
-                if e.cause != _RATE:
-                    raise
-                dt = self.env.now - t0
-                done += dt * rate
-                degraded += dt * (1.0 - rate)
-
-    def _checkpoint(self):
-        left = self.model.checkpoint_s
-        while True:
-            t0 = self.env.now
-            try:
-                yield self.env.timeout(left)
-                return
-            except simpy.Interrupt as e:
-                if e.cause != _RATE:
-                    raise
-                left -= self.env.now - t0
-
-    def _job(self):
-        out, model, env = self.out, self.model, self.env
-        remaining = model.work_s
-        while remaining > 0:
-            seg = min(model.interval, remaining)
-            start, ck_start = env.now, None
-            self.computing = True
-            try:
-                degraded = yield from self._compute(seg)
-                ck_start = env.now
-                yield from self._checkpoint()
-            except simpy.Interrupt as e:
-                self.computing = False
-                _lose(out, env.now, start, ck_start, ck_start - start if ck_start is not None else 0.0)
-                yield from _restart(env, out, model, self.pool, e.cause)
-                continue
-            self.computing = False
-            remaining -= seg
-            out.time_s["productive"] += seg
-            out.time_s["degraded"] += degraded
-            out.time_s["checkpoint"] += model.checkpoint_s
+        self.speed_changed()

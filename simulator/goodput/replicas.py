@@ -10,15 +10,12 @@ back with the job's restart.
 
 from __future__ import annotations
 
-import simpy
-
-from .model import NODE_TAKING_KINDS, RunModel, RunOutcome, SparePool, _lose, _restart
-
-_RATE = "rate"
-"""The interrupt that tells the job the number of replicas up has changed."""
+from .model import NODE_TAKING_KINDS, RunModel, RunOutcome, SparePool
+from .rated import RATE, RatedJob
 
 
-class Replicas:
+
+class Replicas(RatedJob):
     """The replicas' states and the job process that trains on those that are up."""
 
     def __init__(self, env, model: RunModel, out: RunOutcome, pool: SparePool, rng):
@@ -52,7 +49,7 @@ class Replicas:
             return False
         self.down[i] = True
         self.env.process(self._rejoin(i, cause))
-        self.job.interrupt(_RATE)
+        self.job.interrupt(RATE)
         return True
 
     def _rejoin(self, i: int, cause):
@@ -65,61 +62,9 @@ class Replicas:
         if gen != self.generation or not self.down[i]:
             return
         self.down[i] = False
-        if self.computing and self.job.is_alive:
-            self.job.interrupt(_RATE)
+        self.speed_changed()
 
-    # -- the job -----------------------------------------------------------------------------
-    def _compute(self, seg: float):
-        """``seg`` seconds of full-speed work at the current rate; returns the wall time lost
-        to replicas being down."""
-        done, degraded = 0.0, 0.0
-        while done < seg:
-            rate, t0 = self.rate, self.env.now
-            try:
-                if rate > 0:
-                    yield self.env.timeout((seg - done) / rate)
-                    degraded += (self.env.now - t0) * (1.0 - rate)
-                    return degraded
-                yield self.env.event()          # no replica up: wait for one to rejoin
-            except simpy.Interrupt as e:
-                if e.cause != _RATE:
-                    raise
-                dt = self.env.now - t0
-                done += dt * rate
-                degraded += dt * (1.0 - rate)
-        return degraded
-
-    def _checkpoint(self):
-        left = self.model.checkpoint_s
-        while left > 0:
-            t0 = self.env.now
-            try:
-                yield self.env.timeout(left)
-                return
-            except simpy.Interrupt as e:
-                if e.cause != _RATE:
-                    raise
-                left -= self.env.now - t0
-
-    def _job(self):
-        out, model = self.out, self.model
-        remaining, interval = model.work_s, model.interval
-        while remaining > 0:
-            seg = min(interval, remaining)
-            start, ck_start = self.env.now, None
-            self.computing = True
-            try:
-                degraded = yield from self._compute(seg)
-                ck_start = self.env.now
-                yield from self._checkpoint()
-            except simpy.Interrupt as e:
-                self.computing = False
-                _lose(out, self.env.now, start, ck_start, ck_start - start if ck_start is not None else 0.0)
-                self.generation += 1
-                self.down = [False] * len(self.down)
-                yield from _restart(self.env, out, model, self.pool, e.cause)
-                continue
-            remaining -= seg
-            out.time_s["productive"] += seg
-            out.time_s["degraded"] += degraded
-            out.time_s["checkpoint"] += model.checkpoint_s
+    def _on_rollback(self) -> None:
+        """A failure of the whole job brings every replica back with it."""
+        self.generation += 1
+        self.down = [False] * len(self.down)
