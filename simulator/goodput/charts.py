@@ -46,6 +46,19 @@ def goodput_figure(result, path: Path) -> Path:
     return path
 
 
+#: Units of the ``--sweep`` keys, for the x-axis label.
+SWEEP_UNITS = {"checkpoint_interval": "s", "checkpoint_s": "s", "storage_gbps": "GB/s",
+               "storage_node_gbps": "GB/s", "restart_s": "s", "failure_scale": "x the failure rates",
+               "spares": "nodes", "repair_h": "h", "replicas": "data-parallel replicas",
+               "slow_rate": "per GPU-hour", "slow_factor": "x the step", "detect_h": "h"}
+
+
+def axis_label(key: str) -> str:
+    """A swept key with its unit: ``checkpoint_interval (s)``."""
+    unit = SWEEP_UNITS.get(key)
+    return f"{key} ({unit})" if unit else key
+
+
 def _label(v) -> str:
     return f"{v:g}" if isinstance(v, (int, float)) else str(v)
 
@@ -72,7 +85,7 @@ def sweep_figure(rows: list[dict], keys: list[str], path: Path) -> Path:
         b.plot(x, [100 * r["goodput"] for r in rs], marker="o", label=name or None)
     for ax in (a, b):
         ax.set_xticks(range(len(xs)), xs)
-        ax.set_xlabel(first)
+        ax.set_xlabel(axis_label(first))
         ax.grid(alpha=0.3)
         if len(groups) > 1:
             ax.legend(fontsize=7)

@@ -534,3 +534,11 @@ def test_goodput_slow_gpu_flags(tmp_path, capsys, monkeypatch):
         assert flag in err and value in err and len(err.strip().splitlines()) == 1
     assert main(args[:-2] + ["--replicas", "2"]) == 2
     assert "--slow-rate" in capsys.readouterr().err
+
+
+def test_every_sweep_key_has_a_unit_on_the_axis():
+    """The sweep plot's x-axis names the swept key with its unit (``checkpoint_interval (s)``)."""
+    from simulator.goodput.charts import SWEEP_UNITS, axis_label
+    from simulator.goodput.cli import SWEEP_KEYS
+    assert set(SWEEP_UNITS) == set(SWEEP_KEYS)
+    assert axis_label("checkpoint_interval") == "checkpoint_interval (s)"
