@@ -124,7 +124,11 @@ Framework defaults for empty cells (echoed per row in ``notes``), :data:`FRAMEWO
   ``overlap_comm`` (gradient reduce and parameter gather overlap) only at stage 3, its
   default there; no sequence parallelism, no recompute, no p2p overlap.
 * **torchtitan**: FSDP2 (ZeRO-3), sequence parallelism with TP (its TP plan shards norms
-  along the sequence), selective recompute (its default ``activation_checkpoint.mode``).
+  along the sequence), and its default activation checkpointing (v0.2.2: mode ``selective``
+  with ``selective_ac_option: "2"``, every second transformer block fully checkpointed) as
+  full recompute of half of each stage's layers (``recompute_method: block``,
+  ``recompute_num_layers`` = ceil(layers per stage / 2): the same recomputed work and held
+  activations, the checkpointed layers placed first).
 * **llm-foundry** (contains "llm-foundry" or "composer"): the ``llm_foundry`` kernel stack
   (its Triton FlashAttention kernel); where the row is silent FSDP FULL_SHARD (ZeRO-3), no
   sequence parallelism, no recompute, gradient-reduce and parameter-gather overlap on
@@ -199,11 +203,13 @@ FRAMEWORKS: dict[str, dict] = {
     },
     "torchtitan": {
         "label": "torchtitan defaults",
-        "sequence_parallel": "tp>1", "zero_stage": 3, "distributed_optimizer": True, "recompute": "selective",
+        "sequence_parallel": "tp>1", "zero_stage": 3, "distributed_optimizer": True, "recompute": "every_2nd_layer",
         "overlap": {"grad_reduce": True, "param_gather": True, "p2p": False},
         "convention": "megatron_core_2025",
-        "source": "pytorch/torchtitan (FSDP2, TP plan with sequence-sharded norms, activation_checkpoint.mode "
-                  "selective)",
+        "source": "pytorch/torchtitan (FSDP2, TP plan with sequence-sharded norms); torchtitan/config/job_config.py"
+                  "@v0.2.2 activation_checkpoint mode 'selective' with selective_ac_option '2': "
+                  "torchtitan/distributed/activation_checkpoint.py@v0.2.2 _apply_layer_sac wraps every 2nd "
+                  "transformer block in a full checkpoint",
     },
     "megatron_bridge": {
         "label": "Megatron-Bridge runtime defaults",
@@ -846,7 +852,8 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
     notes += lnotes
     notes += _published_batch(row, par, dense, model, base)
     notes += _executed_vocab(row, par["tp"], model, base, mpreset)
-    fw, prof, overlap, fnotes = _framework_defaults(row, par)
+    fw, prof, overlap, fnotes = _framework_defaults(row, par, int(model.get("num_layers", base.get("num_layers", 0))
+                                                                     or 0))
     notes += fnotes
     precision, cluster, pnotes = _precision_and_recipe(row, fw, mpreset, cluster)
     notes += pnotes
@@ -1302,7 +1309,17 @@ def _executed_vocab(row: dict, tp: int, model: dict, base: dict, mpreset: str | 
     return []
 
 
-def _framework_defaults(row: dict, par: dict) -> tuple[str, dict, dict, list[str]]:
+def _default_recompute(name: str, par: dict, num_layers: int) -> dict:
+    """A framework's default recompute as ``parallel`` settings; ``every_2nd_layer``
+    (torchtitan's layer-wise selective AC, one block in two checkpointed) as full recompute of
+    ceil(half) of each stage's layers, the block method."""
+    if name != "every_2nd_layer":
+        return {"recompute": name}
+    per_stage = max(1, num_layers // max(1, par["pp"] * par.get("vpp", 1)))
+    return {"recompute": "full", "recompute_method": "block", "recompute_num_layers": -(-per_stage // 2)}
+
+
+def _framework_defaults(row: dict, par: dict, num_layers: int = 0) -> tuple[str, dict, dict, list[str]]:
     """``(framework, its FRAMEWORKS profile, overlap section, notes)``; sets sequence
     parallelism, the ZeRO stage and recompute in ``par``, from the row or, for empty cells,
     the framework's defaults (listed in one note)."""
@@ -1321,8 +1338,8 @@ def _framework_defaults(row: dict, par: dict) -> tuple[str, dict, dict, list[str
         dist = zero >= 1
     rc = _recompute(_cell(row, "activation_recompute"))
     if rc is None:
-        rc = {"recompute": prof["recompute"]}
-        used.append(f"recompute={prof['recompute']}")
+        rc = _default_recompute(prof["recompute"], par, num_layers)
+        used.append(", ".join(f"{k}={v}" for k, v in rc.items()))
     par.update(sequence_parallel=sp, zero_stage=zero, distributed_optimizer=dist, **rc)
     overlap = {"grad_reduce": prof["overlap"]["grad_reduce"], "param_gather": prof["overlap"]["param_gather"],
                "tp_comm": prof["overlap"].get("tp_comm", False), "p2p": prof["overlap"]["p2p"]}

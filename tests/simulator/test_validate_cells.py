@@ -309,3 +309,21 @@ def test_each_llm_foundry_row_runs_the_attention_its_sweep_gave_it():
         flash = large and model.split("-")[1] in ("1b", "3b", "7b", "70b")
         assert stacks == {"llm_foundry_flash" if flash else "llm_foundry"}, (large, model)
     assert (True, "mpt-13b") in seen and (True, "mpt-7b") in seen
+
+
+@pytest.mark.parametrize("pp, layers, expect", [(1, 32, 16), (2, 32, 8), (4, 30, 4), (1, 1, 1)])
+def test_torchtitan_default_checkpoints_every_second_block(pp, layers, expect):
+    """torchtitan v0.2.2's default AC (mode selective, selective_ac_option "2": every second
+    block fully checkpointed) runs as full recompute of ceil(half) of each stage's layers."""
+    from simulator.validation.mapping import row_to_scenario
+    from workloads.stacks.megatron_te.layers import _recompute_kind
+    row = {"framework": "torchtitan", "gpu_type": "H100 80GB", "num_gpus": str(8 * pp), "tp": "1", "pp": str(pp),
+           "model": "test-dense",
+           "num_layers": str(layers), "hidden_size": "1024", "ffn_hidden_size": "4096", "num_heads": "8",
+           "vocab_size": "32000",
+           "seq_len": "2048", "micro_batch_size": "1", "global_batch_size": str(8 * pp * 2), "precision": "BF16"}
+    scenario, _ = row_to_scenario(row, "published")
+    par = load_scenario(scenario).parallel
+    assert (par.recompute, par.recompute_method, par.recompute_num_layers) == ("full", "block", expect)
+    per_stage = layers // pp
+    assert sum(_recompute_kind(par, i, per_stage) == "full" for i in range(per_stage)) == -(-per_stage // 2)
