@@ -124,11 +124,19 @@ Framework defaults for empty cells (echoed per row in ``notes``), :data:`FRAMEWO
   ``overlap_comm`` (gradient reduce and parameter gather overlap) only at stage 3, its
   default there; no sequence parallelism, no recompute, no p2p overlap.
 * **torchtitan**: FSDP2 (ZeRO-3), sequence parallelism with TP (its TP plan shards norms
-  along the sequence), selective recompute (its default ``activation_checkpoint.mode``).
+  along the sequence), and its default activation checkpointing (v0.2.2: mode ``selective``
+  with ``selective_ac_option: "2"``, every second transformer block fully checkpointed) as
+  full recompute of half of each stage's layers (``recompute_method: block``,
+  ``recompute_num_layers`` = ceil(layers per stage / 2): the same recomputed work and held
+  activations, the checkpointed layers placed first).
 * **llm-foundry** (contains "llm-foundry" or "composer"): the ``llm_foundry`` kernel stack
   (its Triton FlashAttention kernel); where the row is silent FSDP FULL_SHARD (ZeRO-3), no
   sequence parallelism, no recompute, gradient-reduce and parameter-gather overlap on
-  (``scripts/train/benchmarking/submit_benchmarks.py``).
+  (``scripts/train/benchmarking/submit_benchmarks.py``).  Per row (:func:`_llm_foundry_run`):
+  Composer's ``MP mode`` in the precision cell sets the gradient reduction's dtype (DEFAULT
+  FP32, PURE BF16; FULL, all FP32, is unsupported), and the runs of the "Large Scale" H100
+  table that ``sweep.py`` gave ``--attn_impl flash`` (MPT 1b, 3b, 7b, 70b) run on the
+  ``llm_foundry_flash`` stack (FlashAttention-2).
 * anything else: clustersim's own defaults (Megatron-Core as in NVIDIA's recipes:
   sequence_parallel with TP, distributed optimizer, selective recompute, overlap on), noted.
 
@@ -195,11 +203,13 @@ FRAMEWORKS: dict[str, dict] = {
     },
     "torchtitan": {
         "label": "torchtitan defaults",
-        "sequence_parallel": "tp>1", "zero_stage": 3, "distributed_optimizer": True, "recompute": "selective",
+        "sequence_parallel": "tp>1", "zero_stage": 3, "distributed_optimizer": True, "recompute": "every_2nd_layer",
         "overlap": {"grad_reduce": True, "param_gather": True, "p2p": False},
         "convention": "megatron_core_2025",
-        "source": "pytorch/torchtitan (FSDP2, TP plan with sequence-sharded norms, activation_checkpoint.mode "
-                  "selective)",
+        "source": "pytorch/torchtitan (FSDP2, TP plan with sequence-sharded norms); torchtitan/config/job_config.py"
+                  "@v0.2.2 activation_checkpoint mode 'selective' with selective_ac_option '2': "
+                  "torchtitan/distributed/activation_checkpoint.py@v0.2.2 _apply_layer_sac wraps every 2nd "
+                  "transformer block in a full checkpoint",
     },
     "megatron_bridge": {
         "label": "Megatron-Bridge runtime defaults",
@@ -842,7 +852,8 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
     notes += lnotes
     notes += _published_batch(row, par, dense, model, base)
     notes += _executed_vocab(row, par["tp"], model, base, mpreset)
-    fw, prof, overlap, fnotes = _framework_defaults(row, par)
+    fw, prof, overlap, fnotes = _framework_defaults(row, par, int(model.get("num_layers", base.get("num_layers", 0))
+                                                                     or 0))
     notes += fnotes
     precision, cluster, pnotes = _precision_and_recipe(row, fw, mpreset, cluster)
     notes += pnotes
@@ -852,9 +863,11 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
                 "precision": precision, "overlap": overlap, "num_steps": 2}
     if popts:
         scenario["precision_options"] = popts
+    if fw == "llm_foundry":
+        notes += _llm_foundry_run(row, scenario)
     if prof.get("stack"):
-        scenario["framework"] = prof["stack"]
-        notes.append(f"kernel stack {prof['stack']}")
+        scenario.setdefault("framework", prof["stack"])
+        notes.append(f"kernel stack {scenario['framework']}")
     if prof.get("grad_reduce_dtype"):
         scenario["grad_reduce_dtype"] = prof["grad_reduce_dtype"]
         notes.append(f"grad_reduce_dtype={prof['grad_reduce_dtype']} ({prof['label']})")
@@ -862,6 +875,51 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
         notes += _bridge_recipe(row, scenario, base)
     _check_pipeline_split(par, int(model.get("num_layers", base.get("num_layers", 0)) or 0))
     return scenario, notes
+
+
+#: Composer's FSDP mixed-precision modes -> the gradient reduction's dtype.  Source:
+#: mosaicml/composer ``composer/trainer/mosaic_fsdp_utils.py`` ``get_mixed_precision`` @v0.16.4
+#: and @v0.17.2: DEFAULT = (param BF16, reduce FP32, buffer BF16), PURE = all BF16, FULL = all
+#: FP32.  (Before v0.16.4, commit d745fcb1 "patch default", DEFAULT left reduce_dtype unset.)
+#: Parameters are gathered in BF16 under DEFAULT and PURE alike.
+_COMPOSER_REDUCE_DTYPE = {"default": "fp32", "pure": "bf16"}
+
+#: Benchmark-table sections whose runs set ``attn_impl`` per model (the rest ran
+#: ``submit_benchmarks.py``'s default, ``triton``): mosaicml/llm-foundry
+#: ``scripts/train/benchmarking/sweep.py``@5e85bd62, which made the "Large Scale" H100 table
+#: (``--attn_impl flash`` for 1b, 3b, 7b and 70b, ``triton`` for 13b and 30b), and
+#: ``submit_benchmarks.py``@5e85bd62, which writes the flag into the run's yaml and installs
+#: ``.[gpu-flash2]`` (flash-attn 2.4.2).
+_LLM_FOUNDRY_FLASH_RUNS = {"large scale": ("1b", "3b", "7b", "70b")}
+
+
+def _llm_foundry_run(row: dict, scenario: dict) -> list[str]:
+    """The settings of one llm-foundry benchmark run its cells imply, set in ``scenario``: the
+    attention kernel (``attn_impl``: the kernel stack) and Composer's mixed-precision mode
+    (``MP mode`` in the precision cell: the gradient reduction's dtype).  Notes say which."""
+    notes = []
+    mode = re.search(r"mp\s*mode\s*([a-z]+)", _cell(row, "precision").lower())
+    if mode:
+        name = mode.group(1)
+        if name == "full":
+            raise Unsupported(f"precision {_cell(row, 'precision')!r}: Composer's FULL mode keeps parameters, "
+                              "gathers and gradients in FP32 (FP32 training is not modelled)")
+        if name not in _COMPOSER_REDUCE_DTYPE:
+            raise Unsupported(f"precision {_cell(row, 'precision')!r}: MP mode {name.upper()} is not one of "
+                              "Composer's DEFAULT, PURE, FULL")
+        dtype = _COMPOSER_REDUCE_DTYPE[name]
+        scenario["grad_reduce_dtype"] = dtype
+        notes.append(f"Composer MP mode {name.upper()}: parameters gathered in BF16, gradients reduced in "
+                     f"{dtype.upper()} -> grad_reduce_dtype={dtype}")
+    where = _cell(row, "source_location").lower()
+    size = re.sub(r"^mpt-?", "", _cell(row, "model").lower().strip())
+    flash = any(sec in where and size in sizes for sec, sizes in _LLM_FOUNDRY_FLASH_RUNS.items())
+    if flash:
+        scenario["framework"] = "llm_foundry_flash"
+        notes.append("attn_impl: flash (FlashAttention-2, llm-foundry sweep.py@5e85bd62)")
+    else:
+        notes.append("attn_impl: triton (submit_benchmarks.py default)")
+    return notes
 
 
 _SPLIT_KEYS = ("pipeline_layout", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
@@ -1251,7 +1309,17 @@ def _executed_vocab(row: dict, tp: int, model: dict, base: dict, mpreset: str | 
     return []
 
 
-def _framework_defaults(row: dict, par: dict) -> tuple[str, dict, dict, list[str]]:
+def _default_recompute(name: str, par: dict, num_layers: int) -> dict:
+    """A framework's default recompute as ``parallel`` settings; ``every_2nd_layer``
+    (torchtitan's layer-wise selective AC, one block in two checkpointed) as full recompute of
+    ceil(half) of each stage's layers, the block method."""
+    if name != "every_2nd_layer":
+        return {"recompute": name}
+    per_stage = max(1, num_layers // max(1, par["pp"] * par.get("vpp", 1)))
+    return {"recompute": "full", "recompute_method": "block", "recompute_num_layers": -(-per_stage // 2)}
+
+
+def _framework_defaults(row: dict, par: dict, num_layers: int = 0) -> tuple[str, dict, dict, list[str]]:
     """``(framework, its FRAMEWORKS profile, overlap section, notes)``; sets sequence
     parallelism, the ZeRO stage and recompute in ``par``, from the row or, for empty cells,
     the framework's defaults (listed in one note)."""
@@ -1270,8 +1338,8 @@ def _framework_defaults(row: dict, par: dict) -> tuple[str, dict, dict, list[str
         dist = zero >= 1
     rc = _recompute(_cell(row, "activation_recompute"))
     if rc is None:
-        rc = {"recompute": prof["recompute"]}
-        used.append(f"recompute={prof['recompute']}")
+        rc = _default_recompute(prof["recompute"], par, num_layers)
+        used.append(", ".join(f"{k}={v}" for k, v in rc.items()))
     par.update(sequence_parallel=sp, zero_stage=zero, distributed_optimizer=dist, **rc)
     overlap = {"grad_reduce": prof["overlap"]["grad_reduce"], "param_gather": prof["overlap"]["param_gather"],
                "tp_comm": prof["overlap"].get("tp_comm", False), "p2p": prof["overlap"]["p2p"]}

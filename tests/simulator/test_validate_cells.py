@@ -256,14 +256,74 @@ def test_progress_bar_prints_a_line_per_tenth_off_a_terminal():
 
 def test_llm_foundry_rows_run_on_the_llm_foundry_stack():
     """A row whose framework cell names llm-foundry / Composer runs on the ``llm_foundry``
-    kernel stack (its attention kernel), with FSDP FULL_SHARD read from the row."""
+    kernel stack (its attention kernel; the Triton one outside the "Large Scale" table), with
+    FSDP FULL_SHARD read from the row."""
     import csv
 
     from simulator.validation.mapping import row_to_scenario
     path = Path(__file__).resolve().parents[2] / "experiments" / "reference" / "published_runs_llmfoundry.csv"
     with path.open() as f:
-        row = next(csv.DictReader(f))
+        row = next(r for r in csv.DictReader(f) if "Large Scale" not in r["source_location"])
     scenario, notes = row_to_scenario(row, "published")
     assert scenario["framework"] == "llm_foundry" and "kernel stack llm_foundry" in notes
     assert scenario["parallel"]["zero_stage"] == 3
     assert load_scenario(scenario).framework == "llm_foundry"
+
+
+def _llm_foundry_rows():
+    import csv
+    path = Path(__file__).resolve().parents[2] / "experiments" / "reference" / "published_runs_llmfoundry.csv"
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("mode, dtype", [("DEFAULT", "fp32"), ("PURE", "bf16")])
+def test_composer_mp_mode_sets_the_gradient_reduction_dtype(mode, dtype):
+    """Composer's get_mixed_precision: DEFAULT reduces gradients in FP32, PURE in BF16."""
+    from simulator.validation.mapping import row_to_scenario
+    row = {**_llm_foundry_rows()[0], "precision": f"amp_bf16 (MP mode {mode})"}
+    scenario, notes = row_to_scenario(row, "published")
+    assert scenario["grad_reduce_dtype"] == dtype
+    assert any(f"MP mode {mode}" in n for n in notes)
+    assert load_scenario(scenario).grad_reduce_dtype == dtype
+
+
+def test_composer_full_mode_is_unsupported_naming_the_cell():
+    from simulator.validation.ingest import Unsupported
+    from simulator.validation.mapping import row_to_scenario
+    row = {**_llm_foundry_rows()[0], "precision": "amp_bf16 (MP mode FULL)"}
+    with pytest.raises(Unsupported, match="precision .*FULL.*FP32"):
+        row_to_scenario(row, "published")
+
+
+def test_each_llm_foundry_row_runs_the_attention_its_sweep_gave_it():
+    """The "Large Scale" H100 table's MPT 1b/3b/7b/70b runs had attn_impl flash (sweep.py
+    @5e85bd62); its 13b/30b and every other table's runs the Triton default."""
+    from simulator.validation.mapping import row_to_scenario
+    seen = {}
+    for row in _llm_foundry_rows():
+        scenario, _ = row_to_scenario(row, "published")
+        large = "large scale" in row["source_location"].lower()
+        seen.setdefault((large, row["model"].lower()), set()).add(scenario["framework"])
+    for (large, model), stacks in seen.items():
+        flash = large and model.split("-")[1] in ("1b", "3b", "7b", "70b")
+        assert stacks == {"llm_foundry_flash" if flash else "llm_foundry"}, (large, model)
+    assert (True, "mpt-13b") in seen and (True, "mpt-7b") in seen
+
+
+@pytest.mark.parametrize("pp, layers, expect", [(1, 32, 16), (2, 32, 8), (4, 30, 4), (1, 1, 1)])
+def test_torchtitan_default_checkpoints_every_second_block(pp, layers, expect):
+    """torchtitan v0.2.2's default AC (mode selective, selective_ac_option "2": every second
+    block fully checkpointed) runs as full recompute of ceil(half) of each stage's layers."""
+    from simulator.validation.mapping import row_to_scenario
+    from workloads.stacks.megatron_te.layers import _recompute_kind
+    row = {"framework": "torchtitan", "gpu_type": "H100 80GB", "num_gpus": str(8 * pp), "tp": "1", "pp": str(pp),
+           "model": "test-dense",
+           "num_layers": str(layers), "hidden_size": "1024", "ffn_hidden_size": "4096", "num_heads": "8",
+           "vocab_size": "32000",
+           "seq_len": "2048", "micro_batch_size": "1", "global_batch_size": str(8 * pp * 2), "precision": "BF16"}
+    scenario, _ = row_to_scenario(row, "published")
+    par = load_scenario(scenario).parallel
+    assert (par.recompute, par.recompute_method, par.recompute_num_layers) == ("full", "block", expect)
+    per_stage = layers // pp
+    assert sum(_recompute_kind(par, i, per_stage) == "full" for i in range(per_stage)) == -(-per_stage // 2)

@@ -196,6 +196,18 @@ ATTENTION_BACKENDS: dict[str, dict[tuple[str, str], dict[str, float]]] = {
         ("hopper", "bf16"): {"F": 0.1655, "B": 0.130},
         ("hopper", "fp16"): {"F": 0.1655, "B": 0.130},
     },
+    # flash_attention_2: the CUDA FlashAttention-2 (flash-attn 2.x) on any GPU -- on Hopper
+    # slower than that generation's best ("flash": FA3-class), since FA2 does not use
+    # Hopper's wgmma/TMA.  Same charts: 189 (A100) and 328 (H100) TFLOP/s forward + backward
+    # at 16k, causal, head dim 128.  Ampere is the "flash" entry (FA2 itself, 183 TFLOP/s by
+    # the formula above).  Hopper, same split and formula: F = 328 / 989 / 0.837 = 0.396,
+    # B = 0.786 F = 0.311.
+    "flash_attention_2": {
+        ("ampere", "bf16"): {"F": 0.70, "B": 0.55},
+        ("ampere", "fp16"): {"F": 0.70, "B": 0.55},
+        ("hopper", "bf16"): {"F": 0.396, "B": 0.311},
+        ("hopper", "fp16"): {"F": 0.396, "B": 0.311},
+    },
 }
 """Fused attention kernels by name (:attr:`workloads.blocks.fusion.Fusion.attention_backend`)."""
 
@@ -204,6 +216,9 @@ BACKEND_HEAD_DIM_FACTOR: dict[str, tuple[tuple[int, float], ...]] = {
     # dim 64 than at 128 (causal, 16k tokens: A100 97 / 83 = 1.17, H100 156 / 137 = 1.14 in
     # flash_attention_readme_charts.csv); 1.15 taken for both.
     "flash_attention_1": ((64, 1.15), (128, 1.0)),
+    # FlashAttention-2 in the same charts, causal, 16k: A100 171 / 189 = 0.905, H100
+    # 284 / 328 = 0.866 at head dim 64; 0.885 taken for both.
+    "flash_attention_2": ((64, 0.885), (128, 1.0)),
 }
 """Head-dim factors of the backends whose head-dim behaviour differs from FlashAttention's."""
 
