@@ -237,6 +237,25 @@ def fit_fields(res) -> dict:
     return out
 
 
+def step_interval(res):
+    """The run's :class:`~simulator.validation.intervals.Interval` (computed once per result)."""
+    from .validation.intervals import scenario_interval
+    if not hasattr(res, "_step_interval"):
+        res._step_interval = scenario_interval(res.scenario)
+    return res._step_interval
+
+
+def interval_lines(res) -> list[str]:
+    """``likely measured  8.3-9.6 s  (80 % interval from 34 comparable measured runs: ...)``."""
+    from .validation.intervals import SIGN_NOTE
+    iv, step = step_interval(res), res.metrics["step_time_s"]
+    if not iv.known:
+        return [f"  likely measured  no comparable measurements ({iv.stratum}: {iv.basis}; docs/accuracy.md)"]
+    return [f"  likely measured  {iv.range_text(step)}   ({iv.level_text()} from {iv.rows} comparable measured runs: {iv.stratum}; "
+            f"{'sets' if len(iv.sets) > 1 else 'set'} {', '.join(iv.sets)}; {iv.basis})",
+            f"                   {SIGN_NOTE} (docs/accuracy.md)"]
+
+
 def summary_table(res) -> str:
     """The stdout summary of a run.  A layout the memory model says does not fit says so on
     its first line, and its step figures are marked hypothetical."""
@@ -252,7 +271,7 @@ def summary_table(res) -> str:
     hyp = "   (hypothetical)" if short else ""
     lines += [f"  what-if          {w}" for w in m.get("whatif", [])]
     lines += [f"  step time        {m['step_time_s']:.4f} s   (step {len(res.step_bounds)} of {len(res.step_bounds)})"
-              + tag,
+              + tag, *interval_lines(res),
              f"  MFU              {m['mfu']:.1%}   (bf16 peak {m['mfu_bf16_peak']:.1%}, HFU {m['hfu']:.1%}; "
              f"{m.get('flop_convention', 'megatron_core_2025')} FLOPs)" + hyp,
              f"  TFLOP/s per GPU  {m['tflops_per_gpu']:.1f}" + hyp,
@@ -333,7 +352,8 @@ def _run(args) -> int:
         from .report.html import run_report
         print(f"wrote {run_report(res, args.report)}", file=sys.stderr)
     if args.json:
-        print(json.dumps({**res.metrics, **fit_fields(res)}, default=float))
+        print(json.dumps({**res.metrics, **fit_fields(res),
+                          "step_interval": step_interval(res).as_dict(res.metrics["step_time_s"])}, default=float))
     else:
         print(summary_table(res))
         kernels_path = str(out / "kernels.csv") if args.per_kernel else None

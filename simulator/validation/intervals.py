@@ -9,7 +9,7 @@ every ``ok`` row's measured and predicted step.  The signed error there is
 ``r > 0`` and puts the measured step *above* the prediction.  An interval on ``r`` turns into
 one on the measured step: ``predicted x exp(r_low) .. predicted x exp(r_high)``.
 
-**Comparable rows** share a stratum (:class:`Stratum`): the kernel stack (``megatron_te``:
+**Comparable rows** share a stratum (:class:`Stratum`): the kernel stack (``megatron_core``:
 Megatron-Core / NeMo / Megatron-Bridge / Megatron-DeepSpeed; ``llm_foundry``: Composer with
 PyTorch FSDP), the GPU generation (ampere, hopper, blackwell), the model family (dense, moe,
 hybrid) and the scope (one host of at most 8 GPUs, or several hosts: the vTrain single-host
@@ -50,7 +50,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["MIN_ROWS", "LEVEL", "Interval", "Residual", "Stratum", "coverage_table", "interval_for",
+__all__ = ["MIN_ROWS", "LEVEL", "Interval", "Residual", "Stratum", "coverage_table", "interval_for", "scenario_interval",
+           "step_text",
            "order_interval", "predictions_dir", "residuals", "row_interval", "row_stratum", "scenario_stratum",
            "SIGN_NOTE"]
 
@@ -66,7 +67,7 @@ ONE_HOST_GPUS = 8
 SIGN_NOTE = ("error = (predicted - measured) / measured: a model that predicts too fast puts the measured step "
              "above the prediction")
 
-_STACK_LABEL = {"megatron_te": "Megatron-Core", "llm_foundry": "llm-foundry"}
+_STACK_LABEL = {"megatron_core": "Megatron", "llm_foundry": "llm-foundry"}
 
 
 def predictions_dir() -> Path:
@@ -131,11 +132,18 @@ class Interval:
 
     def short(self, step_s: float) -> str:
         """``likely 8.3-9.6 s; 41 comparable measured runs`` or ``no comparable measurements``."""
-        b = self.bounds(step_s)
-        if b is None:
+        if self.bounds(step_s) is None:
             return "no comparable measurements"
         pooled = ", pooled" if self.basis.startswith("pooled") else ""
-        return f"likely {_sec(b[0])}-{_sec(b[1])} s; {self.rows} comparable measured runs{pooled}"
+        return f"likely {self.range_text(step_s)}; {self.rows} comparable measured runs{pooled}"
+
+    def range_text(self, step_s: float) -> str:
+        """``8.3-9.6 s``; empty without comparable measurements."""
+        b = self.bounds(step_s)
+        return f"{_sec(b[0])}-{_sec(b[1])} s" if b else ""
+
+    def level_text(self) -> str:
+        return f"{LEVEL:.0%} interval".replace("%", " %")
 
     def describe(self) -> str:
         """The stratum, its sets, how the interval was built."""
@@ -226,7 +234,7 @@ def _generation(gpu: str) -> str | None:
 
 def _stack(framework: str) -> str:
     from .mapping import FRAMEWORKS, _framework
-    return FRAMEWORKS[_framework(str(framework))[0]].get("stack", "megatron_te")
+    return FRAMEWORKS[_framework(str(framework))[0]].get("stack", "megatron_core")
 
 
 def _scope(num_gpus: int) -> str:
@@ -397,3 +405,13 @@ def coverage_table(pool=None) -> list[dict]:
                     "sets": _sets(own), "fold": "/".join(sorted(folds[s])),
                     "own": _enough(own), "covered": sum(h) / len(h) if h else None})
     return out
+
+
+def scenario_interval(scenario, pool=None) -> Interval:
+    """The interval for a loaded scenario (:func:`scenario_stratum`, :func:`interval_for`)."""
+    return interval_for(scenario_stratum(scenario), pool)
+
+
+def step_text(step_s: float, iv: Interval) -> str:
+    """``step 8.74 s (likely 8.3-9.6 s; 41 comparable measured runs)``."""
+    return f"step {_sec(step_s) if step_s < 10 else f'{step_s:.2f}'} s ({iv.short(step_s)})"
