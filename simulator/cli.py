@@ -239,10 +239,8 @@ def fit_fields(res) -> dict:
 
 def step_interval(res):
     """The run's :class:`~simulator.validation.intervals.Interval` (computed once per result)."""
-    from .validation.intervals import scenario_interval
-    if not hasattr(res, "_step_interval"):
-        res._step_interval = scenario_interval(res.scenario)
-    return res._step_interval
+    from .validation.intervals import result_interval
+    return result_interval(res)
 
 
 def interval_lines(res) -> list[str]:
@@ -779,6 +777,7 @@ def _compare(args) -> int:
         crit_shown = shown_table(crit.drop(columns=[c for c in crit.columns if c.startswith("delta_")]), cols)
         with pd.option_context("display.width", 200, "display.max_columns", 30):
             print("\n" + shown.to_string())
+            print(compare_interval_note(results))
             print("\nthe critical path (the compute stream of the cell that finishes last), seconds per op "
                   "and per idle reason, largest change first:")
             print(crit_shown.to_string())
@@ -796,6 +795,17 @@ def _compare(args) -> int:
         from .report.html import compare_report
         print(f"wrote {compare_report(results, names, args.report)}", file=sys.stderr)
     return 0
+
+
+def compare_interval_note(results) -> str:
+    """What ``likely_low_s`` / ``likely_high_s`` are, once, and each run's stratum."""
+    from .validation.intervals import SIGN_NOTE, result_interval
+    lines = ["\nlikely_low_s - likely_high_s: the 80 % interval of the measured step, from the validation residuals "
+             f"of comparable measured runs (docs/accuracy.md); {SIGN_NOTE}"]
+    for i, r in enumerate(results):
+        iv = result_interval(r)
+        lines.append(f"  [{i + 1}] {iv.short(r.metrics['step_time_s'])} ({iv.stratum}; {iv.basis})")
+    return "\n".join(lines)
 
 
 def _layout(res) -> str:

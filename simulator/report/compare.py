@@ -44,11 +44,21 @@ def comparison_table(results: Sequence, names: Sequence[str]) -> pd.DataFrame:
                "vs_first": m["step_time_s"] / base if base > 0 else np.nan, "mfu": m["mfu"],
                "tokens_per_s": m["tokens_per_s"], "peak_memory_gb": m["peak_memory_bytes"] / 1e9,
                "fits": m.get("memory_fits"), "bubble_s": m["breakdown_s"].get("bubble", 0.0),
-               "host_issue_s": m["breakdown_s"].get("host_issue", 0.0)}
+               "host_issue_s": m["breakdown_s"].get("host_issue", 0.0), **_interval_cells(r)}
         for ax in axes:
             row[f"exposed_{ax}_s"] = m["exposed_comm_s"].get(ax, 0.0)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _interval_cells(res) -> dict:
+    """``likely_low_s``, ``likely_high_s`` (the 80 % interval of the measured step; NaN without
+    comparable measurements) and ``comparable_runs``: :mod:`simulator.validation.intervals`."""
+    from ..validation.intervals import result_interval
+    iv = result_interval(res)
+    b = iv.bounds(res.metrics["step_time_s"])
+    return {"likely_low_s": b[0] if b else np.nan, "likely_high_s": b[1] if b else np.nan,
+            "comparable_runs": iv.rows}
 
 
 def plain_number(v, digits: int = 4) -> str:
@@ -66,7 +76,7 @@ def plain_number(v, digits: int = 4) -> str:
 
 #: How the printed comparison shows a row (the CSV and JSON keep the raw numbers); any other
 #: row is seconds, in plain decimals.
-_SHOWN = {"gpus": lambda v: f"{int(v)}", "vs_first": lambda v: f"{v:.3f}", "mfu": lambda v: f"{v:.1%}",
+_SHOWN = {"gpus": lambda v: f"{int(v)}", "comparable_runs": lambda v: f"{int(v)}" if v else "none", "vs_first": lambda v: f"{v:.3f}", "mfu": lambda v: f"{v:.1%}",
           "tokens_per_s": lambda v: f"{v:,.0f}", "peak_memory_gb": lambda v: f"{v:.1f}",
           "fits": lambda v: {True: "yes", False: "NO"}.get(v, "")}
 

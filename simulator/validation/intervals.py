@@ -51,7 +51,7 @@ from functools import lru_cache
 from pathlib import Path
 
 __all__ = ["MIN_ROWS", "LEVEL", "Interval", "Residual", "Stratum", "coverage_table", "interval_for", "scenario_interval",
-           "step_text",
+           "result_interval", "step_text",
            "order_interval", "predictions_dir", "residuals", "row_interval", "row_stratum", "scenario_stratum",
            "SIGN_NOTE"]
 
@@ -412,6 +412,15 @@ def scenario_interval(scenario, pool=None) -> Interval:
     return interval_for(scenario_stratum(scenario), pool)
 
 
+def result_interval(res) -> Interval:
+    """The interval of a run (:class:`simulator.engine.Result`), computed once per result."""
+    iv = getattr(res, "_step_interval", None)
+    if iv is None:
+        iv = scenario_interval(res.scenario)
+        res._step_interval = iv
+    return iv
+
+
 def step_text(step_s: float, iv: Interval) -> str:
     """``step 8.74 s (likely 8.3-9.6 s; 41 comparable measured runs)``."""
-    return f"step {_sec(step_s) if step_s < 10 else f'{step_s:.2f}'} s ({iv.short(step_s)})"
+    return f"step {step_s:.3g} s ({iv.short(step_s)})"
