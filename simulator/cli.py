@@ -497,6 +497,7 @@ def _sweep(args) -> int:
         row["error"] = r["error"]
         flat.append(row)
     df = pd.DataFrame(flat)
+    notes = _add_sweep_intervals(df, rows)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(args.out, index=False)
@@ -504,9 +505,10 @@ def _sweep(args) -> int:
     varying = [c for c in df.columns if c not in ("hash", "status", "wall_s", "error") and "." in c
                and not c.startswith(("exposed_comm_s", "metrics")) and df[c].astype(str).nunique() > 1]
     show = [c for c in varying if not c.startswith(("step_time", "mfu"))] + \
-        [c for c in ("status", "step_time_s", "mfu") if c in df.columns]
+        [c for c in ("status", "step_time_s", "likely_s", "mfu") if c in df.columns]
     if not df.empty:
         print(df[show].to_string(index=False))
+        print("\n".join(notes))
     # why each failed point failed, and the same exit status on a first run and on a resume:
     # what decides it is the points' recorded status, not what ran this time
     bad = df[df["status"] != "ok"] if not df.empty else df
@@ -518,6 +520,26 @@ def _sweep(args) -> int:
         if counts["skipped"] and not args.retry_failed:
             print("  (recorded by an earlier run; --retry-failed runs them again)", file=sys.stderr)
     return 0 if len(bad) == 0 else 1
+
+
+def _add_sweep_intervals(df, rows) -> list[str]:
+    """``likely_low_s`` / ``likely_high_s`` / ``comparable_runs`` per sweep point (from its
+    stack, GPU, GPU count and model), ``likely_s`` as text for the table; the note lines."""
+    import math
+
+    from .validation.intervals import SIGN_NOTE, mapping_interval
+    if df.empty:
+        return []
+    ivs = [mapping_interval(r["config"]) for r in rows]
+    step = df["step_time_s"] if "step_time_s" in df.columns else [math.nan] * len(df)
+    b = [iv.bounds(s) if isinstance(s, float) and not math.isnan(s) else None for iv, s in zip(ivs, step)]
+    df["likely_low_s"] = [x[0] if x else math.nan for x in b]
+    df["likely_high_s"] = [x[1] if x else math.nan for x in b]
+    df["comparable_runs"] = [iv.rows for iv in ivs]
+    df["likely_s"] = [_likely_cell({"likely_low_s": x[0], "likely_high_s": x[1]}) if x else "none" for x in b]
+    distinct = list({(iv.stratum, iv.basis): iv for iv in ivs}.values())
+    return [interval_note("likely_s" if len(distinct) == 1 else f"likely_s ({iv.stratum})", iv, sign=False)
+            for iv in distinct] + [f"{SIGN_NOTE} (docs/accuracy.md)"]
 
 
 def _search(args) -> int:
@@ -534,9 +556,6 @@ def _search(args) -> int:
         out = search(spec, executor=ex, store=store, progress=not args.no_progress and not args.json,
                      timeout_s=args.point_timeout)
     table, counts, timing = out["table"], out["counts"], out["timing"]
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        table.to_csv(args.out, index=False)
     if args.plot:
         Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
         head = spec.scenario.get("hbm_headroom", 0.0)
@@ -545,6 +564,10 @@ def _search(args) -> int:
                     hbm_gb=out["cluster"].gpu.hbm_bytes * (1 - head) / 1e9)
     if args.emit:
         _emit_best(out, args.emit, path)
+    iv = _add_search_interval(table, spec)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(args.out, index=False)
     ok = table[table["rank"] > 0].head(args.top)
     if args.json:
         print(json.dumps([_search_row(r) for _, r in ok.iterrows()], indent=1))
@@ -554,8 +577,8 @@ def _search(args) -> int:
           f"{counts['simulated']} simulated in {timing['simulate_s']:.1f} s")
     print(SEARCH_KEY)
     print(f"{'#':>3} {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>4} {'ep':>3} {'etp':>3} {'mbs':>3} {'schedule':<21} "
-          f"{'recompute':<9} {'zero':>4} {'mem GB':>7} {'step s':>8} {'MFU':>6} {'from':<4} {'est s':>8}  "
-          f"exposed comm (sim)")
+          f"{'recompute':<9} {'zero':>4} {'mem GB':>7} {'step s':>8} {'likely s':>13} {'MFU':>6} {'from':<4} "
+          f"{'est s':>8}  exposed comm (sim)")
     for _, r in ok.iterrows():
         sched = r["schedule"] + (f" vpp{r['vpp']}" if r["vpp"] > 1 else "")
         exp = r["exposed_comm_s"] if isinstance(r["exposed_comm_s"], dict) else {}
@@ -564,13 +587,46 @@ def _search(args) -> int:
             note = f"simulation {r['sim_status']}: ranked by its estimate"
         print(f"{r['rank']:>3} {r['tp']:>3} {r['cp']:>3} {r['pp']:>3} {r['dp']:>4} {r['ep']:>3} {r['etp']:>3} "
               f"{r['micro_batch_size']:>3} {sched:<21} {r['recompute']:<9} {r['zero_stage']:>4} "
-              f"{r['memory_gb']:>7.1f} {r['step_s']:>8.3f} {r['mfu']:>6.1%} {r['source']:<4} "
+              f"{r['memory_gb']:>7.1f} {r['step_s']:>8.3f} {_likely_cell(r):>13} {r['mfu']:>6.1%} {r['source']:<4} "
               f"{r['est_step_s']:>8.3f}  {note}".rstrip())
+    print(interval_note("'likely s'", iv))
     if args.plot:
         print(f"wrote {args.plot}")
     if args.emit:
         print(f"wrote {args.emit}: #1 as a scenario (clustersim run {args.emit})")
     return 0
+
+
+def _add_search_interval(table, spec):
+    """``likely_low_s`` / ``likely_high_s`` / ``comparable_runs`` on every candidate of a search
+    (one interval: the candidates share the model, the cluster and the kernel stack)."""
+    from .validation.intervals import mapping_interval
+    iv = mapping_interval({"model": spec.model, "cluster": spec.cluster, **spec.scenario})
+    table["likely_low_s"] = table["step_s"] * iv.low if iv.known else float("nan")
+    table["likely_high_s"] = table["step_s"] * iv.high if iv.known else float("nan")
+    table["comparable_runs"] = iv.rows
+    return iv
+
+
+def interval_note(what: str, iv, sign: bool = True) -> str:
+    """The line that says what an interval column is, its basis and (``sign``) the error's sign."""
+    from .validation.intervals import SIGN_NOTE
+    if not iv.known:
+        text = f"{what}: none, no comparable measurements ({iv.stratum}: {iv.basis})"
+    else:
+        text = (f"{what}: the {iv.level_text()} of the measured step from {iv.rows} comparable measured runs "
+                f"({iv.stratum}; {iv.basis})")
+    return text + (f"; {SIGN_NOTE} (docs/accuracy.md)" if sign else "")
+
+
+def _likely_cell(r) -> str:
+    """``8.3-9.6`` (seconds) or ``none``."""
+    import math
+    lo, hi = r.get("likely_low_s"), r.get("likely_high_s")
+    if lo is None or (isinstance(lo, float) and math.isnan(lo)):
+        return "none"
+    from .validation.intervals import _sec
+    return f"{_sec(lo)}-{_sec(hi)}"
 
 
 #: The line above ``clustersim search``'s table: how its numbers were obtained.
@@ -593,6 +649,8 @@ def _search_row(r) -> dict:
             "parallel": {k: (int(r[k]) if k not in ("schedule", "recompute") else r[k]) for k in KNOBS},
             "memory_gb": num(r["memory_gb"]), "source": r["source"],
             "step_time_s": num(r["step_s"]), "mfu": num(r["mfu"]),
+            "likely_low_s": num(r.get("likely_low_s")), "likely_high_s": num(r.get("likely_high_s")),
+            "comparable_runs": int(r.get("comparable_runs", 0)),
             "est_step_time_s": num(r["est_step_s"]), "est_mfu": num(r["est_mfu"]),
             "sim_step_time_s": num(r["sim_step_s"]), "sim_mfu": num(r["sim_mfu"]),
             "sim_status": r["sim_status"] or None,

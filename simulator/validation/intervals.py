@@ -51,7 +51,7 @@ from functools import lru_cache
 from pathlib import Path
 
 __all__ = ["MIN_ROWS", "LEVEL", "Interval", "Residual", "Stratum", "coverage_table", "interval_for", "scenario_interval",
-           "result_interval", "step_text",
+           "result_interval", "step_text", "mapping_interval",
            "order_interval", "predictions_dir", "residuals", "row_interval", "row_stratum", "scenario_stratum",
            "SIGN_NOTE"]
 
@@ -163,12 +163,12 @@ def _sec(x: float) -> str:
     """A step bound in plain decimals: one decimal from 10 s, else two significant digits.
 
     >>> _sec(8.314), _sec(12.46), _sec(0.0213), _sec(8.0)
-    ('8.3', '12.5', '0.021', '8')
+    ('8.3', '12.5', '0.021', '8.0')
     """
     if x >= 10:
         return f"{x:.1f}"
     import numpy as np
-    return np.format_float_positional(float(x), precision=2, unique=False, fractional=False, trim="-")
+    return np.format_float_positional(float(x), precision=2, unique=False, fractional=False, trim="0")
 
 
 # -- the residual table ------------------------------------------------------------------------------
@@ -252,14 +252,20 @@ def row_stratum(row: dict) -> Stratum | None:
     return Stratum(_stack(row["framework"]), gen, fam, _scope(int(float(row["num_gpus"]))))
 
 
+def _measured_part(gpu) -> bool:
+    """An NVIDIA preset GPU (an AMD part borrows a generation's constants; a GPU given by its
+    specs is no measured part)."""
+    from topologies.specs import GPU_SPECS
+    return gpu.name in GPU_SPECS and not gpu.name.upper().startswith("MI")
+
+
 def scenario_stratum(scenario) -> Stratum | None:
     """The stratum of a loaded :class:`~simulator.scenario.Scenario`: its kernel stack, its
     GPU's generation, its model's family and its GPU count.  None for a GPU that is not an
     NVIDIA part of a measured generation (an AMD part borrows a generation's constants, and a
     GPU given by its specs is no measured part)."""
     gpu = scenario.cluster.gpu
-    from topologies.specs import GPU_SPECS
-    if gpu.name not in GPU_SPECS or gpu.name.upper().startswith("MI"):
+    if not _measured_part(gpu):
         return None
     return Stratum(scenario.framework, gpu.generation, model_family(scenario.model), _scope(scenario.cluster.num_gpus))
 
@@ -424,3 +430,34 @@ def result_interval(res) -> Interval:
 def step_text(step_s: float, iv: Interval) -> str:
     """``step 8.74 s (likely 8.3-9.6 s; 41 comparable measured runs)``."""
     return f"step {step_s:.3g} s ({iv.short(step_s)})"
+
+
+def mapping_interval(config: dict, pool=None) -> Interval:
+    """The interval for a scenario mapping (a sweep point, a search's candidates): its kernel
+    stack, cluster GPU and size, and model; built once per distinct (framework, cluster,
+    model).  A mapping that does not load has no interval ("no comparable measurements")."""
+    import json
+    key = json.dumps([config.get("framework"), config.get("cluster"), config.get("model")], sort_keys=True,
+                     default=str)
+    if pool is not None:
+        return _mapping_interval.__wrapped__(key, pool)
+    return _mapping_interval(key, None)
+
+
+@lru_cache(maxsize=256)
+def _mapping_interval(key: str, pool) -> Interval:
+    import json
+
+    from topologies import ConfigError, build_cluster
+    from workloads.model_loading import load_model
+    from workloads.stacks import DEFAULT_STACK, get_stack
+    framework, cluster, model = json.loads(key)
+    try:
+        c = build_cluster(cluster)
+        m = load_model(model)
+        stack = get_stack(framework or DEFAULT_STACK).name
+    except (ConfigError, TypeError, ValueError, KeyError) as e:
+        return Interval(None, None, 0, (), "a scenario that does not load", f"not loaded: {e}")
+    if not _measured_part(c.gpu):
+        return interval_for(None, pool)
+    return interval_for(Stratum(stack, c.gpu.generation, model_family(m), _scope(c.num_gpus)), pool)
