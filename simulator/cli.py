@@ -250,7 +250,8 @@ def interval_lines(res) -> list[str]:
     if not iv.known:
         return [f"  likely measured  no comparable measurements ({iv.stratum}: {iv.basis}; docs/accuracy.md)"]
     return [f"  likely measured  {iv.range_text(step)}   ({iv.level_text()} from {iv.rows} comparable measured runs: {iv.stratum}; "
-            f"{'sets' if len(iv.sets) > 1 else 'set'} {', '.join(iv.sets)}; {iv.basis})",
+            f"{'sets' if len(iv.sets) > 1 else 'set'} {', '.join(iv.sets)}"
+            + (f"; {iv.basis})" if iv.basis.startswith("pooled") else ")"),
             f"                   {SIGN_NOTE} (docs/accuracy.md)"]
 
 
