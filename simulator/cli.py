@@ -577,6 +577,7 @@ def _search(args) -> int:
           f"{counts['ok']} feasible ({timing['screened_per_s']:.0f} screened/s); "
           f"{counts['simulated']} simulated in {timing['simulate_s']:.1f} s")
     print(SEARCH_KEY)
+    print(interval_note("'likely s'", iv))
     print(f"{'#':>3} {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>4} {'ep':>3} {'etp':>3} {'mbs':>3} {'schedule':<21} "
           f"{'recompute':<9} {'zero':>4} {'mem GB':>7} {'step s':>8} {'likely s':>13} {'MFU':>6} {'from':<4} "
           f"{'est s':>8}  exposed comm (sim)")
@@ -590,7 +591,6 @@ def _search(args) -> int:
               f"{r['micro_batch_size']:>3} {sched:<21} {r['recompute']:<9} {r['zero_stage']:>4} "
               f"{r['memory_gb']:>7.1f} {r['step_s']:>8.3f} {_likely_cell(r):>13} {r['mfu']:>6.1%} {r['source']:<4} "
               f"{r['est_step_s']:>8.3f}  {note}".rstrip())
-    print(interval_note("'likely s'", iv))
     if args.plot:
         print(f"wrote {args.plot}")
     if args.emit:
