@@ -349,7 +349,7 @@ def _run(args) -> int:
         to_chrome_trace(tl, trace_path, metadata={"scenario": res.scenario.name})
     if args.report:
         from .report.html import run_report
-        print(f"wrote {run_report(res, args.report)}", file=sys.stderr)
+        print(f"wrote {run_report(res, args.report, interval=step_interval(res))}", file=sys.stderr)
     if args.json:
         print(json.dumps({**res.metrics, **fit_fields(res),
                           "step_interval": step_interval(res).as_dict(res.metrics["step_time_s"])}, default=float))
@@ -821,7 +821,8 @@ def _compare(args) -> int:
         if not args.quiet:
             print(f"running {name} ...", file=sys.stderr)
         results.append(run(spec, progress=not args.quiet))
-    table = comparison_table(results, names)
+    from .validation.intervals import result_interval
+    table = comparison_table(results, names, [result_interval(r) for r in results])
     crit = critical_path_table(results, names)
     if args.json:
         print(json.dumps({"runs": table.to_dict(orient="records"),
@@ -852,7 +853,7 @@ def _compare(args) -> int:
         print(f"\nwrote {out}/compare.csv, critical_path.csv, breakdown.png, gantt.png, metrics_*.json", file=sys.stderr)
     if args.report:
         from .report.html import compare_report
-        print(f"wrote {compare_report(results, names, args.report)}", file=sys.stderr)
+        print(f"wrote {compare_report(results, names, args.report, [result_interval(r) for r in results])}", file=sys.stderr)
     return 0
 
 
@@ -874,6 +875,8 @@ def _layout(res) -> str:
 
 def _goodput(args) -> int:
     from .goodput.cli import goodput_command
+    from .validation.intervals import scenario_interval
+    args.likely = lambda sc, step_s: scenario_interval(sc).short(step_s)     # the simulated step's interval
     return goodput_command(args, _scenario_spec(args))
 
 

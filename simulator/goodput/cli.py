@@ -147,12 +147,13 @@ def _positive(name: str, v) -> None:
         raise ConfigError(name, v, "must be a finite number > 0")
 
 
-def _likely(sc, step_s: float, given) -> str:
-    """``likely 8.3-9.6 s; 41 comparable measured runs`` for a simulated step; a given one has none."""
-    if given is not None:
+def _likely(args, sc, step_s: float) -> str:
+    """``likely 8.3-9.6 s; 41 comparable measured runs`` for a simulated step, from ``args.likely(sc,
+    step_s)`` (``clustersim goodput`` sets it: the validation residuals); a given step has none."""
+    if args.step_time is not None:
         return "given by --step-time: no interval"
-    from ..validation.intervals import scenario_interval
-    return scenario_interval(sc).short(step_s)
+    fn = getattr(args, "likely", None)
+    return fn(sc, step_s) if fn is not None else "no interval computed"
 
 
 def _step(args, sc) -> dict:
@@ -165,7 +166,7 @@ def _step(args, sc) -> dict:
         step_s = float(run(sc, fold=True, progress=False).metrics["step_time_s"])
     tokens_per_step = sc.parallel.global_batch_size * sc.parallel.seq_len
     info = {"step_s": step_s, "steps": math.ceil(args.tokens / tokens_per_step), "tokens_per_step": tokens_per_step,
-            "params": sc.model.num_params(include_mtp=True), "step_likely": _likely(sc, step_s, args.step_time)}
+            "params": sc.model.num_params(include_mtp=True), "step_likely": _likely(args, sc, step_s)}
     if args.checkpoint_s is None or args.async_checkpoint:
         from .checkpoint import checkpoint_bytes, host_copy_bytes_per_s
         info["host_copy_bytes_per_s"] = host_copy_bytes_per_s(sc)

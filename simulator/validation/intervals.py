@@ -121,6 +121,11 @@ class Interval:
     notes: tuple[str, ...] = field(default=())
 
     @property
+    def sign(self) -> str:
+        """How the error's sign reads (:data:`SIGN_NOTE`)."""
+        return SIGN_NOTE
+
+    @property
     def known(self) -> bool:
         return self.low is not None
 
