@@ -604,6 +604,28 @@ def accuracy() -> dict[str, str]:
 
 
 @producer
+def intervals() -> dict[str, str]:
+    """The error bars' strata and their held-out coverage (simulator/validation/intervals.py),
+    from the committed prediction tables."""
+    from simulator.validation.intervals import LEVEL, MIN_ROWS, coverage_table, interval_for, residuals
+    pool = residuals(sorted(PREDICTIONS.glob("predictions_*.csv")))
+    rows = coverage_table(pool)
+    lines = ["| stack, GPU generation, family, scope | rows | configurations | sets | measured / predicted "
+             f"({LEVEL:.0%}".replace("%", " %") + ") | interval from | held out | inside, held out |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        iv = interval_for(r["stratum"], pool)
+        cov = "-" if r["covered"] is None else f"{r['covered'] * 100:.1f} %"
+        span = f"{iv.low:.3f}-{iv.high:.3f}" if iv.known else "none"
+        lines.append(f"| {r['stratum'].label()} | {r['rows']:,} | {r['configs']:,} | {', '.join(r['sets'])} | {span} | "
+                     f"{'its own rows' if r['own'] else 'pooled (' + iv.basis.split('(', 1)[0].removeprefix('pooled over ').strip() + ')'} | "
+                     f"{r['fold']} | {cov} |")
+    checked = [r["covered"] for r in rows if r["rows"] >= MIN_ROWS and r["covered"] is not None]
+    return {"coverage_table": "\n".join(lines) + "\n", "rows": f"{len(pool):,}", "strata": str(len(rows)),
+            "checked": str(len(checked)), "min": f"{min(checked) * 100:.1f}", "max": f"{max(checked) * 100:.1f}"}
+
+
+@producer
 def guards() -> dict[str, str]:
     """The medians the accuracy regression test holds (tests/test_validation.py's REACHED)."""
     import importlib.util

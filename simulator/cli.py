@@ -237,6 +237,24 @@ def fit_fields(res) -> dict:
     return out
 
 
+def step_interval(res):
+    """The run's :class:`~simulator.validation.intervals.Interval` (computed once per result)."""
+    from .validation.intervals import result_interval
+    return result_interval(res)
+
+
+def interval_lines(res) -> list[str]:
+    """``likely measured  8.3-9.6 s  (80 % interval from 34 comparable measured runs: ...)``."""
+    from .validation.intervals import SIGN_NOTE
+    iv, step = step_interval(res), res.metrics["step_time_s"]
+    if not iv.known:
+        return [f"  likely measured  no comparable measurements ({iv.stratum}: {iv.basis}; docs/accuracy.md)"]
+    return [f"  likely measured  {iv.range_text(step)}   ({iv.level_text()} from {iv.rows} comparable measured runs: {iv.stratum}; "
+            f"{'sets' if len(iv.sets) > 1 else 'set'} {', '.join(iv.sets)}"
+            + (f"; {iv.basis})" if iv.basis.startswith("pooled") else ")"),
+            f"                   {SIGN_NOTE} (docs/accuracy.md)"]
+
+
 def summary_table(res) -> str:
     """The stdout summary of a run.  A layout the memory model says does not fit says so on
     its first line, and its step figures are marked hypothetical."""
@@ -252,7 +270,7 @@ def summary_table(res) -> str:
     hyp = "   (hypothetical)" if short else ""
     lines += [f"  what-if          {w}" for w in m.get("whatif", [])]
     lines += [f"  step time        {m['step_time_s']:.4f} s   (step {len(res.step_bounds)} of {len(res.step_bounds)})"
-              + tag,
+              + tag, *interval_lines(res),
              f"  MFU              {m['mfu']:.1%}   (bf16 peak {m['mfu_bf16_peak']:.1%}, HFU {m['hfu']:.1%}; "
              f"{m.get('flop_convention', 'megatron_core_2025')} FLOPs)" + hyp,
              f"  TFLOP/s per GPU  {m['tflops_per_gpu']:.1f}" + hyp,
@@ -331,9 +349,10 @@ def _run(args) -> int:
         to_chrome_trace(tl, trace_path, metadata={"scenario": res.scenario.name})
     if args.report:
         from .report.html import run_report
-        print(f"wrote {run_report(res, args.report)}", file=sys.stderr)
+        print(f"wrote {run_report(res, args.report, interval=step_interval(res))}", file=sys.stderr)
     if args.json:
-        print(json.dumps({**res.metrics, **fit_fields(res)}, default=float))
+        print(json.dumps({**res.metrics, **fit_fields(res),
+                          "step_interval": step_interval(res).as_dict(res.metrics["step_time_s"])}, default=float))
     else:
         print(summary_table(res))
         kernels_path = str(out / "kernels.csv") if args.per_kernel else None
@@ -479,6 +498,7 @@ def _sweep(args) -> int:
         row["error"] = r["error"]
         flat.append(row)
     df = pd.DataFrame(flat)
+    notes = _add_sweep_intervals(df, rows)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(args.out, index=False)
@@ -486,9 +506,10 @@ def _sweep(args) -> int:
     varying = [c for c in df.columns if c not in ("hash", "status", "wall_s", "error") and "." in c
                and not c.startswith(("exposed_comm_s", "metrics")) and df[c].astype(str).nunique() > 1]
     show = [c for c in varying if not c.startswith(("step_time", "mfu"))] + \
-        [c for c in ("status", "step_time_s", "mfu") if c in df.columns]
+        [c for c in ("status", "step_time_s", "likely_s", "mfu") if c in df.columns]
     if not df.empty:
         print(df[show].to_string(index=False))
+        print("\n".join(notes))
     # why each failed point failed, and the same exit status on a first run and on a resume:
     # what decides it is the points' recorded status, not what ran this time
     bad = df[df["status"] != "ok"] if not df.empty else df
@@ -500,6 +521,26 @@ def _sweep(args) -> int:
         if counts["skipped"] and not args.retry_failed:
             print("  (recorded by an earlier run; --retry-failed runs them again)", file=sys.stderr)
     return 0 if len(bad) == 0 else 1
+
+
+def _add_sweep_intervals(df, rows) -> list[str]:
+    """``likely_low_s`` / ``likely_high_s`` / ``comparable_runs`` per sweep point (from its
+    stack, GPU, GPU count and model), ``likely_s`` as text for the table; the note lines."""
+    import math
+
+    from .validation.intervals import SIGN_NOTE, mapping_interval
+    if df.empty:
+        return []
+    ivs = [mapping_interval(r["config"]) for r in rows]
+    step = df["step_time_s"] if "step_time_s" in df.columns else [math.nan] * len(df)
+    b = [iv.bounds(s) if isinstance(s, float) and not math.isnan(s) else None for iv, s in zip(ivs, step)]
+    df["likely_low_s"] = [x[0] if x else math.nan for x in b]
+    df["likely_high_s"] = [x[1] if x else math.nan for x in b]
+    df["comparable_runs"] = [iv.rows for iv in ivs]
+    df["likely_s"] = [_likely_cell({"likely_low_s": x[0], "likely_high_s": x[1]}) if x else "none" for x in b]
+    distinct = list({(iv.stratum, iv.basis): iv for iv in ivs}.values())
+    return [interval_note("likely_s" if len(distinct) == 1 else f"likely_s ({iv.stratum})", iv, sign=False)
+            for iv in distinct] + [f"{SIGN_NOTE} (docs/accuracy.md)"]
 
 
 def _search(args) -> int:
@@ -516,9 +557,6 @@ def _search(args) -> int:
         out = search(spec, executor=ex, store=store, progress=not args.no_progress and not args.json,
                      timeout_s=args.point_timeout)
     table, counts, timing = out["table"], out["counts"], out["timing"]
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        table.to_csv(args.out, index=False)
     if args.plot:
         Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
         head = spec.scenario.get("hbm_headroom", 0.0)
@@ -527,6 +565,10 @@ def _search(args) -> int:
                     hbm_gb=out["cluster"].gpu.hbm_bytes * (1 - head) / 1e9)
     if args.emit:
         _emit_best(out, args.emit, path)
+    iv = _add_search_interval(table, spec)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(args.out, index=False)
     ok = table[table["rank"] > 0].head(args.top)
     if args.json:
         print(json.dumps([_search_row(r) for _, r in ok.iterrows()], indent=1))
@@ -535,9 +577,10 @@ def _search(args) -> int:
           f"{counts['ok']} feasible ({timing['screened_per_s']:.0f} screened/s); "
           f"{counts['simulated']} simulated in {timing['simulate_s']:.1f} s")
     print(SEARCH_KEY)
+    print(interval_note("'likely s'", iv))
     print(f"{'#':>3} {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>4} {'ep':>3} {'etp':>3} {'mbs':>3} {'schedule':<21} "
-          f"{'recompute':<9} {'zero':>4} {'mem GB':>7} {'step s':>8} {'MFU':>6} {'from':<4} {'est s':>8}  "
-          f"exposed comm (sim)")
+          f"{'recompute':<9} {'zero':>4} {'mem GB':>7} {'step s':>8} {'likely s':>13} {'MFU':>6} {'from':<4} "
+          f"{'est s':>8}  exposed comm (sim)")
     for _, r in ok.iterrows():
         sched = r["schedule"] + (f" vpp{r['vpp']}" if r["vpp"] > 1 else "")
         exp = r["exposed_comm_s"] if isinstance(r["exposed_comm_s"], dict) else {}
@@ -546,13 +589,45 @@ def _search(args) -> int:
             note = f"simulation {r['sim_status']}: ranked by its estimate"
         print(f"{r['rank']:>3} {r['tp']:>3} {r['cp']:>3} {r['pp']:>3} {r['dp']:>4} {r['ep']:>3} {r['etp']:>3} "
               f"{r['micro_batch_size']:>3} {sched:<21} {r['recompute']:<9} {r['zero_stage']:>4} "
-              f"{r['memory_gb']:>7.1f} {r['step_s']:>8.3f} {r['mfu']:>6.1%} {r['source']:<4} "
+              f"{r['memory_gb']:>7.1f} {r['step_s']:>8.3f} {_likely_cell(r):>13} {r['mfu']:>6.1%} {r['source']:<4} "
               f"{r['est_step_s']:>8.3f}  {note}".rstrip())
     if args.plot:
         print(f"wrote {args.plot}")
     if args.emit:
         print(f"wrote {args.emit}: #1 as a scenario (clustersim run {args.emit})")
     return 0
+
+
+def _add_search_interval(table, spec):
+    """``likely_low_s`` / ``likely_high_s`` / ``comparable_runs`` on every candidate of a search
+    (one interval: the candidates share the model, the cluster and the kernel stack)."""
+    from .validation.intervals import mapping_interval
+    iv = mapping_interval({"model": spec.model, "cluster": spec.cluster, **spec.scenario})
+    table["likely_low_s"] = table["step_s"] * iv.low if iv.known else float("nan")
+    table["likely_high_s"] = table["step_s"] * iv.high if iv.known else float("nan")
+    table["comparable_runs"] = iv.rows
+    return iv
+
+
+def interval_note(what: str, iv, sign: bool = True) -> str:
+    """The line that says what an interval column is, its basis and (``sign``) the error's sign."""
+    from .validation.intervals import SIGN_NOTE
+    if not iv.known:
+        text = f"{what}: none, no comparable measurements ({iv.stratum}: {iv.basis})"
+    else:
+        text = (f"{what}: the {iv.level_text()} of the measured step from {iv.rows} comparable measured runs "
+                f"({iv.stratum}; {iv.basis})")
+    return text + (f"; {SIGN_NOTE} (docs/accuracy.md)" if sign else "")
+
+
+def _likely_cell(r) -> str:
+    """``8.3-9.6`` (seconds) or ``none``."""
+    import math
+    lo, hi = r.get("likely_low_s"), r.get("likely_high_s")
+    if lo is None or (isinstance(lo, float) and math.isnan(lo)):
+        return "none"
+    from .validation.intervals import _sec
+    return f"{_sec(lo)}-{_sec(hi)}"
 
 
 #: The line above ``clustersim search``'s table: how its numbers were obtained.
@@ -575,6 +650,8 @@ def _search_row(r) -> dict:
             "parallel": {k: (int(r[k]) if k not in ("schedule", "recompute") else r[k]) for k in KNOBS},
             "memory_gb": num(r["memory_gb"]), "source": r["source"],
             "step_time_s": num(r["step_s"]), "mfu": num(r["mfu"]),
+            "likely_low_s": num(r.get("likely_low_s")), "likely_high_s": num(r.get("likely_high_s")),
+            "comparable_runs": int(r.get("comparable_runs", 0)),
             "est_step_time_s": num(r["est_step_s"]), "est_mfu": num(r["est_mfu"]),
             "sim_step_time_s": num(r["sim_step_s"]), "sim_mfu": num(r["sim_mfu"]),
             "sim_status": r["sim_status"] or None,
@@ -744,7 +821,8 @@ def _compare(args) -> int:
         if not args.quiet:
             print(f"running {name} ...", file=sys.stderr)
         results.append(run(spec, progress=not args.quiet))
-    table = comparison_table(results, names)
+    from .validation.intervals import result_interval
+    table = comparison_table(results, names, [result_interval(r) for r in results])
     crit = critical_path_table(results, names)
     if args.json:
         print(json.dumps({"runs": table.to_dict(orient="records"),
@@ -759,6 +837,7 @@ def _compare(args) -> int:
         crit_shown = shown_table(crit.drop(columns=[c for c in crit.columns if c.startswith("delta_")]), cols)
         with pd.option_context("display.width", 200, "display.max_columns", 30):
             print("\n" + shown.to_string())
+            print(compare_interval_note(results))
             print("\nthe critical path (the compute stream of the cell that finishes last), seconds per op "
                   "and per idle reason, largest change first:")
             print(crit_shown.to_string())
@@ -774,8 +853,19 @@ def _compare(args) -> int:
         print(f"\nwrote {out}/compare.csv, critical_path.csv, breakdown.png, gantt.png, metrics_*.json", file=sys.stderr)
     if args.report:
         from .report.html import compare_report
-        print(f"wrote {compare_report(results, names, args.report)}", file=sys.stderr)
+        print(f"wrote {compare_report(results, names, args.report, [result_interval(r) for r in results])}", file=sys.stderr)
     return 0
+
+
+def compare_interval_note(results) -> str:
+    """What ``likely_low_s`` / ``likely_high_s`` are, once, and each run's stratum."""
+    from .validation.intervals import SIGN_NOTE, result_interval
+    lines = ["\nlikely_low_s - likely_high_s: the 80 % interval of the measured step, from the validation residuals "
+             f"of comparable measured runs (docs/accuracy.md); {SIGN_NOTE}"]
+    for i, r in enumerate(results):
+        iv = result_interval(r)
+        lines.append(f"  [{i + 1}] {iv.short(r.metrics['step_time_s'])} ({iv.stratum}; {iv.basis})")
+    return "\n".join(lines)
 
 
 def _layout(res) -> str:
@@ -785,6 +875,8 @@ def _layout(res) -> str:
 
 def _goodput(args) -> int:
     from .goodput.cli import goodput_command
+    from .validation.intervals import scenario_interval
+    args.likely = lambda sc, step_s: scenario_interval(sc).short(step_s)     # the simulated step's interval
     return goodput_command(args, _scenario_spec(args))
 
 

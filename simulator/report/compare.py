@@ -32,23 +32,33 @@ def layout_label(res) -> str:
     return res.metrics.get("layout") or _layout_of(res.scenario)
 
 
-def comparison_table(results: Sequence, names: Sequence[str]) -> pd.DataFrame:
+def comparison_table(results: Sequence, names: Sequence[str], intervals: Sequence | None = None) -> pd.DataFrame:
     """One row per run: step time and its ratio to the first, MFU, tokens/s, peak memory and
-    fit, bubble, host issue and the exposed communication per axis (seconds)."""
+    fit, bubble, host issue, the exposed communication per axis (seconds) and, given each run's
+    interval (:class:`simulator.validation.intervals.Interval`), the interval of the measured step."""
     base = results[0].metrics["step_time_s"]
     axes = sorted({ax for r in results for ax in r.metrics["exposed_comm_s"]})
     rows = []
-    for name, r in zip(names, results, strict=True):
+    for i, (name, r) in enumerate(zip(names, results, strict=True)):
         m = r.metrics
         row = {"scenario": name, "layout": layout_label(r), "gpus": m["num_gpus"], "step_s": m["step_time_s"],
                "vs_first": m["step_time_s"] / base if base > 0 else np.nan, "mfu": m["mfu"],
                "tokens_per_s": m["tokens_per_s"], "peak_memory_gb": m["peak_memory_bytes"] / 1e9,
                "fits": m.get("memory_fits"), "bubble_s": m["breakdown_s"].get("bubble", 0.0),
-               "host_issue_s": m["breakdown_s"].get("host_issue", 0.0)}
+               "host_issue_s": m["breakdown_s"].get("host_issue", 0.0),
+               **(_interval_cells(r, intervals[i]) if intervals is not None else {})}
         for ax in axes:
             row[f"exposed_{ax}_s"] = m["exposed_comm_s"].get(ax, 0.0)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _interval_cells(res, iv) -> dict:
+    """``likely_low_s``, ``likely_high_s`` (the 80 % interval of the measured step; NaN without
+    comparable measurements) and ``comparable_runs``: :mod:`simulator.validation.intervals`."""
+    b = iv.bounds(res.metrics["step_time_s"])
+    return {"likely_low_s": b[0] if b else np.nan, "likely_high_s": b[1] if b else np.nan,
+            "comparable_runs": iv.rows}
 
 
 def plain_number(v, digits: int = 4) -> str:
@@ -66,7 +76,7 @@ def plain_number(v, digits: int = 4) -> str:
 
 #: How the printed comparison shows a row (the CSV and JSON keep the raw numbers); any other
 #: row is seconds, in plain decimals.
-_SHOWN = {"gpus": lambda v: f"{int(v)}", "vs_first": lambda v: f"{v:.3f}", "mfu": lambda v: f"{v:.1%}",
+_SHOWN = {"gpus": lambda v: f"{int(v)}", "comparable_runs": lambda v: f"{int(v)}" if v else "none", "vs_first": lambda v: f"{v:.3f}", "mfu": lambda v: f"{v:.1%}",
           "tokens_per_s": lambda v: f"{v:,.0f}", "peak_memory_gb": lambda v: f"{v:.1f}",
           "fits": lambda v: {True: "yes", False: "NO"}.get(v, "")}
 

@@ -84,10 +84,30 @@ def _fit(m: dict) -> str:
     return f'<span class="bad">does not fit</span>: {html.escape(m["memory_worst_stage"])} is {-gb:.1f} GB over'
 
 
-def _summary_rows(m: dict) -> list[list]:
+def _likely(res, iv, brief: bool = False) -> str:
+    """The 80 % interval ``iv`` of the measured step, with what it rests on (HTML); ``brief``:
+    the range and the number of runs only."""
+    if brief:
+        return (f"<span>{iv.range_text(res.metrics['step_time_s'])} <small>({iv.rows} runs: "
+                f"{html.escape(iv.stratum)}{', pooled' if iv.basis.startswith('pooled') else ''})</small></span>"
+                if iv.known else "<span>no comparable measurements</span>")
+    if not iv.known:
+        return f"<span>no comparable measurements <small>({html.escape(iv.stratum)}: {html.escape(iv.basis)})</small></span>"
+    return (f"<span>{iv.range_text(res.metrics['step_time_s'])} <small>({iv.level_text()} from {iv.rows} comparable "
+            f"measured runs: {html.escape(iv.stratum)}; set {html.escape(', '.join(iv.sets))}; {html.escape(iv.basis)}. "
+            f"{html.escape(iv.sign)}; docs/accuracy.md)</small></span>")
+
+
+_LIKELY_NOTE = html.escape("likely measured step: the 80 % interval of the measured step from the validation "
+                           "residuals of comparable measured runs (same kernel stack, GPU generation, model family and "
+                           "scope); error = (predicted - measured) / measured, so a model that predicts too fast puts "
+                           "the measured step above the prediction (docs/accuracy.md).")
+
+
+def _summary_rows(m: dict, res=None, interval=None) -> list[list]:
     # a layout that does not fit: every step figure is what the step would take if it did
     hyp = " (hypothetical)" if m.get("memory_fits") is False else ""
-    rows = [["step time", f"{m['step_time_s']:.4f} s{hyp}"],
+    rows = [["step time", f"{m['step_time_s']:.4f} s{hyp}"]] + ([["likely measured", _likely(res, interval)]] if interval is not None else []) + [
             ["MFU", f"{m['mfu']:.1%} ({m.get('flop_convention', '')} FLOPs){hyp}"],
             ["TFLOP/s per GPU", f"{m['tflops_per_gpu']:.1f}{hyp}"], ["tokens/s", f"{m['tokens_per_s']:,.0f}{hyp}"],
             ["peak memory", f"{m['peak_memory_bytes'] / 1e9:.1f} GB"], ["memory", _fit(m) or "-"],
@@ -181,8 +201,9 @@ def _page(title: str, subtitle: str, body: list[str]) -> str:
             + "\n".join(body) + f"\n<p class=\"sub\">{html.escape(_footer())}</p></body></html>\n")
 
 
-def run_report(res, path: str | Path, *, name: str | None = None) -> Path:
-    """Write the report of one run (:class:`simulator.engine.Result`) to ``path``."""
+def run_report(res, path: str | Path, *, name: str | None = None, interval=None) -> Path:
+    """Write the report of one run (:class:`simulator.engine.Result`) to ``path``; ``interval``
+    (:class:`simulator.validation.intervals.Interval`): the measured step's, shown in the summary."""
     from .charts import breakdown_bar
     from .gantt_chart import gantt
 
@@ -203,7 +224,7 @@ def run_report(res, path: str | Path, *, name: str | None = None) -> Path:
     if m.get("whatif"):
         body.append("<h2>What-if</h2><ul class=\"whatif\">"
                     + "".join(f"<li>{html.escape(w)}</li>" for w in m["whatif"]) + "</ul>")
-    body += ["<h2>Summary</h2>", _table(_summary_rows(m), None),
+    body += ["<h2>Summary</h2>", _table(_summary_rows(m, res, interval), None),
              "<h2>Where the step goes</h2>",
              f"<p>The compute stream of the cell that finishes last ({html.escape(m.get('last_ranks', ''))}).</p>",
              '<div class="side">' + _png(breakdown_bar(m["breakdown_s"], title=f"{name}: step {m['step_time_s']:.4g} s"))
@@ -218,19 +239,25 @@ def run_report(res, path: str | Path, *, name: str | None = None) -> Path:
     return out
 
 
-def compare_report(results: Sequence, names: Sequence[str], path: str | Path) -> Path:
-    """Write the report comparing several runs (the first is the reference) to ``path``."""
+def compare_report(results: Sequence, names: Sequence[str], path: str | Path, intervals: Sequence | None = None) -> Path:
+    """Write the report comparing several runs (the first is the reference) to ``path``, with each
+    run's interval of the measured step when ``intervals`` are given."""
     import tempfile
 
     from .compare import aligned_gantts, breakdown_comparison, comparison_table, critical_path_table, shown_table
 
-    table = comparison_table(results, names)
+    table = comparison_table(results, names, intervals)
     crit = critical_path_table(results, names)
     cols = [f"[{i + 1}]" for i in range(len(names))]
+    ivs = intervals if intervals is not None else [None] * len(results)
     runs = _table([[c, n, r.metrics.get("layout", ""), f"{r.metrics['step_time_s']:.4f} s",
                     f"{r.metrics['step_time_s'] / results[0].metrics['step_time_s']:.3f}x", f"{r.metrics['mfu']:.1%}",
-                    _fit(r.metrics) or "-"] for c, n, r in zip(cols, names, results)],
-                  ["", "scenario", "layout", "step", "vs first", "MFU", "memory"], left=3)
+                    *([_likely(r, iv, brief=True)] if intervals is not None else []), _fit(r.metrics) or "-"]
+                   for c, n, r, iv in zip(cols, names, results, ivs)],
+                  ["", "scenario", "layout", "step", "vs first", "MFU",
+                   *(["likely measured step"] if intervals is not None else []), "memory"], left=3)
+    if intervals is not None:
+        runs += f"<p><small>{_LIKELY_NOTE}</small></p>"
     shown = shown_table(table.drop(columns=["scenario", "layout"]).T, cols)
     metric_rows = [[k] + list(shown.loc[k]) for k in shown.index]
     crit_shown = shown_table(crit[list(names)], cols)

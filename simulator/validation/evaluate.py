@@ -52,8 +52,8 @@ from topologies.constants import Constants, active, using
 from .ingest import InvalidRow, Unsupported, _cell, _int, _num, load_runs
 from .mapping import FRAMEWORKS, _framework, row_to_scenario
 
-__all__ = ["BREAKDOWN_COLUMNS", "NOTE_SEP", "OUTPUT_COLUMNS", "measured_step", "source_convention", "validate",
-           "write_csv"]
+__all__ = ["BREAKDOWN_COLUMNS", "INTERVAL_COLUMNS", "NOTE_SEP", "OUTPUT_COLUMNS", "add_interval", "measured_step",
+           "source_convention", "validate", "write_csv"]
 
 BREAKDOWN_COLUMNS = ("compute_s", "recompute_s", "bubble_s", "host_issue_s", "exposed_tp_s", "exposed_cp_s",
                      "exposed_ep_s", "exposed_pp_s", "exposed_dp_s")
@@ -61,9 +61,15 @@ BREAKDOWN_COLUMNS = ("compute_s", "recompute_s", "bubble_s", "host_issue_s", "ex
 simulator's ``breakdown_s``; they sum to ``predicted_step_s``): what
 ``experiments/validation_residuals.py`` attributes the errors to."""
 
+INTERVAL_COLUMNS = ("likely_low_s", "likely_high_s", "comparable_runs", "interval_basis")
+"""The row's 80 % interval of the measured step around its prediction, from the committed
+prediction tables without the row's own configuration (:func:`.intervals.row_interval`): low and
+high seconds (empty when no comparable run was measured), the measured runs it rests on, and
+how it was built."""
+
 #: Columns of the output table (``validate(..., out_csv=...)``).
 OUTPUT_COLUMNS = ("id", "source", "framework", "format", "model", "gpu", "num_gpus", "precision", "parallel", "measured_step_s",
-                  "predicted_step_s", "error_pct", "measured_tflops_per_gpu", "predicted_tflops_per_gpu",
+                  "predicted_step_s", "error_pct", *INTERVAL_COLUMNS, "measured_tflops_per_gpu", "predicted_tflops_per_gpu",
                   "measured_mfu_pct", "predicted_mfu_pct", *BREAKDOWN_COLUMNS, "flop_convention", "status",
                   "derivation", "notes", "wall_s")
 
@@ -545,9 +551,23 @@ def validate(path, out_csv=None, *, run_fn=None, max_gpus: int | None = None, pr
         from ..engine import run as run_fn
     results = []
     for i, out in enumerate(_evaluate_all(rows, run_fn, max_gpus, workers, on_done)):
+        add_interval(out)
         results.append(out)
         if progress is not None:
             progress(i, len(rows), out)
     if out_csv is not None:
         write_csv(results, out_csv)
     return results
+
+
+def add_interval(out: dict, pool=None) -> None:
+    """Fill the :data:`INTERVAL_COLUMNS` of a simulated output row (left empty otherwise)."""
+    from .intervals import row_interval
+    if out.get("status") != "ok" or not isinstance(out.get("predicted_step_s"), float):
+        return
+    iv = row_interval(out, pool)
+    if iv is None:
+        return
+    b = iv.bounds(out["predicted_step_s"])
+    out.update(likely_low_s=b[0] if b else "", likely_high_s=b[1] if b else "", comparable_runs=iv.rows,
+               interval_basis=f"{iv.stratum}: {iv.basis}; {iv.fold}")

@@ -10,6 +10,7 @@ import re
 from topologies import ConfigError
 
 from .evaluate import NOTE_SEP, validate
+from .intervals import SIGN_NOTE
 from .ingest import REFERENCE_SETS, reference_set
 from .mapping import _NOT_MODELLED
 
@@ -270,8 +271,14 @@ def _row_line(r: dict) -> str:
     def num(v, spec):
         return format(v, spec) if isinstance(v, float) else (str(v) if v != "" else "-")
     err = f"{r['error_pct']:+.1f}%" if isinstance(r["error_pct"], float) else "-"
+    likely = "-"
+    if isinstance(r.get("likely_low_s"), float):
+        likely = f"{r['likely_low_s']:.3f}-{r['likely_high_s']:.3f} ({r['comparable_runs']})"
+    elif r.get("comparable_runs") == 0:
+        likely = "no comparable"
     return (f"{r['id']:<22} {str(r['model'])[:32]:<32} {r['num_gpus']:>5} {str(r['precision'])[:6]:<6} "
-            f"{num(r['measured_step_s'], '.3f'):>8} {num(r['predicted_step_s'], '.3f'):>9} {err:>8}  {r['status']}")
+            f"{num(r['measured_step_s'], '.3f'):>8} {num(r['predicted_step_s'], '.3f'):>9} {err:>8} {likely:>20}  "
+            f"{r['status']}")
 
 
 class ProgressBar:
@@ -344,8 +351,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     runs = _runs_table(args.runs, args.set_name, args.limit)
     if not args.quiet:
-        print(f"{'id':<22} {'model':<32} {'gpus':>5} {'prec':<6} {'measured':>8} {'predicted':>9} {'error':>8}  "
-              "status")
+        print(f"{'id':<22} {'model':<32} {'gpus':>5} {'prec':<6} {'measured':>8} {'predicted':>9} {'error':>8} "
+              f"{'likely (runs)':>20}  status")
 
     def progress(_i, _n, r):
         if not args.quiet:
@@ -355,6 +362,9 @@ def main(argv=None) -> int:
                        limit=args.limit, on_done=None if args.quiet else ProgressBar())
     print()
     print(summary(results))
+    print(f"\n'likely': the 80 % interval of the measured step from the validation residuals of comparable measured "
+          f"runs (same kernel stack, GPU generation, model family and scope), built without the row's own "
+          f"configuration; (runs) how many it rests on (docs/accuracy.md). {SIGN_NOTE}.")
     if args.plot:
         from ..report import validation_scatter
         validation_scatter(results, args.plot)
