@@ -967,12 +967,29 @@ def _bridge_recipe(row: dict, scenario: dict, base: dict) -> list[str]:
         scenario["grad_reduce_dtype"] = settings["grad_reduce_dtype"]
     if settings.get("precision_options"):
         scenario["precision_options"] = settings["precision_options"]
+    notes += _bridge_offload(settings, scenario)
     if settings["moe"]:
         model = scenario["model"] if isinstance(scenario["model"], dict) else {"preset": scenario["model"]}
         model["moe"] = {**model.get("moe", {}), **settings["moe"]}
         scenario["model"] = model
     notes += _bridge_hybrid_mtp(record, scenario, base)
     return notes
+
+
+def _bridge_offload(settings: dict, scenario: dict) -> list[str]:
+    """Notes; the recipe's activation offload into the scenario's ``offload`` section, unless
+    the row's own recompute cell asks for recomputation (Megatron-Core refuses the two
+    together: the row's word wins and the offload is dropped)."""
+    off = dict(settings.get("offload") or {})
+    if settings.get("offload_modules"):
+        off["modules"] = list(settings["offload_modules"])
+    if not off:
+        return []
+    if off.get("activations") and scenario["parallel"].get("recompute", "none") != "none":
+        return [f"the recipe's activation offload ({off['activations']} layers) is dropped: the row recomputes "
+                f"({scenario['parallel']['recompute']}) and Megatron-Core refuses the two together"]
+    scenario["offload"] = off
+    return []
 
 
 def _bridge_hybrid_mtp(record: dict, scenario: dict, base: dict) -> list[str]:

@@ -64,6 +64,10 @@ class MoESpec:
     """HybridEP's per-EP-rank token budget, as a multiple of one rank's ``local tokens x
     top_k`` (``moe_expert_rank_capacity_factor``); tokens above it are dropped.  Needs the
     ``flex`` dispatcher with the ``hybridep`` backend.  None: no budget."""
+    paged_stash: bool = False
+    """The routed experts' saved activations packed into a paged buffer of 1.10 x the balanced
+    size (Megatron-Core's ``moe_paged_stash``; :mod:`workloads.offload`): a device copy of
+    those bytes each way, memory sized by the buffer.  Needs ``expert_rank_capacity_factor``."""
     token_dispatcher: str = "alltoall"
     """``alltoall`` | ``allgather`` | ``flex`` (``--moe-token-dispatcher-type``; clustersim's
     default is ``alltoall``, Megatron-Core's own default is ``allgather``)."""
@@ -151,6 +155,11 @@ class MoESpec:
                 raise ConfigError(f"{w}.expert_rank_capacity_factor", rcf,
                                   "the per-rank budget needs token_dispatcher: flex with flex_dispatcher_backend: hybridep")
             set_field(self, "expert_rank_capacity_factor", float(rcf))
+        if not isinstance(self.paged_stash, bool):
+            raise ConfigError(f"{w}.paged_stash", self.paged_stash, "must be true or false")
+        if self.paged_stash and rcf is None:
+            raise ConfigError(f"{w}.paged_stash", True, "needs expert_rank_capacity_factor (Megatron-Core sizes the "
+                                                        "stash from the sync-free expert buffers)")
 
     @property
     def expert_width(self) -> int | None:
