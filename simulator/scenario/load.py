@@ -178,7 +178,7 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
     # refused before a large cluster's graph is built
     cspec = checked_spec(data["cluster"]) if cluster is None else cluster.spec
     _check_batch(data["parallel"])
-    par = ParallelConfig.from_dict(_with_offload(data)).resolve(cspec.num_gpus)
+    par = ParallelConfig.from_dict(_with_offload(data, model)).resolve(cspec.num_gpus)
     par.check_model(model)
     par.check_schedule()
     precision = data.get("precision", "bf16")
@@ -224,22 +224,24 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
                     precision_options=dict(popts), **accounting)
 
 
-def _with_offload(data: dict) -> dict:
+def _with_offload(data: dict, model: ModelSpec) -> dict:
     """The ``parallel`` section with the ``offload`` section's knobs (:data:`OFFLOAD_KEYS`):
-    ``activations`` (leading layers whose activations go to the host), ``modules`` (fine-grained:
-    modules whose inputs every layer sends there), ``optimizer`` (share of
-    the optimizer state stepped on the CPU), ``overlap_optimizer_copies``."""
-    off = data.get("offload")
-    if off is None:
-        return data["parallel"]
+    ``activations`` (leading layers whose activations go to the host; ``all``: every layer but
+    the last, Megatron-Core's most), ``modules`` (fine-grained: modules whose inputs every
+    layer sends there), ``optimizer`` (share of the optimizer state stepped on the CPU),
+    ``overlap_optimizer_copies``."""
+    off = data.get("offload") or {}
     if not isinstance(off, dict):
         raise ConfigError("scenario.offload", off, f"expected a mapping of {', '.join(OFFLOAD_KEYS)}")
     check_keys(off, OFFLOAD_KEYS, "offload")
     if "overlap_optimizer_copies" in off and not isinstance(off["overlap_optimizer_copies"], bool):
         raise ConfigError("offload.overlap_optimizer_copies", off["overlap_optimizer_copies"], "must be true or false")
-    par = dict(data["parallel"]) if isinstance(data["parallel"], dict) else data["parallel"]
-    if isinstance(par, dict):
-        par.update({OFFLOAD_KEYS[k]: v for k, v in off.items()})
+    par = data["parallel"]
+    if not isinstance(par, dict):
+        return par
+    par = {**par, **{OFFLOAD_KEYS[k]: v for k, v in off.items()}}
+    if par.get("offload_activation_layers") == "all":
+        par["offload_activation_layers"] = model.num_layers - 1
     return par
 
 

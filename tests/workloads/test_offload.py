@@ -152,3 +152,40 @@ def test_paged_stash_sizes_the_expert_activations_by_its_buffer():
     assert t1 > t0
     with pytest.raises(ConfigError, match="paged_stash.*expert_rank_capacity_factor"):
         MoESpec.from_dict({**m.moe.to_dict(), "paged_stash": True})
+
+
+def _scenario(**extra):
+    from simulator.scenario.load import load_scenario
+    return load_scenario({"model": "llama3-8b", "cluster": {"preset": "dgx-b200", "num_nodes": 1},
+                          "parallel": {"tp": 1, "pp": 1, "dp": 8, "global_batch_size": 8, "seq_len": 1024,
+                                       "recompute": "none"}, **extra})
+
+
+def test_scenario_offload_section_and_its_errors():
+    sc = _scenario(offload={"activations": 4, "optimizer": 0.5, "overlap_optimizer_copies": True})
+    assert (sc.parallel.offload_activation_layers, sc.parallel.optimizer_offload_fraction,
+            sc.parallel.overlap_optimizer_copies) == (4, 0.5, True)
+    assert _scenario(offload={"activations": "all"}).parallel.offload_activation_layers == 31
+    assert _scenario(offload={"modules": ["core_attn", "attn_proj"]}).parallel.offload_modules == ("core_attn",
+                                                                                                   "attn_proj")
+    for off, field, value in (({"activations": -1}, "offload.activations", "-1"),
+                              ({"optimizer": 2}, "offload.optimizer", "2"),
+                              ({"modules": ["mlp"]}, "offload.modules", "mlp"),
+                              ({"overlap_optimizer_copies": 1}, "offload.overlap_optimizer_copies", "1"),
+                              ({"everything": True}, "offload", "everything")):
+        with pytest.raises(ConfigError) as err:
+            _scenario(offload=off)
+        assert field in str(err.value) and value in str(err.value)
+    with pytest.raises(ConfigError, match="precision_options.fp8_attention"):
+        _scenario(precision_options={"fp8_attention": True})
+
+
+def test_table_cells_naming_offload_map():
+    from simulator.validation.mapping import _recompute, _zero, _zero_offload
+    assert _recompute("CPU activation offload (20 layers)") == {"recompute": "none", "offload_activation_layers": 20}
+    assert _recompute("activation offload") == {"recompute": "none", "offload_activation_layers": "all"}
+    assert _recompute("partial, 4 layers") == {"recompute": "full", "recompute_method": "block",
+                                               "recompute_num_layers": 4}
+    assert _zero("ZeRO-Offload") == 2 and _zero_offload("ZeRO-Offload")[0] == 1.0
+    assert _zero("ZeRO-Infinity") == 3 and len(_zero_offload("ZeRO-Infinity")[1]) == 2
+    assert _zero("ZeRO-3 + CPU offload") == 3 and _zero_offload("ZeRO-3")[0] == 0.0
