@@ -33,8 +33,10 @@ MoE paged stash (``moe.paged_stash``, :func:`paged_stash_copy_s`)
     Megatron-Core's ``moe_paged_stash`` (megatron/core/transformer/moe/paged_stash.py and
     docs/user-guide/features/paged_stash.md @ d98e8a6) packs the routed experts' saved
     activations into a paged buffer of ``moe_paged_stash_buffer_size_factor_cuda`` (1.10) x
-    the balanced size: a device-to-device copy of those bytes in the forward and back in the
-    backward, at HBM bandwidth.
+    the balanced size: a device-to-device copy of those bytes on a pack stream after each
+    layer's forward and back on an unpack stream before its backward, at HBM bandwidth,
+    waited for one layer later (the same schedule with ``keep = 1``).  The HBM bandwidth the
+    copies take from overlapping kernels is not modelled.
 
 The host link (:func:`host_link_bytes_per_s`), one direction per GPU:
 

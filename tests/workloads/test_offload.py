@@ -148,8 +148,9 @@ def test_paged_stash_sizes_the_expert_activations_by_its_buffer():
     par = _par(ep=2, dp=2, global_batch_size=2, seq_len=512)
     a0, a1 = memory_estimate(plain, par).activations, memory_estimate(stash, par).activations
     assert a1["expert_input"] == pytest.approx(PAGED_STASH_BUFFER_FACTOR * a0["expert_input"])
+    # the packing copies run on side streams at HBM speed, waited for a layer later
     t0, t1 = (_compute_s(build_program(x, par, B200)) for x in (plain, stash))
-    assert t1 > t0
+    assert t1 >= t0
     with pytest.raises(ConfigError, match="paged_stash.*expert_rank_capacity_factor"):
         MoESpec.from_dict({**m.moe.to_dict(), "paged_stash": True})
 

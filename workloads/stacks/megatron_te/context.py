@@ -118,10 +118,8 @@ def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[
     the compute stream's waits for the host copies (:func:`_offload_stalls`) are added to the
     layer's last forward segment and to the segment its backward starts with."""
     seg = _kernel_segments(ctx, layer, tokens_per_expert, recompute)
-    if ctx.model.moe is not None and ctx.model.moe.paged_stash and any(
-            b.kind == "moe" for b in layer_blocks(ctx.model, layer)):
-        seg = _with_paged_stash(ctx, layer, seg, tokens_per_expert, recompute)
-    if not (ctx.par.offload_modules or ctx.par.offload_activation_layers) or layer >= ctx.model.num_layers:
+    stash = ctx.model.moe is not None and ctx.model.moe.paged_stash
+    if not (ctx.par.offload_modules or ctx.par.offload_activation_layers or stash) or layer >= ctx.model.num_layers:
         return seg
     fwd, bwd = _offload_stalls(ctx, tokens_per_expert, recompute)
     if not (fwd[layer] or bwd[layer]):
@@ -142,52 +140,41 @@ _STASHED = ("expert_input", "expert_fc1_output", "expert_fc2_input")
 """The routed experts' saved tensors Megatron-Core's paged stash packs."""
 
 
-def _with_paged_stash(ctx: _Ctx, layer: int, seg: dict, tokens_per_expert, recompute: str) -> dict:
-    """``seg`` with the paged stash's packing copy (:func:`workloads.offload.paged_stash_copy_s`:
-    the experts' saved bytes read and written at HBM speed) in the experts' forward and, to
-    unpack, their backward."""
-    key = ("paged_stash", _segment_key(ctx, layer, tokens_per_expert, recompute))
-    hit = ctx.seg_cache.get(key)
-    if hit is None:
-        from ...memory import layer_activation_bytes
-        from ...offload import paged_stash_copy_s
-        lb = ctx.recipe.tp_gather_bytes_per_element if ctx.recipe.fprop_format != "BF16" else None
-        saved = layer_activation_bytes(ctx.model, ctx.par, layer, linear_input_bytes=lb)
-        copy = paged_stash_copy_s(sum(saved[k] for k in _STASHED), ctx.compute.gpu.hbm_bandwidth_bytes_per_s)
-        hit = {k: list(v) if isinstance(v, list) else v for k, v in seg.items()}
-        for part in ("F:mlp", "B:mlp"):
-            if part in hit:
-                hit[part][1] += copy
-        ctx.seg_cache[key] = hit
-    return hit
-
-
 def _offload_stalls(ctx: _Ctx, tokens_per_expert, recompute: str) -> tuple[list, list]:
-    """Per decoder layer, the seconds the compute stream waits for activation offload copies
-    before its forward and its backward (:func:`workloads.offload.activation_offload_stalls`):
-    each layer's saved bytes (:func:`workloads.memory.layer_activation_bytes`, GEMM inputs in
-    the recipe's format) over the GPU's host link."""
+    """Per decoder layer, the seconds the compute stream waits for side-stream copies before
+    its forward and its backward (:func:`workloads.offload.activation_offload_stalls`): the
+    host offload's (each layer's saved bytes, :func:`workloads.memory.layer_activation_bytes`
+    with GEMM inputs in the recipe's format, over the GPU's host link) plus the MoE paged
+    stash's (the routed experts' saved bytes read and written at HBM bandwidth on Megatron-Core's
+    pack and unpack streams, waited for one layer later: megatron/core/transformer/moe/
+    paged_stash.py @ d98e8a6, ``stash_paged_tensors`` / ``wait_for_stash_to_complete``)."""
     key = ("offload_stalls", None if tokens_per_expert is None else tuple(tokens_per_expert), recompute)
     hit = ctx.seg_cache.get(key)
     if hit is not None:
         return hit
     from ...memory import layer_activation_bytes
-    from ...offload import activation_offload_stalls, host_link_bytes_per_s, offloaded_terms
+    from ...offload import activation_offload_stalls, host_link_bytes_per_s, offloaded_terms, paged_stash_copy_s
     lb = ctx.recipe.tp_gather_bytes_per_element if ctx.recipe.fprop_format != "BF16" else None
     link = host_link_bytes_per_s(ctx.compute.gpu)
-    fwd, bwd, copy = [], [], []
+    fwd, bwd, copy, stash = [], [], [], []
     for i in range(ctx.model.num_layers):
         seg = _kernel_segments(ctx, i, tokens_per_expert, recompute)
         fwd.append(sum(v[1] for k, v in seg.items() if k[:2] == "F:" and isinstance(v, list)))
         bwd.append(sum(v[1] for k, v in seg.items() if k[:2] in ("B:", "W:") and isinstance(v, list)))
         saved = layer_activation_bytes(ctx.model, ctx.par, i, linear_input_bytes=lb)
+        stash.append(paged_stash_copy_s(sum(saved[k] for k in _STASHED), ctx.compute.gpu.hbm_bandwidth_bytes_per_s))
         if ctx.par.offload_modules:
             saved = offloaded_terms(saved, ctx.par.offload_modules)
         copy.append(sum(saved.values()) / link)
     if ctx.par.offload_modules:          # every layer, one layer's set double-buffered
         hit = activation_offload_stalls(fwd, bwd, copy, len(fwd), keep=1)
-    else:
+    elif ctx.par.offload_activation_layers:
         hit = activation_offload_stalls(fwd, bwd, copy, ctx.par.offload_activation_layers)
+    else:
+        hit = [0.0] * len(fwd), [0.0] * len(fwd)
+    if ctx.model.moe is not None and ctx.model.moe.paged_stash:
+        more = activation_offload_stalls(fwd, bwd, stash, len(fwd), keep=1)
+        hit = [a + b for a, b in zip(hit[0], more[0])], [a + b for a, b in zip(hit[1], more[1])]
     ctx.seg_cache[key] = hit
     return hit
 
