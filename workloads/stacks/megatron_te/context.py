@@ -136,6 +136,16 @@ def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[
     return hit
 
 
+def gpu_of(ctx: _Ctx):
+    """The GPU spec behind the compute model (a measured model's roofline fallback's)."""
+    for model in (ctx.compute, getattr(ctx.compute, "fallback", None)):
+        if getattr(model, "gpu", None) is not None:
+            return model.gpu
+    from topologies import ConfigError
+    raise ConfigError("offload", "measured compute", "host copies need the GPU's spec: give the measured compute "
+                                                     "model a roofline fallback")
+
+
 _STASHED = ("expert_input", "expert_fc1_output", "expert_fc2_input")
 """The routed experts' saved tensors Megatron-Core's paged stash packs."""
 
@@ -155,14 +165,15 @@ def _offload_stalls(ctx: _Ctx, tokens_per_expert, recompute: str) -> tuple[list,
     from ...memory import layer_activation_bytes
     from ...offload import activation_offload_stalls, host_link_bytes_per_s, offloaded_terms, paged_stash_copy_s
     lb = ctx.recipe.tp_gather_bytes_per_element if ctx.recipe.fprop_format != "BF16" else None
-    link = host_link_bytes_per_s(ctx.compute.gpu)
+    gpu = gpu_of(ctx)
+    link = host_link_bytes_per_s(gpu)
     fwd, bwd, copy, stash = [], [], [], []
     for i in range(ctx.model.num_layers):
         seg = _kernel_segments(ctx, i, tokens_per_expert, recompute)
         fwd.append(sum(v[1] for k, v in seg.items() if k[:2] == "F:" and isinstance(v, list)))
         bwd.append(sum(v[1] for k, v in seg.items() if k[:2] in ("B:", "W:") and isinstance(v, list)))
         saved = layer_activation_bytes(ctx.model, ctx.par, i, linear_input_bytes=lb)
-        stash.append(paged_stash_copy_s(sum(saved[k] for k in _STASHED), ctx.compute.gpu.hbm_bandwidth_bytes_per_s))
+        stash.append(paged_stash_copy_s(sum(saved[k] for k in _STASHED), gpu.hbm_bandwidth_bytes_per_s))
         if ctx.par.offload_modules:
             saved = offloaded_terms(saved, ctx.par.offload_modules)
         copy.append(sum(saved.values()) / link)

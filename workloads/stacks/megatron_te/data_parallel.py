@@ -12,7 +12,7 @@ from ...ops import Coll, Group, OpName, Phase, Stream
 from ...parallel import ParallelConfig
 from ...schedules import model_chunk
 
-from .context import _Ctx, _DTYPE_BYTES, _Emitter, _Stage, _host_of
+from .context import _Ctx, _DTYPE_BYTES, _Emitter, _Stage, _host_of, gpu_of
 
 
 
@@ -189,7 +189,7 @@ def _step_end(ctx: _Ctx, em: _Emitter, st: _Stage) -> None:
     step_s = float(np.sum(ctx.compute.op_times_s(opt)))
     if f:
         # the host's share: gradients out, CPU Adam, parameters back (workloads.offload)
-        step_s += optimizer_offload_s(shard, f, ctx.compute.gpu, par.overlap_optimizer_copies)
+        step_s += optimizer_offload_s(shard, f, gpu_of(ctx), par.overlap_optimizer_copies)
     em.compute(OpName.OPTIMIZER, -1, -1, 0, Phase.S, 0.0, step_s, *_host_of(ctx, opt))
     if par.distributed_optimizer and par.zero_stage < 3:
         _param_gathers(ctx, em, [i for r in st.layers for i in r], float(edge), st.buckets.bucket_params)
