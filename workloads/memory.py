@@ -167,13 +167,13 @@ from dataclasses import dataclass
 from topologies import ConfigError
 
 from .blocks import layer_blocks
-from .blocks.moe import default_token_imbalance, skewed_expert_load
+from .blocks.moe import default_token_imbalance, has_paged_stash, skewed_expert_load
 from .moe_routing import parse_routing
 from .memory_accounting import (ACTIVATION_TERMS, DEFAULT_RESERVE_BYTES, MEMORY_TERMS, RESERVE_PARTS,
                                 STATIC_ACCOUNTINGS, MemoryEstimate, MemoryOptions, StaticAccounting, _options,
                                 bytes_per_param, check_fits, effective_zero_stage, get_static_accounting)
 from .model import ModelSpec
-from .offload import PAGED_STASH_BUFFER_FACTOR, offloaded_terms
+from .offload import offloaded_terms
 from .parallel import ParallelConfig, mtp_per_virtual_stage, split_layers
 from .schedules import ActionKind, get_schedule, peak_in_flight
 
@@ -216,9 +216,7 @@ class _Dims:
         attn_dropout = model.dropout if opt.attention_dropout is None else opt.attention_dropout
         imb = opt.moe_token_imbalance
         if imb is None:
-            imb = default_token_imbalance(model)
-            if model.moe is not None and model.moe.paged_stash:
-                imb = PAGED_STASH_BUFFER_FACTOR     # the stash's fixed size, whatever the routing
+            imb = default_token_imbalance(model)        # (the paged stash's fixed buffer included)
         div = int(opt.make_vocab_size_divisible_by) * t
         vocab = -(-model.vocab_size // div) * div
         return cls(model, parallel, opt, seq, s_loc, b, t, parallel.expert_tp, float(tok),
@@ -429,7 +427,7 @@ class _Model:
         rank's load over the stage's MoE layers, and its worst single layer
         (:func:`workloads.blocks.moe.skewed_expert_load`)."""
         loads = None
-        if self.routing is not None and not (self.model.moe is not None and self.model.moe.paged_stash):
+        if self.routing is not None and not has_paged_stash(self.model):
             m = self.model
             layers = [(i, layer_blocks(m, i)) for c in self.placement[stage]
                       for i in list(c.layers) + [m.num_layers + k for k in range(c.mtp)]]
