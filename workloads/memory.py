@@ -17,8 +17,11 @@ named terms (bytes):
   (:data:`RESERVE_PARTS`).
 
 Not modelled: temporaries inside one op (GEMM workspaces, attention's backward scratch),
-gradients of activations in flight during one backward (they live for one layer), CPU
-offloading, and the input pipeline's pinned host memory.
+gradients of activations in flight during one backward (they live for one layer), the
+pinned host buffers of offloading, and the input pipeline's pinned host memory.  Offload
+(:mod:`workloads.offload`): ``parallel.offload_activation_layers`` leading layers keep no
+activations on the GPU, ``offload_modules`` take their inputs' terms off every layer; ``optimizer_offload_fraction`` of the master weights and optimizer
+states lives in host memory.
 
 Parameters a rank holds
 -----------------------
@@ -164,12 +167,13 @@ from dataclasses import dataclass
 from topologies import ConfigError
 
 from .blocks import layer_blocks
-from .blocks.moe import default_token_imbalance, skewed_expert_load
+from .blocks.moe import default_token_imbalance, has_paged_stash, skewed_expert_load
 from .moe_routing import parse_routing
 from .memory_accounting import (ACTIVATION_TERMS, DEFAULT_RESERVE_BYTES, MEMORY_TERMS, RESERVE_PARTS,
                                 STATIC_ACCOUNTINGS, MemoryEstimate, MemoryOptions, StaticAccounting, _options,
                                 bytes_per_param, check_fits, effective_zero_stage, get_static_accounting)
 from .model import ModelSpec
+from .offload import offloaded_terms
 from .parallel import ParallelConfig, mtp_per_virtual_stage, split_layers
 from .schedules import ActionKind, get_schedule, peak_in_flight
 
@@ -212,7 +216,7 @@ class _Dims:
         attn_dropout = model.dropout if opt.attention_dropout is None else opt.attention_dropout
         imb = opt.moe_token_imbalance
         if imb is None:
-            imb = default_token_imbalance(model)
+            imb = default_token_imbalance(model)        # (the paged stash's fixed buffer included)
         div = int(opt.make_vocab_size_divisible_by) * t
         vocab = -(-model.vocab_size // div) * div
         return cls(model, parallel, opt, seq, s_loc, b, t, parallel.expert_tp, float(tok),
@@ -423,7 +427,7 @@ class _Model:
         rank's load over the stage's MoE layers, and its worst single layer
         (:func:`workloads.blocks.moe.skewed_expert_load`)."""
         loads = None
-        if self.routing is not None:
+        if self.routing is not None and not has_paged_stash(self.model):
             m = self.model
             layers = [(i, layer_blocks(m, i)) for c in self.placement[stage]
                       for i in list(c.layers) + [m.num_layers + k for k in range(c.mtp)]]
@@ -456,8 +460,15 @@ class _Model:
                     _add(held, self.layer(i, none, d))
                 working = max((sum(self.layer(i, none, d).values()) for i in layers[:n]), default=0.0)
         else:
+            # activation offload: the leading layers' saved tensors live in host memory
+            # (workloads.offload; Megatron-Core allows it only with pp 1 and no recompute)
             for i in layers:
-                _add(held, self.layer(i, self.modules, d))
+                if i >= par.offload_activation_layers or i >= m.num_layers:
+                    terms = self.layer(i, self.modules, d)
+                    if par.offload_modules and i < m.num_layers:
+                        gone = offloaded_terms(terms, par.offload_modules)
+                        terms = {k: v - gone.get(k, 0.0) for k, v in terms.items()}
+                    _add(held, terms)
         sp_h = d.tok_sp * h
         if chunk.embedding:
             held["embedding"] = 8 * d.tok + (sp_h if m.dropout > 0 else 0.0)
@@ -507,6 +518,9 @@ class _Model:
         dense_b = bytes_per_param(self.zero, dense_dp, self.accounting)
         expert_b = bytes_per_param(self.zero, expert_dp, self.accounting)
         static = {k: p.dense * dense_b[k] + p.expert * expert_b[k] for k in dense_b}
+        # optimizer offload: the host holds that share of the master weights and moments
+        for k in ("master_weights", "optimizer_states"):
+            static[k] *= 1.0 - par.optimizer_offload_fraction
         # FP8 copies follow the weights' sharding (ZeRO-3 gathers them per layer)
         shard = (dense_dp, expert_dp) if self.zero >= 3 else (1, 1)
         fp8 = (p.gemm / shard[0] + p.gemm_expert / shard[1]) * opt.fp8_weight_copy_bytes_per_param

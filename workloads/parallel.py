@@ -118,6 +118,18 @@ class ParallelConfig:
     ``E`` (embedding), ``t`` (transformer layer), ``m`` (MTP layer), ``L`` (loss), with
     repetition ``t*3`` and ``(tt|)*2``."""
 
+    offload_activation_layers: int = 0
+    """Leading decoder layers whose activations go to host memory and back (Megatron-Core's
+    ``cpu_offloading_num_layers``; scenario ``offload.activations``, :mod:`workloads.offload`)."""
+    offload_modules: tuple[str, ...] = ()
+    """Modules whose inputs every layer sends to the host (fine-grained offload,
+    ``offload_modules``; scenario ``offload.modules``)."""
+    optimizer_offload_fraction: float = 0.0
+    """Share of the optimizer shard kept and stepped on the CPU (``optimizer_offload_fraction``;
+    scenario ``offload.optimizer``)."""
+    overlap_optimizer_copies: bool = False
+    """Pipeline the offloaded optimizer's copies with its CPU step (``overlap_cpu_optimizer_d2h_h2d``)."""
+
     degree_form: str = dataclasses.field(default="folded", compare=False, repr=False)
     """How the degrees were written: ``folded`` (Megatron's: ``dp`` is the dense degree, EP
     folded into it) or ``five-degree`` (``ep`` carved out of ``dp``); errors say which."""
@@ -156,8 +168,9 @@ class ParallelConfig:
         names = {f.name for f in dataclasses.fields(cls)} - {"degree_form"}
         check_keys(d, names, where)
         kw = dict(d)
-        if "recompute_modules" in kw and isinstance(kw["recompute_modules"], list):
-            kw["recompute_modules"] = tuple(kw["recompute_modules"])
+        for key in ("recompute_modules", "offload_modules"):
+            if key in kw and isinstance(kw[key], list):
+                kw[key] = tuple(kw[key])
         hcp = kw.get("hierarchical_context_parallel_sizes")
         if hcp is not None:
             if not isinstance(hcp, (list, tuple)) or any(isinstance(x, bool) or not isinstance(x, int) for x in hcp):
@@ -318,6 +331,9 @@ class ParallelConfig:
 
     def check_model(self, model, where: str = "parallel") -> None:
         """Rules that involve the model (``model`` is a workloads ModelSpec)."""
+        if self.offload_activation_layers or self.optimizer_offload_fraction or self.offload_modules:
+            from .offload import check_offload
+            check_offload(self, model)
         heads = model.num_attention_heads
         kv = model.num_kv_heads
         if heads % self.tp:

@@ -38,12 +38,17 @@ OVERLAP_DEFAULTS = {"grad_reduce": True, "param_gather": True, "tp_comm": False,
 OVERLAP_DEFAULTS["moe_ep_comm"] = False
 #: Keys of ``precision_options``: overrides of the named precision recipe
 #: (:func:`workloads.costs.precision.get_recipe`).
-PRECISION_OPTIONS = ("bf16_first_layers", "bf16_last_layers", "fp8_param_gather")
+PRECISION_OPTIONS = ("bf16_first_layers", "bf16_last_layers", "fp8_param_gather", "fp4_param_gather", "fp8_attention")
 
 _KEYS = {"name", "description", "model", "cluster", "parallel", "precision", "precision_options", "grad_reduce_dtype",
          "overlap", "whatif",
          "num_steps", "seed", "moe_routing", "host", "approximations", "framework",
-         "flop_convention", "memory_accounting", "hbm_headroom"}
+         "flop_convention", "memory_accounting", "hbm_headroom", "offload"}
+
+#: Keys of the ``offload`` section and the ParallelConfig field each sets (workloads.offload).
+OFFLOAD_KEYS = {"activations": "offload_activation_layers", "modules": "offload_modules",
+                "optimizer": "optimizer_offload_fraction",
+                "overlap_optimizer_copies": "overlap_optimizer_copies"}
 
 #: Largest ``hbm_headroom`` accepted: keeping more than half the HBM free is a typo, not a policy.
 MAX_HBM_HEADROOM = 0.5
@@ -88,7 +93,8 @@ class Scenario:
     """Opt-in approximations in force (names of :data:`APPROXIMATIONS`); empty: exact."""
     precision_options: dict = field(default_factory=dict)
     """Overrides of the precision recipe (:data:`PRECISION_OPTIONS`): ``bf16_first_layers``,
-    ``bf16_last_layers``, ``fp8_param_gather``; empty: the recipe as named."""
+    ``bf16_last_layers``, ``fp8_param_gather``, ``fp4_param_gather``, ``fp8_attention``; empty: the
+    recipe as named."""
     flop_convention: str = DEFAULT_FLOP_CONVENTION
     """Which model-FLOP count MFU and TFLOP/s use: a key of :data:`workloads.FLOP_CONVENTIONS`."""
     memory_accounting: str = "megatron"
@@ -172,7 +178,7 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
     # refused before a large cluster's graph is built
     cspec = checked_spec(data["cluster"]) if cluster is None else cluster.spec
     _check_batch(data["parallel"])
-    par = ParallelConfig.from_dict(data["parallel"]).resolve(cspec.num_gpus)
+    par = ParallelConfig.from_dict(_with_offload(data, model)).resolve(cspec.num_gpus)
     par.check_model(model)
     par.check_schedule()
     precision = data.get("precision", "bf16")
@@ -216,6 +222,27 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
                     num_steps=num_steps, seed=seed, moe_routing=routing, name=str(data.get("name", name)),
                     grad_reduce_dtype=grad_dtype, source=data, host=host, framework=framework, approximations=approx,
                     precision_options=dict(popts), **accounting)
+
+
+def _with_offload(data: dict, model: ModelSpec) -> dict:
+    """The ``parallel`` section with the ``offload`` section's knobs (:data:`OFFLOAD_KEYS`):
+    ``activations`` (leading layers whose activations go to the host; ``all``: every layer but
+    the last, Megatron-Core's most), ``modules`` (fine-grained: modules whose inputs every
+    layer sends there), ``optimizer`` (share of the optimizer state stepped on the CPU),
+    ``overlap_optimizer_copies``."""
+    off = data.get("offload") or {}
+    if not isinstance(off, dict):
+        raise ConfigError("scenario.offload", off, f"expected a mapping of {', '.join(OFFLOAD_KEYS)}")
+    check_keys(off, OFFLOAD_KEYS, "offload")
+    if "overlap_optimizer_copies" in off and not isinstance(off["overlap_optimizer_copies"], bool):
+        raise ConfigError("offload.overlap_optimizer_copies", off["overlap_optimizer_copies"], "must be true or false")
+    par = data["parallel"]
+    if not isinstance(par, dict):
+        return par
+    par = {**par, **{OFFLOAD_KEYS[k]: v for k, v in off.items()}}
+    if par.get("offload_activation_layers") == "all":
+        par["offload_activation_layers"] = model.num_layers - 1
+    return par
 
 
 def _framework(name, model: ModelSpec) -> str:

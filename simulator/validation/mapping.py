@@ -80,12 +80,14 @@ activation_recompute   check marks, optionally annotated (``yes (TP/SP)``, ``sp=
                        ``FULL_SHARD`` = 3, ``NO_SHARD`` / ``DDP ...`` = 0; a stated stage
                        (``ZeRO-1``, ``ZeRO stage 2``, ``zero_stage=3``); other FSDP (FSDP2,
                        ``fully_shard``, Megatron-FSDP) = 3; the distributed optimizer
-                       (``dist-opt``, ``--use-distributed-optimizer``) = 1; HSDP / HYBRID_SHARD
-                       and offload: unsupported.  Recompute (:func:`_recompute`): ``full``,
+                       (``dist-opt``, ``--use-distributed-optimizer``) = 1; ZeRO-Offload = 2 and
+                       ZeRO-Infinity = 3 with ``offload.optimizer`` 1; HSDP / HYBRID_SHARD:
+                       unsupported.  Recompute (:func:`_recompute`): ``full``,
                        ``activation checkpointing``, ``AC=full``, ``full (uniform, 1 layer)``,
                        ``block 4`` (method and layers kept); ``selective``, ``SAC``; ``none``,
-                       ``no AC``; offload / partial: unsupported.  Empty -> the framework's
-                       default below.
+                       ``no AC``; CPU / activation offload of N layers -> ``offload.activations``
+                       N (no count: all but the last); partial, N layers -> full, block, N.
+                       Empty -> the framework's default below.
 precision              ``BF16`` -> bf16; ``FP16`` -> bf16 (same tensor-core peak; noted);
                        ``FP8`` -> fp8_delayed: NeMo's and Transformer Engine's default FP8
                        recipe (``DelayedScaling``, HYBRID E4M3 forward / E5M2 backward,
@@ -482,7 +484,7 @@ def _recompute(text: str) -> dict | None:
     if "selective" in s or re.search(r"\bsac\b", s):
         return {"recompute": "selective"}     # "selective AC", "per-op SAC", "selective (attention core only)"
     if re.search(r"offload|partial|cpu", s):
-        raise Unsupported(f"activation_recompute {text!r}: activation offload / partial checkpointing is not modelled")
+        return _offload_or_partial(text, s)
     if not _RC_FULL.search(s):
         raise Unsupported(f"activation_recompute {text!r}: not none, selective or full recompute")
     out: dict = {"recompute": "full"}
@@ -497,6 +499,21 @@ def _recompute(text: str) -> dict | None:
     return out
 
 
+def _offload_or_partial(text: str, s: str) -> dict:
+    """An ``activation_recompute`` cell naming activation offload or partial checkpointing:
+    offload of ``N`` layers -> ``offload_activation_layers`` N with recompute none (Megatron-Core's
+    ``cpu_offloading_num_layers``, which refuses recomputation); without a count, every layer
+    but the last (``all``); partial checkpointing of ``N`` layers -> full recompute of the first
+    N layers of each chunk (Megatron's ``block`` method)."""
+    n = re.search(r"(\d+)\s*(?:layers?|blocks?)\b", s)
+    if re.search(r"offload|cpu", s):
+        return {"recompute": "none", "offload_activation_layers": int(n.group(1)) if n else "all"}
+    if not n or int(n.group(1)) < 1:
+        raise Unsupported(f"activation_recompute {text!r}: partial checkpointing needs its layer count "
+                          "(e.g. 'partial, 4 layers')")
+    return {"recompute": "full", "recompute_method": "block", "recompute_num_layers": int(n.group(1))}
+
+
 #: FSDP sharding strategies (PyTorch ``ShardingStrategy``) -> ZeRO stage: SHARD_GRAD_OP shards
 #: gradients and optimizer state and keeps the parameters gathered after the forward (ZeRO-2);
 #: NO_SHARD is plain data parallelism.  Source: pytorch/pytorch torch/distributed/fsdp/api.py
@@ -505,6 +522,21 @@ _FSDP_STRATEGIES = (("shardgradop", 2), ("fullshard", 3), ("noshard", 0))
 _ZERO_STAGE = re.compile(r"(?:zero|stage)[\s_:=-]*(?:stage)?[\s_:=-]*([0-3])(?![\d.])")
 _NO = ("0", "none", "no", "false", "off", "disabled", "n", "na")
 _DIST_OPT = ("distributedoptimizer", "distopt", "usedistributedoptimizer", "true", "yes", "y", "on", "enabled", "1")
+
+
+def _zero_offload(text: str) -> tuple[float, list[str]]:
+    """``(optimizer_offload_fraction, notes)`` of a ``zero_fsdp`` cell: 1 for ZeRO-Offload /
+    ZeRO-Infinity / an optimizer offload (DeepSpeed's ``offload_optimizer``, Megatron-Core's
+    ``optimizer_cpu_offload``), with a note when parameters are offloaded too (their
+    per-layer fetches from the host are not costed: the parameters count on the GPU)."""
+    s = _key(text)
+    if "offload" not in s and "infinity" not in s:
+        return 0.0, []
+    notes = [f"zero_fsdp {text!r}: optimizer state and its Adam step on the host (offload.optimizer 1)"]
+    if "infinity" in s or "param" in s:
+        notes.append("parameter offload to the host: the parameters are counted on the GPU and their fetches "
+                     "from the host are not costed")
+    return 1.0, notes
 
 
 def _zero(text: str) -> int | None:
@@ -523,7 +555,11 @@ def _zero(text: str) -> int | None:
         raise Unsupported(f"zero_fsdp {text!r}: HSDP (hybrid sharding within a replica group, replicated across) "
                           "is not modelled")
     if "offload" in s or "infinity" in s:
-        raise Unsupported(f"zero_fsdp {text!r}: optimizer / parameter offload to the host is not modelled")
+        # ZeRO-Offload builds on stage 2, ZeRO-Infinity on stage 3 (Ren et al., arXiv:2101.06840
+        # §4; Rajbhandari et al., arXiv:2104.07857 §5), unless the cell states a stage; the
+        # optimizer half is read by _zero_offload
+        m = _ZERO_STAGE.search(low.replace("offload", "").replace("infinity", ""))
+        return int(m.group(1)) if m else (3 if "infinity" in s or "param" in s else 2)
     for name, stage in _FSDP_STRATEGIES:
         if name in s:
             return stage
@@ -1025,12 +1061,29 @@ def _bridge_recipe(row: dict, scenario: dict, base: dict) -> list[str]:
         scenario["grad_reduce_dtype"] = settings["grad_reduce_dtype"]
     if settings.get("precision_options"):
         scenario["precision_options"] = settings["precision_options"]
+    notes += _bridge_offload(settings, scenario)
     if settings["moe"]:
         model = scenario["model"] if isinstance(scenario["model"], dict) else {"preset": scenario["model"]}
         model["moe"] = {**model.get("moe", {}), **settings["moe"]}
         scenario["model"] = model
     notes += _bridge_hybrid_mtp(record, scenario, base)
     return notes
+
+
+def _bridge_offload(settings: dict, scenario: dict) -> list[str]:
+    """Notes; the recipe's activation offload into the scenario's ``offload`` section, unless
+    the row's own recompute cell asks for recomputation (Megatron-Core refuses the two
+    together: the row's word wins and the offload is dropped)."""
+    off = dict(settings.get("offload") or {})
+    if settings.get("offload_modules"):
+        off["modules"] = list(settings["offload_modules"])
+    if not off:
+        return []
+    if off.get("activations") and scenario["parallel"].get("recompute", "none") != "none":
+        return [f"the recipe's activation offload ({off['activations']} layers) is dropped: the row recomputes "
+                f"({scenario['parallel']['recompute']}) and Megatron-Core refuses the two together"]
+    scenario["offload"] = off
+    return []
 
 
 def _bridge_hybrid_mtp(record: dict, scenario: dict, base: dict) -> list[str]:
@@ -1340,6 +1393,13 @@ def _framework_defaults(row: dict, par: dict, num_layers: int = 0) -> tuple[str,
     if rc is None:
         rc = _default_recompute(prof["recompute"], par, num_layers)
         used.append(", ".join(f"{k}={v}" for k, v in rc.items()))
+    if rc.get("offload_activation_layers") and par.get("pp", 1) > 1:
+        raise Unsupported(f"activation_recompute {_cell(row, 'activation_recompute')!r}: activation offload with "
+                          f"pp {par['pp']} (Megatron-Core has no CPU offloading with pipeline parallelism)")
+    fraction, onotes = _zero_offload(_cell(row, "zero_fsdp"))
+    notes += onotes
+    if fraction:
+        rc["optimizer_offload_fraction"] = fraction
     par.update(sequence_parallel=sp, zero_stage=zero, distributed_optimizer=dist, **rc)
     overlap = {"grad_reduce": prof["overlap"]["grad_reduce"], "param_gather": prof["overlap"]["param_gather"],
                "tp_comm": prof["overlap"].get("tp_comm", False), "p2p": prof["overlap"]["p2p"]}

@@ -85,12 +85,7 @@ NOT_MODELLED = "not modelled: "
 #: The recipe features clustersim declares it does not model, each by the words its notes
 #: start with.  Capped at :data:`DECLARED_CAP` on purpose: a feature without public cost
 #: data goes here rather than into a fitted factor, and the list should shrink, not grow.
-DECLARED_NOT_MODELLED = {
-    "activation offload": "activations copied to host memory and back (cpu_offloading, fine-grained offload)",
-    "parameter all-gather": "FP4 parameter all-gathers (clustersim gathers BF16; FP8 ones are modelled)",
-    "FP8 attention": "attention in FP8 (fp8_dot_product_attention)",
-    "MoE paged stash": "paged activation stash for experts",
-}
+DECLARED_NOT_MODELLED: dict[str, str] = {}
 DECLARED_CAP = 10
 
 
@@ -224,8 +219,8 @@ def bridge_settings(record: dict, par: dict, model_is_moe: bool) -> tuple[dict, 
         notes += _moe_settings(k, out, set_here, pp)
 
     out["precision_options"] = _precision_settings(k, set_here)
+    notes += _offload_settings(k, out, set_here, par, model_is_moe)
     notes.insert(0, f"Megatron-Bridge recipe ({link}): " + "; ".join(set_here))
-    notes += _not_modelled(k, model_is_moe, tp)
     return out, notes
 
 
@@ -268,6 +263,12 @@ def _precision_settings(k: dict, set_here: list) -> dict:
     if k.get("fp8") and k.get("fp8_param_gather"):
         popts["fp8_param_gather"] = True
         set_here.append("fp8_param_gather (FP8 parameter all-gather)")
+    if k.get("fp4") and k.get("fp4_param_gather"):
+        popts["fp4_param_gather"] = True
+        set_here.append("fp4_param_gather (NVFP4 parameter all-gather)")
+    if (k.get("fp8") or k.get("fp4")) and k.get("fp8_dot_product_attention"):
+        popts["fp8_attention"] = True
+        set_here.append("fp8_dot_product_attention (FP8 core attention)")
     return popts
 
 
@@ -327,17 +328,23 @@ def _cuda_graphs(k: dict, model_is_moe: bool) -> tuple[str | dict, str | None]:
     return "eager", None
 
 
-def _not_modelled(k: dict, model_is_moe: bool, tp: int) -> list[str]:
-    out = []
-    if k.get("cpu_offloading_num_layers"):
-        out.append(NOT_MODELLED + f"activation offload to the host ({k['cpu_offloading_num_layers']} layers)")
-    if k.get("fine_grained_activation_offloading"):
-        out.append(NOT_MODELLED + f"activation offload, fine-grained ({', '.join(k.get('offload_modules') or [])})")
-    if model_is_moe:
-        if k.get("moe_paged_stash"):
-            out.append(NOT_MODELLED + "MoE paged stash")
-    if k.get("fp4_param_gather") and k.get("fp4"):
-        out.append(NOT_MODELLED + "parameter all-gather in FP4 (fp4_param_gather; clustersim gathers BF16)")
-    if k.get("fp8_dot_product_attention"):
-        out.append(NOT_MODELLED + "FP8 attention (fp8_dot_product_attention)")
-    return out
+def _offload_settings(k: dict, out: dict, set_here: list, par: dict, model_is_moe: bool) -> list[str]:
+    """The recipe's host offload and paged stash into ``out`` (``offload``, ``moe``); notes
+    for a switch the row's layout cannot run (Megatron-Core refuses CPU offloading with
+    pipeline parallelism: transformer_config.py @ d98e8a6)."""
+    notes = []
+    n = k.get("cpu_offloading_num_layers")
+    if n and par.get("pp", 1) > 1:
+        notes.append(f"the recipe's activation offload ({n} layers) is not applied: the row runs pp {par['pp']} and "
+                     "Megatron-Core has no CPU offloading with pipeline parallelism")
+    elif n:
+        out["offload"] = {"activations": int(n)}
+        set_here.append(f"activation offload to the host of {n} layers (cpu_offloading_num_layers)")
+    mods = list(k.get("offload_modules") or [])
+    if k.get("fine_grained_activation_offloading") and mods:
+        out["offload_modules"] = mods
+        set_here.append(f"fine-grained activation offload of {', '.join(mods)}")
+    if model_is_moe and k.get("moe_paged_stash"):
+        out["moe"]["paged_stash"] = True
+        set_here.append("MoE paged stash (moe_paged_stash)")
+    return notes

@@ -65,12 +65,26 @@ def test_qwen3_30b_recipe_runs_hybridep_with_its_ep_overlap():
         n for n in notes if n.startswith(NOT_MODELLED))
 
 
-def test_llama3_70b_fsdp_recipe_becomes_zero3_and_says_offload_is_not_modelled():
+def test_llama3_70b_fsdp_recipe_becomes_zero3_with_activation_offload():
     s, notes = _settings("26.04.01", "LLAMA3_70B", "GB200", "fp8_tensorwise",
                          {"tp": 1, "pp": 1, "dp": 64, "mbs": 2, "gbs": 256}, False)
     assert s["parallel"]["zero_stage"] == 3 and s["host"] == "eager"
     assert s["overlap"] == {"tp_comm": False, "grad_reduce": True, "param_gather": True, "p2p": False}
-    assert any(n.startswith(NOT_MODELLED + "activation offload to the host (40 layers)") for n in notes)
+    assert s["offload"] == {"activations": 40}
+    assert not any(n.startswith(NOT_MODELLED) for n in notes)
+    # Megatron-Core has no CPU offloading with pipeline parallelism: a row at pp 16 drops it
+    s, notes = _settings("25.11", "LLAMA3.1_405B", "GB200", "fp8_tensorwise",
+                         {"tp": 4, "pp": 16, "vpp": 4, "dp": 4, "mbs": 1, "gbs": 1536}, False)
+    assert "offload" not in s and any("pipeline parallelism" in n for n in notes)
+
+
+def test_fp4_gathers_fp8_attention_and_paged_stash_become_settings():
+    s, notes = _settings("26.08", "Qwen3_235B_a22B", "GB200", "mxfp8",
+                         {"tp": 1, "pp": 8, "vpp": 3, "ep": 32, "dp": 32, "mbs": 1, "gbs": 8192}, True)
+    assert s["precision_options"]["fp8_attention"] is True and s["moe"]["paged_stash"] is True
+    s, _ = _settings("26.06", "LLAMA3.1_405B", "GB200", "nvfp4",
+                     {"tp": 4, "pp": 16, "vpp": 8, "dp": 4, "mbs": 1, "gbs": 1536}, False)
+    assert s["precision_options"]["fp4_param_gather"] is True
 
 
 def test_tp_comm_overlap_needs_tp_2_and_p2p_overlap_needs_interleaving():
@@ -147,7 +161,7 @@ def test_recipe_precision_details_reach_the_scenario():
     rows = {r["row_id"]: r for r in load_runs(BLACKWELL)}
     sc, notes = row_to_scenario(rows["131"])                 # 405B NVFP4, 26.06: no BF16 layers at the ends
     assert sc["precision"] == "nvfp4"
-    assert sc["precision_options"] == {"bf16_first_layers": 0, "bf16_last_layers": 0}
+    assert sc["precision_options"] == {"bf16_first_layers": 0, "bf16_last_layers": 0, "fp4_param_gather": True}
     s = load_scenario(sc)
     assert s.recipe_or_name.bf16_first_layers == 0 and s.recipe_or_name.bf16_last_layers == 0
     sc, _ = row_to_scenario(rows["130"])                     # 405B MXFP8: FP8 parameter all-gather

@@ -110,13 +110,15 @@ DSV3 = row(framework="Megatron-Bridge / NeMo 26.08", gpu_type="GB200 (Blackwell 
 def test_expert_width_and_shared_experts_cells():
     sc, notes = row_to_scenario(DSV3)
     # 2048 per expert, 256 + 1 shared: the preset's own; the recipe adds only its dispatcher settings
+    # and its paged stash
     assert sc["model"]["preset"] == "deepseek-v3"
-    assert set(sc["model"]["moe"]) <= {"token_dispatcher", "flex_dispatcher_backend", "expert_rank_capacity_factor"}
+    assert set(sc["model"]["moe"]) <= {"token_dispatcher", "flex_dispatcher_backend", "expert_rank_capacity_factor",
+                                       "paged_stash"}
     m = load_model(sc["model"])
     assert (m.moe.expert_ffn_hidden_size, m.moe.num_experts, m.moe.num_shared_experts) == (2048, 256, 1)
     sc, notes = row_to_scenario({**DSV3, "ffn_hidden_size": "1024 per expert", "num_experts": "128 routed + 2 shared"})
     moe = {k: v for k, v in sc["model"]["moe"].items()
-           if k not in ("token_dispatcher", "flex_dispatcher_backend", "expert_rank_capacity_factor")}
+           if k not in ("token_dispatcher", "flex_dispatcher_backend", "expert_rank_capacity_factor", "paged_stash")}
     assert moe == {"num_experts": 128, "expert_ffn_hidden_size": 1024, "num_shared_experts": 2}
     with pytest.raises(InvalidRow, match="ffn_hidden_size"):
         row_to_scenario({**DSV3, "model": "Llama 3.1 70B", "ffn_hidden_size": "2048 per expert",

@@ -20,7 +20,7 @@ from .base import Block, RankParams, mlp_params, mlp_rank_params
 from .fields import bool_field, int_field, set_field, sub_spec
 from .shard import shard
 
-__all__ = ["MoESpec", "MoEBlock", "balanced_tokens", "default_token_imbalance", "balanced_tokens_per_expert",
+__all__ = ["MoESpec", "MoEBlock", "balanced_tokens", "default_token_imbalance", "has_paged_stash", "balanced_tokens_per_expert",
            "capacity_tokens_per_expert", "routed_expert_part", "skewed_expert_load"]
 
 
@@ -64,6 +64,10 @@ class MoESpec:
     """HybridEP's per-EP-rank token budget, as a multiple of one rank's ``local tokens x
     top_k`` (``moe_expert_rank_capacity_factor``); tokens above it are dropped.  Needs the
     ``flex`` dispatcher with the ``hybridep`` backend.  None: no budget."""
+    paged_stash: bool = False
+    """The routed experts' saved activations packed into a paged buffer of 1.10 x the balanced
+    size (Megatron-Core's ``moe_paged_stash``; :mod:`workloads.offload`): a device copy of
+    those bytes each way, memory sized by the buffer.  Needs ``expert_rank_capacity_factor``."""
     token_dispatcher: str = "alltoall"
     """``alltoall`` | ``allgather`` | ``flex`` (``--moe-token-dispatcher-type``; clustersim's
     default is ``alltoall``, Megatron-Core's own default is ``allgather``)."""
@@ -151,6 +155,11 @@ class MoESpec:
                 raise ConfigError(f"{w}.expert_rank_capacity_factor", rcf,
                                   "the per-rank budget needs token_dispatcher: flex with flex_dispatcher_backend: hybridep")
             set_field(self, "expert_rank_capacity_factor", float(rcf))
+        if not isinstance(self.paged_stash, bool):
+            raise ConfigError(f"{w}.paged_stash", self.paged_stash, "must be true or false")
+        if self.paged_stash and rcf is None:
+            raise ConfigError(f"{w}.paged_stash", True, "needs expert_rank_capacity_factor (Megatron-Core sizes the "
+                                                        "stash from the sync-free expert buffers)")
 
     @property
     def expert_width(self) -> int | None:
@@ -211,8 +220,20 @@ def capacity_tokens_per_expert(model, parallel, micro_batch_size: int | None = N
 
 def default_token_imbalance(model) -> float:
     """Rows an expert's buffers hold, as a multiple of the balanced share, when nothing else
-    is said: the capacity factor with token dropping, else 1."""
-    return model.moe.capacity_factor if model.moe is not None and model.moe.capacity_factor else 1.0
+    is said: the capacity factor with token dropping, the paged stash's buffer (1.10,
+    :data:`workloads.offload.PAGED_STASH_BUFFER_FACTOR`) with ``paged_stash``, else 1."""
+    if model.moe is not None and model.moe.capacity_factor:
+        return model.moe.capacity_factor
+    if has_paged_stash(model):
+        from ..offload import PAGED_STASH_BUFFER_FACTOR
+        return PAGED_STASH_BUFFER_FACTOR
+    return 1.0
+
+
+def has_paged_stash(model) -> bool:
+    """Whether ``model``'s routed experts keep their saved activations in Megatron-Core's paged
+    stash (a buffer of fixed size, whatever the routing)."""
+    return model.moe is not None and bool(model.moe.paged_stash)
 
 
 def routed_expert_part(model, count) -> float:

@@ -264,7 +264,8 @@ _WEIGHT_SCALE_BYTES_PER_PARAM = {"tensor_delayed": 0.0, "tensor_current": 0.0, "
 def get_recipe(name: str | PrecisionRecipe, *, grad_reduce_dtype: str | None = None,
                fp8_param_gather: bool = False, gpu: GPUSpec | None = None,
                field: str = "precision", bf16_first_layers: int | None = None,
-               bf16_last_layers: int | None = None) -> PrecisionRecipe:
+               bf16_last_layers: int | None = None, fp4_param_gather: bool = False,
+               fp8_attention: bool = False) -> PrecisionRecipe:
     """A precision recipe by name, with the scenario's overrides.
 
     Parameters
@@ -283,6 +284,16 @@ def get_recipe(name: str | PrecisionRecipe, *, grad_reduce_dtype: str | None = N
         Leading / trailing decoder layers whose GEMMs stay BF16 (Transformer Engine's
         ``num_layers_at_start_in_bf16`` / ``_at_end_in_bf16``); None: the recipe's
         (every recipe keeps none unless told).  Low-precision recipes only.
+    fp4_param_gather
+        Megatron-Core's ``fp4_param_gather`` (``DistributedDataParallelConfig``, Megatron-LM
+        megatron/core/distributed/distributed_data_parallel_config.py @ d98e8a6): the
+        distributed optimizer gathers the NVFP4 parameters -- 4-bit E2M1 data and one E4M3
+        scale per 16 elements, 0.5 + 1/16 bytes per parameter -- instead of BF16; NVFP4 only.
+    fp8_attention
+        Megatron-Core's ``fp8_dot_product_attention`` (passed to Transformer Engine as
+        ``fp8_dpa``: megatron/core/fp8_utils.py @ d98e8a6): core attention runs the FP8
+        fused-attention kernel, costed at the FP8 row of the attention table; FP8 and NVFP4
+        recipes only (Transformer Engine quantises Q, K, V under the autocast's recipe).
 
     Raises
     ------
@@ -307,6 +318,7 @@ def get_recipe(name: str | PrecisionRecipe, *, grad_reduce_dtype: str | None = N
             raise ConfigError("fp8_param_gather", True, f"needs an FP8 recipe; precision is {recipe.name}")
         recipe = dataclasses.replace(
             recipe, param_gather_bytes_per_param=1.0 + _WEIGHT_SCALE_BYTES_PER_PARAM[recipe.scaling])
+    recipe = _low_precision_options(recipe, fp4_param_gather, fp8_attention)
     for key, value in (("bf16_first_layers", bf16_first_layers), ("bf16_last_layers", bf16_last_layers)):
         if value is None:
             continue
@@ -318,6 +330,30 @@ def get_recipe(name: str | PrecisionRecipe, *, grad_reduce_dtype: str | None = N
         recipe = dataclasses.replace(recipe, **{key: value})
     if gpu is not None:
         recipe.check_gpu(gpu, field)
+    return recipe
+
+
+FP4_PARAM_GATHER_BYTES_PER_PARAM = 0.5 + 1 / 16
+"""An NVFP4 parameter on the wire: a 4-bit E2M1 value plus its share of the E4M3 scale of
+each 16-element block (Transformer Engine NVFP4BlockScaling; the per-tensor FP32 amax is a few
+bytes per tensor)."""
+
+
+def _low_precision_options(recipe: PrecisionRecipe, fp4_param_gather, fp8_attention) -> PrecisionRecipe:
+    """``recipe`` with FP4 parameter gathers and FP8 attention, each checked against it."""
+    for key, value in (("fp4_param_gather", fp4_param_gather), ("fp8_attention", fp8_attention)):
+        if not isinstance(value, bool):
+            raise ConfigError(f"precision_options.{key}", value, "must be true or false")
+    if fp4_param_gather:
+        if recipe.fprop_dtype != "fp4":
+            raise ConfigError("precision_options.fp4_param_gather", True,
+                              f"needs the NVFP4 recipe; precision is {recipe.name}")
+        recipe = dataclasses.replace(recipe, param_gather_bytes_per_param=FP4_PARAM_GATHER_BYTES_PER_PARAM)
+    if fp8_attention:
+        if recipe.fprop_dtype == "bf16":
+            raise ConfigError("precision_options.fp8_attention", True,
+                              f"needs an FP8 or NVFP4 recipe; precision is {recipe.name}")
+        recipe = dataclasses.replace(recipe, attention_dtype="fp8")
     return recipe
 
 

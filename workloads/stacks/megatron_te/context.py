@@ -114,7 +114,84 @@ def kernel_rows(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> lis
 
 def _segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[str, list]:
     """One layer's compute ops grouped into the segments between communication points:
-    ``{"<phase>:<part>": [FLOPs, seconds, host seconds, kernels]}``."""
+    ``{"<phase>:<part>": [FLOPs, seconds, host seconds, kernels]}``; with activation offload
+    the compute stream's waits for the host copies (:func:`_offload_stalls`) are added to the
+    layer's last forward segment and to the segment its backward starts with."""
+    seg = _kernel_segments(ctx, layer, tokens_per_expert, recompute)
+    stash = ctx.model.moe is not None and ctx.model.moe.paged_stash
+    if not (ctx.par.offload_modules or ctx.par.offload_activation_layers or stash) or layer >= ctx.model.num_layers:
+        return seg
+    fwd, bwd = _offload_stalls(ctx, tokens_per_expert, recompute)
+    if not (fwd[layer] or bwd[layer]):
+        return seg
+    key = ("offload", layer, _segment_key(ctx, layer, tokens_per_expert, recompute))
+    hit = ctx.seg_cache.get(key)
+    if hit is None:
+        hit = {k: list(v) if isinstance(v, list) else v for k, v in seg.items()}
+        lists = [k for k, v in hit.items() if isinstance(v, list)]
+        hit[[k for k in lists if k.startswith("F:")][-1]][1] += fwd[layer]
+        b = "B:mlp" if "B:mlp" in hit else next(k for k in lists if k.startswith("B:"))
+        hit[b][1] += bwd[layer]
+        ctx.seg_cache[key] = hit
+    return hit
+
+
+def gpu_of(ctx: _Ctx):
+    """The GPU spec behind the compute model (a measured model's roofline fallback's)."""
+    for model in (ctx.compute, getattr(ctx.compute, "fallback", None)):
+        if getattr(model, "gpu", None) is not None:
+            return model.gpu
+    from topologies import ConfigError
+    raise ConfigError("offload", "measured compute", "host copies need the GPU's spec: give the measured compute "
+                                                     "model a roofline fallback")
+
+
+_STASHED = ("expert_input", "expert_fc1_output", "expert_fc2_input")
+"""The routed experts' saved tensors Megatron-Core's paged stash packs."""
+
+
+def _offload_stalls(ctx: _Ctx, tokens_per_expert, recompute: str) -> tuple[list, list]:
+    """Per decoder layer, the seconds the compute stream waits for side-stream copies before
+    its forward and its backward (:func:`workloads.offload.activation_offload_stalls`): the
+    host offload's (each layer's saved bytes, :func:`workloads.memory.layer_activation_bytes`
+    with GEMM inputs in the recipe's format, over the GPU's host link) plus the MoE paged
+    stash's (the routed experts' saved bytes read and written at HBM bandwidth on Megatron-Core's
+    pack and unpack streams, waited for one layer later: megatron/core/transformer/moe/
+    paged_stash.py @ d98e8a6, ``stash_paged_tensors`` / ``wait_for_stash_to_complete``)."""
+    key = ("offload_stalls", None if tokens_per_expert is None else tuple(tokens_per_expert), recompute)
+    hit = ctx.seg_cache.get(key)
+    if hit is not None:
+        return hit
+    from ...memory import layer_activation_bytes
+    from ...offload import activation_offload_stalls, host_link_bytes_per_s, offloaded_terms, paged_stash_copy_s
+    lb = ctx.recipe.tp_gather_bytes_per_element if ctx.recipe.fprop_format != "BF16" else None
+    gpu = gpu_of(ctx)
+    link = host_link_bytes_per_s(gpu)
+    fwd, bwd, copy, stash = [], [], [], []
+    for i in range(ctx.model.num_layers):
+        seg = _kernel_segments(ctx, i, tokens_per_expert, recompute)
+        fwd.append(sum(v[1] for k, v in seg.items() if k[:2] == "F:" and isinstance(v, list)))
+        bwd.append(sum(v[1] for k, v in seg.items() if k[:2] in ("B:", "W:") and isinstance(v, list)))
+        saved = layer_activation_bytes(ctx.model, ctx.par, i, linear_input_bytes=lb)
+        stash.append(paged_stash_copy_s(sum(saved[k] for k in _STASHED), gpu.hbm_bandwidth_bytes_per_s))
+        if ctx.par.offload_modules:
+            saved = offloaded_terms(saved, ctx.par.offload_modules)
+        copy.append(sum(saved.values()) / link)
+    if ctx.par.offload_modules:          # every layer, one layer's set double-buffered
+        hit = activation_offload_stalls(fwd, bwd, copy, len(fwd), keep=1)
+    elif ctx.par.offload_activation_layers:
+        hit = activation_offload_stalls(fwd, bwd, copy, ctx.par.offload_activation_layers)
+    else:
+        hit = [0.0] * len(fwd), [0.0] * len(fwd)
+    if ctx.model.moe is not None and ctx.model.moe.paged_stash:
+        more = activation_offload_stalls(fwd, bwd, stash, len(fwd), keep=1)
+        hit = [a + b for a, b in zip(hit[0], more[0])], [a + b for a, b in zip(hit[1], more[1])]
+    ctx.seg_cache[key] = hit
+    return hit
+
+
+def _kernel_segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> dict[str, list]:
+    """:func:`_segments` without the offload waits."""
     key = _segment_key(ctx, layer, tokens_per_expert, recompute)
     hit = ctx.seg_cache.get(key)
     if hit is not None:

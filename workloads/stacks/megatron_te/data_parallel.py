@@ -7,11 +7,12 @@ from __future__ import annotations
 import numpy as np
 from ...blocks.base import norm_params
 from ...costs import optimizer_ops
+from ...offload import optimizer_offload_s
 from ...ops import Coll, Group, OpName, Phase, Stream
 from ...parallel import ParallelConfig
 from ...schedules import model_chunk
 
-from .context import _Ctx, _DTYPE_BYTES, _Emitter, _Stage, _host_of
+from .context import _Ctx, _DTYPE_BYTES, _Emitter, _Stage, _host_of, gpu_of
 
 
 
@@ -183,9 +184,13 @@ def _step_end(ctx: _Ctx, em: _Emitter, st: _Stage) -> None:
     edge = sum(_edge_params(ctx, model_chunk(sched, st.index, c)) for c in range(sched.num_chunks))
     d += edge
     shard = d / max(par.dp * par.cp, 1) + e / max(par.expert_dp, 1) if par.distributed_optimizer else d + e
-    opt = optimizer_ops(int(shard))
-    em.compute(OpName.OPTIMIZER, -1, -1, 0, Phase.S, 0.0, float(np.sum(ctx.compute.op_times_s(opt))),
-               *_host_of(ctx, opt))
+    f = par.optimizer_offload_fraction
+    opt = optimizer_ops(int(shard * (1.0 - f)) if f else int(shard))
+    step_s = float(np.sum(ctx.compute.op_times_s(opt)))
+    if f:
+        # the host's share: gradients out, CPU Adam, parameters back (workloads.offload)
+        step_s += optimizer_offload_s(shard, f, gpu_of(ctx), par.overlap_optimizer_copies)
+    em.compute(OpName.OPTIMIZER, -1, -1, 0, Phase.S, 0.0, step_s, *_host_of(ctx, opt))
     if par.distributed_optimizer and par.zero_stage < 3:
         _param_gathers(ctx, em, [i for r in st.layers for i in r], float(edge), st.buckets.bucket_params)
 
