@@ -142,6 +142,28 @@ def demo() -> dict[str, str]:
 
 
 @producer
+def stacks() -> dict[str, str]:
+    """Llama 3 8B, ZeRO-3 over 8 and 64 H100, seq 8k and 32k: step time of each PyTorch stack
+    relative to megatron_core (docs/modelling.md, "Framework stacks")."""
+    out = {}
+    for nodes in (1, 8):
+        for seq in (8192, 32768):
+            times = {}
+            for fw in ("megatron_core", "torchtitan_compile", "torchtitan", "pytorch_fsdp"):
+                dp = 8 * nodes
+                sc = {"model": "llama3-8b", "cluster": {"preset": "dgx-h100", "num_nodes": nodes},
+                      "parallel": {"tp": 1, "pp": 1, "cp": 1, "dp": dp, "micro_batch_size": 1, "global_batch_size": dp,
+                                   "seq_len": seq, "zero_stage": 3, "distributed_optimizer": True,
+                                   "recompute": "full"},
+                      "precision": "bf16", "num_steps": 2, "framework": fw}
+                times[fw] = _run(sc, progress=False).metrics["step_time_s"]
+            for fw, t in times.items():
+                if fw != "megatron_core":
+                    out[f"{fw}_{8 * nodes}_{seq // 1024}k"] = f"{t / times['megatron_core'] - 1:+.1%}".replace("%", " %")
+    return out
+
+
+@producer
 def estimate() -> dict[str, str]:
     """The closed-form estimate of the demo scenario against its simulation."""
     from simulator import estimate as est_fn

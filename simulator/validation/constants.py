@@ -156,10 +156,13 @@ REGISTRY: tuple[Constant, ...] = (
              "kernel benchmarks in the FlashAttention-2/3/4 papers; FP8 backward and Blackwell backward assumed",
              "attention kernel time (FlashAttention runs)"),
     Constant(f"{_C}ATTENTION_BACKENDS", "FlashAttention v1: Ampere F 0.318 / B 0.250; Hopper 0.1655 / 0.130. "
-             "FlashAttention-2: Ampere 0.70 / 0.55; Hopper 0.396 / 0.311", "microbenchmark",
+             "FlashAttention-2: Ampere 0.70 / 0.55; Hopper 0.396 / 0.311. cuDNN SDPA: Hopper 0.661 / 0.477",
+             "microbenchmark",
              "FlashAttention repository's kernel charts (fwd+bwd at 16k, causal, head dim 128: FA1 A100 83, H100 137; "
-             "FA2 A100 189, H100 328 TFLOP/s); the F/B split assumed as FA2's on Ampere",
-             "attention kernel time of stacks that run another kernel (llm_foundry, llm_foundry_flash)"),
+             "FA2 A100 189, H100 328 TFLOP/s); the F/B split assumed as FA2's on Ampere; cuDNN: FA3 paper's H100 "
+             "forward chart (595 vs FA3 648 TFLOP/s), backward assumed at the same ratio",
+             "attention kernel time of stacks that run another kernel (llm_foundry, llm_foundry_flash, torchtitan, "
+             "pytorch_fsdp)"),
     Constant(f"{_C}BACKEND_HEAD_DIM_FACTOR", "head dim 64: FlashAttention v1 1.15, FlashAttention-2 0.885 of head "
              "dim 128", "microbenchmark",
              "FlashAttention repository's kernel charts, 16k tokens, causal (FA1 A100 1.17, H100 1.14; FA2 A100 0.905, "

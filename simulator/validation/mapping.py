@@ -208,7 +208,9 @@ FRAMEWORKS: dict[str, dict] = {
         "sequence_parallel": "tp>1", "zero_stage": 3, "distributed_optimizer": True, "recompute": "every_2nd_layer",
         "overlap": {"grad_reduce": True, "param_gather": True, "p2p": False},
         "convention": "megatron_core_2025",
-        "source": "pytorch/torchtitan (FSDP2, TP plan with sequence-sharded norms); torchtitan/config/job_config.py"
+        "stack": "torchtitan",
+        "source": "pytorch/torchtitan (FSDP2, TP plan with sequence-sharded norms; compile off: the torchtitan kernel "
+                  "stack, SDPA's cuDNN attention and eager element-wise kernels); torchtitan/config/job_config.py"
                   "@v0.2.2 activation_checkpoint mode 'selective' with selective_ac_option '2': "
                   "torchtitan/distributed/activation_checkpoint.py@v0.2.2 _apply_layer_sac wraps every 2nd "
                   "transformer block in a full checkpoint",
@@ -238,6 +240,16 @@ FRAMEWORKS: dict[str, dict] = {
         "stack": "llm_foundry",
         "source": "mosaicml/llm-foundry scripts/train/benchmarking/submit_benchmarks.py (FSDP FULL_SHARD, no "
                   "activation checkpointing unless the run sets it; attn_impl triton): the llm_foundry kernel stack",
+    },
+    "pytorch_fsdp": {
+        "label": "PyTorch FSDP / FSDP2 training loop",
+        "sequence_parallel": False, "zero_stage": 3, "distributed_optimizer": True, "recompute": "none",
+        "overlap": {"grad_reduce": True, "param_gather": True, "p2p": False, "tp_comm": False},
+        "convention": "megatron_core_2025",
+        "stack": "pytorch_fsdp",
+        "source": "pytorch/pytorch torch/distributed/fsdp (FULL_SHARD / fully_shard: parameters gathered per layer, "
+                  "gradients reduce-scattered, the next layer's gather prefetched); eager modules and SDPA's default "
+                  "kernel (FlashAttention-2, torch 2.4-2.8): the pytorch_fsdp kernel stack",
     },
     "default": {
         "label": "clustersim defaults (Megatron-Core as in NVIDIA recipes)",
@@ -452,6 +464,8 @@ def _framework(text: str) -> tuple[str, list[str]]:
         return "torchtitan", []
     if "llm-foundry" in t or "llmfoundry" in t or "composer" in t:
         return "llm_foundry", []
+    if "fsdp" in t:                     # after llm-foundry, whose cells read "Composer, PyTorch FSDP"
+        return "pytorch_fsdp", []
     return "default", [f"framework {text or 'not stated'!r} not recognised: {FRAMEWORKS['default']['label']}"]
 
 

@@ -153,7 +153,8 @@ class AttentionBlock(Block):
         heads = model.num_attention_heads // tp
         window = model.attention_window(L)       # None: full causal attention
         causal, block = args.causal, args.attn_block_size
-        ops.pair(kn.norm("attn_norm", L, Tn, h))
+        eager = args.fusion.eager
+        ops.pair(kn.eager_norm("attn_norm", L, Tn, h) if eager else kn.norm("attn_norm", L, Tn, h))
         if model.mla is not None:
             m = model.mla
             rope_elems = T * (heads * m.qk_rope_head_dim + m.qk_rope_head_dim)
@@ -182,7 +183,9 @@ class AttentionBlock(Block):
                 ops.pair(kn.ew_pair("qk_norm", L, 2 * a, 3 * a, *args.fusion.qk_norm_kernels))
             if model.position_embedding == "rope":
                 a = kn.act_bytes() * T * (heads + kv_local) * d      # rotate q and k in place: read + write
-                if args.fusion.rope_fused(model):
+                if eager:
+                    ops.pair(kn.eager_rope("rope", L, a))
+                elif args.fusion.rope_fused(model):
                     ops.pair(kn.ew_pair("rope", L, 2 * a, 2 * a, *args.fusion.rope_kernels))
                 else:
                     ops.pair(_unfused_rope(L, a))
@@ -194,7 +197,8 @@ class AttentionBlock(Block):
             if gate:
                 ops.pair(_output_gate(L, kn.act_bytes() * T * heads * d))
             ops.linear("out_proj", T, h, heads * d)
-        ops.pair(kn.residual("attn_residual", L, Tn, h, model.dropout))
+        residual = kn.eager_residual if eager else kn.residual
+        ops.pair(residual("attn_residual", L, Tn, h, model.dropout))
 
     # -- activations -----------------------------------------------------------------------
     def activation_terms(self, d, modules, out) -> None:

@@ -42,6 +42,17 @@ class Fusion:
     ``flash`` is the best kernel of each generation (FlashAttention-2 on Ampere, FlashAttention-3
     or cuDNN on Hopper and Blackwell, which Transformer Engine picks between)."""
 
+    elementwise: str = "fused"
+    """How the dense blocks' element-wise work runs: ``fused`` (Transformer Engine's fused
+    norm, RoPE, activation and bias-dropout-add kernels; also what ``torch.compile``'s Inductor
+    produces at the granularity modelled) or ``eager`` (PyTorch eager: each ATen op its own
+    memory-bound kernel, :func:`workloads.blocks.kernels.eager_norm` and its neighbours)."""
+
+    @property
+    def eager(self) -> bool:
+        """Whether the element-wise ops run as eager PyTorch kernels."""
+        return self.elementwise == "eager"
+
     def rope_fused(self, model) -> bool:
         """Whether ``model``'s RoPE runs as the fused kernel."""
         return not (self.unfused_rope_with_yarn and model.rope_mscale != 1.0)

@@ -293,6 +293,57 @@ def activation(name: str, layer: int, tokens: float, width: int, mlp: str):
     return ew_pair(name, layer, 3 * a, 5 * a) if mlp == "swiglu" else ew_pair(name, layer, 2 * a, 3 * a)
 
 
+# -- eager PyTorch (no torch.compile): every ATen op is its own memory-bound kernel -----------
+# Byte counts in units of one BF16 activation pass ``a`` (read or write of the tensor once),
+# counted from the eager modules of torchtitan v0.2.2 (torchtitan/models/llama3/model/model.py)
+# and the ATen autograd formulas of the ops they call (pytorch tools/autograd/derivatives.yaml).
+#: nn.RMSNorm (ATen's composite ``rms_norm``): F pow (r+w), mean (r), add eps and rsqrt
+#: (per-row, negligible bytes), mul by the rsqrt (r+w), mul by the weight (r+w) -> 7 a in 6
+#: kernels; B: the weight mul's two products (4 a) and reduction (1 a), the rsqrt mul's two
+#: (4 a) and reduction, the mean's expand (1 a), pow's 2 x g (3 a), the sum of the two input
+#: gradients (3 a) and the weight-gradient reduction (3 a) -> 19 a in 10 kernels.
+EAGER_NORM = ((7, 6), (19, 10))
+#: ``silu(w1 x) * w3 x``: F silu (2 a) and mul (3 a) of the FFN width -> 5 a, 2 kernels; B the
+#: mul's two products (6 a) and silu's backward (3 a) -> 9 a, 3 kernels.
+EAGER_SWIGLU = ((5, 2), (9, 3))
+#: RoPE as complex products (``apply_rotary_emb``): per q and k, ``.float()`` (1 a read, 2 a
+#: write), the complex multiply (2 a + 2 a), ``type_as`` (2 a + 1 a) -> 10 a in 3 kernels per
+#: tensor; the backward runs the same three in reverse (10 a, 3 kernels).
+EAGER_ROPE = ((10, 3), (10, 3))
+#: ``h = x + branch``: F 3 a, 1 kernel; B: the residual stream's two gradients summed (3 a).
+EAGER_RESIDUAL = ((3, 1), (3, 1))
+
+
+def _eager_pair(name: str, layer: int, a: float, table) -> tuple[ComputeOp, ComputeOp]:
+    (fb, fk), (bb, bk) = table
+    return ew_pair(name, layer, fb * a, bb * a, fk, bk)
+
+
+def eager_norm(name: str, layer: int, tokens: float, width: int):
+    """Eager ``nn.RMSNorm`` (:data:`EAGER_NORM`)."""
+    return _eager_pair(name, layer, act_bytes() * tokens * width, EAGER_NORM)
+
+
+def eager_activation(name: str, layer: int, tokens: float, width: int):
+    """Eager ``silu(gate) * up`` (:data:`EAGER_SWIGLU`)."""
+    return _eager_pair(name, layer, act_bytes() * tokens * width, EAGER_SWIGLU)
+
+
+def eager_rope(name: str, layer: int, nbytes: float):
+    """Eager complex-product RoPE over q and k of ``nbytes`` (:data:`EAGER_ROPE`; two
+    tensors: twice the kernels)."""
+    (fb, fk), (bb, bk) = EAGER_ROPE
+    return ew_pair(name, layer, fb * nbytes, bb * nbytes, 2 * fk, 2 * bk)
+
+
+def eager_residual(name: str, layer: int, tokens: float, width: int, dropout: float):
+    """Eager residual add (:data:`EAGER_RESIDUAL`; dropout adds its mask as the fused one)."""
+    a = act_bytes() * tokens * width
+    mask = MASK_BYTES * tokens * width if dropout > 0 else 0
+    f, b = _eager_pair(name, layer, a, EAGER_RESIDUAL)
+    return ew(name, "F", layer, f.mem_bytes + mask, f.num_kernels), ew(name, "B", layer, b.mem_bytes + mask, b.num_kernels)
+
+
 def attention(name: str, layer: int, sh: Shard, heads: int, kv_heads: int, d_qk: int, d_v: int,
                causal: bool, block: int, window: int | None = None,
                backend: str = "flash") -> tuple[ComputeOp, ComputeOp]:

@@ -28,13 +28,18 @@ class DenseMLPBlock(Block):
     def add_kernels(self, ops, sh, args) -> None:
         model, L = self.model, self.layer
         h = model.hidden_size
-        ops.pair(kn.norm("mlp_norm", L, sh.Tn, h))
+        eager = args.fusion.eager
+        ops.pair(kn.eager_norm("mlp_norm", L, sh.Tn, h) if eager else kn.norm("mlp_norm", L, sh.Tn, h))
         m1 = 2 if model.mlp == "swiglu" else 1
         f_local = model.ffn_hidden_size / sh.tp
         ops.linear("fc1", sh.T, int(m1 * f_local), h)
-        ops.pair(kn.activation("mlp_act", L, sh.T, int(f_local), model.mlp))
+        if eager and model.mlp == "swiglu":
+            ops.pair(kn.eager_activation("mlp_act", L, sh.T, int(f_local)))
+        else:
+            ops.pair(kn.activation("mlp_act", L, sh.T, int(f_local), model.mlp))
         ops.linear("fc2", sh.T, h, int(f_local))
-        ops.pair(kn.residual("mlp_residual", L, sh.Tn, h, model.dropout))
+        residual = kn.eager_residual if eager else kn.residual
+        ops.pair(residual("mlp_residual", L, sh.Tn, h, model.dropout))
 
     def activation_terms(self, d, modules, out) -> None:
         m = self.model

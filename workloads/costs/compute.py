@@ -208,6 +208,21 @@ ATTENTION_BACKENDS: dict[str, dict[tuple[str, str], dict[str, float]]] = {
         ("hopper", "bf16"): {"F": 0.396, "B": 0.311},
         ("hopper", "fp16"): {"F": 0.396, "B": 0.311},
     },
+    # cudnn_sdpa: PyTorch SDPA's cuDNN backend (SDPBackend.CUDNN_ATTENTION).  Hopper: the
+    # FlashAttention-3 paper's BF16 forward benchmark on H100 SXM5, causal, head dim 128,
+    # 16k tokens (Shah et al., arXiv:2407.08608): cuDNN 595 against FA3 648 TFLOP/s (0.918)
+    # -> F = 0.72 x 0.918 = 0.661; the backward is assumed at the same ratio (0.52 x 0.918).
+    # Blackwell: cuDNN is the kernel Transformer Engine runs there, the "flash" entry.  Ampere:
+    # the torch FlashAttention-2 the SDPA falls back to (an assumption: cuDNN's Ampere kernel
+    # is not benchmarked in the sources), the "flash" (FA2) entry.
+    "cudnn_sdpa": {
+        ("ampere", "bf16"): {"F": 0.70, "B": 0.55},
+        ("ampere", "fp16"): {"F": 0.70, "B": 0.55},
+        ("hopper", "bf16"): {"F": 0.661, "B": 0.477},
+        ("hopper", "fp16"): {"F": 0.661, "B": 0.477},
+        ("blackwell", "bf16"): {"F": 0.71, "B": 0.51},
+        ("blackwell", "fp16"): {"F": 0.71, "B": 0.51},
+    },
 }
 """Fused attention kernels by name (:attr:`workloads.blocks.fusion.Fusion.attention_backend`)."""
 
