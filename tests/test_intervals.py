@@ -178,3 +178,16 @@ def test_search_rows_carry_the_interval():
     assert iv.known and table["likely_low_s"].tolist() == pytest.approx([iv.low, 2 * iv.low])
     assert _likely_cell(table.iloc[0]).count("-") == 1
     assert _likely_cell({"likely_low_s": float("nan"), "likely_high_s": float("nan")}) == "none"
+
+
+def test_a_stack_variant_shares_its_frameworks_measured_rows():
+    """``llm_foundry_flash`` is llm-foundry with FlashAttention-2: the set holds both kernels'
+    runs under one framework cell, so a scenario on either stack gets their interval."""
+    from simulator.scenario import load_scenario
+    from simulator.validation.intervals import scenario_stratum
+    base = {"model": "llama3-8b", "cluster": {"preset": "dgx-h100", "num_nodes": 2}, "num_steps": 1,
+            "parallel": {"tp": 1, "pp": 1, "dp": 16, "zero_stage": 3, "global_batch_size": 32, "seq_len": 2048}}
+    flash = scenario_stratum(load_scenario({**base, "framework": "llm_foundry_flash"}))
+    triton = scenario_stratum(load_scenario({**base, "framework": "llm_foundry"}))
+    assert flash == triton and flash.stack == "llm_foundry"
+    assert scenario_stratum(load_scenario({**base, "framework": "torchtitan"})).stack == "torchtitan"

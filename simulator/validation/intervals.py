@@ -68,6 +68,9 @@ SIGN_NOTE = ("error = (predicted - measured) / measured: a model that predicts t
              "above the prediction")
 
 _STACK_LABEL = {"megatron_core": "Megatron", "llm_foundry": "llm-foundry"}
+#: Stacks that are variants of one framework's stack (another attention kernel) share its
+#: measured rows: the llm-foundry set holds both kernels' runs under one framework cell.
+_STACK_FAMILY = {"llm_foundry_flash": "llm_foundry"}
 
 
 def predictions_dir() -> Path:
@@ -272,7 +275,8 @@ def scenario_stratum(scenario) -> Stratum | None:
     gpu = scenario.cluster.gpu
     if not _measured_part(gpu):
         return None
-    return Stratum(scenario.framework, gpu.generation, model_family(scenario.model), _scope(scenario.cluster.num_gpus))
+    stack = _STACK_FAMILY.get(scenario.framework, scenario.framework)
+    return Stratum(stack, gpu.generation, model_family(scenario.model), _scope(scenario.cluster.num_gpus))
 
 
 def _config(row: dict) -> tuple:
@@ -461,6 +465,7 @@ def _mapping_interval(key: str, pool) -> Interval:
         c = build_cluster(cluster)
         m = load_model(model)
         stack = get_stack(framework or DEFAULT_STACK).name
+        stack = _STACK_FAMILY.get(stack, stack)
     except (ConfigError, TypeError, ValueError, KeyError) as e:
         return Interval(None, None, 0, (), "a scenario that does not load", f"not loaded: {e}")
     if not _measured_part(c.gpu):
