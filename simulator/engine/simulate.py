@@ -389,6 +389,7 @@ def _state(sc, prog, pert, coll, folding, free_comm, constants: Constants = DEFA
     if spec is not None and spec.stream:
         from .stream import StreamRecorder
         state.rec = StreamRecorder([len(m) for m in folding.cells], sc.num_steps, spec.cells(folding), state.waits)
+        coll.keep_records = False
     net = state.net = _PhysicalView(coll.net, folding, coll.capacity)
     snaps = state.snaps = [None] * (sc.num_steps + 1)
     snaps[0] = net.snapshot()
@@ -488,7 +489,7 @@ def memory_budget_bytes() -> float:
 
 #: Peak memory per timeline row when the timeline is streamed (:mod:`.stream`): the events,
 #: flows and wait records still live, and the summaries kept; measured below.
-STREAM_ROW_BYTES = 700
+STREAM_ROW_BYTES = 100
 
 
 def check_work_budget(cell_classes, prog, num_steps: int, mode: str = "full", kept_classes=()) -> bool:
