@@ -461,8 +461,9 @@ def _result(state: RunState, sc, clock, t_wall) -> Result:
 #: Peak memory per timeline row (one op of one simulated cell), with the events, flows and
 #: wait records that go with it: 686 B, the slope of peak RSS over rows between unfolded
 #: runs of Llama 3.1 405B (TP8 PP16, per-GPU jitter) on 256 and 1,024 H100 (0.54 M rows,
-#: 429 MiB; 2.15 M rows, 1,483 MiB); rounded up.
-ROW_BYTES = 700
+#: 429 MiB; 2.15 M rows, 1,483 MiB); 790 B measured again with 16 micro-batches per
+#: pipeline (1.08 M rows, 981-991 MiB; 4.30 M rows, 3,413 MiB; pandas 3); rounded up.
+ROW_BYTES = 800
 #: Wall time per row on a 2-core machine: 25-35 us in those runs (per-GPU jitter, nothing
 #: folds); folded runs with contended flows take up to 100 us (docs/performance.md).
 ROW_SECONDS = 30e-6
@@ -488,8 +489,10 @@ def memory_budget_bytes() -> float:
 
 
 #: Peak memory per timeline row when the timeline is streamed (:mod:`.stream`): the events,
-#: flows and wait records still live, and the summaries kept; measured below.
-STREAM_ROW_BYTES = 100
+#: flows and waits still live, the summaries kept and the collectives' start times: 53.5 B,
+#: the slope of peak RSS between the streamed runs of the jobs of :data:`ROW_BYTES` (1.08 M
+#: rows, 142.0-142.4 MiB; 4.30 M rows, 306.8 MiB); rounded up.
+STREAM_ROW_BYTES = 60
 
 
 def check_work_budget(cell_classes, prog, num_steps: int, mode: str = "full", kept_classes=()) -> bool:
