@@ -102,3 +102,10 @@ def test_cli_streams_keeps_the_stages_asked_for_and_writes_the_summaries(tmp_pat
         assert (outs["full"] / f).read_text() == (outs["stream"] / f).read_text()
     assert pd.read_csv(outs["stream"] / "timeline_ranks.csv")["rank"].nunique() == 16
     assert len(pd.read_csv(outs["stream"] / "rank_summary.csv")) == 32
+
+
+def test_the_invariants_refuse_a_streamed_run():
+    from simulator.engine.invariants import check_invariants
+    res = run(copy.deepcopy(JITTER), timeline="stream")
+    with pytest.raises(ConfigError, match="timeline"):
+        check_invariants(res)
