@@ -277,6 +277,30 @@ def summary_table(res) -> str:
     return "\n".join(lines)
 
 
+def _ranks_asked(args, scenario):
+    """The scenario (loaded when ``--ranks`` / ``--stages`` are given, to check them against
+    the layout before simulating anything) and the ranks they choose (None: all); a streamed
+    timeline keeps the rows of these ranks."""
+    if not (args.ranks or args.stages):
+        return scenario, None
+    from workloads.mesh import RankGrid
+
+    from .scenario import load_scenario
+    scenario = load_scenario(scenario)
+    return scenario, _chosen_ranks(RankGrid(scenario.parallel), args.ranks, args.stages)
+
+
+def _note_streamed(res, chosen, quiet: bool, nothing_kept: bool = False) -> None:
+    """Say on stderr that the run streamed its timeline and which rows it kept."""
+    if nothing_kept:
+        print("warning: no Gantt chart, trace or report: the streamed timeline kept no rows (--ranks / --stages "
+              "choose ranks to keep)", file=sys.stderr)
+    elif res.stream is not None and not quiet:
+        print(f"note: timeline streamed ({res.stream.n_rows:,} rows): full rows kept for "
+              + (f"{len(chosen):,} ranks (--ranks / --stages)" if chosen else "no rank (--ranks / --stages choose)")
+              + "; per-rank summaries of all (--out: rank_summary.csv)", file=sys.stderr)
+
+
 def _run(args) -> int:
     from pathlib import Path
 
@@ -288,21 +312,10 @@ def _run(args) -> int:
     if args.approx:
         given = scenario.get("approximations", [])
         scenario["approximations"] = (given if isinstance(given, list) else [given]) + args.approx
-    chosen = None
-    if args.ranks or args.stages:
-        # check the lists against the layout before simulating anything; a streamed timeline
-        # keeps the rows of these ranks
-        from workloads.mesh import RankGrid
-
-        from .scenario import load_scenario
-        scenario = load_scenario(scenario)
-        chosen = _chosen_ranks(RankGrid(scenario.parallel), args.ranks, args.stages)
+    scenario, chosen = _ranks_asked(args, scenario)
     res = run(scenario, fold=not args.no_fold, progress=not args.quiet, timeline=args.timeline,
               timeline_ranks=chosen)
-    if res.stream is not None and not args.quiet:
-        print(f"note: timeline streamed ({res.stream.n_rows:,} rows): full rows kept for "
-              + (f"{len(chosen):,} ranks (--ranks / --stages)" if chosen else "no rank (--ranks / --stages choose)")
-              + "; per-rank summaries of all (--out: rank_summary.csv)", file=sys.stderr)
+    _note_streamed(res, chosen, args.quiet)
     from .engine.untouched import untouched_settings
     for line in untouched_settings(res):
         print(f"warning: {line}", file=sys.stderr)
@@ -322,8 +335,7 @@ def _run(args) -> int:
     gantt_path = args.gantt or (str(out / "gantt.png") if out else None)
     trace_path = args.trace or (str(out / "trace.json") if out else None)
     if res.stream is not None and tl.empty and (gantt_path or trace_path or args.report):
-        print("warning: no Gantt chart, trace or report: the streamed timeline kept no rows (--ranks / --stages "
-              "choose ranks to keep)", file=sys.stderr)
+        _note_streamed(res, chosen, False, nothing_kept=True)
         gantt_path = trace_path = args.report = None
     if gantt_path:
         from .report import gantt
