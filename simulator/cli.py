@@ -66,14 +66,14 @@ def _int_list(spec: str, field: str, limit: int) -> list[int]:
     return out
 
 
-def _chosen_ranks(res, ranks: str | None, stages: str | None) -> list[int] | None:
-    """The ranks ``--ranks`` and ``--stages`` select (their union), or None for all."""
+def _chosen_ranks(grid, ranks: str | None, stages: str | None) -> list[int] | None:
+    """The ranks ``--ranks`` and ``--stages`` select (their union) on ``grid`` (a
+    :class:`workloads.mesh.RankGrid`), or None for all."""
     if ranks is None and stages is None:
         return None
-    grid = res.program.grid
     chosen = set(_int_list(ranks, "--ranks", grid.world_size)) if ranks else set()
     if stages:
-        want = set(_int_list(stages, "--stages", res.scenario.parallel.pp))
+        want = set(_int_list(stages, "--stages", grid.cfg.pp))
         chosen |= {r for r in range(grid.world_size) if grid.stage_of(r) in want}
     return sorted(chosen)
 
@@ -295,6 +295,30 @@ def summary_table(res) -> str:
     return "\n".join(lines)
 
 
+def _ranks_asked(args, scenario):
+    """The scenario (loaded when ``--ranks`` / ``--stages`` are given, to check them against
+    the layout before simulating anything) and the ranks they choose (None: all); a streamed
+    timeline keeps the rows of these ranks."""
+    if not (args.ranks or args.stages):
+        return scenario, None
+    from workloads.mesh import RankGrid
+
+    from .scenario import load_scenario
+    scenario = load_scenario(scenario)
+    return scenario, _chosen_ranks(RankGrid(scenario.parallel), args.ranks, args.stages)
+
+
+def _note_streamed(res, chosen, quiet: bool, nothing_kept: bool = False) -> None:
+    """Say on stderr that the run streamed its timeline and which rows it kept."""
+    if nothing_kept:
+        print("warning: no Gantt chart, trace or report: the streamed timeline kept no rows (--ranks / --stages "
+              "choose ranks to keep)", file=sys.stderr)
+    elif res.stream is not None and not quiet:
+        print(f"note: timeline streamed ({res.stream.n_rows:,} rows): full rows kept for "
+              + (f"{len(chosen):,} ranks (--ranks / --stages)" if chosen else "no rank (--ranks / --stages choose)")
+              + "; per-rank summaries of all (--out: rank_summary.csv)", file=sys.stderr)
+
+
 def _run(args) -> int:
     from pathlib import Path
 
@@ -306,23 +330,16 @@ def _run(args) -> int:
     if args.approx:
         given = scenario.get("approximations", [])
         scenario["approximations"] = (given if isinstance(given, list) else [given]) + args.approx
-    if args.ranks or args.stages:
-        # check the lists against the layout before simulating anything
-        from .scenario import load_scenario
-        scenario = load_scenario(scenario)
-        par = scenario.parallel
-        if args.ranks:
-            _int_list(args.ranks, "--ranks", par.world_size)
-        if args.stages:
-            _int_list(args.stages, "--stages", par.pp)
-    res = run(scenario, fold=not args.no_fold, progress=not args.quiet)
+    scenario, chosen = _ranks_asked(args, scenario)
+    res = run(scenario, fold=not args.no_fold, progress=not args.quiet, timeline=args.timeline,
+              timeline_ranks=chosen)
+    _note_streamed(res, chosen, args.quiet)
     from .engine.untouched import untouched_settings
     for line in untouched_settings(res):
         print(f"warning: {line}", file=sys.stderr)
     out = Path(args.out) if args.out else None
     # a folded run's timeline has one row per rank cell; --per-rank expands it to every rank
     # (or to the --ranks / --stages chosen, which imply it)
-    chosen = _chosen_ranks(res, args.ranks, args.stages)
     per_rank = args.per_rank or chosen is not None
     tl = res.rank_timeline(chosen) if per_rank else res.timeline
     if out:
@@ -335,6 +352,9 @@ def _run(args) -> int:
     last = tl[tl["step"] == tl["step"].max()]
     gantt_path = args.gantt or (str(out / "gantt.png") if out else None)
     trace_path = args.trace or (str(out / "trace.json") if out else None)
+    if res.stream is not None and tl.empty and (gantt_path or trace_path or args.report):
+        _note_streamed(res, chosen, False, nothing_kept=True)
+        gantt_path = trace_path = args.report = None
     if gantt_path:
         from .report import gantt
         whatif = "; ".join(res.metrics.get("whatif", []))
@@ -935,6 +955,10 @@ def _add_simulate(sub) -> None:
     p.add_argument("--ranks", metavar="LIST", help="with --per-rank: only these ranks, e.g. 0-7,64 (implies --per-rank)")
     p.add_argument("--stages", metavar="LIST",
                    help="with --per-rank: only the ranks of these pipeline stages, e.g. 0,15 (implies --per-rank)")
+    p.add_argument("--timeline", choices=("auto", "full", "stream"), default="auto",
+                   help="full: a timeline row per op of every rank cell; stream: per-rank summaries (--out: "
+                        "rank_summary.csv) and full rows only for --ranks / --stages, same metrics; auto (default): "
+                        "stream only when the full timeline would not fit in memory")
     p = sub.add_parser("validate", help="predict measured runs (published-runs or vTrain CSV, or a shipped set) "
                                         "and report errors")
     p.add_argument("runs", nargs="?", help="CSV of measured runs (or --set NAME)")

@@ -148,6 +148,9 @@ class CollectiveEngine:
         self._form_predictions: dict[tuple, dict] = {}
         self._shapes: dict[tuple, tuple] = {}
         self.records: list[CollectiveRecord] = []
+        self.keep_records = True
+        """Whether to append a :class:`CollectiveRecord` per call to :attr:`records` (a
+        streamed timeline keeps none: simulator.engine.stream)."""
         self.generation = cluster.gpu.generation
         self.nvls_capable = (cluster.gpu.nvls and cluster.spec.nvls and cluster.nvlink_domain_size > 2
                              and cluster.spec.scaleup_topology == "switch")
@@ -661,14 +664,16 @@ class CollectiveEngine:
             env.timeout(lat).callbacks.append(lambda _e: self._finish(call, group_id, seq, algo, proto, start, lat))
         else:
             ev = call.event
-            ev.callbacks.append(lambda _e: self.records.append(CollectiveRecord(
-                group_id, seq, call.kind, call.size, algo, proto, call.first_s, start, env.now, lat)))
+            if self.keep_records:
+                ev.callbacks.append(lambda _e: self.records.append(CollectiveRecord(
+                    group_id, seq, call.kind, call.size, algo, proto, call.first_s, start, env.now, lat)))
             self.net.transfer_group(flows, key, delay=lat, event=ev)
 
     def _finish(self, call: _Call, group_id, seq, algo, proto, start, lat) -> None:
         now = self.env.now
-        self.records.append(CollectiveRecord(group_id, seq, call.kind, call.size, algo, proto, call.first_s,
-                                             start, now, lat))
+        if self.keep_records:
+            self.records.append(CollectiveRecord(group_id, seq, call.kind, call.size, algo, proto, call.first_s,
+                                                 start, now, lat))
         call.event.succeed(now)
 
     # -- point to point ----------------------------------------------------------------------

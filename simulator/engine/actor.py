@@ -332,6 +332,7 @@ class CellActor:
                 if self.overlapped:
                     yield from self._wait_overlapped()
                 state.step_end[step][cid] = env.now
+                self.rec.step_done(cid, step, env.now)
                 state.step_latch[step].hit()
             if self.param_pending:
                 yield from _wait(env, [e for _, e in self.param_pending], self.wait_log, "dp")

@@ -47,6 +47,7 @@ import math
 
 import numpy as np
 
+from topologies import ConfigError
 from topologies.specs import TIERS
 from workloads.ops import Stream
 
@@ -68,7 +69,11 @@ def _fail(name: str, detail: str) -> None:
 
 
 def check_invariants(res) -> None:
-    """Check every invariant of the module docstring on ``res``; raises :class:`InvariantError`."""
+    """Check every invariant of the module docstring on ``res``; raises :class:`InvariantError`.
+    They read every row of the timeline: a streamed one (``run(..., timeline="stream")``)
+    is refused."""
+    if getattr(res, "stream", None) is not None:
+        raise ConfigError("timeline", "stream", "the invariants read every timeline row: run with timeline='full'")
     _check_metrics(res.metrics)
     _check_steps(res)
     _check_breakdowns(res)

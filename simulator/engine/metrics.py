@@ -59,15 +59,23 @@ __all__ = ["summarize", "breakdown", "layout_label", "describe_whatif"]
 
 def breakdown(timeline, waits: list, t0: float, t1: float, cell: int) -> dict[str, float]:
     """Step-time breakdown of one cell's compute stream over ``[t0, t1]`` (sums to t1 - t0)."""
-    tl = timeline[(timeline["cell"] == cell) & (timeline["stream"] == Stream.COMPUTE)
-                  & (timeline["end_s"] > t0) & (timeline["start_s"] < t1)]
+    tl = timeline[(timeline["cell"] == cell) & (timeline["stream"] == Stream.COMPUTE)]
+    return breakdown_of(tl["start_s"].to_numpy(), tl["end_s"].to_numpy(),
+                        (tl["phase"].to_numpy() == Phase.R).tolist(), waits, t0, t1)
+
+
+def breakdown_of(starts, ends, recompute, waits: list, t0: float, t1: float) -> dict[str, float]:
+    """:func:`breakdown` of one cell's compute-stream ops given as (start, end, is recompute),
+    in the order they were recorded (a streamed run keeps only these, :mod:`.stream`)."""
     out: dict[str, float] = {"compute": 0.0, "recompute": 0.0}
     busy = []
-    for s, e, ph in zip(tl["start_s"].to_numpy(), tl["end_s"].to_numpy(), tl["phase"].to_numpy()):
+    for s, e, rc in zip(starts, ends, recompute):
+        if not (e > t0 and s < t1):
+            continue
         s, e = max(s, t0), min(e, t1)
         if e <= s:
             continue
-        out["recompute" if ph == Phase.R else "compute"] += e - s
+        out["recompute" if rc else "compute"] += e - s
         busy.append((s, e))
     busy.sort()
     # idle intervals of the compute stream
@@ -108,22 +116,16 @@ def breakdown(timeline, waits: list, t0: float, t1: float, cell: int) -> dict[st
 
 def summarize(res, snap_a=None, snap_b=None) -> dict:
     """All metrics of a :class:`~simulator.engine.Result` (see the module docstring)."""
-    sc, prog, tl = res.scenario, res.program, res.timeline
+    sc, prog = res.scenario, res.program
     t0, t1 = res.step_bounds[-1]
     step = t1 - t0
     n = sc.cluster.num_gpus
     gpu = sc.cluster.gpu
     recipe = get_recipe(sc.precision, gpu=gpu)
     peak = gpu.peak_flops.get(recipe.peak_dtype, gpu.peak_flops["bf16"])
-    last_step = tl[tl["step"] == tl["step"].max()]
-    sizes = np.array([len(m) for m in res.folding.cells])
-    executed = float((last_step["flops"].to_numpy() * sizes[last_step["cell"].to_numpy()]).sum())
+    executed, last_cell, bd = _last_step(res, t0, t1)
     seq = sc.parallel.seq_len or sc.model.seq_len
     tokens = sc.parallel.batch_size * seq
-    # the cell that finishes the last step last
-    ends = last_step.groupby("cell")["end_s"].max()
-    last_cell = int(ends.idxmax())
-    bd = breakdown(tl, res.waits[last_cell], t0, t1, last_cell)
     exposed = {k[len("exposed_"):]: v for k, v in bd.items() if k.startswith("exposed_")}
     util = {}
     if snap_a is not None and snap_b is not None and step > 0:
@@ -166,6 +168,24 @@ def summarize(res, snap_a=None, snap_b=None) -> dict:
         "hbm_headroom": sc.hbm_headroom,
         "last_cell": last_cell,
     }
+
+
+def _last_step(res, t0: float, t1: float) -> tuple[float, int, dict]:
+    """The FLOPs executed in the last step (every op over all ranks), the cell that finishes
+    it last, and that cell's :func:`breakdown`: from the timeline, or from the summaries of
+    a streamed one (:mod:`simulator.engine.stream`, the same numbers in the same order)."""
+    st = getattr(res, "stream", None)
+    if st is not None:
+        last_cell = st.last_cell()
+        return st.executed_flops(), last_cell, st.breakdown(last_cell, res.waits[last_cell], t0, t1)
+    tl = res.timeline
+    last_step = tl[tl["step"] == tl["step"].max()]
+    sizes = np.array([len(m) for m in res.folding.cells])
+    executed = float((last_step["flops"].to_numpy() * sizes[last_step["cell"].to_numpy()]).sum())
+    # the cell that finishes the last step last
+    ends = last_step.groupby("cell")["end_s"].max()
+    last_cell = int(ends.idxmax())
+    return executed, last_cell, breakdown(tl, res.waits[last_cell], t0, t1, last_cell)
 
 
 def _moe_drops(prog, tokens: int) -> dict:

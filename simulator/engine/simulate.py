@@ -105,6 +105,8 @@ from .perturb import JobStopped, Perturbation
 if TYPE_CHECKING:
     import pandas as pd
 
+    from .stream import StreamRecorder
+
 __all__ = ["run", "Result", "DeadlockError", "SimulationError", "JobStopped", "TIMELINE_COLUMNS", "COMM_SLOWDOWN"]
 
 #: Compute slowdown while a communication kernel shares the GPU, measured: Lee et al.,
@@ -152,6 +154,17 @@ class Result:
     re-solves), ``timeline_metrics``; and two counts: ``solves`` (re-solves) and
     ``solve_cache_hits`` (those answered from the network's cache of flow sets already
     solved)."""
+    stream: "StreamRecorder | None" = None
+    """Set when the timeline was streamed (``run(..., timeline="stream")``): the per-cell
+    summaries the metrics came from; :attr:`timeline` then holds only the cells of the ranks
+    asked for, and :attr:`waits` only those that reach into the last step."""
+
+    def rank_summary(self, ranks=None):
+        """Per rank, its compute stream over the last step: compute, recompute, exposed
+        communication per axis, host issue and bubble seconds, and when its step ended
+        (:func:`simulator.engine.stream.rank_summary`); the same whether streamed or not."""
+        from .stream import rank_summary
+        return rank_summary(self, ranks)
 
     def rank_timeline(self, ranks=None):
         """The timeline with one row per op *per rank*: each cell's rows repeated for its
@@ -180,6 +193,7 @@ class Result:
         out.mkdir(parents=True, exist_ok=True)
         (out / "metrics.json").write_text(json.dumps(self.metrics, indent=1, default=float))
         self.timeline.to_csv(out / "timeline.csv", index=False)
+        self.rank_summary().to_csv(out / "rank_summary.csv", index=False)
 
 
 class _Recorder:
@@ -191,6 +205,9 @@ class _Recorder:
 
     def add(self, rank, node, stream, op, axis, start, end, step, cid):
         self.rows.append((op, rank, node, stream, axis, start, end, step, cid))
+
+    def step_done(self, cid, step, now):
+        """A cell ended a step (a streamed timeline drops what it no longer needs)."""
 
     def frame(self):
         import pandas as pd
@@ -211,7 +228,8 @@ class _Recorder:
 
 def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: float = 1e7,
         fold: "bool | Folding" = True, compute_scale: dict | None = None, whatif=None,
-        progress: "bool | float" = False, constants: Constants | None = None) -> Result:
+        progress: "bool | float" = False, constants: Constants | None = None, timeline: str = "auto",
+        timeline_ranks=None) -> Result:
     """Simulate ``scenario`` (a :class:`Scenario`, a mapping or a YAML path).
 
     ``fold`` (default) simulates each cell of interchangeable ranks once on the quotient
@@ -230,6 +248,13 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
     collective engine, and they are the active constants while the scenario, cluster,
     program and cost models are built (:mod:`topologies.constants`).
 
+    ``timeline``: ``"full"`` records a row per op of every cell (:attr:`Result.timeline`);
+    ``"stream"`` keeps full rows only for the cells holding ``timeline_ranks`` and per-cell
+    summaries of the rest (:mod:`simulator.engine.stream`: the metrics and
+    :meth:`Result.rank_summary` are bit for bit those of the full timeline); ``"auto"``
+    (default) streams only when the full timeline would not fit the memory budget
+    (:func:`check_work_budget`).
+
     Eight GPUs in TP 2 x PP 2 x DP 2 fold to one cell per pipeline stage; slowing GPU 5
     splits the cells around it (here every rank shares a group or a transfer with it, or
     with a rank that does, so all eight behave differently) and slows the step:
@@ -246,7 +271,8 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
     constants = active() if constants is None else constants
     with _gc_tuned(), using(constants):
         return _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, whatif,
-                    3.0 if progress is True else float(progress or 0.0), constants)
+                    3.0 if progress is True else float(progress or 0.0), constants,
+                    _TimelineSpec(timeline, timeline_ranks))
 
 
 @contextlib.contextmanager
@@ -264,7 +290,7 @@ def _gc_tuned():
 
 
 def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, whatif=None,
-         progress_after_s: float = 0.0, constants: Constants = DEFAULT) -> Result:
+         progress_after_s: float = 0.0, constants: Constants = DEFAULT, spec: "_TimelineSpec | None" = None) -> Result:
     t_wall = time.perf_counter()
     clock = _Clock()
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
@@ -276,9 +302,11 @@ def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, 
     env = simpy.Environment()
     coll = CollectiveEngine(env, pert.cluster, calibration, constants=constants)
     coll.coupled_all_to_all = "coupled_all_to_all" in sc.approximations
-    folding = _folding(sc, prog, pert, coll, fold, free_comm)
+    spec = spec or _TimelineSpec()
+    spec.check(prog.grid.world_size)
+    folding = _folding(sc, prog, pert, coll, fold, free_comm, spec)
     clock.lap("fold")
-    state = _state(sc, prog, pert, coll, folding, free_comm, constants)
+    state = _state(sc, prog, pert, coll, folding, free_comm, constants, spec)
     _loop(state, max_sim_time_s, progress_after_s)
     clock.lap("event_loop")
     return _result(state, sc, clock, t_wall)
@@ -305,10 +333,11 @@ def _program(sc, compute_scale, whatif):
     return prog, Perturbation(wi, sc.cluster, grid.world_size, grid.gpu_of, sc.seed, sc.num_steps, scale)
 
 
-def _folding(sc, prog, pert, coll, fold, free_comm) -> Folding:
+def _folding(sc, prog, pert, coll, fold, free_comm, spec: "_TimelineSpec | None" = None) -> Folding:
     """The rank cells (``fold``: a :class:`Folding` as given, True: folded, False: one per
-    rank), checked against the work budget, and the collectives' groups registered."""
-    grid = prog.grid
+    rank), checked against the work budget (which settles ``spec.stream``), and the
+    collectives' groups registered."""
+    grid, spec = prog.grid, spec or _TimelineSpec()
     colors = pert.rank_colors(grid.world_size)
     plain = all(c == (1.0,) for c in colors)
     if fold and not isinstance(fold, Folding):
@@ -316,7 +345,7 @@ def _folding(sc, prog, pert, coll, fold, free_comm) -> Folding:
         # known before folding (per-GPU jitter: every rank its own cell); checked again after
         check_work_budget(np.unique(prog.class_of_rank).tolist() if plain else
                           [c for c, _ in {(int(prog.class_of_rank[r]), colors[r]) for r in range(grid.world_size)}],
-                          prog, sc.num_steps)
+                          prog, sc.num_steps, spec.mode)
     if isinstance(fold, Folding):
         folding = fold
     elif fold:
@@ -328,11 +357,14 @@ def _folding(sc, prog, pert, coll, fold, free_comm) -> Folding:
         if len({colors[r] for r in members}) > 1:
             raise ConfigError("fold", c, "a rank cell mixes ranks with different compute_scale or what-ifs")
     coll.set_folding(folding if folding.link_cell is not None else None)
-    check_work_budget(folding.cell_class, prog, sc.num_steps)
+    keep = spec.cells(folding)
+    spec.stream = check_work_budget(folding.cell_class, prog, sc.num_steps, spec.mode,
+                                    [folding.cell_class[c] for c in keep])
     return folding
 
 
-def _state(sc, prog, pert, coll, folding, free_comm, constants: Constants = DEFAULT) -> RunState:
+def _state(sc, prog, pert, coll, folding, free_comm, constants: Constants = DEFAULT,
+           spec: "_TimelineSpec | None" = None) -> RunState:
     """The run's shared state, a :class:`CellActor` process per cell, and the network
     snapshots taken as each step ends."""
     cluster = pert.cluster
@@ -354,6 +386,10 @@ def _state(sc, prog, pert, coll, folding, free_comm, constants: Constants = DEFA
                      fb_overlap=sc.overlap.get("fb_overlap", True),
                      nonblocking_sends=nonblocking,
                      p2p_host_sync=not nonblocking and prog.host_waits_for_p2p)
+    if spec is not None and spec.stream:
+        from .stream import StreamRecorder
+        state.rec = StreamRecorder([len(m) for m in folding.cells], sc.num_steps, spec.cells(folding), state.waits)
+        coll.keep_records = False
     net = state.net = _PhysicalView(coll.net, folding, coll.capacity)
     snaps = state.snaps = [None] * (sc.num_steps + 1)
     snaps[0] = net.snapshot()
@@ -401,6 +437,8 @@ def _result(state: RunState, sc, clock, t_wall) -> Result:
         bounds.append((prev, end))
         prev = end
     res = Result(tl, {}, state.prog, sc, bounds, state.waits, state.net, folding=folding)
+    if not isinstance(state.rec, _Recorder):
+        res.stream = state.rec
     res.memory = sc.memory_estimates()
     res.metrics = summarize(res, state.snaps[-2], state.snaps[-1])
     clock.lap("timeline_metrics")
@@ -411,7 +449,7 @@ def _result(state: RunState, sc, clock, t_wall) -> Result:
     res.wall_time_s = time.perf_counter() - t_wall
     m = res.metrics
     m["wall_time_s"] = res.wall_time_s
-    m["num_events"] = int(len(tl) + coll.net.num_solves)
+    m["num_events"] = int((len(tl) if res.stream is None else res.stream.n_rows) + coll.net.num_solves)
     m["num_flows"] = int(coll.net.num_flows)
     m["num_solves"] = int(coll.net.num_solves)
     m["fold"] = dict(folding.stats)
@@ -423,8 +461,9 @@ def _result(state: RunState, sc, clock, t_wall) -> Result:
 #: Peak memory per timeline row (one op of one simulated cell), with the events, flows and
 #: wait records that go with it: 686 B, the slope of peak RSS over rows between unfolded
 #: runs of Llama 3.1 405B (TP8 PP16, per-GPU jitter) on 256 and 1,024 H100 (0.54 M rows,
-#: 429 MiB; 2.15 M rows, 1,483 MiB); rounded up.
-ROW_BYTES = 700
+#: 429 MiB; 2.15 M rows, 1,483 MiB); 790 B measured again with 16 micro-batches per
+#: pipeline (1.08 M rows, 981-991 MiB; 4.30 M rows, 3,413 MiB; pandas 3); rounded up.
+ROW_BYTES = 800
 #: Wall time per row on a 2-core machine: 25-35 us in those runs (per-GPU jitter, nothing
 #: folds); folded runs with contended flows take up to 100 us (docs/performance.md).
 ROW_SECONDS = 30e-6
@@ -449,23 +488,67 @@ def memory_budget_bytes() -> float:
         return float("inf")
 
 
-def check_work_budget(cell_classes, prog, num_steps: int) -> None:
-    """Refuse, before simulating, a run whose timeline would not fit in memory: every
-    simulated cell records one row per op of its class per step (:data:`ROW_BYTES` each).
-    Only runs where little folds get near it -- per-GPU jitter or a straggler on thousands of
-    GPUs, where every rank is its own cell."""
+#: Peak memory per timeline row when the timeline is streamed (:mod:`.stream`): the events,
+#: flows and waits still live, the summaries kept and the collectives' start times: 53.5 B,
+#: the slope of peak RSS between the streamed runs of the jobs of :data:`ROW_BYTES` (1.08 M
+#: rows, 142.0-142.4 MiB; 4.30 M rows, 306.8 MiB); rounded up.
+STREAM_ROW_BYTES = 60
+
+
+def check_work_budget(cell_classes, prog, num_steps: int, mode: str = "full", kept_classes=()) -> bool:
+    """Whether to stream the timeline (``mode``: "full", "stream" or "auto", see :func:`run`);
+    refuse, before simulating, a run that would not fit in memory: every simulated cell
+    records one row per op of its class per step, :data:`ROW_BYTES` each kept in full
+    (``mode="full"``, or ``kept_classes``: the classes of the cells kept in full when
+    streamed), :data:`STREAM_ROW_BYTES` each streamed.  Only runs where little folds get
+    near it -- per-GPU jitter or a straggler on thousands of GPUs, where every rank is its
+    own cell."""
     per_class = [len(c.ops) for c in prog.classes]
     rows = num_steps * sum(per_class[int(c)] for c in cell_classes)
-    need = _BASE_BYTES + rows * ROW_BYTES
+    kept = num_steps * sum(per_class[int(c)] for c in kept_classes)
+    full = _BASE_BYTES + rows * ROW_BYTES
     budget = memory_budget_bytes()
+    if mode == "full" or (mode == "auto" and full <= budget):
+        if full > budget:
+            _refuse(len(cell_classes), rows, num_steps, full, budget, "")
+        return False
+    need = _BASE_BYTES + rows * STREAM_ROW_BYTES + kept * ROW_BYTES
     if need > budget:
-        n = len(cell_classes)
-        raise ConfigError(
-            "run", f"{n:,} simulated cells x {rows / max(n * num_steps, 1):,.0f} ops x {num_steps} steps",
-            f"about {rows / 1e6:,.1f} M timeline rows, {need / 2**30:,.1f} GB and {rows * ROW_SECONDS / 60:,.0f} "
-            f"minutes: over the memory budget of {budget / 2**30:,.1f} GB (CLUSTERSIM_MEMORY_BUDGET_GB; default "
-            f"3/4 of this machine's memory). Per-GPU what-ifs (jitter, slow GPUs) keep every rank its own cell; "
-            f"fewer steps, fewer GPUs, or what-ifs shared by whole groups fold")
+        _refuse(len(cell_classes), rows, num_steps, need, budget, f" streamed, {kept / 1e6:,.1f} M of them kept")
+    return True
+
+
+def _refuse(n: int, rows: int, num_steps: int, need: float, budget: float, how: str) -> None:
+    raise ConfigError(
+        "run", f"{n:,} simulated cells x {rows / max(n * num_steps, 1):,.0f} ops x {num_steps} steps",
+        f"about {rows / 1e6:,.1f} M timeline rows{how}, {need / 2**30:,.1f} GB and {rows * ROW_SECONDS / 60:,.0f} "
+        f"minutes: over the memory budget of {budget / 2**30:,.1f} GB (CLUSTERSIM_MEMORY_BUDGET_GB; default "
+        f"3/4 of this machine's memory). Per-GPU what-ifs (jitter, slow GPUs) keep every rank its own cell; "
+        f"fewer steps, fewer GPUs, or what-ifs shared by whole groups fold")
+
+
+class _TimelineSpec:
+    """What the run records (:func:`run`'s ``timeline`` and ``timeline_ranks``); ``stream``
+    is settled against the memory budget once the cells are known."""
+
+    MODES = ("auto", "full", "stream")
+
+    def __init__(self, mode: str = "auto", ranks=None):
+        if mode not in self.MODES:
+            raise ConfigError("timeline", mode, f"must be one of {', '.join(self.MODES)}")
+        self.mode = mode
+        self.ranks = None if ranks is None else sorted({int(r) for r in ranks})
+        self.stream = False
+
+    def check(self, world_size: int) -> None:
+        bad = [r for r in self.ranks or () if not 0 <= r < world_size]
+        if bad:
+            raise ConfigError("timeline_ranks", bad[0], f"must be a rank in [0, {world_size})")
+
+    def cells(self, folding: Folding) -> list[int]:
+        """The cells kept in full when streamed: those holding a rank asked for."""
+        wanted = set(self.ranks or ())
+        return [c for c, members in enumerate(folding.cells) if wanted.intersection(members)]
 
 
 class _Clock:
