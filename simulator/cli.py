@@ -243,6 +243,12 @@ def step_interval(res):
     return result_interval(res)
 
 
+def _likely_title(res) -> str:
+    """`` (likely 8.9-9.8 s)`` for a chart title; empty without comparable measurements."""
+    text = step_interval(res).range_text(res.metrics["step_time_s"])
+    return f" (likely {text})" if text else ""
+
+
 def interval_lines(res) -> list[str]:
     """``likely measured  8.3-9.6 s  (80 % interval from 34 comparable measured runs: ...)``."""
     from .validation.intervals import SIGN_NOTE
@@ -360,7 +366,7 @@ def _run(args) -> int:
         whatif = "; ".join(res.metrics.get("whatif", []))
         short = shortfall(res)
         gantt(last, gantt_path, title=f"{res.scenario.name}: {res.metrics.get('layout', '')}, step {len(res.step_bounds)}, "
-                                      f"{res.metrics['step_time_s']:.3f} s, MFU {res.metrics['mfu']:.1%}"
+                                      f"{res.metrics['step_time_s']:.3f} s{_likely_title(res)}, MFU {res.metrics['mfu']:.1%}"
                                       + (f"\nhypothetical: DOES NOT FIT ({short})" if short else "")
                                       + (f"\nwhat-if: {whatif}" if whatif else ""))
     if trace_path:

@@ -9,6 +9,7 @@ import csv
 import json
 import math
 import random
+import re
 
 import pytest
 import yaml
@@ -191,3 +192,17 @@ def test_a_stack_variant_shares_its_frameworks_measured_rows():
     triton = scenario_stratum(load_scenario({**base, "framework": "llm_foundry"}))
     assert flash == triton and flash.stack == "llm_foundry"
     assert scenario_stratum(load_scenario({**base, "framework": "torchtitan"})).stack == "torchtitan"
+
+
+def test_the_gantt_title_carries_the_interval(tmp_path, monkeypatch):
+    """The chart's title prints the step time, so it prints the interval beside it."""
+    import simulator.report as report
+    titles = []
+    monkeypatch.setattr(report, "gantt", lambda tl, path, title="": titles.append(title))
+    sc = tmp_path / "tiny.yaml"
+    sc.write_text(yaml.safe_dump(TINY))
+    assert main(["run", str(sc), "--quiet", "--gantt", str(tmp_path / "g.png")]) == 0
+    assert re.search(r" s \(likely [0-9.]+-[0-9.]+ s\), MFU ", titles[0]), titles
+    sc.write_text(yaml.safe_dump({**TINY, "model": "tiny-moe"}))
+    assert main(["run", str(sc), "--quiet", "--gantt", str(tmp_path / "g.png")]) == 0
+    assert "likely" not in titles[1]
