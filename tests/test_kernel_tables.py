@@ -139,3 +139,13 @@ def test_the_run_reports_its_measured_share():
     assert sources["core_attn"] == "measured" and sources["qkv_proj"] == "model"
     a100 = run(_scenario("dgx-a100", 4096)).metrics
     assert "measured_step_share" not in a100 and "measured_compute_share" not in a100
+
+
+def test_the_validation_summary_prints_the_measured_share_per_set():
+    from simulator.validation import OUTPUT_COLUMNS
+    from simulator.validation.report import measured_share_lines
+    assert "measured_share_pct" in OUTPUT_COLUMNS
+    rows = [{"status": "ok", "measured_share_pct": v} for v in (0.0, 2.0, 4.0)] + [{"status": "error: x"}]
+    assert measured_share_lines(rows) == ["step time costed from measured kernel tables: median 2.0 %, mean 2.0 %, "
+                                          "2/3 rows with any"]
+    assert measured_share_lines([{"status": "error: x"}]) == []
