@@ -620,9 +620,23 @@ def accuracy() -> dict[str, str]:
                       ("gb200", gens["GB200"])):
         out[f"{key}_signed"] = f"{_stats(rows)['bias']:+.1f}"
     out["h100_median"] = f"{_stats(h100)['median']:.1f}"
+    for key, rows in (("bw", bw), ("h100", h100), ("vtrain", vtrain), ("llmfoundry", lf)):
+        out[f"{key}_measured_share"], out[f"{key}_measured_rows"] = _measured_share(rows)
     out["h100_max_ceil"] = f"{math.ceil(_stats(h100)['max'] * 2) / 2:.1f}"        # "every row within X %"
     out["vtrain_median"] = f"{_stats(vtrain)['median']:.1f}"
     return out
+
+
+def _measured_share(rows: list[dict]) -> tuple[str, str]:
+    """Median share of the predicted step costed from measured kernel tables over the
+    simulated rows (``measured_share_pct``; a table without the column: none), and how many
+    rows have any."""
+    v = sorted(float(r.get("measured_share_pct") or 0) for r in rows if r["status"] == "ok")
+    if not v:
+        return "0.0", "0"
+    mid = len(v) // 2
+    med = v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
+    return f"{med:.1f}", str(sum(1 for x in v if x > 0))
 
 
 @producer

@@ -281,6 +281,8 @@ def summary_table(res) -> str:
              f"{m.get('flop_convention', 'megatron_core_2025')} FLOPs)" + hyp,
              f"  TFLOP/s per GPU  {m['tflops_per_gpu']:.1f}" + hyp,
              f"  tokens/s         {m['tokens_per_s']:,.0f}" + hyp,
+             f"  measured kernels {m.get('measured_step_share', 0.0):.1%} of the step costed from measured kernel "
+             f"tables ({m.get('measured_compute_share', 0.0):.1%} of the layers' kernel time; the rest modelled)",
              f"  peak memory      {m['peak_memory_bytes'] / 1e9:.1f} GB" + _memory_line(m),
              f"  breakdown (the cell that finishes last: {m.get('last_ranks', m['last_cell'])}):"]
     if "moe_dropped_fraction" in m:

@@ -142,8 +142,28 @@ class Program:
                              "phase": k.phase, "recompute": k.recompute, "op_class": k.op_class, "m": k.m, "n": k.n,
                              "k": k.k, "groups": len(k.groups), "flops": k.flops, "bytes": k.mem_bytes,
                              "time_s": r.time_s, "host_s": r.host_s, "launches": r.launches,
-                             **_attention_columns(k.attention)})
+                             "source": getattr(r, "source", "model"), **_attention_columns(k.attention)})
         return rows
+
+    def measured_share(self) -> float | None:
+        """Share of the decoder layers' kernel GPU time (every layer and MTP module once, one
+        micro-batch, balanced routing) that the compute model took from measured kernel tables
+        (:mod:`workloads.costs.kernel_tables`) rather than its sub-models; None when the
+        program does not say (no lowering kept)."""
+        if self._lowering is None:
+            return None
+        stack, ctx = self._lowering
+        per_key: dict = {}
+        measured = total = 0.0
+        for layer in range(self.model.num_layers + self.model.mtp_layers):
+            key = stack.segment_key(ctx, layer, None, self.parallel.recompute)
+            if key not in per_key:
+                rows = stack.kernel_rows(ctx, layer, None, self.parallel.recompute)
+                per_key[key] = (sum(r.time_s for r in rows if getattr(r, "source", "model") == "measured"),
+                                sum(r.time_s for r in rows))
+            measured += per_key[key][0]
+            total += per_key[key][1]
+        return measured / total if total > 0 else 0.0
 
     @property
     def num_ops(self) -> int:

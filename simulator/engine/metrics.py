@@ -33,6 +33,11 @@ stage fits its GPU's HBM, ``memory_margin_bytes`` the HBM left on the tightest s
 ``whatif``            one sentence per perturbation the run applied, naming for a slow GPU or
                       rank its rank, pipeline stage and groups (empty: none).
 ``last_ranks``        the ranks of the cell that finishes the step last and their stage.
+``measured_compute_share``  only where some op's time came from a measured kernel table
+                      (:mod:`workloads.costs.kernel_tables`): that share of the decoder layers'
+                      kernel GPU time (:meth:`workloads.program.Program.measured_share`);
+                      ``measured_step_share`` the share of the step it stands for: that share x
+                      the compute and recompute time of ``breakdown_s`` / step time.
 (negative: short by that much) and ``memory_worst_stage`` which stage that is, under the
 scenario's ``memory_accounting`` and against ``(1 - hbm_headroom) x HBM`` (both echoed).
 ``moe_dropped_fraction``  only with token dropping (``model.moe.capacity_factor`` or a rank
@@ -144,6 +149,7 @@ def summarize(res, snap_a=None, snap_b=None) -> dict:
                                                                         convention=sc.flop_convention)
     bd = {k: float(v) for k, v in bd.items()}
     exposed = {k: float(v) for k, v in exposed.items()}
+    measured = _measured(prog, bd, step)
     return {
         "step_time_s": step,
         "mfu": mf / (step * n * peak) if step > 0 else 0.0,
@@ -158,6 +164,7 @@ def summarize(res, snap_a=None, snap_b=None) -> dict:
         "peak_memory_bytes": max(e.total_bytes for e in res.memory) if res.memory else 0.0,
         **_memory_verdict(res.memory),
         **drops,
+        **measured,
         "num_gpus": n,
         "model_flops_per_step": mf,
         "layout": layout_label(sc),
@@ -186,6 +193,17 @@ def _last_step(res, t0: float, t1: float) -> tuple[float, int, dict]:
     ends = last_step.groupby("cell")["end_s"].max()
     last_cell = int(ends.idxmax())
     return executed, last_cell, breakdown(tl, res.waits[last_cell], t0, t1, last_cell)
+
+
+def _measured(prog, bd: dict, step: float) -> dict:
+    """``measured_compute_share`` and ``measured_step_share`` where any op was timed from a
+    measured kernel table (absent otherwise)."""
+    share = prog.measured_share() if hasattr(prog, "measured_share") else None
+    if not share:
+        return {}
+    busy = bd.get("compute", 0.0) + bd.get("recompute", 0.0)
+    return {"measured_compute_share": float(share),
+            "measured_step_share": float(share * busy / step) if step > 0 else 0.0}
 
 
 def _moe_drops(prog, tokens: int) -> dict:

@@ -70,7 +70,7 @@ how it was built."""
 #: Columns of the output table (``validate(..., out_csv=...)``).
 OUTPUT_COLUMNS = ("id", "source", "framework", "format", "model", "gpu", "num_gpus", "precision", "parallel", "measured_step_s",
                   "predicted_step_s", "error_pct", *INTERVAL_COLUMNS, "measured_tflops_per_gpu", "predicted_tflops_per_gpu",
-                  "measured_mfu_pct", "predicted_mfu_pct", *BREAKDOWN_COLUMNS, "flop_convention", "status",
+                  "measured_mfu_pct", "predicted_mfu_pct", *BREAKDOWN_COLUMNS, "measured_share_pct", "flop_convention", "status",
                   "derivation", "notes", "wall_s")
 
 #: Separator of the notes of one output row.
@@ -338,7 +338,8 @@ def _simulate(scenario: dict, run_fn, constants: Constants | None = None) -> dic
         if not pred > 0:
             raise ValueError(f"predicted step time {pred!r} is not positive")
         metrics = {"step_time_s": pred, "breakdown_s": dict(m.get("breakdown_s") or {}) if hasattr(m, "get") else {},
-                   "peak_memory_bytes": m.get("peak_memory_bytes") if hasattr(m, "get") else None}
+                   "peak_memory_bytes": m.get("peak_memory_bytes") if hasattr(m, "get") else None,
+                   "measured_step_share": float(m.get("measured_step_share", 0.0)) if hasattr(m, "get") else 0.0}
         status = "ok"
     except ConfigError as e:
         status = _classify_config_error(e)
@@ -451,6 +452,8 @@ def _record_prediction(out: dict, scenario: dict, row: dict, conv: str | None, m
     out["error_pct"] = (pred - measured) / measured * 100
     _predicted_rates(out, scenario, row, conv, pred, measured, n, notes)
     _predicted_breakdown(out, metrics)
+    # the share of the predicted step costed from measured kernel tables (metrics.py)
+    out["measured_share_pct"] = 100.0 * float(metrics.get("measured_step_share", 0.0) or 0.0)
     peak_mem = metrics.get("peak_memory_bytes")
     hbm = _hbm(scenario)
     if peak_mem and hbm and peak_mem > hbm:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import statistics
 
 from topologies import ConfigError
 
@@ -229,6 +230,17 @@ def _grouped(results: list[dict], key) -> list[tuple[str, list[dict]]]:
     return sorted(groups.items())
 
 
+def measured_share_lines(results: list[dict]) -> list[str]:
+    """One line: the share of the predicted step time costed from measured kernel tables
+    (``measured_share_pct``) over the simulated rows -- median, mean and rows with any."""
+    shares = [float(r["measured_share_pct"]) for r in results
+              if r.get("status") == "ok" and isinstance(r.get("measured_share_pct"), (int, float))]
+    if not shares:
+        return []
+    return [f"step time costed from measured kernel tables: median {statistics.median(shares):.1f} %, "
+            f"mean {statistics.fmean(shares):.1f} %, {sum(1 for v in shares if v > 0)}/{len(shares)} rows with any"]
+
+
 def summary(results: list[dict], *, breakdowns: bool = True) -> str:
     """Coverage and absolute step-time error (median, p90, max, mean) per source and overall,
     the median signed error (bias); with ``breakdowns``, the same per GPU generation, per
@@ -246,6 +258,7 @@ def summary(results: list[dict], *, breakdowns: bool = True) -> str:
                                + ([("all", configs)] if len(sources) > 1 else []))
         if paired_ratios(results):
             lines += [""] + pairs_summary(results).split("\n")
+    lines += measured_share_lines(results)
     reasons: dict[str, int] = {}
     for r in results:
         if r["status"] != "ok":

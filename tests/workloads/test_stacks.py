@@ -136,7 +136,7 @@ def test_llm_foundry_differs_from_the_default_stack_in_its_attention_kernel_only
     core-attention ops cost more."""
     from workloads.stacks.megatron_te import STACK as MC
     lf = get_stack("llm_foundry")
-    assert lf.fusion.attention_backend == "flash_attention_1" and MC.fusion.attention_backend == "flash"
+    assert lf.fusion.attention_backend == "flash_attention_1" and MC.fusion.attention_backend == "te_fused"
     for f in ("lowering", "stage_program", "assign_issue_modes", "check_layout", "kernel_rows", "segment_key"):
         assert getattr(lf, f) is getattr(MC, f)
-    assert replace(lf.fusion, attention_backend="flash") == MC.fusion
+    assert replace(lf.fusion, attention_backend="te_fused") == MC.fusion

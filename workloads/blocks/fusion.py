@@ -37,10 +37,13 @@ class Fusion:
     ``always`` or ``never``; otherwise they run as eager kernels."""
     cross_entropy_fused: bool = False
     """Megatron's ``--cross-entropy-loss-fusion`` (off by default, as in Megatron-LM)."""
-    attention_backend: str = "flash"
+    attention_backend: str = "te_fused"
     """The fused attention kernel (:data:`workloads.costs.compute.ATTENTION_BACKENDS`):
     ``flash`` is the best kernel of each generation (FlashAttention-2 on Ampere, FlashAttention-3
-    or cuDNN on Hopper and Blackwell, which Transformer Engine picks between)."""
+    on Hopper, FlashAttention-4 on Blackwell); ``te_fused`` is Transformer Engine's
+    DotProductAttention, which runs cuDNN's fused attention on Hopper and Blackwell -- timed from
+    the measured tables where they cover the op
+    (:data:`workloads.costs.compute.MEASURED_ATTENTION_KERNELS`), else as ``flash``."""
 
     elementwise: str = "fused"
     """How the dense blocks' element-wise work runs: ``fused`` (Transformer Engine's fused

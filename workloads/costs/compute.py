@@ -60,6 +60,7 @@ from topologies.constants import Constants, active, using
 
 from .flops import PHASES, ComputeOp, gemm_role
 from .host import CUDA_GRAPH_SCOPES, HOST_COSTS, HOST_MODES, HostCosts, host_costs  # noqa: F401 (re-exported)
+from .kernel_tables import AttentionTables, default_attention_tables
 from .precision import PrecisionRecipe, get_recipe
 
 __all__ = ["ComputeModel", "RooflineComputeModel", "MeasuredComputeModel", "GemmModel", "AttentionModel",
@@ -67,7 +68,7 @@ __all__ = ["ComputeModel", "RooflineComputeModel", "MeasuredComputeModel", "Gemm
            "MAMF_FALLBACK_FRACTION", "FLASH_ATTENTION_EFFICIENCY", "ATTENTION_BACKENDS",
            "BACKEND_HEAD_DIM_FACTOR", "FA_HEAD_DIM_FACTOR", "head_dim_factor", "SUSTAINED_FRACTION", "CHIP_SPREAD",
            "slowest_chip_factor", "expected_max_normal", "HBM_EFFICIENCY", "KERNEL_HBM_FRACTION", "LAUNCH_OVERHEAD_S",
-           "HOST_MODES", "HOST_COSTS", "HostCosts", "host_costs", "CUDA_GRAPH_SCOPES", "COMPUTE_MODELS", "get_compute_model", "num_sms"]
+           "MEASURED_ATTENTION_KERNELS", "MODEL_ATTENTION_BACKEND", "HOST_MODES", "HOST_COSTS", "HostCosts", "host_costs", "CUDA_GRAPH_SCOPES", "COMPUTE_MODELS", "get_compute_model", "num_sms"]
 
 
 # -- constants, each with its source -----------------------------------------------------------
@@ -225,6 +226,21 @@ ATTENTION_BACKENDS: dict[str, dict[tuple[str, str], dict[str, float]]] = {
     },
 }
 """Fused attention kernels by name (:attr:`workloads.blocks.fusion.Fusion.attention_backend`)."""
+
+MEASURED_ATTENTION_KERNELS: dict[str, dict[str, str]] = {
+    # attention backend -> GPU generation -> the measured kernel of workloads.costs.kernel_tables
+    # that runs it there; the model's figures ("flash") where none is listed or no table covers
+    # the op.  te_fused: Transformer Engine's DotProductAttention, which prefers FusedAttention
+    # (cuDNN) over FlashAttention on compute capability >= 9.0 ("Disabling FlashAttention to give
+    # FusedAttention preference on Hopper+ for performance reasons",
+    # NVIDIA/TransformerEngine transformer_engine/pytorch/attention/dot_product_attention/utils.py
+    # get_attention_backend); on Ampere it runs FlashAttention-2.
+    "te_fused": {"hopper": "cudnn", "blackwell": "cudnn"},
+}
+"""Backends timed from measured tables where a table covers the op."""
+
+MODEL_ATTENTION_BACKEND: dict[str, str] = {"te_fused": "flash"}
+"""The modelled figures a measured backend falls back to outside its tables."""
 
 BACKEND_HEAD_DIM_FACTOR: dict[str, tuple[tuple[int, float], ...]] = {
     # backend -> its own FA_HEAD_DIM_FACTOR.  FlashAttention v1 is faster per FLOP at head
@@ -508,7 +524,9 @@ class AttentionModel:
         """Fraction of the ``dtype`` peak for a forward (``F``) or backward (``B``) pass with
         ``seq_len`` queries per sequence on the rank and query/key heads of ``head_dim``
         (None: 128, the head dim the table holds for; :data:`FA_HEAD_DIM_FACTOR`), run by the
-        kernel ``backend`` (:data:`ATTENTION_BACKENDS`; ``flash``: :attr:`table`)."""
+        kernel ``backend`` (:data:`ATTENTION_BACKENDS`; ``flash``: :attr:`table`; a measured
+        backend, :data:`MODEL_ATTENTION_BACKEND`, its modelled stand-in)."""
+        backend = MODEL_ATTENTION_BACKEND.get(backend, backend)
         table = self.table if backend == "flash" else self.backends.get(backend)
         if table is None:
             raise ConfigError("attention backend", backend, f"unknown; known: flash, {', '.join(self.backends)}")
@@ -581,6 +599,11 @@ class OpCost(NamedTuple):
     """Dtype whose peak applied ('' for element-wise ops)."""
     efficiency: float
     """Fraction of that peak (GEMM / attention); 0 for element-wise ops."""
+    source: str = "model"
+    """Where the time came from: ``model`` (the sub-models) or ``measured`` (a kernel table,
+    :mod:`workloads.costs.kernel_tables`)."""
+    table: str = ""
+    """The measured table and its substitution rule, when ``source`` is ``measured``."""
 
     @property
     def time_s(self) -> float:
@@ -637,6 +660,11 @@ class RooflineComputeModel(ComputeModel):
         The :class:`~topologies.constants.Constants` every sub-model, the GPU lookup and the
         recipe read (default: the active ones when the model is built); kept as
         :attr:`constants`.
+    kernel_tables
+        Measured attention curves (:class:`~workloads.costs.kernel_tables.AttentionTables`) for
+        the backends of :data:`MEASURED_ATTENTION_KERNELS`; default the committed ones; False:
+        none (every op from the sub-models).  A measured time is the benchmark's, short-run at
+        boost clock, so it is divided by the same sustained fraction as the attention figures.
 
     Examples
     --------
@@ -651,7 +679,7 @@ class RooflineComputeModel(ComputeModel):
                  *, num_layers: int | None = None, gemm: GemmModel | None = None,
                  attention: AttentionModel | None = None, memory: MemoryModel | None = None,
                  launch: LaunchModel | None = None, sustained: dict | None = None, num_gpus: int | None = None,
-                 constants: Constants | None = None):
+                 constants: Constants | None = None, kernel_tables: AttentionTables | None | bool = None):
         c = self.constants = active() if constants is None else constants
         with using(c):
             self.gpu = get_gpu_spec(gpu)
@@ -673,6 +701,31 @@ class RooflineComputeModel(ComputeModel):
         self._dtype_bytes = c.get("workloads.costs.precision.DTYPE_BYTES")
         self._kernel_hbm = c.get(_C + "KERNEL_HBM_FRACTION")
         self._cache: dict[ComputeOp, float] = {}
+        self.kernel_tables = (default_attention_tables() if kernel_tables is None
+                              else (kernel_tables or None))
+        self._measured_kernels = c.get(_C + "MEASURED_ATTENTION_KERNELS")
+        with using(c):      # the tables' GPUs, for the dense-peak substitution rule
+            self._table_gpus = {g: get_gpu_spec(g) for g in ("GB200", "GB300")}
+
+    def _measured_attention(self, op: ComputeOp, phase: str, dtype: str, launch_s: float) -> OpCost | None:
+        """The op's cost from a measured table, or None where none covers it."""
+        if self.kernel_tables is None or op.attention is None:
+            return None
+        kernel = self._measured_kernels.get(op.attention.backend, {}).get(self.gpu.generation)
+        if kernel is None:
+            return None
+        hit = self.kernel_tables.lookup(kernel, self.gpu, dtype, op.attention, phase, self._table_gpus)
+        if hit is None:
+            return None
+        t = hit[0] / self.sustained["attention"]
+        eff = op.flops / (self.attention.peak_flops[dtype] * t) if op.flops and t > 0 else 0.0
+        return OpCost(t, 0.0, launch_s, dtype, eff, "measured", hit[1])
+
+    def op_source(self, op: ComputeOp) -> str:
+        """``measured`` when a kernel table timed ``op``, else ``model``."""
+        if op.op_class != "attention":
+            return "model"
+        return self.op_cost(op).source
 
     def op_cost(self, op: ComputeOp) -> OpCost:
         """The parts of ``op``'s time (compute, memory, launch), its dtype and efficiency."""
@@ -689,6 +742,9 @@ class RooflineComputeModel(ComputeModel):
         if op.op_class == "attention":
             dtype = self.recipe.attention_dtype
             phase = "F" if (op.phase == "F" or op.recompute) else "B"
+            measured = self._measured_attention(op, phase, dtype, launch_s)
+            if measured is not None:
+                return measured
             backend = op.attention.backend if op.attention is not None else "flash"
             eff = self.attention.efficiency(phase, dtype, op.m, op.k, backend) * self.sustained["attention"]
             compute_s = op.flops / (self.attention.peak_flops[dtype] * eff) if op.flops else 0.0

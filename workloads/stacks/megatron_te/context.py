@@ -63,6 +63,8 @@ class KernelRow(NamedTuple):
     time_s: float
     host_s: float
     launches: int
+    source: str = "model"
+    """Where its time came from: ``measured`` (a kernel table) or ``model``."""
 
 
 def _segment_key(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> tuple:
@@ -87,6 +89,7 @@ def kernel_rows(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> lis
                     recompute=recompute, fusion=ctx.fusion)
     ops = with_quantize_ops(ctx.recipe, ops, ctx.model.num_layers)
     times = ctx.compute.op_times_s(ops)
+    source_of = getattr(ctx.compute, "op_source", None)
     parts = {name: part for b in blocks for name, part in b.SEGMENTS.items()}
     cp_parts = {name: part for b in blocks for name, part in b.CP_SEGMENTS.items()} if ctx.par.cp > 1 else {}
     graphed = ctx.host.graphed if layer < ctx.model.num_layers else frozenset()     # MTP modules stay eager
@@ -108,7 +111,8 @@ def kernel_rows(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> lis
         part = cp_parts.get(base)               # with CP: core attention per ring step, between the exchanges
         if part is None or (part == "attn_post" and phase == "R"):
             part = parts.get(base, "mlp")
-        rows.append(KernelRow(f"{phase}:{part}", op, float(t), host_s, op.num_kernels + looped))
+        rows.append(KernelRow(f"{phase}:{part}", op, float(t), host_s, op.num_kernels + looped,
+                              source_of(op) if source_of is not None else "model"))
     return rows
 
 
