@@ -86,7 +86,7 @@ def test_compile_stack_is_the_fused_kernels_with_sdpa_attention():
     """torch.compile fuses the element-wise groups: the default stack's kernels but SDPA's
     attention; the collectives and overlap rules are the default stack's in every variant."""
     titan, comp = get_stack("torchtitan"), get_stack("torchtitan_compile")
-    assert replace(comp.fusion, attention_backend="flash") == MC.fusion
+    assert replace(comp.fusion, attention_backend="te_fused") == MC.fusion
     assert replace(titan.fusion, elementwise="fused") == comp.fusion
     for s in (titan, comp, get_stack("pytorch_fsdp")):
         for f in ("lowering", "stage_program", "assign_issue_modes", "check_layout"):

@@ -236,6 +236,10 @@ MEASURED_ATTENTION_KERNELS: dict[str, dict[str, str]] = {
     # NVIDIA/TransformerEngine transformer_engine/pytorch/attention/dot_product_attention/utils.py
     # get_attention_backend); on Ampere it runs FlashAttention-2.
     "te_fused": {"hopper": "cudnn", "blackwell": "cudnn"},
+    # cudnn_sdpa: PyTorch SDPA's cuDNN backend calls the same cuDNN fused-attention graph
+    # (aten/src/ATen/native/transformers/cuda/attention.cu -> cudnn-frontend SDPA), so the
+    # same curves time it; outside them its own modelled figures (ATTENTION_BACKENDS).
+    "cudnn_sdpa": {"hopper": "cudnn", "blackwell": "cudnn"},
 }
 """Backends timed from measured tables where a table covers the op."""
 
