@@ -33,7 +33,7 @@ def test_attn_impl_flash_is_the_default_stack_with_flashattention2():
     FlashAttention-2 backend; the Triton stack differs from it in the attention backend only."""
     flash, triton = get_stack("llm_foundry_flash"), get_stack("llm_foundry")
     assert flash.fusion.attention_backend == "flash_attention_2"
-    assert replace(flash.fusion, attention_backend="flash") == MC.fusion
+    assert replace(flash.fusion, attention_backend="te_fused") == MC.fusion
     assert replace(triton.fusion, attention_backend="flash_attention_2") == flash.fusion
     for f in ("lowering", "stage_program", "assign_issue_modes", "check_layout", "kernel_rows", "segment_key"):
         assert getattr(flash, f) is getattr(MC, f) is getattr(triton, f)
