@@ -86,11 +86,20 @@ def test_compile_stack_is_the_fused_kernels_with_sdpa_attention():
     """torch.compile fuses the element-wise groups: the default stack's kernels but SDPA's
     attention; the collectives and overlap rules are the default stack's in every variant."""
     titan, comp = get_stack("torchtitan"), get_stack("torchtitan_compile")
-    assert replace(comp.fusion, attention_backend="te_fused") == MC.fusion
+    assert replace(comp.fusion, attention_backend="te_fused", optimizer="megatron", fsdp2_copies=False) == MC.fusion
     assert replace(titan.fusion, elementwise="fused") == comp.fusion
     for s in (titan, comp, get_stack("pytorch_fsdp")):
         for f in ("lowering", "stage_program", "assign_issue_modes", "check_layout"):
             assert getattr(s, f) is getattr(MC, f)
+
+
+def test_stacks_run_fsdp2_copies_and_torch_adamw():
+    """torchtitan (eager or compiled): FSDP2 and fused AdamW; a plain PyTorch loop: FSDP2 and
+    AdamW's foreach default; the default stack neither."""
+    assert (MC.fusion.optimizer, MC.fusion.fsdp2_copies) == ("megatron", False)
+    for fw, opt in (("torchtitan", "torch_fused"), ("torchtitan_compile", "torch_fused"),
+                    ("pytorch_fsdp", "torch_foreach")):
+        assert (get_stack(fw).fusion.optimizer, get_stack(fw).fusion.fsdp2_copies) == (opt, True)
 
 
 def test_eager_is_slower_than_compiled_and_fa2_slower_than_cudnn_on_h100():

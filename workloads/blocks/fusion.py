@@ -51,6 +51,17 @@ class Fusion:
     produces at the granularity modelled) or ``eager`` (PyTorch eager: each ATen op its own
     memory-bound kernel, :func:`workloads.blocks.kernels.eager_norm` and its neighbours)."""
 
+    optimizer: str = "megatron"
+    """The optimizer step's kernels (:data:`workloads.costs.flops.OPTIMIZER_IMPLEMENTATIONS`):
+    ``megatron`` (Megatron's fused multi-tensor Adam over FP32 master weights, writing the BF16
+    copy), ``torch_fused`` (``torch.optim.AdamW(fused=True)``) or ``torch_foreach`` (its
+    ``_foreach_*`` default)."""
+
+    fsdp2_copies: bool = False
+    """PyTorch FSDP2's foreach copies around each ZeRO-3 collective run as memory-bound kernels
+    (the shard into the all-gather buffer, the gathered buffer out into the parameters, the
+    gradients into the reduce-scatter input: :mod:`workloads.stacks.megatron_te.data_parallel`)."""
+
     @property
     def eager(self) -> bool:
         """Whether the element-wise ops run as eager PyTorch kernels."""

@@ -88,20 +88,25 @@ _TITAN = ("pytorch/torchtitan torchtitan/models/attention.py@v0.2.2 (SDPA order 
           "(compile off, FP32 gradient reduction, reshard_after_forward), "
           "torchtitan/models/llama3/infra/parallelize.py@v0.2.2 (FSDP2)")
 
+#: torchtitan's optimizer (``optimizer.implementation = "fused"``, job_config.py@v0.2.2) over
+#: FSDP2 (``fully_shard``, parallelize.py@v0.2.2), whose copies run eagerly with or without
+#: ``compile.enable`` (torchtitan compiles each TransformerBlock; FSDP2's hooks stay outside).
+_FSDP2_FUSED_ADAMW = {"optimizer": "torch_fused", "fsdp2_copies": True}
+
 STACK = replace(
     _MEGATRON_CORE,
     name="torchtitan",
     summary="torchtitan v0.2.2 (FSDP2, eager): SDPA's cuDNN attention (Hopper, Blackwell; FlashAttention-2 on "
             "Ampere), unfused element-wise kernels; collectives and overlaps as megatron_core",
     sources=_TITAN,
-    fusion=replace(MEGATRON_TE, attention_backend="cudnn_sdpa", elementwise="eager"),
+    fusion=replace(MEGATRON_TE, attention_backend="cudnn_sdpa", elementwise="eager", **_FSDP2_FUSED_ADAMW),
 )
 
 STACK_COMPILE = replace(
     STACK,
     name="torchtitan_compile",
     summary="torchtitan v0.2.2 with compile.enable: SDPA's cuDNN attention, Inductor-fused element-wise kernels",
-    fusion=replace(MEGATRON_TE, attention_backend="cudnn_sdpa"),
+    fusion=replace(MEGATRON_TE, attention_backend="cudnn_sdpa", **_FSDP2_FUSED_ADAMW),
 )
 
 STACK_PYTORCH_FSDP = replace(
@@ -111,5 +116,6 @@ STACK_PYTORCH_FSDP = replace(
             "collectives and overlaps as megatron_core",
     sources="pytorch/pytorch aten/src/ATen/native/transformers/cuda/sdp_utils.cpp priority_order and "
             "aten/src/ATen/Context.h sdp_priority_order (flash first); " + _TITAN,
-    fusion=replace(MEGATRON_TE, attention_backend=sdpa_backend("2.7", "hopper"), elementwise="eager"),
+    fusion=replace(MEGATRON_TE, attention_backend=sdpa_backend("2.7", "hopper"), elementwise="eager",
+                   optimizer="torch_foreach", fsdp2_copies=True),
 )
