@@ -87,7 +87,7 @@ def test_compile_stack_is_the_fused_kernels_with_sdpa_attention():
     attention; the collectives and overlap rules are the default stack's in every variant."""
     titan, comp = get_stack("torchtitan"), get_stack("torchtitan_compile")
     assert replace(comp.fusion, attention_backend="te_fused", optimizer="megatron", fsdp2_copies=False) == MC.fusion
-    assert replace(titan.fusion, elementwise="fused") == comp.fusion
+    assert replace(titan.fusion, elementwise="fused", moe_kernels="megatron") == comp.fusion
     for s in (titan, comp, get_stack("pytorch_fsdp")):
         for f in ("lowering", "stage_program", "assign_issue_modes", "check_layout"):
             assert getattr(s, f) is getattr(MC, f)
@@ -155,3 +155,54 @@ def test_scenario_framework_names_the_known_stacks_when_wrong():
         load_scenario({"model": "tiny-dense", "cluster": {"preset": "dgx-h100", "num_nodes": 1},
                        "parallel": {"tp": 1, "pp": 1, "dp": 8, "micro_batch_size": 1, "global_batch_size": 8},
                        "precision": "bf16", "framework": "torchtitan-eager"})
+
+
+def _moe_ops(framework):
+    m = load_model("tiny-moe")
+    par = ParallelConfig(tp=1, pp=1, dp=1, micro_batch_size=1, global_batch_size=1)
+    layer = next(i for i in range(m.num_layers) if m.moe.is_moe_layer(i))
+    ops = layer_ops(m, par, layer, 1, m.seq_len, fusion=get_stack(framework).fusion)
+    return m, {(o.name, o.phase): o for o in ops}
+
+
+def test_torchtitan_eager_moe_router_and_permutation_bytes():
+    """torchtitan's MoE module eager (moe.py, utils.py v0.2.2): router + reorderer (a + 24) TE
+    + 116 Tk in 13 kernels; permute (8 a + 16) R h in 6; unpermute 6 a R h + a T h in 4 --
+    against Megatron's fused 3 x 4 TE and a h (T (1 + k) + 2 R) in 3 kernels each."""
+    m, eager = _moe_ops("torchtitan")
+    _, fused = _moe_ops("torchtitan_compile")
+    a, h, E, k = kn.act_bytes(), m.hidden_size, m.moe.num_experts, m.moe.top_k
+    T = fused[("router_topk", "F")].mem_bytes / (3 * 4 * E)
+    R = T * k
+    assert eager[("router_topk", "F")].mem_bytes == pytest.approx((a + 24) * T * E + 116 * T * k)
+    assert eager[("router_topk", "B")].mem_bytes == pytest.approx((20 + a) * T * E + 44 * T * k)
+    assert eager[("moe_permute", "F")].mem_bytes == pytest.approx((8 * a + 16) * R * h)
+    assert eager[("moe_permute", "B")].mem_bytes == pytest.approx(a * T * h + (9 * a + 28) * R * h)
+    assert eager[("moe_unpermute", "F")].mem_bytes == pytest.approx(6 * a * R * h + a * T * h)
+    assert eager[("moe_unpermute", "B")].mem_bytes == pytest.approx(4 * a * R * h)
+    assert [eager[(n, "F")].num_kernels for n in ("router_topk", "moe_permute", "moe_unpermute")] == [13, 6, 4]
+    assert fused[("moe_permute", "F")].mem_bytes == pytest.approx(a * h * (T * (1 + k) + 2 * R))
+    # the norm, the experts' SwiGLU and the residual run eagerly too; the grouped GEMMs are the same
+    assert eager[("mlp_norm", "F")].num_kernels == 6 and eager[("expert_act", "F")].num_kernels == 2
+    for name in ("expert_fc1", "expert_fc2"):
+        assert eager[(name, "F")].flops == fused[(name, "F")].flops > 0
+
+
+def test_eager_moe_is_slower_than_fused_by_its_extra_bytes():
+    """The MoE layer's compute time under torchtitan (eager) minus the compiled stack's equals
+    the extra bytes of its element-wise kernels at the compute model's HBM rate (same GEMMs)."""
+    from workloads.costs import RooflineComputeModel
+    cm = RooflineComputeModel(_H100)
+    _, eager = _moe_ops("torchtitan")
+    _, fused = _moe_ops("torchtitan_compile")
+    ew_names = [key for key, o in eager.items() if o.op_class == "elementwise"]
+    def t(ops, keys):
+        return float(sum(cm.op_times_s([ops[key] for key in keys])))
+    gemm = [key for key, o in eager.items() if o.op_class != "elementwise"]
+    assert t(eager, gemm) == pytest.approx(t(fused, gemm), rel=1e-12)
+    assert t(eager, ew_names) > 1.5 * t(fused, ew_names)
+    # the default stack and the plain PyTorch loop keep Megatron's MoE kernels
+    _, mc = _moe_ops("megatron_core")
+    _, plain = _moe_ops("pytorch_fsdp")
+    for key in ("router_topk", "moe_permute", "moe_unpermute"):
+        assert mc[(key, "F")] == fused[(key, "F")] == plain[(key, "F")]

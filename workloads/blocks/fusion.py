@@ -51,6 +51,12 @@ class Fusion:
     produces at the granularity modelled) or ``eager`` (PyTorch eager: each ATen op its own
     memory-bound kernel, :func:`workloads.blocks.kernels.eager_norm` and its neighbours)."""
 
+    moe_kernels: str = "megatron"
+    """How a MoE block's router, permutation and element-wise kernels run: ``megatron``
+    (Megatron-Core's fused router and permute kernels, Transformer Engine's norm and activation)
+    or ``torchtitan_eager`` (torchtitan's MoE module run eagerly: index ops, casts and products
+    each a kernel, :func:`workloads.blocks.kernels.titan_router` and its neighbours)."""
+
     optimizer: str = "megatron"
     """The optimizer step's kernels (:data:`workloads.costs.flops.OPTIMIZER_IMPLEMENTATIONS`):
     ``megatron`` (Megatron's fused multi-tensor Adam over FP32 master weights, writing the BF16

@@ -99,7 +99,8 @@ STACK = replace(
     summary="torchtitan v0.2.2 (FSDP2, eager): SDPA's cuDNN attention (Hopper, Blackwell; FlashAttention-2 on "
             "Ampere), unfused element-wise kernels; collectives and overlaps as megatron_core",
     sources=_TITAN,
-    fusion=replace(MEGATRON_TE, attention_backend="cudnn_sdpa", elementwise="eager", **_FSDP2_FUSED_ADAMW),
+    fusion=replace(MEGATRON_TE, attention_backend="cudnn_sdpa", elementwise="eager", moe_kernels="torchtitan_eager",
+                   **_FSDP2_FUSED_ADAMW),
 )
 
 STACK_COMPILE = replace(
