@@ -120,5 +120,5 @@ def test_default_stack_fusion_is_unchanged():
     mc = get_stack("megatron_core").fusion
     assert (mc.optimizer, mc.fsdp2_copies) == ("megatron", False)
     assert replace(get_stack("torchtitan_compile").fusion, attention_backend="te_fused", optimizer="megatron",
-                   fsdp2_copies=False) == mc
+                   fsdp2_copies=False, float8_casts="te") == mc
     assert [o.kind for o in _program("megatron_core")[2] if o.name == OpName.OPTIMIZER] == [OpKind.COMPUTE]

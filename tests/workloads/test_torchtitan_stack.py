@@ -86,8 +86,9 @@ def test_compile_stack_is_the_fused_kernels_with_sdpa_attention():
     """torch.compile fuses the element-wise groups: the default stack's kernels but SDPA's
     attention; the collectives and overlap rules are the default stack's in every variant."""
     titan, comp = get_stack("torchtitan"), get_stack("torchtitan_compile")
-    assert replace(comp.fusion, attention_backend="te_fused", optimizer="megatron", fsdp2_copies=False) == MC.fusion
-    assert replace(titan.fusion, elementwise="fused", moe_kernels="megatron") == comp.fusion
+    assert replace(comp.fusion, attention_backend="te_fused", optimizer="megatron", fsdp2_copies=False,
+                   float8_casts="te") == MC.fusion
+    assert replace(titan.fusion, elementwise="fused", moe_kernels="megatron", float8_casts="torchao_compiled") == comp.fusion
     for s in (titan, comp, get_stack("pytorch_fsdp")):
         for f in ("lowering", "stage_program", "assign_issue_modes", "check_layout"):
             assert getattr(s, f) is getattr(MC, f)
@@ -206,3 +207,42 @@ def test_eager_moe_is_slower_than_fused_by_its_extra_bytes():
     _, plain = _moe_ops("pytorch_fsdp")
     for key in ("router_topk", "moe_permute", "moe_unpermute"):
         assert mc[(key, "F")] == fused[(key, "F")] == plain[(key, "F")]
+
+
+def _quant_ops(framework, precision="fp8_tensorwise"):
+    from workloads.costs.precision import get_recipe, with_quantize_ops
+    m = load_model("tiny-dense")
+    par = ParallelConfig(tp=1, pp=1, dp=1, micro_batch_size=1, global_batch_size=1)
+    fusion = get_stack(framework).fusion
+    ops = with_quantize_ops(get_recipe(precision), layer_ops(m, par, 0, 1, m.seq_len, fusion=fusion),
+                            m.num_layers, fusion.float8_casts)
+    return {(o.name, o.phase): o for o in ops}
+
+
+def test_torchao_tensorwise_casts_eager_and_compiled():
+    """torchao (float8_linear.py v0.13.0): fprop casts the input and the weight, dgrad the output
+    gradient twice, the weight and the saved input; 33 B / element in 10 kernels per cast eager,
+    5 B in 2 compiled; Transformer Engine's recipe casts the input (6 B) and weights once a step."""
+    from workloads.costs.precision import TORCHAO_CAST
+    eager, comp, te = _quant_ops("torchtitan"), _quant_ops("torchtitan_compile"), _quant_ops("megatron_core")
+    f, d = eager[("fc1", "F")], eager[("fc1", "B")]
+    tokens, k, n = f.m, f.k, f.n
+    assert eager[("fc1.quantize", "F")].mem_bytes == pytest.approx(33 * (tokens * k + n * k))
+    assert eager[("fc1.quantize", "B")].mem_bytes == pytest.approx(33 * (2 * tokens * d.k + d.n * d.k + tokens * d.n))
+    assert comp[("fc1.quantize", "F")].mem_bytes == pytest.approx(5 * (tokens * k + n * k))
+    assert (eager[("fc1.quantize", "F")].num_kernels, comp[("fc1.quantize", "B")].num_kernels) == (20, 8)
+    assert te[("fc1.quantize", "F")].mem_bytes == pytest.approx(6 * tokens * k)
+    assert TORCHAO_CAST == {"torchao_eager": (33.0, 10), "torchao_compiled": (5.0, 2)}
+    # other recipes keep their own casts; BF16 adds none
+    assert _quant_ops("torchtitan", "fp8_delayed")[("fc1.quantize", "F")] == \
+        _quant_ops("megatron_core", "fp8_delayed")[("fc1.quantize", "F")]
+    assert not any(name.endswith(".quantize") for name, _ in _quant_ops("torchtitan", "bf16"))
+
+
+def test_torchao_casts_drop_the_once_a_step_weight_quantize():
+    def names(fw):
+        m = load_model("tiny-dense")
+        par = ParallelConfig(tp=1, pp=1, dp=8, micro_batch_size=1, global_batch_size=8)
+        return {o.name for o in build_program(m, par, _H100, framework=fw, precision="fp8_tensorwise").classes[0].ops}
+    assert "weight_quantize" in names("megatron_core")
+    assert "weight_quantize" not in names("torchtitan_compile")

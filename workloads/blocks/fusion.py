@@ -57,6 +57,12 @@ class Fusion:
     or ``torchtitan_eager`` (torchtitan's MoE module run eagerly: index ops, casts and products
     each a kernel, :func:`workloads.blocks.kernels.titan_router` and its neighbours)."""
 
+    float8_casts: str = "te"
+    """Who casts to FP8 under the ``fp8_tensorwise`` recipe (:data:`workloads.costs.precision.FLOAT8_CASTS`):
+    ``te`` (Transformer Engine's fused cast-transposes, the recipe's bytes, weights once a step),
+    ``torchao_eager`` or ``torchao_compiled`` (torchao's six dynamic casts per linear and
+    micro-batch, :data:`workloads.costs.precision.TORCHAO_CAST`)."""
+
     optimizer: str = "megatron"
     """The optimizer step's kernels (:data:`workloads.costs.flops.OPTIMIZER_IMPLEMENTATIONS`):
     ``megatron`` (Megatron's fused multi-tensor Adam over FP32 master weights, writing the BF16

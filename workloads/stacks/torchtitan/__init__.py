@@ -100,14 +100,14 @@ STACK = replace(
             "Ampere), unfused element-wise kernels; collectives and overlaps as megatron_core",
     sources=_TITAN,
     fusion=replace(MEGATRON_TE, attention_backend="cudnn_sdpa", elementwise="eager", moe_kernels="torchtitan_eager",
-                   **_FSDP2_FUSED_ADAMW),
+                   float8_casts="torchao_eager", **_FSDP2_FUSED_ADAMW),
 )
 
 STACK_COMPILE = replace(
     STACK,
     name="torchtitan_compile",
     summary="torchtitan v0.2.2 with compile.enable: SDPA's cuDNN attention, Inductor-fused element-wise kernels",
-    fusion=replace(MEGATRON_TE, attention_backend="cudnn_sdpa", **_FSDP2_FUSED_ADAMW),
+    fusion=replace(MEGATRON_TE, attention_backend="cudnn_sdpa", float8_casts="torchao_compiled", **_FSDP2_FUSED_ADAMW),
 )
 
 STACK_PYTORCH_FSDP = replace(
