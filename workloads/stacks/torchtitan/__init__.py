@@ -25,17 +25,30 @@ Element-wise kernels.  torchtitan's ``Compile.enable`` defaults to False
 with ``.float()`` and ``type_as``, ``silu(w1 x) * w3 x``, residual adds), each ATen op one
 memory-bound kernel (:data:`workloads.blocks.kernels.EAGER_NORM` and its neighbours).  With
 ``compile.enable`` Inductor fuses each group back into about one kernel: the default stack's
-fused costs stand in.  Only the dense attention and MLP blocks have eager costs; other blocks
-(MoE routers, SSMs) keep the fused ones.
+fused costs stand in.  The MoE block runs torchtitan's module eagerly under ``torchtitan``
+(``Fusion.moe_kernels = "torchtitan_eager"``: :func:`workloads.blocks.kernels.titan_router`,
+``titan_permute``, ``titan_unpermute``, from ``torchtitan/models/moe/moe.py@v0.2.2`` and
+``utils.py``; ``torch._grouped_mm`` costed as the default stack's grouped GEMMs); compiled
+torchtitan and the plain loop keep the fused MoE kernels; other blocks (SSMs) too.
 
 FSDP2 (``torchtitan/models/llama3/infra/parallelize.py@v0.2.2``, ``config/job_config.py``
 ``mixed_precision_reduce = "float32"``, ``fsdp_reshard_after_forward = "default"``): parameters
 gathered in BF16 per layer before its forward and again before its backward (re-gathered per
 micro-batch; kept under pipeline parallelism), gradients reduce-scattered in FP32 -- the
 default stack's ZeRO-3 with ``grad_reduce_dtype: fp32`` (4 bytes per gradient element, twice
-the BF16 bytes).  Not modelled: FSDP2's all-gather copy-in / copy-out (foreach copies of the
-shard into and out of the flat gather buffer), the optimizer step, async TP (only active with
-compile in torchtitan), torchao float8's own cast kernels (the precision recipe's stand in).
+the BF16 bytes).  FSDP2's own copies around those collectives (``Fusion.fsdp2_copies``,
+:mod:`workloads.stacks.megatron_te.data_parallel`) run on every one of the three stacks; the
+plain loop is modelled as FSDP2 (FSDP1's flat parameter has no copy-out; not modelled apart).
+
+Optimizer (``Fusion.optimizer``): torchtitan's ``optimizer.implementation = "fused"``
+(job_config.py@v0.2.2), ``torch.optim.AdamW(fused=True)``; a plain loop's AdamW defaults to
+``foreach`` on CUDA (:func:`workloads.costs.flops.optimizer_ops`).
+
+float8 (``Fusion.float8_casts``): torchtitan's ``float8`` converter swaps in torchao's
+``Float8Linear``; under the ``fp8_tensorwise`` recipe its six dynamic casts per linear and
+micro-batch replace Transformer Engine's, eager or compiled
+(:data:`workloads.costs.precision.TORCHAO_CAST`).  Not modelled: async TP (only with compile and
+TP in torchtitan), torchao's rowwise recipes and FP8 all-gather.
 """
 
 from __future__ import annotations
