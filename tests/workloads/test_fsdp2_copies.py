@@ -122,3 +122,24 @@ def test_default_stack_fusion_is_unchanged():
     assert replace(get_stack("torchtitan_compile").fusion, attention_backend="te_fused", optimizer="megatron",
                    fsdp2_copies=False, float8_casts="te") == mc
     assert [o.kind for o in _program("megatron_core")[2] if o.name == OpName.OPTIMIZER] == [OpKind.COMPUTE]
+
+
+def test_estimate_charges_the_copies_and_keeps_the_gathers_hidden(monkeypatch):
+    """The closed-form estimate grows by the copies' time alone: a pending prefetched gather
+    still hides behind the layer after the copy, not behind the copy."""
+    from simulator import estimate
+    from workloads import stacks
+    sc = {"model": "llama3-8b", "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+          "parallel": {"tp": 1, "pp": 1, "dp": _DP, "micro_batch_size": 1, "global_batch_size": _DP,
+                       "seq_len": 8192, "zero_stage": 3, "distributed_optimizer": True, "recompute": "full"},
+          "precision": "bf16", "framework": "torchtitan"}
+    m = load_model("llama3-8b")
+    par = ParallelConfig(tp=1, pp=1, dp=_DP, zero_stage=3, distributed_optimizer=True, micro_batch_size=1,
+                         global_batch_size=_DP, seq_len=8192, recompute="full")
+    ops = build_program(m, par, _H100, framework="torchtitan").classes[0].ops
+    copies = sum(o.duration_s for o in ops if o.name in FSDP2_COPIES)
+    with_copies = estimate(sc)["step_time_s"]
+    titan = stacks.KERNEL_STACKS["torchtitan"]
+    monkeypatch.setitem(stacks.KERNEL_STACKS, "torchtitan",
+                        replace(titan, fusion=replace(titan.fusion, fsdp2_copies=False)))
+    assert with_copies - estimate(sc)["step_time_s"] == pytest.approx(copies, rel=0.1)
