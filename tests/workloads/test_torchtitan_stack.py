@@ -90,8 +90,24 @@ def test_compile_stack_is_the_fused_kernels_with_sdpa_attention():
                    float8_casts="te") == MC.fusion
     assert replace(titan.fusion, elementwise="fused", moe_kernels="megatron", float8_casts="torchao_compiled") == comp.fusion
     for s in (titan, comp, get_stack("pytorch_fsdp")):
-        for f in ("lowering", "stage_program", "assign_issue_modes", "check_layout"):
+        for f in ("lowering", "stage_program", "check_layout"):
             assert getattr(s, f) is getattr(MC, f)
+    assert comp.assign_issue_modes is MC.assign_issue_modes
+
+
+def test_tp_overlap_is_async_tp_only_under_compile():
+    """torchtitan's maybe_enable_async_tp (tensor_parallel.py v0.2.2) needs compile: the eager
+    stacks refuse overlap.tp_comm; the compiled one overlaps as the default stack does."""
+    m = load_model("tiny-dense")
+    par = ParallelConfig(tp=2, pp=1, dp=4, sequence_parallel=True, micro_batch_size=1, global_batch_size=4)
+    for fw in ("torchtitan", "pytorch_fsdp"):
+        with pytest.raises(ConfigError, match="overlap.tp_comm.*torchtitan_compile"):
+            build_program(m, par, _H100, framework=fw, overlap={"tp_comm": True})
+        build_program(m, par, _H100, framework=fw, overlap={"tp_comm": False})
+    comp = build_program(m, par, _H100, framework="torchtitan_compile", overlap={"tp_comm": True})
+    mc = build_program(m, par, _H100, framework="megatron_core", overlap={"tp_comm": True})
+    assert [o.issue for o in comp.classes[0].ops if o.group == "tp"] == \
+        [o.issue for o in mc.classes[0].ops if o.group == "tp"] != []
 
 
 def test_stacks_run_fsdp2_copies_and_torch_adamw():

@@ -48,7 +48,9 @@ float8 (``Fusion.float8_casts``): torchtitan's ``float8`` converter swaps in tor
 ``Float8Linear``; under the ``fp8_tensorwise`` recipe its six dynamic casts per linear and
 micro-batch replace Transformer Engine's, eager or compiled
 (:data:`workloads.costs.precision.TORCHAO_CAST`).  Not modelled: async TP (only with compile and
-TP in torchtitan), torchao's rowwise recipes and FP8 all-gather.
+TP in torchtitan: ``overlap.tp_comm`` runs the TP collectives beside the next GEMM as the default
+stack's userbuffer overlap does, on the compiled stack only; the eager stacks refuse it),
+torchao's rowwise recipes and FP8 all-gather.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from topologies import ConfigError
 
 from ...blocks.fusion import MEGATRON_TE
 from ..megatron_te import STACK as _MEGATRON_CORE
+from ..megatron_te.issue import assign_issue_modes
 
 __all__ = ["STACK", "STACK_COMPILE", "STACK_PYTORCH_FSDP", "sdpa_backend"]
 
@@ -101,6 +104,16 @@ _TITAN = ("pytorch/torchtitan torchtitan/models/attention.py@v0.2.2 (SDPA order 
           "(compile off, FP32 gradient reduction, reshard_after_forward), "
           "torchtitan/models/llama3/infra/parallelize.py@v0.2.2 (FSDP2)")
 
+def _eager_issue_modes(ops, overlap):
+    """The default stack's issue modes, but no TP overlap: torchtitan overlaps TP communication
+    only as async TP, which needs compile (``torchtitan/distributed/tensor_parallel.py@v0.2.2``
+    ``maybe_enable_async_tp`` raises without ``compile.enable``); a plain eager loop likewise."""
+    if overlap.get("tp_comm", False):
+        raise ConfigError("overlap.tp_comm", overlap["tp_comm"], "async TP needs torch.compile in torchtitan "
+                          "(maybe_enable_async_tp): use framework torchtitan_compile, or tp_comm false")
+    return assign_issue_modes(ops, overlap)
+
+
 #: torchtitan's optimizer (``optimizer.implementation = "fused"``, job_config.py@v0.2.2) over
 #: FSDP2 (``fully_shard``, parallelize.py@v0.2.2), whose copies run eagerly with or without
 #: ``compile.enable`` (torchtitan compiles each TransformerBlock; FSDP2's hooks stay outside).
@@ -112,6 +125,7 @@ STACK = replace(
     summary="torchtitan v0.2.2 (FSDP2, eager): SDPA's cuDNN attention (Hopper, Blackwell; FlashAttention-2 on "
             "Ampere), unfused element-wise kernels; collectives and overlaps as megatron_core",
     sources=_TITAN,
+    assign_issue_modes=_eager_issue_modes,
     fusion=replace(MEGATRON_TE, attention_backend="cudnn_sdpa", elementwise="eager", moe_kernels="torchtitan_eager",
                    float8_casts="torchao_eager", **_FSDP2_FUSED_ADAMW),
 )
@@ -120,6 +134,7 @@ STACK_COMPILE = replace(
     STACK,
     name="torchtitan_compile",
     summary="torchtitan v0.2.2 with compile.enable: SDPA's cuDNN attention, Inductor-fused element-wise kernels",
+    assign_issue_modes=_MEGATRON_CORE.assign_issue_modes,     # overlap.tp_comm: async TP (see the docstring)
     fusion=replace(MEGATRON_TE, attention_backend="cudnn_sdpa", float8_casts="torchao_compiled", **_FSDP2_FUSED_ADAMW),
 )
 
