@@ -229,7 +229,8 @@ class ClassPlan:
             if op.kind == KIND_COMPUTE:
                 self.handler_at[i] = CellActor._compute_op
                 if has_fsdp:
-                    # the ZeRO-3 gathers issued before this compute op (not into an F&B pair)
+                    # the ZeRO-3 gathers issued before this compute op (not into an F&B pair), looking
+                    # past FSDP2's copies (workloads.ops.FSDP2_COPIES) to the layer after them
                     j, pre = i + 1, []
                     while j < n and (ops[j].kind != KIND_COMPUTE or ops[j].name in FSDP2_COPIES) \
                             and not (ops[j].lane and fb_overlap):
