@@ -41,12 +41,15 @@ _REL = 1e-9      # relative tolerance when comparing fair shares
 _EPS = 1e-12     # a link whose remaining usage count is below this carries no live flow
 
 # The compiled twin (maxmin_jit.py, numba, the same floats bit for bit) takes over once the
-# numpy solver has spent, by estimate, about as long as loading numba takes (0.3 s; numpy
-# costs about 50 us per solve plus 0.1 us per route entry, measured on 2-core x86): short
-# runs never load it, long ones lose at most that much.  CLUSTERSIM_NO_JIT=1 keeps numpy;
-# CLUSTERSIM_JIT=always takes the compiled kernel from the first solve (tests, benchmarks).
-_LOAD_AFTER_S = 0.3
-_NUMPY_SOLVE_S, _NUMPY_ENTRY_S = 50e-6, 0.1e-6
+# numpy solver has spent, by estimate, as long as loading the kernel will take: short runs
+# never load it, long ones lose at most that much (ski rental).  numpy costs about 100 us
+# per solve plus 0.05 us per route entry; loading costs 0.4-0.6 s CPU from numba's on-disk
+# cache and 4.5-5.7 s when it must compile first (2-core x86, measured).
+# CLUSTERSIM_NO_JIT=1 keeps numpy; CLUSTERSIM_JIT=always takes the kernel from the first
+# solve (tests, benchmarks).
+_NUMPY_SOLVE_S, _NUMPY_ENTRY_S = 100e-6, 0.05e-6
+_LOAD_CACHED_S, _LOAD_COMPILE_S = 0.5, 5.0
+_load_after_s: float | None = None     # one of the two, decided at the first solve
 _numpy_spent_s = 0.0
 
 
@@ -169,13 +172,15 @@ def max_min_rates(ptr: np.ndarray, links: np.ndarray, coefs: np.ndarray | None, 
 def _solve_compiled(ptr, links, coefs, capacity, weight, rate) -> int:
     """Solve with the compiled kernel into ``rate`` (holding the caps) and return the round
     count; -1 when it is not loaded yet, disabled, absent (no numba) or declines the instance."""
-    global _numpy_spent_s
+    global _numpy_spent_s, _load_after_s
     if maxmin_jit.disabled():
         return -1
     kernel = maxmin_jit.loaded()
     if kernel is None:
+        if _load_after_s is None:
+            _load_after_s = _LOAD_CACHED_S if maxmin_jit.cached() else _LOAD_COMPILE_S
         _numpy_spent_s += _NUMPY_SOLVE_S + _NUMPY_ENTRY_S * links.size
-        if (_numpy_spent_s < _LOAD_AFTER_S and not maxmin_jit.forced()) or (kernel := maxmin_jit.load()) is None:
+        if (_numpy_spent_s < _load_after_s and not maxmin_jit.forced()) or (kernel := maxmin_jit.load()) is None:
             return -1
     empty = np.empty(0)
     return kernel(np.ascontiguousarray(ptr), np.ascontiguousarray(links),

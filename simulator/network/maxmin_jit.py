@@ -34,6 +34,7 @@ the first process on a machine pays the compilation.
 
 from __future__ import annotations
 
+import glob
 import os
 
 import numpy as np
@@ -53,6 +54,13 @@ def disabled() -> bool:
 def forced() -> bool:
     """True when CLUSTERSIM_JIT=always: the compiled kernel from the first solve on."""
     return os.environ.get("CLUSTERSIM_JIT", "") == "always"
+
+
+def cached() -> bool:
+    """Whether numba's on-disk cache next to this file holds the kernel (a stale entry, after
+    an edit of this file, still counts; a cache elsewhere, e.g. NUMBA_CACHE_DIR, does not)."""
+    return bool(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__",
+                                       "maxmin_jit._solve-*.nbi")))
 
 
 def loaded():

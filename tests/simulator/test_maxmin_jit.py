@@ -129,9 +129,11 @@ def test_numba_is_loaded_only_after_the_numpy_solver_has_spent_its_cost(monkeypa
     monkeypatch.setattr(maxmin_jit, "_kernel", None)
     monkeypatch.setattr(maxmin_jit, "_tried", False)
     monkeypatch.setattr(maxmin, "_numpy_spent_s", 0.0)
+    monkeypatch.setattr(maxmin, "_load_after_s", None)
+    monkeypatch.setattr(maxmin_jit, "cached", lambda: True)
     ptr, links = np.array([0, 1, 2]), np.array([0, 0])
     per_solve = maxmin._NUMPY_SOLVE_S + links.size * maxmin._NUMPY_ENTRY_S
-    for _ in range(int(maxmin._LOAD_AFTER_S / per_solve) - 5):
+    for _ in range(int(maxmin._LOAD_CACHED_S / per_solve) - 5):
         max_min_rates(ptr, links, None, np.array([2.0]))
     assert maxmin_jit.loaded() is None
     monkeypatch.setenv("CLUSTERSIM_NO_JIT", "1")
@@ -151,3 +153,14 @@ def test_moe_golden_cases_identical_with_the_kernel_from_the_first_solve(name, m
     monkeypatch.delenv("CLUSTERSIM_NO_JIT", raising=False)
     assert compute(name) == json.loads(DIGESTS.read_text())[name]
     assert maxmin_jit.loaded() is not None
+
+
+def test_a_small_run_never_imports_numba():
+    """Loading numba costs about 0.3 s: a run whose solves cost less must not pay it."""
+    import subprocess
+    import sys
+    code = ("import os, sys\nos.environ.pop('CLUSTERSIM_JIT', None); os.environ.pop('CLUSTERSIM_NO_JIT', None)\n"
+            "from tests.golden.cases import compute\ncompute('ep4-zipf')\n"
+            "assert 'numba' not in sys.modules, 'numba imported'\n")
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-c", code], cwd=root, check=True)
