@@ -41,14 +41,14 @@ _REL = 1e-9      # relative tolerance when comparing fair shares
 _EPS = 1e-12     # a link whose remaining usage count is below this carries no live flow
 
 # The compiled twin (maxmin_jit.py, numba, the same floats bit for bit) takes over once the
-# numpy solver has spent, by estimate, as long as loading the kernel will take: short runs
-# never load it, long ones lose at most that much (ski rental).  numpy costs about 100 us
-# per solve plus 0.05 us per route entry; loading costs 0.4-0.6 s CPU from numba's on-disk
-# cache and 4.5-5.7 s when it must compile first (2-core x86, measured).
-# CLUSTERSIM_NO_JIT=1 keeps numpy; CLUSTERSIM_JIT=always takes the kernel from the first
-# solve (tests, benchmarks).
+# numpy solver has spent, by estimate, twice what loading the kernel from numba's on-disk
+# cache costs (0.4-0.6 s CPU), or once what compiling it costs when nothing is cached
+# (4.5-5.7 s, once per machine): short runs never load it, and a run that stops right after
+# loading it loses at most that cost.  numpy costs about 100 us per solve plus 0.05 us per
+# route entry (2-core x86, measured).  CLUSTERSIM_NO_JIT=1 keeps numpy; CLUSTERSIM_JIT=always
+# takes the kernel from the first solve (tests, benchmarks).
 _NUMPY_SOLVE_S, _NUMPY_ENTRY_S = 100e-6, 0.05e-6
-_LOAD_CACHED_S, _LOAD_COMPILE_S = 0.5, 5.0
+_LOAD_CACHED_S, _LOAD_COMPILE_S = 1.0, 5.0
 _load_after_s: float | None = None     # one of the two, decided at the first solve
 _numpy_spent_s = 0.0
 
