@@ -12,17 +12,21 @@ random    -- routes between uniformly random GPU pairs, plus (second set) 10 % c
              rings of 8-64 random GPUs: a stress test with many distinct bottleneck levels.
 
 Prints the median wall time of repeated solves of the numpy solver, with the allocator
-tuning of :mod:`simulator.network.allocator` (as the simulator runs).
+tuning of :mod:`simulator.network.allocator` (as the simulator runs), and, when numba is
+installed, of the compiled kernel (simulator/network/maxmin_jit.py; checked bit-identical
+on each instance; its load time is printed once).
 Run: python benchmarks/bench_maxmin.py [--keep-malloc]
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
 
 from simulator.network.allocator import tune_allocator
+from simulator.network import maxmin, maxmin_jit
 from simulator.network.maxmin import max_min_rates
 from topologies import build_cluster
 
@@ -96,18 +100,29 @@ def main() -> None:
     t0 = time.perf_counter()
     cluster = build_cluster("h100-16k")
     print(f"built {cluster.num_gpus} GPUs, {cluster.num_links} links in {time.perf_counter() - t0:.2f} s")
+    maxmin._load_after_s = 0.0          # the compiled kernel from the first large solve
     rng = np.random.default_rng(0)
     cases = [("step-like", lambda n: step_like(cluster, n)),
              ("random p2p", lambda n: random_pairs(cluster, n, rng)),
              ("random p2p + 10% rings", lambda n: random_pairs(cluster, n, rng, 10))]
-    print(f"{'instance':<24} {'flows':>7} {'entries':>9} {'rounds':>6} {'solve':>10}")
+    t0 = time.perf_counter()
+    jit = maxmin_jit.load()
+    print(f"compiled kernel: {'loaded in %.2f s' % (time.perf_counter() - t0) if jit else 'no numba'}")
+    print(f"{'instance':<24} {'flows':>7} {'entries':>9} {'rounds':>6} {'numpy':>10} {'compiled':>10}")
     for label, make in cases:
         for n_flows in (1_000, 10_000, 100_000):
             ptr, links, coefs = make(n_flows)
             reps = 15 if n_flows <= 10_000 else 3
-            _, rounds = max_min_rates(ptr, links, coefs, cluster.link_capacity, return_rounds=True)
+            os.environ["CLUSTERSIM_NO_JIT"] = "1"
+            ref, rounds = max_min_rates(ptr, links, coefs, cluster.link_capacity, return_rounds=True)
             t_np = _time(max_min_rates, (ptr, links, coefs, cluster.link_capacity), reps)
-            print(f"{label:<24} {n_flows:>7} {links.size:>9} {rounds:>6} {t_np * 1e3:>7.2f} ms")
+            os.environ["CLUSTERSIM_NO_JIT"] = "0"
+            t_jit = float("nan")
+            if jit:
+                got = max_min_rates(ptr, links, coefs, cluster.link_capacity, return_rounds=True)
+                assert np.array_equal(got[0], ref) and got[1] == rounds, "compiled kernel differs"
+                t_jit = _time(max_min_rates, (ptr, links, coefs, cluster.link_capacity), reps)
+            print(f"{label:<24} {n_flows:>7} {links.size:>9} {rounds:>6} {t_np * 1e3:>7.2f} ms {t_jit * 1e3:>7.2f} ms")
 
 
 if __name__ == "__main__":

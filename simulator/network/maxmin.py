@@ -33,10 +33,24 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import maxmin_jit
+
 __all__ = ["max_min_rates"]
 
 _REL = 1e-9      # relative tolerance when comparing fair shares
 _EPS = 1e-12     # a link whose remaining usage count is below this carries no live flow
+
+# The compiled twin (maxmin_jit.py, numba, the same floats bit for bit) takes over once the
+# numpy solver has spent, by estimate, twice what loading the kernel from numba's on-disk
+# cache costs (0.4-0.6 s CPU), or once what compiling it costs when nothing is cached
+# (4.5-5.7 s, once per machine): short runs never load it, and a run that stops right after
+# loading it loses at most that cost.  numpy costs about 100 us per solve plus 0.05 us per
+# route entry (2-core x86, measured).  CLUSTERSIM_NO_JIT=1 keeps numpy; CLUSTERSIM_JIT=always
+# takes the kernel from the first solve (tests, benchmarks).
+_NUMPY_SOLVE_S, _NUMPY_ENTRY_S = 100e-6, 0.05e-6
+_LOAD_CACHED_S, _LOAD_COMPILE_S = 1.0, 5.0
+_load_after_s: float | None = None     # one of the two, decided at the first solve
+_numpy_spent_s = 0.0
 
 
 def max_min_rates(ptr: np.ndarray, links: np.ndarray, coefs: np.ndarray | None, capacity: np.ndarray,
@@ -88,6 +102,9 @@ def max_min_rates(ptr: np.ndarray, links: np.ndarray, coefs: np.ndarray | None, 
         if live.any():
             rate[0] = min(rate[0], float(np.min(capacity[u[live]] / load[live])))
         return rate
+    rounds = _solve_compiled(ptr, links, coefs, capacity, weight, rate)
+    if rounds >= 0:
+        return (rate, rounds) if return_rounds else rate
     seg_all = np.diff(ptr)
     fids = np.flatnonzero(seg_all)          # flows with at least one link
     seg = seg_all[fids]
@@ -150,3 +167,23 @@ def max_min_rates(ptr: np.ndarray, links: np.ndarray, coefs: np.ndarray | None, 
         nz_link, use = nz_link[keep_nz], use[keep_nz]
         fids, seg, fcap_a = fids[keep], seg[keep], fcap_a[keep]
     return (rate, rounds) if return_rounds else rate
+
+
+def _solve_compiled(ptr, links, coefs, capacity, weight, rate) -> int:
+    """Solve with the compiled kernel into ``rate`` (holding the caps) and return the round
+    count; -1 when it is not loaded yet, disabled, absent (no numba) or declines the instance."""
+    global _numpy_spent_s, _load_after_s
+    if maxmin_jit.disabled():
+        return -1
+    kernel = maxmin_jit.loaded()
+    if kernel is None:
+        if _load_after_s is None:
+            _load_after_s = _LOAD_CACHED_S if maxmin_jit.cached() else _LOAD_COMPILE_S
+        _numpy_spent_s += _NUMPY_SOLVE_S + _NUMPY_ENTRY_S * links.size
+        if (_numpy_spent_s < _load_after_s and not maxmin_jit.forced()) or (kernel := maxmin_jit.load()) is None:
+            return -1
+    empty = np.empty(0)
+    return kernel(np.ascontiguousarray(ptr), np.ascontiguousarray(links),
+                  empty if coefs is None else np.ascontiguousarray(coefs, dtype=float),
+                  empty if weight is None else np.ascontiguousarray(weight, dtype=float),
+                  np.ascontiguousarray(capacity), rate.copy(), rate)

@@ -1,6 +1,7 @@
 """The vectorised max-min solver against textbook cases and a naive oracle."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from simulator.network.maxmin import max_min_rates
@@ -79,13 +80,11 @@ def test_allocator_tuning_is_idempotent_and_changes_no_result():
     np.testing.assert_array_equal(solve(routes, [4.0, 6.0]), before)
 
 
-def _digest_of_random_solves() -> str:
-    """SHA-256 over the rates (float bits) and round counts of 400 seeded random instances:
+def random_instances(seed: int, n: int):
+    """``n`` seeded random solver instances (ptr, links, coefs, capacity, weight, cap):
     coefficients, weights, caps, empty routes, dense and sparse link use."""
-    import hashlib
-    rng = np.random.default_rng(20261129)
-    h = hashlib.sha256()
-    for trial in range(400):
+    rng = np.random.default_rng(seed)
+    for trial in range(n):
         F, L = int(rng.integers(1, 300)), int(rng.integers(2, 200))
         lens = rng.integers(0 if trial % 5 == 0 else 1, 12, F)
         ptr = np.zeros(F + 1, dtype=np.int64)
@@ -94,7 +93,15 @@ def _digest_of_random_solves() -> str:
         coefs = None if trial % 3 == 0 else rng.choice([1.0, 2.0, 0.25, 1 / 3], ptr[-1])
         w = None if trial % 4 == 0 else rng.choice([1.0, 2.0, 8.0, 3.0], F)
         cap = None if trial % 2 == 0 else np.where(rng.random(F) < 0.3, rng.uniform(0.1, 50, F), np.inf)
-        rate, rounds = max_min_rates(ptr, links, coefs, rng.uniform(1, 1000, L), w, cap, return_rounds=True)
+        yield ptr, links, coefs, rng.uniform(1, 1000, L), w, cap
+
+
+def _digest_of_random_solves() -> str:
+    """SHA-256 over the rates (float bits) and round counts of 400 seeded random instances."""
+    import hashlib
+    h = hashlib.sha256()
+    for ptr, links, coefs, capacity, w, cap in random_instances(20261129, 400):
+        rate, rounds = max_min_rates(ptr, links, coefs, capacity, w, cap, return_rounds=True)
         h.update(rate.tobytes())
         h.update(int(rounds).to_bytes(4, "little"))
     return h.hexdigest()
@@ -104,4 +111,12 @@ def test_solver_output_is_frozen_to_the_bit():
     """Run results depend on the solver's last bits (golden digests), so a faster solver must
     give the very same floats: these instances' rates are pinned as they were before the
     solver was last optimised (a reordered sum changes them)."""
+    assert _digest_of_random_solves() == "8f369032710733aad2e04f3a104e54e7251f0cec796bc6002921de219f1f9a9c"
+
+
+def test_compiled_solver_output_is_frozen_to_the_same_bits(monkeypatch):
+    """The same digest through the compiled kernel (when numba is installed)."""
+    pytest.importorskip("numba")
+    monkeypatch.setenv("CLUSTERSIM_JIT", "always")
+    monkeypatch.delenv("CLUSTERSIM_NO_JIT", raising=False)
     assert _digest_of_random_solves() == "8f369032710733aad2e04f3a104e54e7251f0cec796bc6002921de219f1f9a9c"
