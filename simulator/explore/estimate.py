@@ -68,7 +68,7 @@ def _fewest_microbatches_program(sc, schedule: str):
                          seed=sc.seed, grad_reduce_dtype=sc.grad_reduce_dtype,
                          p2p_overlap=sc.overlap.get("p2p", False),
                          grad_reduce_overlap=sc.overlap.get("grad_reduce", True), host=sc.host,
-                         overlap=sc.overlap, framework=sc.framework, cp_mla_latent=sc.whatif.cp_mla_latent)
+                         overlap=sc.overlap, framework=sc.framework, stack_options=sc.stack_options, cp_mla_latent=sc.whatif.cp_mla_latent)
 
 
 _PENDING_ISSUES = frozenset({Issue.BESIDE_NEXT, Issue.OVERLAP_NEXT, Issue.PREFETCH})
