@@ -138,13 +138,14 @@ def _gather(ctx: _Ctx, em: _Emitter, params: int, layer: int, mb: int, chunk: in
     (``fetch_sub_module``: the next parameters of the trace, up to ``min(max_live -
     available, prefetch_bucket_size)`` elements per call); without (prefetch bucket 0, or a
     layer larger than ``stage3_max_live_parameters``), one call per parameter tensor,
-    waited for at once."""
+    waited for at once (the persistent ones have none)."""
     if params <= 0 or ctx.par.dp <= 1:
         return
     opts = options_of(ctx)
     prefetch = opts.stage3_prefetch_bucket_size > 0 and params < opts.stage3_max_live_parameters
-    calls = max(1, math.ceil(params / opts.stage3_prefetch_bucket_size)) if prefetch else \
-        max(1, len(_tensors(ctx, layer)) if layer >= 0 else 1)
+    limit = opts.stage3_param_persistence_threshold
+    calls = math.ceil(params / opts.stage3_prefetch_bucket_size) if prefetch else \
+        max(1, sum(n > limit for n in _tensors(ctx, layer)) if layer >= 0 else 1)
     name = OpName.FSDP_GATHER if phase == Phase.F else OpName.FSDP_GATHER_BWD
     for _ in range(calls):
         em.coll(Stream.DP, Coll.ALL_GATHER, Group.DP_CP, params / calls * 2.0, name, layer, mb, chunk, phase)
