@@ -223,3 +223,14 @@ def test_a_model_parallel_deepspeed_row_stays_on_the_default_stack():
            "framework": "DeepSpeed ZeRO-1"}
     scenario, notes = row_to_scenario(row, "published")
     assert "framework" not in scenario and any("deepspeed kernel stack with tp=2" in n for n in notes)
+
+
+def test_the_estimate_exposes_what_the_stack_issues_blocking():
+    """The closed-form estimate reads the issue modes: DeepSpeed ZeRO-1's buckets after the
+    backward and its step all-gather are exposed whole, as the simulation runs them."""
+    from simulator import estimate
+    sc = _scenario(1)
+    exposed = run(sc).metrics["breakdown_s"]["exposed_dp"]
+    assert estimate(sc)["exposed_dp_s"] == pytest.approx(exposed, rel=0.01)
+    hidden = _scenario(1, deepspeed={"overlap_comm": True})
+    assert estimate(hidden)["exposed_dp_s"] < estimate(sc)["exposed_dp_s"]
