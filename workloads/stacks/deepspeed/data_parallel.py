@@ -126,10 +126,13 @@ def _reused(ctx: _Ctx, layer: int) -> bool:
     they recur within ``stage3_max_reuse_distance`` elements of the module trace
     (``__params_to_release``, partitioned_param_coordinator.py@v0.16.4); between a layer's
     forward and its backward lie the later layers and the output layer, each twice."""
-    m = ctx.model
-    between = 0 if layer == -1 else 2 * (_output_params(ctx) + sum(
-        _local_params(ctx, [i])[0] for i in range(layer + 1, m.num_layers)))
-    return between < options_of(ctx).stage3_max_reuse_distance
+    key = ("ds_reused", layer)
+    hit = ctx.param_cache.get(key)
+    if hit is None:
+        between = 0 if layer == -1 else 2 * (_output_params(ctx) + sum(
+            _local_params(ctx, [i])[0] for i in range(layer + 1, ctx.model.num_layers)))
+        hit = ctx.param_cache[key] = between < options_of(ctx).stage3_max_reuse_distance
+    return hit
 
 
 def _gather(ctx: _Ctx, em: _Emitter, params: int, layer: int, mb: int, chunk: int, phase: str) -> None:
