@@ -188,6 +188,27 @@ def deepspeed_zero() -> dict[str, str]:
 
 
 @producer
+def stacks_more() -> dict[str, str]:
+    """torchtitan against megatron_core on a MoE (Mixtral 8x7B, ZeRO-3 over 16 H100, seq 4k) and
+    under torchao's float8 tensorwise casts (Llama 3 8B, ZeRO-3 over 8 H100, seq 8k)
+    (docs/modelling.md, "Framework stacks")."""
+    out = {}
+    for key, model, nodes, seq, precision in (("mixtral", "mixtral-8x7b", 2, 4096, "bf16"),
+                                              ("fp8", "llama3-8b", 1, 8192, "fp8_tensorwise")):
+        times = {}
+        for fw in ("megatron_core", "torchtitan_compile", "torchtitan"):
+            dp = 8 * nodes
+            sc = {"model": model, "cluster": {"preset": "dgx-h100", "num_nodes": nodes},
+                  "parallel": {"tp": 1, "pp": 1, "cp": 1, "dp": dp, "micro_batch_size": 1, "global_batch_size": dp,
+                               "seq_len": seq, "zero_stage": 3, "distributed_optimizer": True, "recompute": "full"},
+                  "precision": precision, "num_steps": 2, "framework": fw}
+            times[fw] = _run(sc, progress=False).metrics["step_time_s"]
+        for fw in ("torchtitan_compile", "torchtitan"):
+            out[f"{fw}_{key}"] = f"{times[fw] / times['megatron_core'] - 1:+.1%}".replace("%", " %")
+    return out
+
+
+@producer
 def estimate() -> dict[str, str]:
     """The closed-form estimate of the demo scenario against its simulation."""
     from simulator import estimate as est_fn

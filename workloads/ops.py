@@ -48,7 +48,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import NamedTuple
 
-__all__ = ["Issue", "Op", "OpKind", "Stream", "Coll", "Group", "Phase", "OpName", "is_p2p", "is_collective",
+__all__ = ["FSDP2_COPIES", "Issue", "Op", "OpKind", "Stream", "Coll", "Group", "Phase", "OpName", "is_p2p", "is_collective",
            "is_grad_bucket", "is_param_gather", "is_fsdp_gather", "is_grad_norm", "is_ep_combine", "ep_a2a_matrix",
            "is_step_sync", "is_cp_hop", "is_te_async", "is_host_sync",
            "GRAD_BUCKETS", "PARAM_GATHERS", "FSDP_GATHERS", "EP_COMBINES", "EP_TO_SOURCE", "CP_HOPS", "TE_ASYNC",
@@ -198,6 +198,8 @@ class OpName(StrEnum):
     PARAM_GATHER_EXPERT = "param_gather_expert"
     FSDP_GATHER = "fsdp_gather"             #: ZeRO-3: a layer's parameters before its forward
     FSDP_GATHER_BWD = "fsdp_gather_bwd"     #: ... and before its backward
+    FSDP_COPY = "fsdp_copy"                 #: FSDP2: a gather's copy-in of the shard and copy-out of the parameters
+    FSDP_GRAD_COPY = "fsdp_grad_copy"       #: FSDP2: gradients copied into the reduce-scatter input
     TIED_EMBEDDING_GRAD = "tied_embedding_grad"
     GRAD_NORM = "grad_norm"
     # -- what-if: context parallelism exchanging MLA's latent (cp_mla_latent) ---------------
@@ -255,6 +257,10 @@ class Op(NamedTuple):
 GRAD_BUCKETS = frozenset({OpName.GRAD_DENSE, OpName.GRAD_EXPERT})
 PARAM_GATHERS = frozenset({OpName.PARAM_GATHER_DENSE, OpName.PARAM_GATHER_EXPERT})
 FSDP_GATHERS = frozenset({OpName.FSDP_GATHER, OpName.FSDP_GATHER_BWD})
+FSDP2_COPIES = frozenset({OpName.FSDP_COPY, OpName.FSDP_GRAD_COPY})
+"""FSDP2's copies around its collectives: short compute ops that a prefetched gather does not
+hide behind -- the gather is issued before the layer's compute that precedes them (the engine's
+prefetch looks past them; the estimator does not let them absorb a pending gather)."""
 EP_COMBINES = frozenset({OpName.EP_COMBINE, OpName.EP_COMBINE_BWD})
 #: The expert-parallel all-to-alls whose data flows from the experts' ranks back to the
 #: tokens' source ranks: the forward combine (outputs) and the backward of the dispatch

@@ -18,7 +18,7 @@ import itertools
 
 import simpy
 
-from workloads.ops import (COLL_ALL_TO_ALL, KIND_COLLECTIVE, KIND_COMPUTE, KIND_HOST_SYNC, KIND_SEND, PHASE_F, STREAM_COMPUTE,
+from workloads.ops import (COLL_ALL_TO_ALL, FSDP2_COPIES, KIND_COLLECTIVE, KIND_COMPUTE, KIND_HOST_SYNC, KIND_SEND, PHASE_F, STREAM_COMPUTE,
                            STREAM_PP, Group, Issue, ep_a2a_matrix, is_grad_bucket, is_grad_norm, is_p2p,
                            is_step_sync)
 
@@ -229,9 +229,11 @@ class ClassPlan:
             if op.kind == KIND_COMPUTE:
                 self.handler_at[i] = CellActor._compute_op
                 if has_fsdp:
-                    # the ZeRO-3 gathers issued before this compute op (not into an F&B pair)
+                    # the ZeRO-3 gathers issued before this compute op (not into an F&B pair), looking
+                    # past FSDP2's copies (workloads.ops.FSDP2_COPIES) to the layer after them
                     j, pre = i + 1, []
-                    while j < n and ops[j].kind != KIND_COMPUTE and not (ops[j].lane and fb_overlap):
+                    while j < n and (ops[j].kind != KIND_COMPUTE or ops[j].name in FSDP2_COPIES) \
+                            and not (ops[j].lane and fb_overlap):
                         if ops[j].issue == Issue.PREFETCH:
                             pre.append(j)
                         j += 1

@@ -47,7 +47,7 @@ from workloads import build_program
 from workloads.costs import model_flops_per_step
 from workloads.costs.compute import host_costs
 from workloads.schedules import get_schedule, min_microbatches, schedule_timing
-from workloads.ops import (KIND_COLLECTIVE, KIND_COMPUTE, KIND_RECV, PHASE_B, PHASE_R, Issue, is_grad_bucket,
+from workloads.ops import (FSDP2_COPIES, KIND_COLLECTIVE, KIND_COMPUTE, KIND_RECV, PHASE_B, PHASE_R, Issue, is_grad_bucket,
                            is_param_gather)
 from workloads.schedules.actions import ActionKind
 
@@ -192,7 +192,9 @@ class Estimator:
                 continue
             akey = (kind, op.chunk)
             host[akey] += op.host_s
-            if op.kind == KIND_COMPUTE:
+            if op.kind == KIND_COMPUTE and op.name in FSDP2_COPIES:
+                action[akey] += op.duration_s        # a pending gather hides behind the layer after it
+            elif op.kind == KIND_COMPUTE:
                 action[akey] += max(op.duration_s, pending)
                 pending = 0.0
             elif op.kind == KIND_RECV:

@@ -212,8 +212,13 @@ def test_zero3_keeps_what_recurs_within_the_reuse_distance():
 
 # -- the stack's kernels and the validation mapping -------------------------------------------------
 
-def test_the_stack_runs_pytorch_fsdps_eager_kernels():
-    assert get_stack("deepspeed").fusion == get_stack("pytorch_fsdp").fusion
+def test_the_stack_runs_pytorch_fsdps_eager_kernels_without_fsdp2_and_with_a_fused_adam():
+    ds, fsdp = get_stack("deepspeed").fusion, get_stack("pytorch_fsdp").fusion
+    assert (ds.attention_backend, ds.elementwise) == (fsdp.attention_backend, fsdp.elementwise) == \
+        ("flash_attention_2", "eager")
+    assert ds.fsdp2_copies is False and ds.optimizer == "megatron"
+    ops = _ops(_scenario(3))
+    assert not [o for o in ops if o.name in (OpName.FSDP_COPY, OpName.FSDP_GRAD_COPY)]
 
 
 def test_a_model_parallel_deepspeed_row_stays_on_the_default_stack():

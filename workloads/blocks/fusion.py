@@ -51,6 +51,29 @@ class Fusion:
     produces at the granularity modelled) or ``eager`` (PyTorch eager: each ATen op its own
     memory-bound kernel, :func:`workloads.blocks.kernels.eager_norm` and its neighbours)."""
 
+    moe_kernels: str = "megatron"
+    """How a MoE block's router, permutation and element-wise kernels run: ``megatron``
+    (Megatron-Core's fused router and permute kernels, Transformer Engine's norm and activation)
+    or ``torchtitan_eager`` (torchtitan's MoE module run eagerly: index ops, casts and products
+    each a kernel, :func:`workloads.blocks.kernels.titan_router` and its neighbours)."""
+
+    float8_casts: str = "te"
+    """Who casts to FP8 under the ``fp8_tensorwise`` recipe (:data:`workloads.costs.precision.FLOAT8_CASTS`):
+    ``te`` (Transformer Engine's fused cast-transposes, the recipe's bytes, weights once a step),
+    ``torchao_eager`` or ``torchao_compiled`` (torchao's six dynamic casts per linear and
+    micro-batch, :data:`workloads.costs.precision.TORCHAO_CAST`)."""
+
+    optimizer: str = "megatron"
+    """The optimizer step's kernels (:data:`workloads.costs.flops.OPTIMIZER_IMPLEMENTATIONS`):
+    ``megatron`` (Megatron's fused multi-tensor Adam over FP32 master weights, writing the BF16
+    copy), ``torch_fused`` (``torch.optim.AdamW(fused=True)``) or ``torch_foreach`` (its
+    ``_foreach_*`` default)."""
+
+    fsdp2_copies: bool = False
+    """PyTorch FSDP2's foreach copies around each ZeRO-3 collective run as memory-bound kernels
+    (the shard into the all-gather buffer, the gathered buffer out into the parameters, the
+    gradients into the reduce-scatter input: :mod:`workloads.stacks.megatron_te.data_parallel`)."""
+
     @property
     def eager(self) -> bool:
         """Whether the element-wise ops run as eager PyTorch kernels."""

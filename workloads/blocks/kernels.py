@@ -314,6 +314,45 @@ EAGER_ROPE = ((10, 3), (10, 3))
 EAGER_RESIDUAL = ((3, 1), (3, 1))
 
 
+# torchtitan's MoE run eagerly (pytorch/torchtitan torchtitan/models/moe/moe.py@v0.2.2
+# TokenChoiceTopKRouter, TokenReorderer, MoE.forward; torchtitan/models/moe/utils.py@v0.2.2
+# indices_padding_wrapper, _permute, _unpermute), each ATen op one kernel, bytes per element:
+# T tokens, E experts, k = top_k, R = T k routed rows of width h, a = the activation dtype's
+# bytes, int64 indices (8 B), FP32 scores.
+IDX = 8
+#: Router, forward: scores cast to FP32 (a + 4), softmax / sigmoid (8), + expert_bias (8,
+#: load_balance_coeff set by default), topk's read (4) per T x E; topk's values and indices (12),
+#: the gather of the top scores (16), x route_scale (8), histc (8) per T x k; the reorderer:
+#: histc (8), a stable argsort (about 32 in 3 kernels), scores indexed by it (16), the token
+#: index // top_k (16) per T x k -> (a + 24) TE + 116 Tk in 13 kernels.  Backward: route_scale
+#: (8) and the sorted index (20, 2 kernels) per T x k, the gather's zeros (4 TE) and scatter
+#: (16 Tk), softmax's (12 TE) and the cast's (4 + a) -> (20 + a) TE + 44 Tk in 7 kernels.
+def titan_router(layer: int, tokens: float, experts: int, top_k: int):
+    """torchtitan's eager router and token reorderer (see the table above)."""
+    a, te, tk = act_bytes(), tokens * experts, tokens * top_k
+    return ew_pair("router_topk", layer, (a + 24) * te + 116 * tk, (20 + a) * te + 44 * tk, 13, 7)
+
+
+def titan_permute(layer: int, tokens: float, routed: float, width: int):
+    """torchtitan's eager permutation of the routed tokens: forward ``x[idx // top_k]`` (2 a),
+    the scores applied before the experts (``score_before_experts``: to FP32, multiply, back:
+    2 a + 16), ``indices_padding_wrapper``'s ``vstack`` (2 a) and gather by the padded
+    permutation (2 a) per routed element -> (8 a + 16) R h in 6 kernels; backward: the padded
+    gather's zeros and accumulating index_put (4 a), the scaling's casts and products with the
+    scores' gradient reduced over h (2 a + 28), the first gather's (zeros a T h, index_put 3 a R h)
+    -> a T h + (9 a + 28) R h in 9 kernels."""
+    a, rh = act_bytes(), routed * width
+    return ew_pair("moe_permute", layer, (8 * a + 16) * rh, a * tokens * width + (9 * a + 28) * rh, 6, 9)
+
+
+def titan_unpermute(layer: int, tokens: float, routed: float, width: int):
+    """torchtitan's eager unpermutation: ``_unpermute``'s index_put (2 a), the unsort buffer's
+    zeros (a) and index_put (2 a), the sum over top_k (a R h + a T h) -> 6 a R h + a T h in 4
+    kernels; backward: the two index_puts' gathers (2 a each) -> 4 a R h in 2 kernels."""
+    a, rh = act_bytes(), routed * width
+    return ew_pair("moe_unpermute", layer, 6 * a * rh + a * tokens * width, 4 * a * rh, 4, 2)
+
+
 def _eager_pair(name: str, layer: int, a: float, table) -> tuple[ComputeOp, ComputeOp]:
     (fb, fk), (bb, bk) = table
     return ew_pair(name, layer, fb * a, bb * a, fk, bk)

@@ -344,10 +344,12 @@ class MoEBlock(Block):
         routed = float(sum(tokens))
         Tn, E, k = sh.Tn, moe.num_experts, moe.top_k
         m1 = 2 if model.mlp == "swiglu" else 1
-        ops.pair(kn.norm("mlp_norm", L, Tn, h))
+        titan = args.fusion.moe_kernels == "torchtitan_eager"
+        ops.pair(kn.eager_norm("mlp_norm", L, Tn, h) if titan else kn.norm("mlp_norm", L, Tn, h))
         ops.linear("router", Tn, E, h)
         # softmax / sigmoid, top-k, score normalisation and the load-balancing statistics, in FP32
-        ops.pair(kn.ew_pair("router_topk", L, 3 * kn.FP32 * Tn * E, 2 * kn.FP32 * Tn * E, *args.fusion.router_kernels))
+        ops.pair(kn.titan_router(L, Tn, E, k) if titan else
+                 kn.ew_pair("router_topk", L, 3 * kn.FP32 * Tn * E, 2 * kn.FP32 * Tn * E, *args.fusion.router_kernels))
         # permute: read the local tokens, write top_k copies sorted by expert; after the
         # all-to-all, sort the received chunks by local expert (read + write the routed tokens)
         # latent MoE: the routed tokens are projected down to the latent width before the
@@ -356,7 +358,8 @@ class MoEBlock(Block):
         if moe.latent_size:
             ops.linear("latent_down_proj", Tn, w, h)
         perm = kn.act_bytes() * w * (Tn * (1 + k) + 2 * routed)
-        ops.pair(kn.ew_pair("moe_permute", L, perm, perm, *args.fusion.permute_kernels))
+        ops.pair(kn.titan_permute(L, Tn, routed, w) if titan else
+                 kn.ew_pair("moe_permute", L, perm, perm, *args.fusion.permute_kernels))
         fe = moe.expert_ffn_hidden_size / etp
         ops.fbw(*kn.grouped_linear("expert_fc1", L, tokens, int(m1 * fe), w))
         # Transformer Engine's op fuser (``use_transformer_engine_op_fuser``, TE >= 2.14) runs the
@@ -366,18 +369,21 @@ class MoEBlock(Block):
         eager = not args.fusion.expert_ops_fused(moe)
         if model.activation_clamp is not None and eager:
             ops.pair(_expert_clamp(L, routed, int(fe)))
-        ops.pair(kn.activation("expert_act", L, routed, int(fe), model.mlp))
+        ops.pair(kn.eager_activation("expert_act", L, routed, int(fe)) if titan and m1 == 2 else
+                 kn.activation("expert_act", L, routed, int(fe), model.mlp))
         ops.fbw(*kn.grouped_linear("expert_fc2", L, tokens, w, int(fe)))
         if model.add_bias_linear and eager:
             ops.pair(_expert_bias(L, routed, w, len(tokens)))
         # unpermute: the reverse of permute, plus the probability-weighted sum of the top_k copies
-        ops.pair(kn.ew_pair("moe_unpermute", L, perm, perm, *args.fusion.permute_kernels))
+        ops.pair(kn.titan_unpermute(L, Tn, routed, w) if titan else
+                 kn.ew_pair("moe_unpermute", L, perm, perm, *args.fusion.permute_kernels))
         if moe.latent_size:
             ops.linear("latent_up_proj", Tn, h, w)
         if moe.num_shared_experts:
             fs = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size / sh.tp
             ops.linear("shared_fc1", sh.T, int(m1 * fs), h)
-            ops.pair(kn.activation("shared_act", L, sh.T, int(fs), model.mlp))
+            ops.pair(kn.eager_activation("shared_act", L, sh.T, int(fs)) if titan and m1 == 2 else
+                     kn.activation("shared_act", L, sh.T, int(fs), model.mlp))
             ops.linear("shared_fc2", sh.T, h, int(fs))
             if moe.shared_expert_gate:
                 # sigmoid(x W_g) scales the shared output (HF Qwen3NextSparseMoeBlock, eager):
@@ -385,7 +391,7 @@ class MoEBlock(Block):
                 ops.linear("shared_gate", sh.T, 1, h)
                 a = kn.act_bytes() * sh.T * h
                 ops.pair(kn.ew_pair("shared_gate_mul", L, 3 * a, 5 * a, 2, 3))
-        ops.pair(kn.residual("mlp_residual", L, Tn, h, model.dropout))
+        ops.pair((kn.eager_residual if titan else kn.residual)("mlp_residual", L, Tn, h, model.dropout))
 
     def activation_terms(self, d, modules, out) -> None:
         m = self.model

@@ -121,7 +121,7 @@ from ..model import ModelSpec
 from ..parallel import ParallelConfig
 
 __all__ = ["ComputeOp", "EXPERT_GROUPED_LINEARS", "OP_CLASSES", "PHASES", "GEMM_ROLES", "ACT_BYTES", "ATTN_BLOCK_SIZE",
-           "layer_ops", "embedding_ops", "mamba_scan_bytes", "mamba_scan_kernels", "MAMBA_SCAN_LAUNCHES", "check_mamba_split", "output_ops", "optimizer_ops", "gemm_role", "sum_flops",
+           "layer_ops", "embedding_ops", "mamba_scan_bytes", "mamba_scan_kernels", "MAMBA_SCAN_LAUNCHES", "check_mamba_split", "output_ops", "optimizer_ops", "OPTIMIZER_IMPLEMENTATIONS", "gemm_role", "sum_flops",
            "balanced_tokens_per_expert", "capacity_tokens_per_expert", "padded_vocab_size",
            "causal_executed_fraction", "window_executed_fraction", "FLOP_CONVENTIONS", "DEFAULT_FLOP_CONVENTION",
            "get_flop_convention", "model_flops_per_step", "model_flops_per_token", "routed_expert_flops_per_step"]
@@ -137,6 +137,28 @@ _ADAM_BYTES_PER_PARAM = 4 * 4 + 3 * 4 + 2
 _F = "workloads.costs.flops."   # the prefix of this module's constants (topologies.constants)
 # Gradient-norm pass (multi_tensor_l2norm) reads the FP32 grads once.
 _GRAD_NORM_BYTES_PER_PARAM = 4
+# torch.optim.AdamW(fused=True) (torch/optim/adam.py _fused_adam -> torch._fused_adam_, one
+# multi-tensor kernel) over FP32 parameters: read param, grad, exp_avg, exp_avg_sq (4 x 4 B),
+# write param, exp_avg, exp_avg_sq (3 x 4 B).  torchtitan's default (optimizer.implementation
+# = "fused", torchtitan/config/job_config.py@v0.2.2); FSDP2's sharded parameters are the FP32
+# master copy, so no BF16 copy is written here (FSDP2's all-gather copy-in casts).
+_FUSED_ADAMW_BYTES_PER_PARAM = 4 * 4 + 3 * 4
+# torch.optim.AdamW's default on CUDA is foreach (torch/optim/optimizer.py
+# _default_to_fused_or_foreach: fused stays off unless asked for): torch/optim/adam.py
+# _multi_tensor_adam, non-capturable branch, decoupled weight decay -- each _foreach_* op one
+# pass (one multi_tensor_apply launch per tensor chunk) over FP32 tensors, bytes per parameter:
+_FOREACH_ADAMW_PASSES = {
+    "_foreach_mul_(params, 1 - lr * wd)": 8,              # read and write the parameter
+    "_foreach_lerp_(exp_avgs, grads, 1 - beta1)": 12,     # read exp_avg, grad; write exp_avg
+    "_foreach_mul_(exp_avg_sqs, beta2)": 8,
+    "_foreach_addcmul_(exp_avg_sqs, grads, grads)": 12,   # read exp_avg_sq, grad; write exp_avg_sq
+    "_foreach_sqrt(exp_avg_sqs)": 8,                      # a new tensor
+    "_foreach_div_(sqrt, bias_correction2_sqrt)": 8,
+    "_foreach_add_(sqrt, eps)": 8,
+    "_foreach_addcdiv_(params, exp_avgs, sqrt, step)": 16,  # read param, exp_avg, denominator; write param
+}
+#: The optimizer steps :func:`optimizer_ops` costs (a kernel stack's ``Fusion.optimizer``).
+OPTIMIZER_IMPLEMENTATIONS = ("megatron", "torch_fused", "torch_foreach")
 
 
 def sum_flops(ops: Iterable[ComputeOp], phase: str | None = None, op_class: str | None = None,
@@ -253,16 +275,32 @@ def output_ops(model: ModelSpec, parallel: ParallelConfig, micro_batch_size: int
     return [f, *f_ops, *b_ops[::-1], b, *w_ops]
 
 
-def optimizer_ops(num_params: float) -> list[ComputeOp]:
+def optimizer_ops(num_params: float, implementation: str = "megatron") -> list[ComputeOp]:
     """Gradient-norm pass and the Adam step over ``num_params`` local (sharded) parameters.
 
-    Both memory-bound, phase ``W`` (after the last backward): 4 bytes/param for the norm,
-    30 bytes/param for Adam with FP32 master weights and moments and a BF16 model copy
-    (see ``_ADAM_BYTES_PER_PARAM``).
+    Both memory-bound, phase ``W`` (after the last backward): 4 bytes/param for the norm, and
+    for the step (``implementation``, :data:`OPTIMIZER_IMPLEMENTATIONS`):
+
+    * ``megatron``: 30 bytes/param, Megatron's fused multi-tensor Adam with FP32 master
+      weights and moments and a BF16 model copy (``_ADAM_BYTES_PER_PARAM``);
+    * ``torch_fused``: ``torch.optim.AdamW(fused=True)`` over FSDP2's FP32 sharded parameters
+      (torchtitan's default): one multi-tensor kernel, 28 bytes/param (no BF16 copy: FSDP2
+      casts in its all-gather copy-in);
+    * ``torch_foreach``: ``torch.optim.AdamW``'s default on CUDA, eight ``_foreach_*`` ops,
+      80 bytes/param (``_FOREACH_ADAMW_PASSES``).
     """
     if isinstance(num_params, bool) or not isinstance(num_params, numbers.Real) or num_params < 0:
         raise ConfigError("num_params", num_params, "must be a non-negative number")
-    return [ew("grad_norm", "W", -1, _GRAD_NORM_BYTES_PER_PARAM * num_params, 2),
+    if implementation not in OPTIMIZER_IMPLEMENTATIONS:
+        raise ConfigError("optimizer implementation", implementation,
+                          f"must be one of {', '.join(OPTIMIZER_IMPLEMENTATIONS)}")
+    norm_op = ew("grad_norm", "W", -1, _GRAD_NORM_BYTES_PER_PARAM * num_params, 2)
+    if implementation == "torch_fused":
+        return [norm_op, ew("optimizer_step", "W", -1, _FUSED_ADAMW_BYTES_PER_PARAM * num_params, 1)]
+    if implementation == "torch_foreach":
+        return [norm_op, ew("optimizer_step", "W", -1, sum(_FOREACH_ADAMW_PASSES.values()) * num_params,
+                            len(_FOREACH_ADAMW_PASSES))]
+    return [norm_op,
             ew("optimizer_step", "W", -1,
                active_value(_F + "_ADAM_BYTES_PER_PARAM", _ADAM_BYTES_PER_PARAM) * num_params, 2)]
 

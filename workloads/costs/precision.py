@@ -388,12 +388,63 @@ def quantize_ops(recipe: PrecisionRecipe, ops: Iterable[ComputeOp], num_layers: 
     return out
 
 
-def with_quantize_ops(recipe: PrecisionRecipe, ops: Iterable[ComputeOp], num_layers: int | None = None
-                      ) -> list[ComputeOp]:
-    """``ops`` with each quantisation op of :func:`quantize_ops` placed just before its GEMM."""
+# torchao's float8 training (pytorch/ao, v0.13.0), what torchtitan's ``float8`` converter
+# swaps in: ``torchao/float8/float8_linear.py`` ``matmul_with_hp_or_float8_args`` casts, per
+# linear and micro-batch, the input and the weight in the forward, and in the backward the
+# output gradient twice (for dgrad, and along the other dim for wgrad), the weight again
+# (transposed, for dgrad) and the saved BF16 input again (for wgrad): six dynamic casts, the
+# weights' each micro-batch (no per-step cache).  One tensorwise cast
+# (``float8_scaling_utils.hp_tensor_to_float8_dynamic``): ``float8_utils.tensor_to_amax``
+# ``max(abs(x))`` and ``amax_to_scale`` (to float64, clamp, divide, to float32: per-tensor
+# scalars), then ``float8_training_tensor._ToFloat8ConstrFunc`` ``x.to(float32) * scale`` and
+# ``to_fp8_saturated`` (clamp, ``.to(float8)``).  Bytes per element and kernels of one cast:
+# eager -- abs (2 + 2), max (2), to float32 (2 + 4), * scale (4 + 4), clamp (4 + 4), to float8
+# (4 + 1) = 33 B in 10 kernels (4 of them on the scalar amax); under torch.compile Inductor
+# fuses them into an amax reduction (read 2) and one cast (read 2, write 1) = 5 B in 2 kernels.
+TORCHAO_CAST = {"torchao_eager": (33.0, 10), "torchao_compiled": (5.0, 2)}
+#: How a stack's float8 casts run (``Fusion.float8_casts``): Transformer Engine's fused
+#: cast-transposes (the recipe's bytes) or torchao's dynamic casts, eager or compiled.
+FLOAT8_CASTS = ("te", *TORCHAO_CAST)
+
+
+def _torchao_cast_elements(op: ComputeOp) -> float:
+    """Elements torchao casts around one GEMM: fprop -- the input (m x k) and the weight
+    (n x k); dgrad -- the output gradient twice (m x k), the weight again (n x k) and the
+    forward's input for wgrad (m x n); wgrad -- none (it uses those)."""
+    role = gemm_role(op)
+    tokens = float(sum(op.groups) if op.groups else op.m)
+    weight = float(op.n) * op.k * (len(op.groups) if op.groups else 1)
+    if role == "fprop":
+        return tokens * op.k + weight
+    if role == "dgrad":
+        return 2 * tokens * op.k + weight + tokens * op.n
+    return 0.0
+
+
+def uses_torchao_casts(recipe: PrecisionRecipe, casts: str) -> bool:
+    """Whether torchao's casts replace the recipe's: torchao's tensorwise recipe under a stack
+    that runs it (the recipe ``fp8_tensorwise``; the other recipes keep their own casts)."""
+    if casts not in FLOAT8_CASTS:
+        raise ConfigError("float8 casts", casts, f"must be one of {', '.join(FLOAT8_CASTS)}")
+    return casts != "te" and recipe.scaling == "tensor_current"
+
+
+def with_quantize_ops(recipe: PrecisionRecipe, ops: Iterable[ComputeOp], num_layers: int | None = None,
+                      casts: str = "te") -> list[ComputeOp]:
+    """``ops`` with each quantisation op of :func:`quantize_ops` placed just before its GEMM;
+    with torchao's casts (:func:`uses_torchao_casts`), their bytes and kernels instead."""
+    torchao = uses_torchao_casts(recipe, casts)
     out = []
     for op in ops:
-        out.extend(quantize_ops(recipe, (op,), num_layers))
+        if torchao and op.op_class == "gemm" and recipe.op_gemm_dtype(op, num_layers) != "bf16":
+            elems = _torchao_cast_elements(op)
+            if elems:
+                nbytes, kernels = TORCHAO_CAST[casts]
+                casts_here = 2 if gemm_role(op) == "fprop" else 4
+                out.append(ComputeOp(f"{op.name}.quantize", op.phase, "elementwise", 0.0, 0, 0, 0, elems * nbytes,
+                                     kernels * casts_here, op.layer, op.recompute, op.groups, quantizes=op.name))
+        else:
+            out.extend(quantize_ops(recipe, (op,), num_layers))
         out.append(op)
     return out
 

@@ -9,7 +9,14 @@ is costed with the torchtitan stack's eager element-wise kernels (one memory-bou
 ATen op; HF's RMSNorm launches a few more, which this under-counts), and its attention with
 ``attn_implementation="sdpa"`` (the transformers default since 4.36 when PyTorch has SDPA):
 SDPA's default backend order, FlashAttention-2 on torch 2.4-2.8 -- the ``pytorch_fsdp``
-stack's kernels.  Compute lowering, recompute and host launch are the default stack's.
+stack's attention and element-wise kernels, without FSDP2's copies (``fsdp2_copies`` off:
+ZeRO-3 gathers into its own buffers, :mod:`.data_parallel`).  The optimizer step is the
+default stack's fused multi-tensor Adam over the FP32 partition, writing the BF16 copy
+(``Fusion.optimizer = "megatron"``): DeepSpeed's ``FusedAdam`` (``deepspeed/ops/adam/
+fused_adam.py@v0.16.4``, ``multi_tensor_apply``), which a DeepSpeed config's ``"optimizer":
+{"type": "AdamW"}`` builds, then ``bit16_partitions[...].data.copy_(fp32_partition)`` in
+``step()`` (stage_1_and_2.py).  Compute lowering, recompute and host launch are the
+default stack's.
 
 Data parallelism (:mod:`.data_parallel`; defaults :mod:`.options`, the scenario's ``deepspeed``
 section), read from microsoft/DeepSpeed at v0.16.4:
@@ -43,6 +50,7 @@ from dataclasses import replace
 
 from topologies import ConfigError
 
+from ...blocks.fusion import MEGATRON_TE
 from ...ops import Issue, is_fsdp_gather, is_grad_bucket, is_param_gather
 from ..megatron_te import STACK as _MEGATRON_CORE
 from ..megatron_te.issue import issue_mode
@@ -97,7 +105,8 @@ STACK = replace(
             "zero/partitioned_param_coordinator.py (fetch, prefetch, release), zero/partition_parameters.py "
             "(persistence), runtime/engine.py (communication_data_type, ZeRO-0 reduction), runtime/utils.py "
             "(all_gather_dp_groups); huggingface/transformers models/llama/modeling_llama.py (eager modules, sdpa)",
-    fusion=_PYTORCH_FSDP.fusion,
+    fusion=replace(MEGATRON_TE, attention_backend=_PYTORCH_FSDP.fusion.attention_backend,
+                   elementwise=_PYTORCH_FSDP.fusion.elementwise),
     stage_program=_stage_program,
     assign_issue_modes=assign_issue_modes,
     check_layout=check_layout,

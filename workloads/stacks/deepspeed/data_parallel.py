@@ -189,7 +189,7 @@ def _step_end(ctx: _Ctx, em: _Emitter, st: _Stage) -> None:
     d = _local_params(ctx, [i for r in st.layers for i in r])[0] + _edge_params(ctx, 0)     # pp = 1: one chunk
     shard = d / par.dp if par.zero_stage >= 1 else d
     f = par.optimizer_offload_fraction
-    opt = optimizer_ops(int(shard * (1.0 - f)) if f else int(shard))
+    opt = optimizer_ops(int(shard * (1.0 - f)) if f else int(shard), ctx.fusion.optimizer)
     step_s = float(np.sum(ctx.compute.op_times_s(opt)))
     if f:
         step_s += optimizer_offload_s(shard, f, gpu_of(ctx), par.overlap_optimizer_copies)

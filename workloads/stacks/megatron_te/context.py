@@ -89,7 +89,7 @@ def kernel_rows(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> lis
     blocks = layer_blocks(ctx.model, layer)
     ops = layer_ops(ctx.model, ctx.par, layer, ctx.mbs, ctx.seq, tokens_per_expert=tokens_per_expert,
                     recompute=recompute, fusion=ctx.fusion)
-    ops = with_quantize_ops(ctx.recipe, ops, ctx.model.num_layers)
+    ops = with_quantize_ops(ctx.recipe, ops, ctx.model.num_layers, ctx.fusion.float8_casts)
     times = ctx.compute.op_times_s(ops)
     source_of = getattr(ctx.compute, "op_source", None)
     parts = {name: part for b in blocks for name, part in b.SEGMENTS.items()}

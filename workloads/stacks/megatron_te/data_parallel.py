@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 from ...blocks.base import norm_params
+from ...blocks.kernels import ew
 from ...costs import optimizer_ops
 from ...offload import optimizer_offload_s
 from ...ops import Coll, Group, OpName, Phase, Stream
@@ -22,6 +23,24 @@ from .context import _Ctx, _DTYPE_BYTES, _Emitter, _Stage, _host_of, gpu_of
 
 _GRAD_BUCKET = {"dense": OpName.GRAD_DENSE, "expert": OpName.GRAD_EXPERT}
 _PARAM_GATHER = {"dense": OpName.PARAM_GATHER_DENSE, "expert": OpName.PARAM_GATHER_EXPERT}
+
+# PyTorch FSDP2's copies around its collectives (pytorch/pytorch
+# torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py at 010ae4a8, the layout since 2.4),
+# with BF16 parameters over an FP32 shard (MixedPrecisionPolicy(param_dtype=bfloat16)):
+# * copy-in, on the all-gather copy-in stream before each all-gather: _get_param_all_gather_inputs
+#   foreach-copies the FP32 shard into a flat BF16 buffer (the cast: read 4 B, write 2 B), then
+#   all_gather_copy_in foreach-copies it into this rank's slice of the all-gather buffer
+#   (read 2 B, write 2 B): 10 bytes and 2 kernels per shard element;
+FSDP2_COPY_IN_BYTES = 6.0 + 4.0
+# * copy-out, on the compute stream once the gather is waited for (foreach_all_gather_copy_out:
+#   split_with_sizes_copy of the gathered buffer into each parameter): read and write 2 B,
+#   4 bytes and 1 kernel per gathered element;
+FSDP2_COPY_OUT_BYTES = 4.0
+# * the reduce-scatter's copy-in, on the compute stream before each reduce-scatter
+#   (foreach_reduce -> foreach_reduce_scatter_copy_in, torch._chunk_cat widening the BF16
+#   gradients to reduce_dtype as it copies): read 2 B, write the reduce dtype's bytes, 1 kernel
+#   per unsharded gradient element.
+FSDP2_GRAD_READ_BYTES = 2.0
 
 
 
@@ -50,6 +69,9 @@ def _fsdp_gather_layer(ctx, em, layer, mb, chunk, phase) -> None:
         em.coll(Stream.DP, Coll.ALL_GATHER, Group.DP_CP, d * nbytes, name, layer, mb, chunk, phase)
     if par.expert_dp > 1 and e > 0:
         em.coll(Stream.DP, Coll.ALL_GATHER, Group.EDP, e * nbytes, name, layer, mb, chunk, phase)
+    if nbytes == 2.0:
+        _fsdp2_gather_copies(ctx, em, d if par.dp * par.cp > 1 else 0, e if par.expert_dp > 1 else 0,
+                             layer, mb, chunk, phase)
 
 
 
@@ -60,6 +82,25 @@ def _fsdp_gather_edge(ctx, em, params, layer, mb, chunk, phase) -> None:
     if par.zero_stage == 3 and par.dp * par.cp > 1 and params > 0:
         name = OpName.FSDP_GATHER if phase == Phase.F else OpName.FSDP_GATHER_BWD
         em.coll(Stream.DP, Coll.ALL_GATHER, Group.DP_CP, params * 2.0, name, layer, mb, chunk, phase)
+        _fsdp2_gather_copies(ctx, em, params, 0, layer, mb, chunk, phase)
+
+
+
+def _fsdp2_gather_copies(ctx, em, dense, expert, layer, mb, chunk, phase) -> None:
+    """FSDP2 (a stack with ``Fusion.fsdp2_copies``): the copy-in of the ``dense`` and
+    ``expert`` parameters' shards and the copy-out of the gathered ones, after the gather in
+    program order (so the gather is still prefetched ahead of the preceding compute).  The
+    copy-in runs on FSDP2's copy-in stream beside the preceding layer's kernels; the engine
+    runs compute kernels on one stream, so its HBM time is charged there with the copy-out's
+    (at most 10 / (4 x shards) of the copy-out's time: 31 % at 8 shards)."""
+    par = ctx.par
+    if not ctx.fusion.fsdp2_copies or dense + expert <= 0:
+        return
+    shard = dense / max(par.dp * par.cp, 1) + expert / max(par.expert_dp, 1)
+    ops = [ew("fsdp2_copy_in", str(phase), layer, FSDP2_COPY_IN_BYTES * shard, 2),
+           ew("fsdp2_copy_out", str(phase), layer, FSDP2_COPY_OUT_BYTES * (dense + expert), 1)]
+    em.compute(OpName.FSDP_COPY, layer, mb, chunk, phase, 0.0, float(np.sum(ctx.compute.op_times_s(ops))),
+               *_host_of(ctx, ops))
 
 
 
@@ -156,10 +197,22 @@ class _GradBuckets:
         """The gradients of ``layers`` (and ``extra`` dense parameters) are complete."""
         d, e = _local_params(self.ctx, layers)
         d += extra
+        self._fsdp2_grad_copy_in(d, e, layers[0] if len(layers) else -1, chunk)
         for kind, n in (("dense", d), ("expert", e)):
             self.pending[kind] += n
             if self.pending[kind] >= self.bucket_params:
                 self.flush(kind, chunk)
+
+    def _fsdp2_grad_copy_in(self, dense: int, expert: int, layer: int, chunk: int) -> None:
+        """FSDP2 under ZeRO-3: each layer's gradients copied (and widened to the reduce dtype)
+        into the reduce-scatter input on the compute stream (``FSDP2_GRAD_READ_BYTES``)."""
+        ctx, par = self.ctx, self.ctx.par
+        n = (dense if self.degree["dense"] > 1 else 0) + (expert if self.degree["expert"] > 1 else 0)
+        if not ctx.fusion.fsdp2_copies or par.zero_stage != 3 or n <= 0:
+            return
+        ops = [ew("fsdp2_grad_copy_in", "W", layer, (FSDP2_GRAD_READ_BYTES + self.grad_bytes) * n, 1)]
+        self.em.compute(OpName.FSDP_GRAD_COPY, layer, -1, chunk, Phase.W, 0.0,
+                        float(np.sum(ctx.compute.op_times_s(ops))), *_host_of(ctx, ops))
 
     def issue_deferred(self) -> None:
         for args, chunk in self.deferred:
@@ -188,7 +241,7 @@ def _step_end(ctx: _Ctx, em: _Emitter, st: _Stage) -> None:
     d += edge
     shard = d / max(par.dp * par.cp, 1) + e / max(par.expert_dp, 1) if par.distributed_optimizer else d + e
     f = par.optimizer_offload_fraction
-    opt = optimizer_ops(int(shard * (1.0 - f)) if f else int(shard))
+    opt = optimizer_ops(int(shard * (1.0 - f)) if f else int(shard), ctx.fusion.optimizer)
     step_s = float(np.sum(ctx.compute.op_times_s(opt)))
     if f:
         # the host's share: gradients out, CPU Adam, parameters back (workloads.offload)

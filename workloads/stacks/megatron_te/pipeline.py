@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import NamedTuple
 import numpy as np
 from ...costs import embedding_ops, output_ops
-from ...costs.precision import weight_quantize_op
+from ...costs.precision import uses_torchao_casts, weight_quantize_op
 from ...ops import Coll, Group, Op, OpKind, OpName, Phase, Stream, is_p2p
 from ...schedules import ActionKind, model_chunk, route
 from ...schedules.actions import COMM_KINDS
@@ -35,7 +35,9 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
                 _last_microbatches(sched, stage), dp_rules(ctx).buckets(ctx, em))
     # the weights of the layers whose GEMMs run in low precision (NVFP4 keeps some in BF16)
     lowp = [i for r in stage_layers for i in r if ctx.recipe.is_low_precision_layer(i, ctx.model.num_layers)]
-    wq = weight_quantize_op(ctx.recipe, sum(_local_params(ctx, lowp)))
+    # (torchao casts the weights with each GEMM instead: costs.precision.with_quantize_ops)
+    wq = None if uses_torchao_casts(ctx.recipe, ctx.fusion.float8_casts) else \
+        weight_quantize_op(ctx.recipe, sum(_local_params(ctx, lowp)))
     if wq is not None:
         em.compute(OpName.WEIGHT_QUANTIZE, -1, -1, 0, Phase.F, 0.0, float(np.sum(ctx.compute.op_times_s([wq]))),
                    *_host_of(ctx, [wq]))

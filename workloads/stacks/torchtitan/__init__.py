@@ -25,17 +25,32 @@ Element-wise kernels.  torchtitan's ``Compile.enable`` defaults to False
 with ``.float()`` and ``type_as``, ``silu(w1 x) * w3 x``, residual adds), each ATen op one
 memory-bound kernel (:data:`workloads.blocks.kernels.EAGER_NORM` and its neighbours).  With
 ``compile.enable`` Inductor fuses each group back into about one kernel: the default stack's
-fused costs stand in.  Only the dense attention and MLP blocks have eager costs; other blocks
-(MoE routers, SSMs) keep the fused ones.
+fused costs stand in.  The MoE block runs torchtitan's module eagerly under ``torchtitan``
+(``Fusion.moe_kernels = "torchtitan_eager"``: :func:`workloads.blocks.kernels.titan_router`,
+``titan_permute``, ``titan_unpermute``, from ``torchtitan/models/moe/moe.py@v0.2.2`` and
+``utils.py``; ``torch._grouped_mm`` costed as the default stack's grouped GEMMs); compiled
+torchtitan and the plain loop keep the fused MoE kernels; other blocks (SSMs) too.
 
 FSDP2 (``torchtitan/models/llama3/infra/parallelize.py@v0.2.2``, ``config/job_config.py``
 ``mixed_precision_reduce = "float32"``, ``fsdp_reshard_after_forward = "default"``): parameters
 gathered in BF16 per layer before its forward and again before its backward (re-gathered per
 micro-batch; kept under pipeline parallelism), gradients reduce-scattered in FP32 -- the
 default stack's ZeRO-3 with ``grad_reduce_dtype: fp32`` (4 bytes per gradient element, twice
-the BF16 bytes).  Not modelled: FSDP2's all-gather copy-in / copy-out (foreach copies of the
-shard into and out of the flat gather buffer), the optimizer step, async TP (only active with
-compile in torchtitan), torchao float8's own cast kernels (the precision recipe's stand in).
+the BF16 bytes).  FSDP2's own copies around those collectives (``Fusion.fsdp2_copies``,
+:mod:`workloads.stacks.megatron_te.data_parallel`) run on every one of the three stacks; the
+plain loop is modelled as FSDP2 (FSDP1's flat parameter has no copy-out; not modelled apart).
+
+Optimizer (``Fusion.optimizer``): torchtitan's ``optimizer.implementation = "fused"``
+(job_config.py@v0.2.2), ``torch.optim.AdamW(fused=True)``; a plain loop's AdamW defaults to
+``foreach`` on CUDA (:func:`workloads.costs.flops.optimizer_ops`).
+
+float8 (``Fusion.float8_casts``): torchtitan's ``float8`` converter swaps in torchao's
+``Float8Linear``; under the ``fp8_tensorwise`` recipe its six dynamic casts per linear and
+micro-batch replace Transformer Engine's, eager or compiled
+(:data:`workloads.costs.precision.TORCHAO_CAST`).  Not modelled: async TP (only with compile and
+TP in torchtitan: ``overlap.tp_comm`` runs the TP collectives beside the next GEMM as the default
+stack's userbuffer overlap does, on the compiled stack only; the eager stacks refuse it),
+torchao's rowwise recipes and FP8 all-gather.
 """
 
 from __future__ import annotations
@@ -46,6 +61,7 @@ from topologies import ConfigError
 
 from ...blocks.fusion import MEGATRON_TE
 from ..megatron_te import STACK as _MEGATRON_CORE
+from ..megatron_te.issue import assign_issue_modes
 
 __all__ = ["STACK", "STACK_COMPILE", "STACK_PYTORCH_FSDP", "sdpa_backend"]
 
@@ -88,20 +104,38 @@ _TITAN = ("pytorch/torchtitan torchtitan/models/attention.py@v0.2.2 (SDPA order 
           "(compile off, FP32 gradient reduction, reshard_after_forward), "
           "torchtitan/models/llama3/infra/parallelize.py@v0.2.2 (FSDP2)")
 
+def _eager_issue_modes(ops, overlap):
+    """The default stack's issue modes, but no TP overlap: torchtitan overlaps TP communication
+    only as async TP, which needs compile (``torchtitan/distributed/tensor_parallel.py@v0.2.2``
+    ``maybe_enable_async_tp`` raises without ``compile.enable``); a plain eager loop likewise."""
+    if overlap.get("tp_comm", False):
+        raise ConfigError("overlap.tp_comm", overlap["tp_comm"], "async TP needs torch.compile in torchtitan "
+                          "(maybe_enable_async_tp): use framework torchtitan_compile, or tp_comm false")
+    return assign_issue_modes(ops, overlap)
+
+
+#: torchtitan's optimizer (``optimizer.implementation = "fused"``, job_config.py@v0.2.2) over
+#: FSDP2 (``fully_shard``, parallelize.py@v0.2.2), whose copies run eagerly with or without
+#: ``compile.enable`` (torchtitan compiles each TransformerBlock; FSDP2's hooks stay outside).
+_FSDP2_FUSED_ADAMW = {"optimizer": "torch_fused", "fsdp2_copies": True}
+
 STACK = replace(
     _MEGATRON_CORE,
     name="torchtitan",
     summary="torchtitan v0.2.2 (FSDP2, eager): SDPA's cuDNN attention (Hopper, Blackwell; FlashAttention-2 on "
             "Ampere), unfused element-wise kernels; collectives and overlaps as megatron_core",
     sources=_TITAN,
-    fusion=replace(MEGATRON_TE, attention_backend="cudnn_sdpa", elementwise="eager"),
+    assign_issue_modes=_eager_issue_modes,
+    fusion=replace(MEGATRON_TE, attention_backend="cudnn_sdpa", elementwise="eager", moe_kernels="torchtitan_eager",
+                   float8_casts="torchao_eager", **_FSDP2_FUSED_ADAMW),
 )
 
 STACK_COMPILE = replace(
     STACK,
     name="torchtitan_compile",
     summary="torchtitan v0.2.2 with compile.enable: SDPA's cuDNN attention, Inductor-fused element-wise kernels",
-    fusion=replace(MEGATRON_TE, attention_backend="cudnn_sdpa"),
+    assign_issue_modes=_MEGATRON_CORE.assign_issue_modes,     # overlap.tp_comm: async TP (see the docstring)
+    fusion=replace(MEGATRON_TE, attention_backend="cudnn_sdpa", float8_casts="torchao_compiled", **_FSDP2_FUSED_ADAMW),
 )
 
 STACK_PYTORCH_FSDP = replace(
@@ -111,5 +145,6 @@ STACK_PYTORCH_FSDP = replace(
             "collectives and overlaps as megatron_core",
     sources="pytorch/pytorch aten/src/ATen/native/transformers/cuda/sdp_utils.cpp priority_order and "
             "aten/src/ATen/Context.h sdp_priority_order (flash first); " + _TITAN,
-    fusion=replace(MEGATRON_TE, attention_backend=sdpa_backend("2.7", "hopper"), elementwise="eager"),
+    fusion=replace(MEGATRON_TE, attention_backend=sdpa_backend("2.7", "hopper"), elementwise="eager",
+                   optimizer="torch_foreach", fsdp2_copies=True),
 )
