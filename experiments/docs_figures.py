@@ -149,7 +149,7 @@ def stacks() -> dict[str, str]:
     for nodes in (1, 8):
         for seq in (8192, 32768):
             times = {}
-            for fw in ("megatron_core", "torchtitan_compile", "torchtitan", "pytorch_fsdp"):
+            for fw in ("megatron_core", "torchtitan_compile", "torchtitan", "pytorch_fsdp", "deepspeed"):
                 dp = 8 * nodes
                 sc = {"model": "llama3-8b", "cluster": {"preset": "dgx-h100", "num_nodes": nodes},
                       "parallel": {"tp": 1, "pp": 1, "cp": 1, "dp": dp, "micro_batch_size": 1, "global_batch_size": dp,
@@ -160,7 +160,31 @@ def stacks() -> dict[str, str]:
             for fw, t in times.items():
                 if fw != "megatron_core":
                     out[f"{fw}_{8 * nodes}_{seq // 1024}k"] = f"{t / times['megatron_core'] - 1:+.1%}".replace("%", " %")
+            out[f"deepspeed_vs_fsdp_{8 * nodes}_{seq // 1024}k"] = \
+                f"{times['deepspeed'] / times['pytorch_fsdp'] - 1:+.1%}".replace("%", " %")
     return out
+
+
+@producer
+def deepspeed_zero() -> dict[str, str]:
+    """Llama 3 8B on the deepspeed stack, 8 H100, seq 8k: exposed data-parallel time at ZeRO-1
+    (with and without overlap_comm) and ZeRO-3, and ZeRO-3 with FP32 reductions against
+    pytorch_fsdp (docs/modelling.md, "Framework stacks")."""
+    def metrics(fw, zero, deepspeed=None):
+        sc = {"model": "llama3-8b", "cluster": {"preset": "dgx-h100", "num_nodes": 1},
+              "parallel": {"dp": 8, "micro_batch_size": 1, "global_batch_size": 8, "seq_len": 8192,
+                           "zero_stage": zero, "distributed_optimizer": True, "recompute": "full"},
+              "precision": "bf16", "num_steps": 2, "framework": fw}
+        if deepspeed:
+            sc["deepspeed"] = deepspeed
+        return _run(sc, progress=False).metrics
+
+    def ms(m):
+        return f"{m['breakdown_s']['exposed_dp'] * 1e3:.0f}"
+    fsdp = metrics("pytorch_fsdp", 3)["step_time_s"]
+    fp32 = metrics("deepspeed", 3, {"communication_data_type": "fp32"})["step_time_s"]
+    return {"z1_ms": ms(metrics("deepspeed", 1)), "z1_overlap_ms": ms(metrics("deepspeed", 1, {"overlap_comm": True})),
+            "z3_ms": ms(metrics("deepspeed", 3)), "fp32_vs_fsdp": f"{fp32 / fsdp - 1:+.1%}".replace("%", " %")}
 
 
 @producer

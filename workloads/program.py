@@ -273,7 +273,7 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
                   with_memory: bool = False, grad_reduce_dtype: str | None = None,
                   p2p_overlap: bool = False, grad_reduce_overlap: bool = True, host="eager",
                   moe_ep_overlap: bool = False, overlap: Mapping | None = None,
-                  framework: str = DEFAULT_STACK, cp_mla_latent: bool = False) -> Program:
+                  framework: str = DEFAULT_STACK, cp_mla_latent: bool = False, stack_options=None) -> Program:
     """The class-level program of one training step.
 
     Parameters
@@ -306,6 +306,7 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
         op's issue mode (:class:`~workloads.ops.Issue`); missing switches take their defaults
     framework : the kernel stack that lowers the blocks (:mod:`workloads.stacks`)
     cp_mla_latent : the what-if ``whatif.cp_mla_latent`` (:mod:`simulator.scenario.whatif`)
+    stack_options : the stack's own settings (:meth:`workloads.stacks.KernelStack.parse_options`)
     """
     stack = get_stack(framework)
     stack.check_blocks(sorted({b.kind for i in range(model.num_layers) for b in layer_blocks(model, i)}))
@@ -326,11 +327,10 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
         sched = get_schedule(par.schedule)(par.pp, par.num_microbatches, par.vpp)
     ctx = _Ctx(model, par, compute, recipe, par.micro_batch_size, seq, _chunk_layers(model, par, sched), sched,
                parse_routing(moe_routing), seed, cp_mla_latent=cp_mla_latent and check_cp_mla_latent(model, par))
-    ctx.p2p_overlap = p2p_overlap
     stack.check_layout(model, par, sched, moe_ep_overlap=moe_ep_overlap)
-    ctx.moe_ep_overlap = moe_ep_overlap
-    ctx.grad_overlap = grad_reduce_overlap
+    ctx.p2p_overlap, ctx.moe_ep_overlap, ctx.grad_overlap = p2p_overlap, moe_ep_overlap, grad_reduce_overlap
     ctx.host, ctx.fusion = hc, stack.fusion
+    ctx.stack_options = stack.parse_options(stack_options)
     a2a_sizes: dict = {}
     classes, class_of_rank = _rank_classes(ctx, grid, a2a_sizes, stack.stage_program)
     for c in classes:

@@ -319,7 +319,7 @@ def _program(sc, compute_scale, whatif):
                          moe_routing=sc.moe_routing, seed=sc.seed, grad_reduce_dtype=sc.grad_reduce_dtype,
                          p2p_overlap=sc.overlap.get("p2p", False), moe_ep_overlap=sc.overlap.get("moe_ep_comm", False),
                          grad_reduce_overlap=sc.overlap.get("grad_reduce", True), host=sc.host,
-                         overlap=sc.overlap, framework=sc.framework, cp_mla_latent=wi.cp_mla_latent)
+                         overlap=sc.overlap, framework=sc.framework, stack_options=sc.stack_options, cp_mla_latent=wi.cp_mla_latent)
     grid = prog.grid
     scale = {int(r): float(f) for r, f in (compute_scale or {}).items()}
     for r, f in scale.items():

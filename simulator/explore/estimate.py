@@ -18,10 +18,12 @@ formula of its own:
   (:func:`workloads.schedules.schedule_timing`);
 * **data parallelism**: the gradient buckets overlap the last micro-batch's backward, so
   the estimate exposes ``max(last bucket, all buckets - one backward)`` (ZeRO-2/3 reduce
-  every micro-batch's: each micro-batch exposes what its backward does not hide) (without
-  ``grad_reduce`` overlap: all of them, after the stage's schedule); the distributed
-  optimizer's parameter gather exposes ``max(first bucket, all buckets - one forward)``; step-end ops (grad-norm
-  all-reduce, tied embeddings, the optimizer) add;
+  every micro-batch's: each micro-batch exposes what its backward does not hide); buckets
+  the stack issues off the data-parallel stream (``grad_reduce`` overlap off, DeepSpeed
+  without ``overlap_comm``) expose all of them; the distributed
+  optimizer's parameter gather exposes ``max(first bucket, all buckets - one forward)``, or
+  all of it where it blocks (``param_gather`` off, DeepSpeed ZeRO-1/2's step all-gather);
+  step-end ops (grad-norm all-reduce, tied embeddings, the optimizer) add;
 * **memory** is :func:`workloads.memory_estimates`, the simulator's memory model.
 
 What it leaves out, by construction: contention between concurrent flows (DP buckets
@@ -68,7 +70,7 @@ def _fewest_microbatches_program(sc, schedule: str):
                          seed=sc.seed, grad_reduce_dtype=sc.grad_reduce_dtype,
                          p2p_overlap=sc.overlap.get("p2p", False),
                          grad_reduce_overlap=sc.overlap.get("grad_reduce", True), host=sc.host,
-                         overlap=sc.overlap, framework=sc.framework, cp_mla_latent=sc.whatif.cp_mla_latent)
+                         overlap=sc.overlap, framework=sc.framework, stack_options=sc.stack_options, cp_mla_latent=sc.whatif.cp_mla_latent)
 
 
 _PENDING_ISSUES = frozenset({Issue.BESIDE_NEXT, Issue.OVERLAP_NEXT, Issue.PREFETCH})
@@ -208,7 +210,13 @@ class Estimator:
                     action[akey] += t
         for akey, h in host.items():      # the GPU cannot run ahead of the host
             action[akey] = max(action[akey], h)
-        return {"action": dict(action), "grad": grad, "gather": gather, "tail": tail, "total": sum(action.values())}
+        # the stack's issue modes say whether the buckets and gathers overlap anything: off the
+        # data-parallel stream each one blocks (DeepSpeed without overlap_comm, ZeRO-1/2's
+        # step all-gather; Megatron with grad_reduce / param_gather off)
+        blocking = {name: any(pick(op) and op.issue is not Issue.DP_STREAM for op in cls.ops)
+                    for name, pick in (("grad_blocking", is_grad_bucket), ("gather_blocking", is_param_gather))}
+        return {"action": dict(action), "grad": grad, "gather": gather, "tail": tail, "total": sum(action.values()),
+                **blocking}
 
     def _cp_exchange_s(self, op, group_gpus, gpu: int) -> float | None:
         """A context-parallel exchange the engine runs as a sized all-to-all (tag
@@ -253,15 +261,17 @@ class Estimator:
             k = st.get("grad_mbs", 1)
             if not st["grad"]:
                 dp = 0.0
+            elif st["grad_blocking"]:        # each bucket blocks where it is issued
+                dp = sum(st["grad"])
             elif k > 1:            # per micro-batch: each micro-batch's buckets overlap its own backward
                 one = st["grad"][:len(st["grad"]) // k]
                 per = sum(one)
                 dp = (m - 1) * max(0.0, per - window) + max(one[-1], per - window)
-            elif sc.overlap.get("grad_reduce", True):
+            else:
                 dp = max(st["grad"][-1], sum(st["grad"]) - window)
-            else:                  # issued after the stage's schedule, each bucket blocking
-                dp = sum(st["grad"])
-            if st["gather"]:       # the next step's first forward waits for the buckets it needs
+            if st["gather_blocking"]:
+                dp += sum(st["gather"])
+            elif st["gather"]:     # the next step's first forward waits for the buckets it needs
                 dp += max(st["gather"][0], sum(st["gather"]) - st["action"].get(("F", 0), 0.0))
             exposed_dp.append(dp)
             stage_end.append(max(timing.end[s]) + dp + st["tail"])

@@ -42,7 +42,7 @@ PRECISION_OPTIONS = ("bf16_first_layers", "bf16_last_layers", "fp8_param_gather"
 
 _KEYS = {"name", "description", "model", "cluster", "parallel", "precision", "precision_options", "grad_reduce_dtype",
          "overlap", "whatif",
-         "num_steps", "seed", "moe_routing", "host", "approximations", "framework",
+         "num_steps", "seed", "moe_routing", "host", "approximations", "framework", "deepspeed",
          "flop_convention", "memory_accounting", "hbm_headroom", "offload"}
 
 #: Keys of the ``offload`` section and the ParallelConfig field each sets (workloads.offload).
@@ -89,6 +89,9 @@ class Scenario:
     framework: str = DEFAULT_STACK
     """The kernel stack that runs the model's blocks (:mod:`workloads.stacks`): which
     collectives sit between the kernels and how each op is issued relative to compute."""
+    stack_options: object = None
+    """The kernel stack's own settings, parsed (the ``deepspeed`` section for ``framework:
+    deepspeed``: :mod:`workloads.stacks.deepspeed.options`); None: none given."""
     approximations: tuple[str, ...] = ()
     """Opt-in approximations in force (names of :data:`APPROXIMATIONS`); empty: exact."""
     precision_options: dict = field(default_factory=dict)
@@ -216,11 +219,13 @@ def load_scenario(spec: "str | Path | dict", *, cluster=None) -> Scenario:
     host = data.get("host", "eager")
     host_costs(host, "scenario.host")
     framework = _framework(data.get("framework", DEFAULT_STACK), model)
+    stack_options = _stack_options(data, framework)
     approx = _approximations(data.get("approximations", []))
     accounting = _accounting(data)
     return Scenario(model=model, cluster=cluster, parallel=par, precision=precision, overlap=overlap, whatif=whatif,
                     num_steps=num_steps, seed=seed, moe_routing=routing, name=str(data.get("name", name)),
-                    grad_reduce_dtype=grad_dtype, source=data, host=host, framework=framework, approximations=approx,
+                    grad_reduce_dtype=grad_dtype, source=data, host=host, framework=framework, stack_options=stack_options,
+                    approximations=approx,
                     precision_options=dict(popts), **accounting)
 
 
@@ -253,6 +258,16 @@ def _framework(name, model: ModelSpec) -> str:
     except ConfigError as e:
         raise ConfigError("scenario.framework", e.value, e.rule) from None
     return stack.name
+
+
+def _stack_options(data: dict, framework: str):
+    """The section of the stack's own settings (only ``deepspeed`` has one), parsed by the stack."""
+    if "deepspeed" not in data:
+        return None
+    if framework != "deepspeed":
+        raise ConfigError("scenario.deepspeed", data["deepspeed"], f"applies only with framework: deepspeed "
+                                                                   f"(framework is {framework})")
+    return get_stack(framework).options(data["deepspeed"])
 
 
 def _check_model_file(model) -> None:

@@ -124,7 +124,10 @@ Framework defaults for empty cells (echoed per row in ``notes``), :data:`FRAMEWO
   p2p overlap on (``--no-overlap-p2p-communication`` is the opt-out).
 * **DeepSpeed** (contains "deepspeed" but not "megatron"): ZeRO off unless the row says;
   ``overlap_comm`` (gradient reduce and parameter gather overlap) only at stage 3, its
-  default there; no sequence parallelism, no recompute, no p2p overlap.
+  default there; no sequence parallelism, no recompute, no p2p overlap.  A data-parallel
+  row runs on the ``deepspeed`` kernel stack (DeepSpeed v0.16.4's buckets, reductions and
+  ZeRO-3 gathers, the model's eager modules with SDPA); a row with tp, pp, cp or ep > 1
+  stays on the default stack (noted).  Megatron-DeepSpeed rows are Megatron-LM's.
 * **torchtitan**: FSDP2 (ZeRO-3), sequence parallelism with TP (its TP plan shards norms
   along the sequence), and its default activation checkpointing (v0.2.2: mode ``selective``
   with ``selective_ac_option: "2"``, every second transformer block fully checkpointed) as
@@ -229,8 +232,11 @@ FRAMEWORKS: dict[str, dict] = {
         "sequence_parallel": False, "zero_stage": 0, "distributed_optimizer": False, "recompute": "none",
         "overlap": {"grad_reduce": "zero3", "param_gather": "zero3", "p2p": False, "tp_comm": False},
         "convention": "megatron_core_2025",
-        "source": "microsoft/DeepSpeed deepspeed/runtime/zero/config.py (ZeRO off unless configured; overlap_comm "
-                  "defaults to True only at stage 3); its pipeline engine does not overlap p2p",
+        "stack": "deepspeed",
+        "source": "microsoft/DeepSpeed deepspeed/runtime/zero/config.py@v0.16.4 (ZeRO off unless configured; "
+                  "overlap_comm defaults to True only at stage 3); its pipeline engine does not overlap p2p; the "
+                  "deepspeed kernel stack (DeepSpeed's buckets and ZeRO-3 gathers, eager modules, SDPA) when the row "
+                  "is data parallel only",
     },
     "llm_foundry": {
         "label": "llm-foundry benchmark runs (Composer, PyTorch FSDP1)",
@@ -915,7 +921,7 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
         scenario["precision_options"] = popts
     if fw == "llm_foundry":
         notes += _llm_foundry_run(row, scenario)
-    if prof.get("stack"):
+    if prof.get("stack") and not _model_parallel_deepspeed(fw, par, notes):
         scenario.setdefault("framework", prof["stack"])
         notes.append(f"kernel stack {scenario['framework']}")
     if prof.get("grad_reduce_dtype"):
@@ -925,6 +931,17 @@ def _published_scenario(row: dict) -> tuple[dict, list[str]]:
         notes += _bridge_recipe(row, scenario, base)
     _check_pipeline_split(par, int(model.get("num_layers", base.get("num_layers", 0)) or 0))
     return scenario, notes
+
+
+def _model_parallel_deepspeed(fw: str, par: dict, notes: list[str]) -> bool:
+    """A DeepSpeed row with tensor, pipeline, context or expert parallelism: the ``deepspeed``
+    stack models ZeRO data parallelism only, so the row stays on the default stack (noted)."""
+    axes = [f"{a}={par.get(a, 1)}" for a in ("tp", "pp", "cp", "ep") if par.get(a, 1) != 1]
+    if fw != "deepspeed" or not axes:
+        return False
+    notes.append(f"not modelled: the deepspeed kernel stack with {', '.join(axes)} (it models ZeRO data "
+                 "parallelism only): run on megatron_core")
+    return True
 
 
 #: Composer's FSDP mixed-precision modes -> the gradient reduction's dtype.  Source:

@@ -67,7 +67,7 @@ def test_unknown_framework_is_refused_with_the_known_ones():
     with pytest.raises(ConfigError, match="megatron_core, llm_foundry"):
         get_stack("maxtext")
     assert set(KERNEL_STACKS) == {DEFAULT_STACK, "llm_foundry", "llm_foundry_flash", "torchtitan", "torchtitan_compile",
-                                  "pytorch_fsdp"}
+                                  "pytorch_fsdp", "deepspeed"}
 
 
 def test_a_block_the_stack_does_not_lower_is_refused_before_any_work():

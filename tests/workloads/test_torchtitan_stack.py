@@ -154,6 +154,7 @@ _ROW = {"gpu_type": "H100 80GB", "num_gpus": "8", "tp": "1", "pp": "1", "model":
     ("PyTorch FSDP2", "pytorch_fsdp"),
     ("FSDP", "pytorch_fsdp"),
     ("llm-foundry/Composer, PyTorch FSDP", "llm_foundry"),
+    ("DeepSpeed ZeRO-3", "deepspeed"),
 ])
 def test_framework_cells_map_to_their_stacks(cell, stack):
     scenario, notes = row_to_scenario(dict(_ROW, framework=cell), "published")
@@ -161,8 +162,8 @@ def test_framework_cells_map_to_their_stacks(cell, stack):
     assert load_scenario(scenario).framework == stack
 
 
-@pytest.mark.parametrize("cell", ["Megatron-DeepSpeed", "DeepSpeed ZeRO-3", "NeMo 24.09"])
-def test_megatron_deepspeed_and_deepspeed_rows_keep_the_default_stack(cell):
+@pytest.mark.parametrize("cell", ["Megatron-DeepSpeed", "NeMo 24.09"])
+def test_megatron_deepspeed_and_nemo_rows_keep_the_default_stack(cell):
     scenario, _ = row_to_scenario(dict(_ROW, framework=cell), "published")
     assert "framework" not in scenario
 

@@ -48,6 +48,18 @@ class KernelStack:
     check_layout: Callable
     """``(model, parallel, schedule, *, moe_ep_overlap) -> None``: what the framework refuses
     (or clustersim does not model for it) in a layout, as ConfigErrors, before any work."""
+    options: Callable | None = None
+    """``(raw mapping or None) -> options``: the stack's own scenario section (named after the
+    stack, e.g. ``deepspeed``) parsed, ConfigErrors for bad entries; None: the stack has none."""
+
+    def parse_options(self, raw):
+        """The stack's own settings from ``raw`` (the scenario's section named after the stack;
+        None: its defaults); a stack without :attr:`options` refuses any."""
+        if self.options is not None:
+            return self.options(raw)
+        if raw:
+            raise ConfigError("framework", self.name, "takes no options of its own")
+        return None
 
     def check_blocks(self, kinds) -> None:
         """Refuse, before any work, a model with a block kind the stack does not lower."""

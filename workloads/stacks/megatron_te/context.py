@@ -45,6 +45,8 @@ class _Ctx:
     a2a_sizes: dict = field(default_factory=dict)
     fusion: Fusion = MEGATRON_TE       #: the stack's kernel-level choices
     cp_mla_latent: bool = False        #: what-if: the CP exchange carries MLA's latent (context_parallel.py)
+    dp_rules: object = None            #: the stack's data-parallel rules (data_parallel.DataParallelRules); None: Megatron-Core's
+    stack_options: dict = field(default_factory=dict)   #: the scenario's options of the stack (e.g. ``deepspeed``)
 
 
 

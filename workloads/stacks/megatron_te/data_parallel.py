@@ -4,6 +4,9 @@ the optimizer)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import numpy as np
 from ...blocks.base import norm_params
 from ...blocks.kernels import ew
@@ -269,3 +272,24 @@ def _param_gathers(ctx: _Ctx, em: _Emitter, order: list[int], edge_params: float
                     em.coll(Stream.DP, Coll.ALL_GATHER, group, acc * ctx.recipe.param_gather_bytes_per_param,
                             _PARAM_GATHER[kind], phase=Phase.S, tag=(first, layer))
                 acc, first = 0.0, None
+
+
+
+class DataParallelRules(NamedTuple):
+    """How a stack runs data parallelism inside the shared stage program (:mod:`.pipeline`):
+    the gradient buckets of a stage, the per-layer and edge (embedding, output layer)
+    parameter gathers before a forward or backward, and the step's end.  Megatron-Core's are
+    :data:`MEGATRON_DP`; another stack puts its own on the build context (``_Ctx.dp_rules``)."""
+
+    buckets: Callable         #: (ctx, em) -> a gradient-bucket object (ready, flush_all, issue_deferred, bucket_params, grad_bytes)
+    gather_layer: Callable    #: (ctx, em, layer, mb, chunk, phase) -> None
+    gather_edge: Callable     #: (ctx, em, params, layer, mb, chunk, phase) -> None
+    step_end: Callable        #: (ctx, em, stage) -> None
+
+
+MEGATRON_DP = DataParallelRules(_GradBuckets, _fsdp_gather_layer, _fsdp_gather_edge, _step_end)
+
+
+def dp_rules(ctx) -> DataParallelRules:
+    """The data-parallel rules of the stack building ``ctx`` (Megatron-Core's unless set)."""
+    return ctx.dp_rules or MEGATRON_DP

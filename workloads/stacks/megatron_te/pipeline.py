@@ -14,7 +14,7 @@ from ...schedules.actions import COMM_KINDS
 from ...schedules.comm import p2p_order
 
 from .context import _Ctx, _Emitter, _Stage, _host_of
-from .data_parallel import _GradBuckets, _embedding_params, _fsdp_gather_edge, _fsdp_gather_layer, _grads_sharded, _local_params, _output_params, _step_end
+from .data_parallel import _embedding_params, _grads_sharded, _local_params, _output_params, dp_rules
 from .layers import _layer_backward, _layer_forward, _layer_wgrad, _recompute_kind
 from .moe import _MoEPair, _moe_pairs
 
@@ -32,7 +32,7 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
     stage_layers = [ctx.chunk_layers[model_chunk(sched, stage, c)] for c in range(sched.num_chunks)]
     act_p2p = _act_bytes(ctx) / (par.tp if _p2p_split(par) else 1)
     st = _Stage(stage, tokens, stage_layers, sum(len(r) for r in stage_layers), act_p2p,
-                _last_microbatches(sched, stage), _GradBuckets(ctx, em))
+                _last_microbatches(sched, stage), dp_rules(ctx).buckets(ctx, em))
     # the weights of the layers whose GEMMs run in low precision (NVFP4 keeps some in BF16)
     lowp = [i for r in stage_layers for i in r if ctx.recipe.is_low_precision_layer(i, ctx.model.num_layers)]
     # (torchao casts the weights with each GEMM instead: costs.precision.with_quantize_ops)
@@ -72,7 +72,7 @@ def _stage_program(ctx: _Ctx, stage: int, tokens: dict) -> list[Op]:
             _emit_action(ctx, em, st, a, p2p=order is None)
         em.lane = 0
     st.buckets.issue_deferred()
-    _step_end(ctx, em, st)
+    dp_rules(ctx).step_end(ctx, em, st)
     return _one_issue_per_p2p_batch(em.ops)
 
 
@@ -195,14 +195,14 @@ def _emit_forward(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where, p2p: bool) 
     if w.prev_stage is not None:
         _gather_received(ctx, em, mb, chunk, Phase.F)
     if w.k == 0:
-        _fsdp_gather_edge(ctx, em, _embedding_params(ctx), -1, mb, chunk, Phase.F)
+        dp_rules(ctx).gather_edge(ctx, em, _embedding_params(ctx), -1, mb, chunk, Phase.F)
         _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), Phase.F, OpName.EMBEDDING, mb, chunk)
     for j, layer in enumerate(w.layers):
-        _fsdp_gather_layer(ctx, em, layer, mb, chunk, Phase.F)
+        dp_rules(ctx).gather_layer(ctx, em, layer, mb, chunk, Phase.F)
         _layer_forward(ctx, em, layer, mb, chunk, st.tokens.get((layer, mb)), Phase.F,
                        _recompute_kind(par, w.first_idx + j, st.num_layers))
     if w.next_stage is None:
-        _fsdp_gather_edge(ctx, em, _output_params(ctx), -1, mb, chunk, Phase.F)
+        dp_rules(ctx).gather_edge(ctx, em, _output_params(ctx), -1, mb, chunk, Phase.F)
         _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq, fused_cross_entropy=ctx.fusion.cross_entropy_fused), Phase.F, OpName.OUTPUT_LOSS, mb, chunk)
     elif p2p:
         _p2p(em, ActionKind.SEND_F, st.index, chunk, mb, w.k, w.next_stage, st.act_p2p)
@@ -221,20 +221,20 @@ def _emit_backward(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where, p2p: bool)
         _gather_received(ctx, em, mb, chunk, Phase.B)
     else:
         out = output_ops(model, par, ctx.mbs, ctx.seq, fused_cross_entropy=ctx.fusion.cross_entropy_fused)
-        _fsdp_gather_edge(ctx, em, _output_params(ctx), -1, mb, chunk, Phase.B)
+        dp_rules(ctx).gather_edge(ctx, em, _output_params(ctx), -1, mb, chunk, Phase.B)
         _add_ops(ctx, em, out, Phase.B, OpName.OUTPUT_LOSS_BWD, mb, chunk)
         if with_w:
             _add_ops(ctx, em, out, Phase.W, OpName.OUTPUT_WGRAD, mb, chunk)
             if fill:
                 st.buckets.ready([], chunk, _output_params(ctx))
     for j, layer in reversed(list(enumerate(w.layers))):
-        _fsdp_gather_layer(ctx, em, layer, mb, chunk, Phase.B)
+        dp_rules(ctx).gather_layer(ctx, em, layer, mb, chunk, Phase.B)
         _layer_backward(ctx, em, layer, mb, chunk, st.tokens.get((layer, mb)),
                         _recompute_kind(par, w.first_idx + j, st.num_layers), with_w)
         if fill:
             st.buckets.ready([layer], chunk)
     if w.k == 0 and with_w:
-        _fsdp_gather_edge(ctx, em, _embedding_params(ctx), -1, mb, chunk, Phase.B)
+        dp_rules(ctx).gather_edge(ctx, em, _embedding_params(ctx), -1, mb, chunk, Phase.B)
         _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), Phase.W, OpName.EMBEDDING_WGRAD, mb, chunk)
         if fill:
             st.buckets.ready([], chunk, _embedding_params(ctx))
