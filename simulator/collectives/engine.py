@@ -22,6 +22,7 @@ Everything is callbacks on simpy events: no process per collective, no ``AllOf``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import simpy
@@ -511,10 +512,11 @@ class CollectiveEngine:
                                now, ev), key[0], key[1], algo, proto, lat, None)
             return ev
         if self.keep_records:
-            group_id, seq = key
-            ev.callbacks.append(lambda _e: self.records.append(CollectiveRecord(
-                group_id, seq, kind, size, algo, proto, now, now, env.now, lat)))
+            ev.callbacks.append(partial(self._record_whole, key[0], key[1], kind, size, algo, proto, now, lat))
         return self.net.start_template(t, lat, ev)
+
+    def _record_whole(self, group_id, seq, kind, size, algo, proto, start, lat, _ev) -> None:
+        self.records.append(CollectiveRecord(group_id, seq, kind, size, algo, proto, start, start, self.env.now, lat))
 
     def _issue(self, group_id, seq, kind, size_bytes, count, algo, proto, sizes, root) -> simpy.Event:
         if kind not in KINDS or kind == "send_recv":

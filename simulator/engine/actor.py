@@ -488,6 +488,11 @@ class CellActor:
             self.hc += op.host_s
             if t_host > self.env.now:
                 yield from self._host_wait(t_host)
+        if self.plan.prep_at[i]:
+            yield from self._prep_waits(i)
+
+    def _prep_waits(self, i):
+        # the waits of _prepare (ops with prep_at[i])
         if self.overlapped and self.plan.step_sync_at[i]:
             yield from self._wait_overlapped()
         if self.plan.grad_norm_at[i] and self.grad_pending:
@@ -506,9 +511,14 @@ class CellActor:
 
     def _blocking(self, op, i, step):
         """Issue.BLOCKING: the rank waits for the collective."""
-        if op.host_s > 0.0 or self.plan.prep_at[i]:
-            yield from self._prepare(op, i)
         env, plan = self.env, self.plan
+        if op.host_s > 0.0:             # (_prepare, inline: one generator fewer per op)
+            t_host = self.hc + op.host_s / max(op.host_ops, 1)
+            self.hc += op.host_s
+            if t_host > env.now:
+                yield from self._host_wait(t_host)
+        if plan.prep_at[i]:
+            yield from self._prep_waits(i)
         seq = step * plan.per_kind[op.group] + op.seq
         groups = self.groups_of[op.group]
         t_issue = env.now
