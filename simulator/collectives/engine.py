@@ -503,7 +503,7 @@ class CollectiveEngine:
         scheduled in the same order at the same times, and the same records, as
         :meth:`_start` then :meth:`_launch` would give, from what they computed then."""
         env = self.env
-        now = env.now
+        now = env._now                 # (env.now, without the property's call)
         ev = simpy.Event(env)
         self.call_start[key] = now
         kind, size, algo, proto, lat, _net, t, call = whole
@@ -516,7 +516,7 @@ class CollectiveEngine:
         return self.net.start_template(t, lat, ev)
 
     def _record_whole(self, group_id, seq, kind, size, algo, proto, start, lat, _ev) -> None:
-        self.records.append(CollectiveRecord(group_id, seq, kind, size, algo, proto, start, start, self.env.now, lat))
+        self.records.append(CollectiveRecord(group_id, seq, kind, size, algo, proto, start, start, self.env._now, lat))
 
     def _issue(self, group_id, seq, kind, size_bytes, count, algo, proto, sizes, root) -> simpy.Event:
         if kind not in KINDS or kind == "send_recv":

@@ -515,23 +515,24 @@ class CellActor:
         if op.host_s > 0.0:             # (_prepare, inline: one generator fewer per op)
             t_host = self.hc + op.host_s / max(op.host_ops, 1)
             self.hc += op.host_s
-            if t_host > env.now:
+            if t_host > env._now:
                 yield from self._host_wait(t_host)
         if plan.prep_at[i]:
             yield from self._prep_waits(i)
         seq = step * plan.per_kind[op.group] + op.seq
         groups = self.groups_of[op.group]
-        t_issue = env.now
+        t_issue = env._now               # (env.now, without the property's call)
         sizes = self._sizes_of(op) if op.coll == COLL_ALL_TO_ALL else None
         if len(groups) == 1 and not self.free_comm and op.size_bytes > 0:
             ev = self.coll.issue(groups[0][0], seq, op.coll, op.size_bytes, count=groups[0][1], sizes=sizes)
         else:
             ev = _issue(env, self.coll, groups, seq, op, self.free_comm, sizes)
-        if not ev.processed:
+        if ev.callbacks is not None:    # (not ev.processed)
             yield ev
         axis = plan.axis_of[i]
-        self.rec.add(self.rep, self.node, op.stream, op, axis, t_issue, env.now, step, self.cid)
-        if env.now > t_issue:
+        now = env._now
+        self.rec.add(self.rep, self.node, op.stream, op, axis, t_issue, now, step, self.cid)
+        if now > t_issue:
             # waiting for the other members to arrive is a dependency (bubble, load
             # imbalance); only the time after the call started is communication
             call_start = self.coll.call_start
@@ -543,8 +544,8 @@ class CellActor:
                 t_start = max([t_issue] + [call_start.get((g, seq), t_issue) for g, _ in groups])
             if t_start > t_issue:
                 self.wait_log.append((t_issue, t_start, "bubble"))
-            if env.now > t_start:
-                self.wait_log.append((t_start, env.now, axis))
+            if now > t_start:
+                self.wait_log.append((t_start, now, axis))
 
     def _alongside(self, op, i, step):
         # issue a collective that runs while the next compute op computes; that op waits for it

@@ -218,7 +218,7 @@ class FlowNetwork:
                 if hit.size:
                     on_use(self.env.now + delay, hit.tolist())
         if delay > 0:
-            if not (t.items and self._try_isolated(gid, t, ev, self.env.now + delay)):
+            if not (t.items and self._try_isolated(gid, t, ev, self.env._now + delay)):
                 self.env.timeout(delay).callbacks.append(lambda _e: self._admit(gid, t, ev))
             return ev
         self._admit(gid, t, ev)
@@ -348,7 +348,7 @@ class FlowNetwork:
         fin = simpy.Event(env)
         fin._ok, fin._value = True, None
         fin.callbacks.append(partial(self._finish_isolated, gid))
-        env.schedule(fin, simpy.core.NORMAL, start - env.now + t.duration)
+        env.schedule(fin, simpy.core.NORMAL, start - env._now + t.duration)
         return True
 
     def _finish_isolated(self, gid: int, _ev=None) -> None:
@@ -357,7 +357,7 @@ class FlowNetwork:
             return                      # materialized meanwhile: its flows finish as ordinary ones
         t, t0, ev = rec
         # exact bytes (every flow carried its whole size), added to the links when read
-        now = self.env.now
+        now = self.env._now
         t.done_runs += 1
         t.done_busy_s += now - t0
         self._done_templates[t] = None
