@@ -506,10 +506,11 @@ class CollectiveEngine:
         now = env._now                 # (env.now, without the property's call)
         ev = simpy.Event(env)
         self.call_start[key] = now
-        kind, size, algo, proto, lat, _net, t, call = whole
+        kind, size, algo, proto, lat, _net, t, asked = whole
         if t is None:                   # a tiny call: _launch's timer on a fresh _Call
-            self._launch(_Call(kind, size, call.expected, call.algo, call.proto, None, call.root, call.expected,
-                               now, ev), key[0], key[1], algo, proto, lat, None)
+            count, forced_algo, forced_proto, root = asked
+            self._launch(_Call(kind, size, count, forced_algo, forced_proto, None, root, count, now, ev),
+                         key[0], key[1], algo, proto, lat, None)
             return ev
         if self.keep_records:
             ev.callbacks.append(partial(self._record_whole, key[0], key[1], kind, size, algo, proto, now, lat))
@@ -566,7 +567,7 @@ class CollectiveEngine:
         algo, proto, lat, flows = self._prepared[ckey]
         t = None if flows is None else self.net.template(flows, ckey)
         self._whole[(group_id, kind, size_bytes, count, call.algo, call.proto, call.root)] = (
-            kind, call.size, algo, proto, lat, self.net, t, call)
+            kind, call.size, algo, proto, lat, self.net, t, (count, call.algo, call.proto, call.root))
 
     def pending(self) -> list[str]:
         """Calls and transfers still waiting for members (for deadlock reports)."""
