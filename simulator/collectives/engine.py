@@ -22,6 +22,7 @@ Everything is callbacks on simpy events: no process per collective, no ``AllOf``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import simpy
@@ -158,6 +159,9 @@ class CollectiveEngine:
         self._mult: dict[int, int] = {}
         self._qcache: dict[tuple, list] = {}
         self._prepared: dict[tuple, tuple] = {}
+        # all-at-once calls by signature (group, kind, size, count, algo, proto, root): what
+        # _start prepared for them and the network's template of their flows (_issue_whole)
+        self._whole: dict[tuple, tuple] = {}
         self.coupled_all_to_all = False
         """Approximation (opt-in): an all-to-all moves as one coupled flow, see :meth:`_coupled`."""
 
@@ -170,6 +174,7 @@ class CollectiveEngine:
             self.net = FlowNetwork(self.env, folding.capacity(self.capacity))
         self._qcache.clear()
         self._prepared.clear()
+        self._whole.clear()
 
     def _quotient(self, routes: list, mult: int) -> list:
         """``(links, coefs)`` routes on the network the engine runs on (see set_folding)."""
@@ -190,6 +195,7 @@ class CollectiveEngine:
             raise ConfigError("group_id", gid, "already registered with other members")
         self.groups[gid] = members
         self._mult[gid] = int(multiplicity)
+        self._whole.clear()             # (a signature's expected count may have changed)
         return gid
 
     # -- plans and prediction ----------------------------------------------------------------
@@ -483,6 +489,37 @@ class CollectiveEngine:
         ``sizes[i, j]`` gives every pair.  Returns the completion event (shared by all
         members).
         """
+        if sizes is None:
+            whole = self._whole.get((group_id, kind, size_bytes, count, algo, proto, root))
+            if whole is not None and whole[5] is self.net:
+                key = (group_id, seq)
+                if key not in self.call_start and key not in self._calls:
+                    return self._issue_whole(key, whole)
+        return self._issue(group_id, seq, kind, size_bytes, count, algo, proto, sizes, root)
+
+    def _issue_whole(self, key: tuple, whole: tuple) -> simpy.Event:
+        """:meth:`issue` of a call every member of which arrives at once (a folded cell holding
+        the whole group cell) whose call signature has been issued before: the same events,
+        scheduled in the same order at the same times, and the same records, as
+        :meth:`_start` then :meth:`_launch` would give, from what they computed then."""
+        env = self.env
+        now = env._now                 # (env.now, without the property's call)
+        ev = simpy.Event(env)
+        self.call_start[key] = now
+        kind, size, algo, proto, lat, _net, t, asked = whole
+        if t is None:                   # a tiny call: _launch's timer on a fresh _Call
+            count, forced_algo, forced_proto, root = asked
+            self._launch(_Call(kind, size, count, forced_algo, forced_proto, None, root, count, now, ev),
+                         key[0], key[1], algo, proto, lat, None)
+            return ev
+        if self.keep_records:
+            ev.callbacks.append(partial(self._record_whole, key[0], key[1], kind, size, algo, proto, now, lat))
+        return self.net.start_template(t, lat, ev)
+
+    def _record_whole(self, group_id, seq, kind, size, algo, proto, start, lat, _ev) -> None:
+        self.records.append(CollectiveRecord(group_id, seq, kind, size, algo, proto, start, start, self.env._now, lat))
+
+    def _issue(self, group_id, seq, kind, size_bytes, count, algo, proto, sizes, root) -> simpy.Event:
         if kind not in KINDS or kind == "send_recv":
             raise ConfigError("kind", kind, f"must be one of {', '.join(k for k in KINDS if k != 'send_recv')}")
         members = self.groups.get(group_id)
@@ -504,6 +541,8 @@ class CollectiveEngine:
                          self.env.event())
             self.call_start[key] = self.env.now
             self._start(group_id, seq, members, call, mult)
+            if sizes is None and kind != "all_to_all" and len(members) > 1:
+                self._keep_whole(group_id, kind, size_bytes, count, call, mult)
             return call.event
         if call is None:
             call = _Call(kind, float(size_bytes), expected, algo, proto, sizes, root,
@@ -520,6 +559,15 @@ class CollectiveEngine:
             self.call_start[key] = self.env.now
             self._start(group_id, seq, members, call, mult)
         return call.event
+
+    def _keep_whole(self, group_id: int, kind: str, size_bytes, count: int, call: _Call, mult: int) -> None:
+        """Keep what :meth:`_start` prepared for this all-at-once call, for
+        :meth:`_issue_whole` to reuse on the group's later calls of the same signature."""
+        ckey = (group_id, kind, call.size, call.algo, call.proto, call.root, mult)
+        algo, proto, lat, flows = self._prepared[ckey]
+        t = None if flows is None else self.net.template(flows, ckey)
+        self._whole[(group_id, kind, size_bytes, count, call.algo, call.proto, call.root)] = (
+            kind, call.size, algo, proto, lat, self.net, t, (count, call.algo, call.proto, call.root))
 
     def pending(self) -> list[str]:
         """Calls and transfers still waiting for members (for deadlock reports)."""

@@ -490,6 +490,11 @@ class CellActor:
             self.hc += op.host_s
             if t_host > self.env.now:
                 yield from self._host_wait(t_host)
+        if self.plan.prep_at[i]:
+            yield from self._prep_waits(i)
+
+    def _prep_waits(self, i):
+        # the waits of _prepare (ops with prep_at[i])
         if self.overlapped and self.plan.step_sync_at[i]:
             yield from self._wait_overlapped()
         if self.plan.grad_norm_at[i] and self.grad_pending:
@@ -508,26 +513,41 @@ class CellActor:
 
     def _blocking(self, op, i, step):
         """Issue.BLOCKING: the rank waits for the collective."""
-        if op.host_s > 0.0 or self.plan.prep_at[i]:
-            yield from self._prepare(op, i)
-        env = self.env
-        seq = step * self.plan.per_kind[op.group] + op.seq
+        env, plan = self.env, self.plan
+        if op.host_s > 0.0:             # (_prepare, inline: one generator fewer per op)
+            t_host = self.hc + op.host_s / max(op.host_ops, 1)
+            self.hc += op.host_s
+            if t_host > env._now:
+                yield from self._host_wait(t_host)
+        if plan.prep_at[i]:
+            yield from self._prep_waits(i)
+        seq = step * plan.per_kind[op.group] + op.seq
         groups = self.groups_of[op.group]
-        t_issue = env.now
-        ev = _issue(env, self.coll, groups, seq, op, self.free_comm, self._sizes_of(op))
-        if not ev.processed:
+        t_issue = env._now               # (env.now, without the property's call)
+        sizes = self._sizes_of(op) if op.coll == COLL_ALL_TO_ALL else None
+        if len(groups) == 1 and not self.free_comm and op.size_bytes > 0:
+            ev = self.coll.issue(groups[0][0], seq, op.coll, op.size_bytes, count=groups[0][1], sizes=sizes)
+        else:
+            ev = _issue(env, self.coll, groups, seq, op, self.free_comm, sizes)
+        if ev.callbacks is not None:    # (not ev.processed)
             yield ev
-        axis = self.plan.axis_of[i]
-        self.rec.add(self.rep, self.node, op.stream, op, axis, t_issue, env.now, step, self.cid)
-        if env.now > t_issue:
+        axis = plan.axis_of[i]
+        now = env._now
+        self.rec.add(self.rep, self.node, op.stream, op, axis, t_issue, now, step, self.cid)
+        if now > t_issue:
             # waiting for the other members to arrive is a dependency (bubble, load
             # imbalance); only the time after the call started is communication
             call_start = self.coll.call_start
-            t_start = max([t_issue] + [call_start.get((g, seq), t_issue) for g, _ in groups])
+            if len(groups) == 1:
+                t_start = call_start.get((groups[0][0], seq), t_issue)
+                if not t_start > t_issue:       # max([t_issue, t_start]): t_issue on a tie
+                    t_start = t_issue
+            else:
+                t_start = max([t_issue] + [call_start.get((g, seq), t_issue) for g, _ in groups])
             if t_start > t_issue:
                 self.wait_log.append((t_issue, t_start, "bubble"))
-            if env.now > t_start:
-                self.wait_log.append((t_start, env.now, axis))
+            if now > t_start:
+                self.wait_log.append((t_start, now, axis))
 
     def _alongside(self, op, i, step):
         # issue a collective that runs while the next compute op computes; that op waits for it

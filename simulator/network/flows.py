@@ -45,6 +45,7 @@ delay before the bytes flow.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 import math
 import time
 
@@ -191,14 +192,25 @@ class FlowNetwork:
         flows after the delay.
         """
         ev = self.env.event() if event is None else event
-        gid = self._next_group
-        self._next_group += 1
+        return self.start_template(self.template(flows, key), delay, ev)
+
+    def template(self, flows, key=None) -> "_Template":
+        """``flows`` parsed (see :meth:`transfer_group`), kept under ``key`` when given: a
+        caller that starts the same group again and again may keep it and pass it to
+        :meth:`start_template` (on this network only)."""
         t = self._templates.get(key) if key is not None else None
         if t is None:
             t = _Template(flows)
             t.rids = [self._route_id(it[0], it[1]) for it in t.items]
             if key is not None:
                 self._templates[key] = t
+        return t
+
+    def start_template(self, t: "_Template", delay: float, ev: simpy.Event) -> simpy.Event:
+        """:meth:`transfer_group` of a template of this network (:meth:`template`): start its
+        flows after ``delay`` seconds, completing ``ev``."""
+        gid = self._next_group
+        self._next_group = gid + 1
         if self._watch is not None and t.items:
             mask, at_s, on_use = self._watch
             if self.env.now + delay >= at_s:
@@ -206,7 +218,7 @@ class FlowNetwork:
                 if hit.size:
                     on_use(self.env.now + delay, hit.tolist())
         if delay > 0:
-            if not (t.items and self._try_isolated(gid, t, ev, self.env.now + delay)):
+            if not (t.items and self._try_isolated(gid, t, ev, self.env._now + delay)):
                 self.env.timeout(delay).callbacks.append(lambda _e: self._admit(gid, t, ev))
             return ev
         self._admit(gid, t, ev)
@@ -311,36 +323,48 @@ class FlowNetwork:
         """Run a group alone from ``start`` on links nobody else uses or has reserved;
         False if they are in use or its flows would not all finish together (the ordinary
         path then handles it)."""
-        occ = self._occ
-        if not self.isolate or any(occ[i] for i in t.links):
+        if not self.isolate:
             return False
+        occ = self._occ
+        links = t.links
+        for i in links:
+            if occ[i]:
+                return False
         if t.rate is None:
             t.solve_alone(self.capacity)
         if not t.isolatable:
             return False
         owner = self._iso_owner
-        for i in t.links:
+        for i in links:
             occ[i] += 1
             owner[i] = gid
         self._iso[gid] = (t, start, ev)
         self.num_flows += len(t.items)
         t.admitted += 1
         self._admitted[t] = None
-        self.env.timeout(start - self.env.now + t.duration).callbacks.append(
-            lambda _e, g=gid: self._finish_isolated(g))
+        # env.timeout(start - now + duration) with _finish_isolated(gid) as its callback,
+        # scheduled the same way (NORMAL priority, value None) without a Timeout object
+        env = self.env
+        fin = simpy.Event(env)
+        fin._ok, fin._value = True, None
+        fin.callbacks.append(partial(self._finish_isolated, gid))
+        env.schedule(fin, simpy.core.NORMAL, start - env._now + t.duration)
         return True
 
-    def _finish_isolated(self, gid: int) -> None:
+    def _finish_isolated(self, gid: int, _ev=None) -> None:
         rec = self._iso.pop(gid, None)
         if rec is None:
             return                      # materialized meanwhile: its flows finish as ordinary ones
         t, t0, ev = rec
         # exact bytes (every flow carried its whole size), added to the links when read
+        now = self.env._now
         t.done_runs += 1
-        t.done_busy_s += self.env.now - t0
+        t.done_busy_s += now - t0
         self._done_templates[t] = None
-        self._release(t)
-        ev.succeed(self.env.now)
+        occ = self._occ                 # (_release, inline)
+        for i in t.links:
+            occ[i] -= 1
+        ev.succeed(now)
 
     def _release(self, t: "_Template") -> None:
         """Drop an isolated group's reservation of its links."""

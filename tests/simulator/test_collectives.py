@@ -447,3 +447,57 @@ def test_batched_forms_rings_and_latencies_equal_one_at_a_time(dgx2):
         links, coefs, lens = r.routes_flat(src, dst)
         got = r.path_latencies(links, coefs, lens)
         assert [float(x) for x in got] == [r.path_latency(q) for q in r.routes(src, dst)]
+
+
+def _whole_calls_trace(cluster, keep_whole: bool):
+    """Calls every member of which arrives at once, again and again (TP all-reduces, a tiny
+    one, gathers with other flows on their ports), with the engine's reuse of earlier
+    all-at-once calls on or off: records, start times, counters and every event processed."""
+    env = simpy.Environment()
+    eng = CollectiveEngine(env, cluster, CAL)
+    if not keep_whole:
+        eng._keep_whole = lambda *a: None
+    tp = eng.register_group(range(8))
+    tp2 = eng.register_group(range(8, 16))
+    a2a = eng.register_group(range(8), group_id=9)
+    done = []
+
+    def member(g, kind, size, seqs, gap):
+        for seq in seqs:
+            yield env.timeout(gap)
+            yield eng.issue(g, seq, kind, size, count=8)
+            done.append((g, seq, env.now))
+
+    env.process(member(tp, "all_reduce", 32 * 2**20, range(6), 1e-5))
+    env.process(member(tp2, "all_gather", 32 * 2**20, range(6), 2e-5))
+    env.process(member(tp, "all_reduce", 1024, range(10, 14), 1e-5))     # tiny: no flows
+    env.process(member(a2a, "all_to_all", 8 * 2**20, range(2), 3e-4))    # takes TP's ports meanwhile
+    trace = []
+    while env.peek() < float("inf"):
+        env.step()
+        trace.append(env.now)
+    recs = [dataclasses.astuple(r) for r in eng.records]
+    net = eng.net
+    return (recs, done, trace, dict(eng.call_start), net.num_flows, net.link_bytes.tolist(), net.link_busy_s.tolist(),
+            list(net._occ))
+
+
+def test_reused_whole_calls_give_the_same_events_and_records():
+    c = build_cluster("dgx-h100", num_nodes=2)
+    fast, slow = _whole_calls_trace(c, True), _whole_calls_trace(c, False)
+    assert fast == slow
+    assert len(fast[0]) == 6 + 6 + 4 + 2 and not any(fast[-1])
+
+
+def test_a_whole_call_issued_twice_is_an_error_on_the_reuse_path(dgx2):
+    env = simpy.Environment()
+    eng = CollectiveEngine(env, dgx2, CAL)
+    g = eng.register_group(range(2))
+    eng.issue(g, 0, "all_reduce", S, count=2)
+    eng.issue(g, 1, "all_reduce", S, count=2)           # reuses call 0's preparation
+    with pytest.raises(CollectiveError, match="issued after the call completed with all 2 members"):
+        eng.issue(g, 1, "all_reduce", S, count=2)
+    eng.issue(g, 2, "all_reduce", S, count=1)           # one member of call 2 is waiting
+    with pytest.raises(CollectiveError, match="more arrivals than members"):
+        eng.issue(g, 2, "all_reduce", S, count=2)
+    env.run()
