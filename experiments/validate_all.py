@@ -23,8 +23,10 @@ writes ``scatter.png`` (predicted vs measured step time, log-log, +-10 % band,
 one colour per source).
 
 Run: ``python experiments/validate_all.py [--set all|h100|vtrain] [--limit N] [--max-gpus N]
-[--out-dir results/validation] [--workers N]``.  The whole H100 set takes about 12 minutes on a 2-core
-machine (its 1,152- and 2,304-GPU Llama 3.1 405B rows most of it), the vTrain set about 5.
+[--out-dir results/validation] [--workers N]``.  Every set with ``--workers 2`` takes about 32
+CPU-minutes, about 15.5 minutes on an idle 2-core machine (the Blackwell set 14, the H100 set
+11, the vTrain set 5; the Llama 3.1 405B rows most of it): all sets share one pool of
+``--workers`` processes, each distinct scenario is simulated once, costliest first.
 ``--subset ci`` runs the deterministic subset the ``validation`` regression test uses
 (:data:`CI_SUBSET`).
 """
@@ -42,7 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:                    # run as a script from any directory
     sys.path.insert(0, str(ROOT))
 
-from simulator.validation import summary, validate  # noqa: E402
+from simulator.validation import summary  # noqa: E402
+from simulator.validation.evaluate import validate_tables  # noqa: E402
 from simulator.validation.report import paired_ratios  # noqa: E402
 
 from simulator.validation.ingest import REFERENCE_SETS as SETS  # noqa: E402
@@ -66,31 +69,49 @@ def ci_select(name: str):
     return lambda row: int(float(row.get("num_gpus") or 0)) <= cap
 
 
-def run_set(name: str, out_dir: Path | None, *, limit: int | None = None, max_gpus: int | None = None,
-            subset: str | None = None, quiet: bool = False, workers: int = 1,
-            match: str | None = None) -> list[dict]:
-    """Validate one set; write ``predictions_<name>.csv`` under ``out_dir`` (None: not written).
-    ``match``: a regular expression; only rows whose ``row_id`` or ``model`` it finds are run."""
+def _select(name: str, subset: str | None, match: str | None):
+    """Row predicate of set ``name``: the CI subset and/or ``match`` (None: every row)."""
     select = ci_select(name) if subset == "ci" else None
     if match is not None:
         pattern, inner = re.compile(match, re.IGNORECASE), select
         select = lambda row: (bool(pattern.search(str(row.get("row_id", "")))   # noqa: E731
                                    or pattern.search(str(row.get("model", ""))))
                               and (inner is None or inner(row)))
+    return select
+
+
+def run_sets(names: list[str], out_dir: Path | None, *, limit: int | None = None, max_gpus: int | None = None,
+             subset: str | None = None, quiet: bool = False, workers: int = 1,
+             match: str | None = None) -> dict[str, list[dict]]:
+    """Validate the sets ``names`` together (:func:`simulator.validation.evaluate.validate_tables`:
+    every distinct scenario of all of them simulated once, by one pool of ``workers``
+    processes, the costliest first); write ``predictions_<name>.csv`` under ``out_dir``
+    (None: not written).  ``match``: a regular expression; only rows whose ``row_id`` or
+    ``model`` it finds are run.  The rows of each set, by name."""
     t0 = time.perf_counter()
 
-    def progress(i, n, r):
-        if not quiet:
-            err = f"{r['error_pct']:+.1f}%" if isinstance(r["error_pct"], float) else "-"
-            print(f"  [{name} {i + 1}/{n}] {r['id']:<22} {str(r['model'])[:30]:<30} {r['num_gpus']:>5} "
-                  f"{err:>8}  {r['status']}", flush=True)
+    def progress_of(name):
+        def progress(i, n, r):
+            if not quiet:
+                err = f"{r['error_pct']:+.1f}%" if isinstance(r["error_pct"], float) else "-"
+                print(f"  [{name} {i + 1}/{n}] {r['id']:<22} {str(r['model'])[:30]:<30} {r['num_gpus']:>5} "
+                      f"{err:>8}  {r['status']}", flush=True)
+            if not quiet and i + 1 == n:
+                print(f"  {name}: {n} rows, all in by {time.perf_counter() - t0:.0f} s", flush=True)
+        return progress
 
-    out_csv = out_dir / f"predictions_{name}.csv" if out_dir is not None else None
-    results = validate(SETS[name], out_csv, max_gpus=max_gpus, progress=progress, select=select, limit=limit,
-                       workers=workers)
+    tables = [{"name": name, "path": SETS[name], "max_gpus": max_gpus, "limit": limit,
+               "select": _select(name, subset, match), "progress": progress_of(name),
+               "out_csv": out_dir / f"predictions_{name}.csv" if out_dir is not None else None} for name in names]
+    results = validate_tables(tables, workers=workers)
     if not quiet:
-        print(f"  {name}: {len(results)} rows in {time.perf_counter() - t0:.0f} s", flush=True)
-    return results
+        print(f"  {', '.join(names)}: {sum(map(len, results))} rows in {time.perf_counter() - t0:.0f} s", flush=True)
+    return dict(zip(names, results))
+
+
+def run_set(name: str, out_dir: Path | None, **kw) -> list[dict]:
+    """Validate one set (:func:`run_sets`)."""
+    return run_sets([name], out_dir, **kw)[name]
 
 
 def main(argv=None) -> int:
@@ -105,7 +126,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", default=str(ROOT / "results" / "validation"), help="where CSVs and the plot go")
     ap.add_argument("--no-plot", action="store_true", help="skip scatter.png")
     ap.add_argument("--quiet", action="store_true", help="no per-row progress lines")
-    ap.add_argument("--workers", type=int, default=1, help="rows simulated at once, one process each (default 1)")
+    ap.add_argument("--workers", type=int, default=1, help="scenarios simulated at once: one pool of this many processes for all sets (default 1)")
     args = ap.parse_args(argv)
     if args.match is not None:
         try:
@@ -116,10 +137,9 @@ def main(argv=None) -> int:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     names = list(SETS) if args.set == "all" else [args.set]
-    results: list[dict] = []
-    for name in names:
-        results += run_set(name, out_dir, limit=args.limit, max_gpus=args.max_gpus, subset=args.subset,
-                           quiet=args.quiet, workers=args.workers, match=args.match)
+    by_set = run_sets(names, out_dir, limit=args.limit, max_gpus=args.max_gpus, subset=args.subset,
+                      quiet=args.quiet, workers=args.workers, match=args.match)
+    results = [r for name in names for r in by_set[name]]
     print()
     text = summary(results)
     print(text)

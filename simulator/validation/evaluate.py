@@ -41,7 +41,6 @@ a slower step than was measured.
 from __future__ import annotations
 
 import csv
-import json
 import re
 import time
 from pathlib import Path
@@ -53,7 +52,7 @@ from .ingest import InvalidRow, Unsupported, _cell, _int, _num, load_runs
 from .mapping import FRAMEWORKS, _framework, row_to_scenario
 
 __all__ = ["BREAKDOWN_COLUMNS", "INTERVAL_COLUMNS", "NOTE_SEP", "OUTPUT_COLUMNS", "add_interval", "measured_step",
-           "source_convention", "validate", "write_csv"]
+           "scenario_cost", "scenario_key", "source_convention", "validate", "validate_tables", "write_csv"]
 
 BREAKDOWN_COLUMNS = ("compute_s", "recompute_s", "bubble_s", "host_issue_s", "exposed_tp_s", "exposed_cp_s",
                      "exposed_ep_s", "exposed_pp_s", "exposed_dp_s")
@@ -222,77 +221,125 @@ def _classify_config_error(e: ConfigError) -> str:
         return f"unsupported: {text}"
     return f"invalid: {text}"
 
-def _evaluate_all(rows: list[dict], run_fn, max_gpus, workers: int, on_done=None):
-    """Output rows in input order.  Every row is mapped and checked here; each distinct
-    scenario is then simulated once (a recipe published in several releases maps to the same
-    scenario: the Blackwell set's 117 rows are 55 scenarios), by ``workers`` processes
-    (largest jobs first, so the long ones do not all land at the end).  The simulator is
-    deterministic, so a shared run is the run each row would have made; the rows after the
-    first say so in their notes.  ``on_done(finished, total)`` as rows finish, in whatever
-    order they do."""
-    preps = [_prepare(r, max_gpus) for r in rows]
-    groups: dict[str, list[int]] = {}
-    for i, p in enumerate(preps):
-        if p["status"] is None:
-            groups.setdefault(_scenario_key(p["scenario"]), []).append(i)
-    total, finished = len(rows), [0]
+class _Runs:
+    """The distinct scenarios of one or more tables, each simulated once.
 
-    def tick(n: int) -> None:
-        if on_done is not None:
-            finished[0] += n
-            on_done(finished[0], total)
+    Rows map to the same scenario when a recipe is republished (the Blackwell set's 114
+    simulated rows are 62 scenarios); rows whose :func:`scenario_key` is equal share one run, across tables
+    too.  The simulator is deterministic, so a shared run is the run each row would have made.
+    With more than one worker every run is handed to one pool of ``workers`` processes that
+    import the simulator once and live for the whole batch, costliest first
+    (:func:`scenario_cost`), so the long runs start first and the workers finish together;
+    with one, runs are made in this process as the rows ask for them.  Neither the pool nor
+    the order changes a result."""
 
-    tick(total - sum(len(g) for g in groups.values()))          # rows that need no simulation
-    first_of = {k: g[0] for k, g in groups.items()}
-    if workers == 1 or len(groups) < 2:
-        sims: dict = {}
+    def __init__(self, run_fn, workers: int, on_done=None):
+        self.run_fn, self.workers, self.on_done = run_fn, workers, on_done
+        self.first: dict[str, tuple] = {}           # key -> (table, row) that asked first
+        self.count: dict[str, int] = {}
+        self.scenarios: dict[str, dict] = {}
+        self._sims: dict[str, dict] = {}
+        self._futures: dict = {}
+        self._pool = None
+        self._finished, self._total = 0, 0
+        self._lock = None
 
-        def sim_of(key):
-            if key not in sims:
-                sims[key] = _simulate(preps[first_of[key]]["scenario"], run_fn)
-                tick(len(groups[key]))
-            return sims[key]
-        for i, p in enumerate(preps):
-            key = _scenario_key(p["scenario"]) if p["status"] is None else None
-            yield _finish(rows[i], p, sim_of(key) if key else None, None if key is None or first_of[key] == i
-                          else preps[first_of[key]]["out"]["id"])
-        return
-    from concurrent.futures import ProcessPoolExecutor
-    import multiprocessing
-    order = sorted(groups, key=lambda k: -_gpus(rows[first_of[k]]))
-    ctx = multiprocessing.get_context("spawn")      # no forked copy of a caller's simpy or numpy state
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        # the active constants (topologies.constants) travel with every job: a perturbation
-        # (simulator.validation.constants.scaled) holds in the workers too
-        futures = {k: pool.submit(_simulate, preps[first_of[k]]["scenario"], run_fn, active()) for k in order}
-        if on_done is not None:
-            import threading
-            lock = threading.Lock()
+    def add(self, scenario: dict | None, where: tuple) -> str | None:
+        """Register the row at ``where`` (None: a row that is not simulated); its key."""
+        self._total += 1
+        if scenario is None:
+            self.tick(1)
+            return None
+        key = scenario_key(scenario)
+        if key not in self.first:
+            self.first[key], self.count[key], self.scenarios[key] = where, 0, scenario
+        self.count[key] += 1
+        return key
 
-            def done(_future, n):
-                with lock:
-                    tick(n)
-            for k, f in futures.items():
-                f.add_done_callback(lambda fut, n=len(groups[k]): done(fut, n))
-        for i, p in enumerate(preps):
-            key = _scenario_key(p["scenario"]) if p["status"] is None else None
-            yield _finish(rows[i], p, futures[key].result() if key else None,
-                          None if key is None or first_of[key] == i else preps[first_of[key]]["out"]["id"])
+    def tick(self, n: int) -> None:
+        if self.on_done is not None:
+            self._finished += n
+            self.on_done(self._finished, self._total)
+
+    def order(self) -> list[str]:
+        """The keys costliest first (ties: in the order the rows asked for them)."""
+        return sorted(self.first, key=lambda k: -scenario_cost(self.scenarios[k]))
+
+    def start(self) -> None:
+        """Hand every run to the pool (more than one worker and more than one run)."""
+        if self.workers == 1 or len(self.first) < 2:
+            return
+        from concurrent.futures import ProcessPoolExecutor
+        import multiprocessing
+        import threading
+        self._lock = threading.Lock()
+        ctx = multiprocessing.get_context("spawn")      # no forked copy of a caller's simpy or numpy state
+        self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx)
+        for k in self.order():
+            # the active constants (topologies.constants) travel with every job: a perturbation
+            # (simulator.validation.constants.scaled) holds in the workers too
+            f = self._pool.submit(_simulate, self.scenarios[k], self.run_fn, active())
+            if self.on_done is not None:
+                f.add_done_callback(lambda _f, n=self.count[k]: self._tick_locked(n))
+            self._futures[k] = f
+
+    def _tick_locked(self, n: int) -> None:
+        with self._lock:
+            self.tick(n)
+
+    def result(self, key: str) -> dict:
+        """The run of ``key`` (waiting for it, or making it here)."""
+        if key in self._futures:
+            return self._futures[key].result()
+        if key not in self._sims:
+            self._sims[key] = _simulate(self.scenarios[key], self.run_fn)
+            self.tick(self.count[key])
+        return self._sims[key]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
 
-def _scenario_key(scenario: dict) -> str:
-    """Rows with the same key simulate the same thing."""
-    return json.dumps(scenario, sort_keys=True, default=repr)
+def scenario_key(scenario) -> str:
+    """Rows with the same key simulate the same thing: every field of the scenario mapping,
+    nested, with its type (``1``, ``1.0``, ``True`` and ``"1"`` differ, as keys and as values;
+    floats by their exact ``repr``); the order of a mapping's keys does not count.  A value of
+    any other type never matches another (its identity is part of the key)."""
+    return repr(_canonical(scenario))
 
 
-def _gpus(row: dict) -> int:
-    """A row's GPU count as written (0 when unreadable): the order rows are handed out."""
-    for key in ("num_gpus", "# GPUs"):
-        try:
-            return int(float(row.get(key) or 0))
-        except (TypeError, ValueError):
-            continue
-    return 0
+def _canonical(v):
+    if isinstance(v, dict):
+        items = [(_canonical(k), _canonical(x)) for k, x in v.items()]
+        return ("dict", tuple(sorted(items, key=lambda kv: repr(kv[0]))))
+    if isinstance(v, (list, tuple)):
+        return (type(v).__name__, tuple(_canonical(x) for x in v))
+    if v is None or type(v) in (bool, int, float, str):
+        return (type(v).__name__, repr(v))
+    return ("object", type(v).__qualname__, id(v))
+
+
+def scenario_cost(scenario: dict) -> float:
+    """A rough relative cost of simulating ``scenario``, only to hand the long runs out first:
+    the (layer x micro-batch) passes one pipeline makes over all steps (micro-batches per
+    pipeline from the cluster's GPU count: an expert-parallel recipe's ``dp`` may be 1), twice
+    for an MoE model (its dispatch and expert ops), plus a little per GPU (graph, folding,
+    collective plans).  0 for a scenario that cannot be costed (it goes last)."""
+    try:
+        from topologies.cluster import spec_from_mapping
+        from workloads import load_model
+        par, m = scenario["parallel"], load_model(scenario["model"])
+        gpus = spec_from_mapping(scenario["cluster"]).num_gpus
+        model_parallel = par.get("tp", 1) * par.get("pp", 1) * par.get("cp", 1)
+        dp = max(par.get("dp", 1), gpus // max(1, model_parallel))
+        micro = max(1, par["global_batch_size"] // (par.get("micro_batch_size", 1) * dp))
+        steps = int(scenario.get("num_steps", 1) or 1)
+        moe = 2 if getattr(m, "moe", None) else 1
+        return float(m.num_layers * micro * steps * moe + 4 * gpus)
+    except Exception:  # noqa: BLE001 -- an estimate only
+        return 0.0
 
 
 def _prepare(row: dict, max_gpus) -> dict:
@@ -504,6 +551,14 @@ def write_csv(results: list[dict], path) -> None:
             w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
 
 
+def _run_streamed(scenario):
+    """:func:`simulator.engine.run` with its timeline streamed: validation reads only the
+    step time, breakdown, peak memory and measured share, which a streamed run gives bit for
+    bit (``docs/performance.md``), without building the full timeline."""
+    from ..engine import run
+    return run(scenario, timeline="stream")
+
+
 def validate(path, out_csv=None, *, run_fn=None, max_gpus: int | None = None, progress=None,
              select=None, limit: int | None = None, workers: int = 1, on_done=None) -> list[dict]:
     """Simulate every row of a runs table and compare with its measurement.
@@ -516,7 +571,8 @@ def validate(path, out_csv=None, *, run_fn=None, max_gpus: int | None = None, pr
         Where to write the result rows (columns :data:`OUTPUT_COLUMNS`); None: not written.
     run_fn
         ``run_fn(scenario_mapping)`` returning an object with ``.metrics["step_time_s"]`` (or
-        the metrics mapping itself); default :func:`simulator.engine.run`.
+        the metrics mapping itself); default :func:`simulator.engine.run` with the timeline
+        streamed.
     max_gpus
         Rows on more GPUs are reported as ``unsupported: over --max-gpus`` (still mapped
         and checked, not simulated).
@@ -541,25 +597,69 @@ def validate(path, out_csv=None, *, run_fn=None, max_gpus: int | None = None, pr
         One per input row, in order (:data:`OUTPUT_COLUMNS`); ``status`` is ``ok``,
         ``unsupported: ...``, ``invalid: ...`` or ``error: ...``.
     """
-    if max_gpus is not None and (isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or max_gpus < 1):
-        raise ConfigError("--max-gpus", max_gpus, "must be a positive integer")
-    rows = load_runs(path)
-    if select is not None:
-        rows = [r for r in rows if select(r)]
+    table = {"path": path, "out_csv": out_csv, "max_gpus": max_gpus, "progress": progress, "select": select,
+             "limit": limit}
+    return validate_tables([table], run_fn=run_fn, workers=workers, on_done=on_done)[0]
+
+
+def validate_tables(tables: list[dict], *, run_fn=None, workers: int = 1, on_done=None) -> list[list[dict]]:
+    """:func:`validate` of several tables at once, one result list per table: every row of
+    every table is mapped first, then each distinct scenario is simulated once (:class:`_Runs`:
+    one pool of ``workers`` processes for all tables, costliest runs first).  A table is a
+    mapping with ``path`` and optionally ``out_csv``, ``max_gpus``, ``progress``, ``select``,
+    ``limit`` and ``name`` (how another table's notes name its rows; default the file's stem),
+    each as in :func:`validate`; ``on_done(finished, total)`` counts the rows of all tables.
+    The results are those of :func:`validate` on each table alone, whatever the tables, their
+    order or the number of workers."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError("workers", workers, "must be a positive integer")
-    if limit is not None:
-        rows = rows[:max(0, int(limit))]
+    for t in tables:
+        mg = t.get("max_gpus")
+        if mg is not None and (isinstance(mg, bool) or not isinstance(mg, int) or mg < 1):
+            raise ConfigError("--max-gpus", mg, "must be a positive integer")
     if run_fn is None:
-        from ..engine import run as run_fn
-    results = []
-    for i, out in enumerate(_evaluate_all(rows, run_fn, max_gpus, workers, on_done)):
+        run_fn = _run_streamed
+    rows = [_table_rows(t) for t in tables]
+    preps = [[_prepare(r, t.get("max_gpus")) for r in rs] for t, rs in zip(tables, rows)]
+    runs = _Runs(run_fn, workers, on_done)
+    keys = [[runs.add(p["scenario"] if p["status"] is None else None, (ti, i)) for i, p in enumerate(ps)]
+            for ti, ps in enumerate(preps)]
+    runs.start()
+    try:
+        return [_table_results(tables, ti, rows[ti], preps, keys[ti], runs) for ti in range(len(tables))]
+    finally:
+        runs.close()
+
+
+def _table_rows(table: dict) -> list[dict]:
+    """The rows of ``table`` to evaluate: loaded, selected, limited."""
+    rows = load_runs(table["path"])
+    if table.get("select") is not None:
+        rows = [r for r in rows if table["select"](r)]
+    if table.get("limit") is not None:
+        rows = rows[:max(0, int(table["limit"]))]
+    return rows
+
+
+def _table_results(tables, ti: int, rows: list[dict], preps, keys: list, runs: _Runs) -> list[dict]:
+    """The output rows of table ``ti`` in input order (intervals filled, ``progress`` called,
+    the CSV written)."""
+    table, results = tables[ti], []
+    progress = table.get("progress")
+    for i, (row, key) in enumerate(zip(rows, keys)):
+        same_as = None
+        if key is not None and runs.first[key] != (ti, i):
+            fti, fi = runs.first[key]
+            same_as = preps[fti][fi]["out"]["id"]
+            if fti != ti:
+                same_as = f"{tables[fti].get('name') or Path(tables[fti]['path']).stem} {same_as}"
+        out = _finish(row, preps[ti][i], runs.result(key) if key is not None else None, same_as)
         add_interval(out)
         results.append(out)
         if progress is not None:
             progress(i, len(rows), out)
-    if out_csv is not None:
-        write_csv(results, out_csv)
+    if table.get("out_csv") is not None:
+        write_csv(results, table["out_csv"])
     return results
 
 
