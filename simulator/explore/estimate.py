@@ -47,7 +47,6 @@ from collections.abc import Callable
 
 from workloads import build_program
 from workloads.costs import model_flops_per_step
-from workloads.stacks import DEFAULT_STACK
 from workloads.costs.compute import host_costs
 from workloads.schedules import get_schedule, min_microbatches, schedule_timing
 from workloads.ops import (FSDP2_COPIES, KIND_COLLECTIVE, KIND_COMPUTE, KIND_RECV, PHASE_B, PHASE_R, Issue, Phase, is_grad_bucket,
@@ -256,7 +255,7 @@ class Estimator:
                 f, b = a.halves()
                 return cost(f) + cost(b)
             if a.kind is ActionKind.BW:
-                return _fused_backward_s(sc.framework, per_stage[a.stage], a.chunk)
+                return _fused_backward_s(per_stage[a.stage], a.chunk)
             return tab.get((a.kind.value, a.chunk), 0.0)
 
         timing = schedule_timing(sched, cost)
@@ -306,14 +305,7 @@ class Estimator:
         }
 
 
-#: Stacks whose fused backward keeps the sum of its halves, each floored at its own host
-#: time: the default stack's estimates stay those its tests and documented figures check
-#: (the case study, the 200-layout ranking, the demo); on its host-bound TP-8 layouts the
-#: fused floor would lower them by 3 to 5 %.
-_PER_HALF_HOST_FLOOR = frozenset({DEFAULT_STACK})
-
-
-def _fused_backward_s(framework: str, table: dict, chunk: int) -> float:
+def _fused_backward_s(table: dict, chunk: int) -> float:
     """Seconds of one fused backward (B and W) of ``chunk`` from a stage's ``table``.  The
     engine's host issues a fused backward's ops in one run, in program order (per layer:
     recomputation, input gradients, weight gradients), so the action takes the longer of its
@@ -321,10 +313,11 @@ def _fused_backward_s(framework: str, table: dict, chunk: int) -> float:
     eager host that is slower than the recompute and input-gradient kernels (attention
     backward, eager element-wise kernels, the FSDP gathers' calls) a second time during the
     weight-gradient GEMMs, which in the engine hide it: +8 to +13 % on the eager stacks at
-    2k tokens (docs/modelling.md "Host launch")."""
+    2k tokens, 1-5 % on the default stack's host-bound TP-8 layouts (docs/modelling.md
+    "Host launch").  The rule is the engine's for every stack, so it applies to all."""
     act = table["action"]
     fused = table["bw"].get(chunk)
-    if fused is None or framework in _PER_HALF_HOST_FLOOR:
+    if fused is None:
         return act.get(("B", chunk), 0.0) + act.get(("W", chunk), 0.0)
     return fused
 
