@@ -14,8 +14,8 @@ formula of its own:
   backward's input re-gather always, prefetched FSDP gathers) hides behind the next
   compute op; a receive adds its p2p transfer; an action takes at least the host's time
   to issue its ops (``Op.host_s``, the engine's host cursor), a fused backward (B and W,
-  issued in one run of the host) the longer of its GPU sum and its host sum (the default
-  stack keeps each half floored at its own host time: :func:`_fused_backward_s`);
+  issued in one run of the host) the longer of its GPU sum and its host sum
+  (:func:`_fused_backward_s`);
 * **the pipeline** is the schedule's longest path over those costs
   (:func:`workloads.schedules.schedule_timing`);
 * **data parallelism**: the gradient buckets overlap the last micro-batch's backward, so
