@@ -25,7 +25,7 @@ example, not a figure.
 
 Simulated figures are deterministic: the same code gives the same digits. The accuracy
 figures are read from the committed prediction tables in ``experiments/predictions/``
-(``make validate`` regenerates them from the reference sets, which takes about 15.5 minutes with 2 workers,
+(``make validate`` regenerates them from the reference sets, which takes about 16 minutes with 2 workers,
 so the default test suite checks the pages against those tables rather than simulating the
 rows again; the ``validation`` suite checks the tables against fresh predictions of its
 subset). Wall-clock figures (how long a command takes) depend on the machine and are not
