@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 
 from ...blocks import layer_blocks
-from ...costs import optimizer_ops
-from ...offload import optimizer_offload_s
 from ...ops import Coll, Group, Issue, OpName, Phase, Stream
-from ..megatron_te.context import _Ctx, _Emitter, _Stage, _host_of, gpu_of
-from ..megatron_te.data_parallel import DataParallelRules, _edge_params, _local_params, _output_params
+from ..megatron_te.context import _Ctx, _Emitter, _Stage
+from ..megatron_te.data_parallel import (DataParallelRules, _edge_params, _local_params, _optimizer_step,
+                                         _output_params)
 from .options import DeepSpeedOptions
 
 __all__ = ["DEEPSPEED_DP", "gathered_params", "options_of"]
@@ -188,12 +186,7 @@ def _step_end(ctx: _Ctx, em: _Emitter, st: _Stage) -> None:
     em.coll(Stream.DP, Coll.ALL_REDUCE, Group.WORLD, 8.0, OpName.GRAD_NORM, phase=Phase.S)
     d = _local_params(ctx, [i for r in st.layers for i in r])[0] + _edge_params(ctx, 0)     # pp = 1: one chunk
     shard = d / par.dp if par.zero_stage >= 1 else d
-    f = par.optimizer_offload_fraction
-    opt = optimizer_ops(int(shard * (1.0 - f)) if f else int(shard), ctx.fusion.optimizer)
-    step_s = float(np.sum(ctx.compute.op_times_s(opt)))
-    if f:
-        step_s += optimizer_offload_s(shard, f, gpu_of(ctx), par.overlap_optimizer_copies)
-    em.compute(OpName.OPTIMIZER, -1, -1, 0, Phase.S, 0.0, step_s, *_host_of(ctx, opt))
+    _optimizer_step(ctx, em, shard)
     if par.zero_stage in (1, 2) and par.dp > 1:
         em.coll(Stream.DP, Coll.ALL_GATHER, Group.DP_CP, d * 2.0, OpName.PARAM_GATHER_DENSE, phase=Phase.S)
 

@@ -240,16 +240,23 @@ def _step_end(ctx: _Ctx, em: _Emitter, st: _Stage) -> None:
     edge = sum(_edge_params(ctx, model_chunk(sched, st.index, c)) for c in range(sched.num_chunks))
     d += edge
     shard = d / max(par.dp * par.cp, 1) + e / max(par.expert_dp, 1) if par.distributed_optimizer else d + e
+    _optimizer_step(ctx, em, shard)
+    if par.distributed_optimizer and par.zero_stage < 3:
+        _param_gathers(ctx, em, [i for r in st.layers for i in r], float(edge), st.buckets.bucket_params)
+
+
+
+def _optimizer_step(ctx: _Ctx, em: _Emitter, shard: float) -> None:
+    """The optimizer step over a rank's ``shard`` of parameters: the stack's optimizer kernels,
+    plus the host's share of an offloaded fraction (gradients out, CPU Adam, parameters back:
+    workloads.offload)."""
+    par = ctx.par
     f = par.optimizer_offload_fraction
     opt = optimizer_ops(int(shard * (1.0 - f)) if f else int(shard), ctx.fusion.optimizer)
     step_s = float(np.sum(ctx.compute.op_times_s(opt)))
     if f:
-        # the host's share: gradients out, CPU Adam, parameters back (workloads.offload)
         step_s += optimizer_offload_s(shard, f, gpu_of(ctx), par.overlap_optimizer_copies)
     em.compute(OpName.OPTIMIZER, -1, -1, 0, Phase.S, 0.0, step_s, *_host_of(ctx, opt))
-    if par.distributed_optimizer and par.zero_stage < 3:
-        _param_gathers(ctx, em, [i for r in st.layers for i in r], float(edge), st.buckets.bucket_params)
-
 
 
 def _param_gathers(ctx: _Ctx, em: _Emitter, order: list[int], edge_params: float, bucket_params: int) -> None:
