@@ -11,7 +11,10 @@ routes, because either alone can miss:
   stuck outside the event loop (building or folding a very large program) stops too.  Such an
   exception lands at the thread's next bytecode, wherever that is; if that happens to be a
   callback whose errors Python reports and drops (a ``gc`` callback, a ``__del__``), it is
-  lost, and the cooperative route then stops the run at the next check.
+  lost, and the cooperative route then stops the run at the next check.  Python would report
+  such a lost exception through ``sys.unraisablehook`` (pytest turns that into a warning);
+  while a limit is armed the hook drops :class:`TimeLimitExceeded`, which is expected there,
+  and passes anything else on.
 
 Unlike SIGALRM both work in any thread: a local worker process and a Dask worker's task
 thread alike.  Each :func:`time_limit` has its own token, so a limit that fired never leaks
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import sys
 import threading
 
 __all__ = ["TimeLimitExceeded", "time_limit", "check", "armed"]
@@ -42,6 +46,31 @@ class _Token:
 
 _TOKENS: dict[int, _Token] = {}          # thread ident -> the limit armed on that thread
 _LOCK = threading.Lock()
+_HOOK: list = []                         # the unraisable hook :func:`_quiet_hook` replaced, while armed
+
+
+def _quiet_hook(unraisable) -> None:
+    """``sys.unraisablehook`` while a limit is armed: an asynchronous :class:`TimeLimitExceeded`
+    that landed in a callback whose errors Python drops is expected (the cooperative check stops
+    the run); anything else goes to the hook this one replaced."""
+    if isinstance(unraisable.exc_value, TimeLimitExceeded) or unraisable.exc_type is TimeLimitExceeded:
+        return
+    (_HOOK[0] if _HOOK else sys.__unraisablehook__)(unraisable)
+
+
+def _hook_on() -> None:
+    # (under _LOCK) the first armed limit installs the quiet hook
+    if not _TOKENS:
+        _HOOK[:] = [sys.unraisablehook]
+        sys.unraisablehook = _quiet_hook
+
+
+def _hook_off() -> None:
+    # (under _LOCK) the last one puts back the hook it found, unless someone replaced ours since
+    if not _TOKENS and _HOOK:
+        if sys.unraisablehook is _quiet_hook:
+            sys.unraisablehook = _HOOK[0]
+        _HOOK.clear()
 
 
 def _raise_async(tid: int) -> None:
@@ -80,8 +109,10 @@ def time_limit(seconds: float | None):
                 tok.fired = True
                 _raise_async(tid)
 
-    outer = _TOKENS.get(tid)
-    _TOKENS[tid] = tok
+    with _LOCK:
+        _hook_on()
+        outer = _TOKENS.get(tid)
+        _TOKENS[tid] = tok
     timer = threading.Timer(seconds, fire)
     timer.daemon = True
     timer.start()
@@ -90,10 +121,11 @@ def time_limit(seconds: float | None):
     finally:
         with _LOCK:
             tok.live = False
+            if outer is None:
+                _TOKENS.pop(tid, None)
+            else:
+                _TOKENS[tid] = outer
+            _hook_off()
         timer.cancel()
-        if outer is None:
-            _TOKENS.pop(tid, None)
-        else:
-            _TOKENS[tid] = outer
         if tok.fired:
             _clear_async(tid)
