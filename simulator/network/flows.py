@@ -78,6 +78,24 @@ class NetworkSnapshot:
     link_busy_s: np.ndarray
 
 
+def succeed_in_order(env: simpy.Environment, ev: simpy.Event, value=None) -> None:
+    """``ev.succeed(value)`` as the last act of an event's callback, in the order simpy would
+    process it but without the heap: when no other event is due at this instant, the event
+    simpy would schedule now is the next one it pops, so its callbacks run at once instead
+    (the same actions in the same order, one scheduled event fewer).  Otherwise, or if the
+    caller does anything after this call, it must be a plain ``succeed``."""
+    q = env._queue
+    if q and q[0][0] <= env._now:
+        ev.succeed(value)
+        return
+    if ev._value is not simpy.events.PENDING:
+        raise RuntimeError(f"{ev} has already been triggered")
+    ev._ok, ev._value = True, value
+    callbacks, ev.callbacks = ev.callbacks, None
+    for callback in callbacks:
+        callback(ev)
+
+
 class FlowNetwork:
     """Live fluid flows over links with capacities ``capacity`` (bytes/s, per link id).
 
@@ -364,7 +382,7 @@ class FlowNetwork:
         occ = self._occ                 # (_release, inline)
         for i in t.links:
             occ[i] -= 1
-        ev.succeed(now)
+        succeed_in_order(self.env, ev, now)
 
     def _release(self, t: "_Template") -> None:
         """Drop an isolated group's reservation of its links."""
