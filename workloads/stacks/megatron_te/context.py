@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 from ...costs import RooflineComputeModel, layer_ops
+from ...costs.flops import layer_load_ops
 from ...costs.compute import HostCosts
 from ...blocks import layer_blocks
 from ...blocks.fusion import MEGATRON_TE, Fusion
@@ -84,12 +85,72 @@ def _launch_gap(compute: RooflineComputeModel) -> float:
     return launch[False] - launch[True]
 
 
+SPLICE_LOAD_ROWS = True
+"""Whether :func:`kernel_rows` rebuilds only the load's ops of a routed layer whose other ops
+it has built for another load (False: every load builds the whole layer; the same rows)."""
+
+
 def kernel_rows(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> list[KernelRow]:
-    """One layer's kernels (quantisation included) with the segment of the program each runs in."""
+    """One layer's kernels (quantisation included) with the segment of the program each runs in.
+
+    Under a skewed routing every EP rank and micro-batch brings its own load, yet only the
+    ops of :func:`~workloads.costs.flops.layer_load_ops` depend on it: the first load of a
+    layer builds every row, later loads build only those ops and put their rows in the first
+    load's places (:func:`_spliced_rows`).  A row depends on its op alone (the compute model
+    times each op by itself), so the rows are the ones the whole layer would give."""
+    if tokens_per_expert is None or not SPLICE_LOAD_ROWS:
+        return _rows(ctx, layer, _layer_ops(ctx, layer, tokens_per_expert, recompute, layer_ops))
+    return _spliced_rows(ctx, layer, tuple(tokens_per_expert), recompute)
+
+
+def _layer_ops(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str, build) -> list:
+    """``build``'s ops of ``layer`` (:func:`layer_ops` or :func:`layer_load_ops`) with the
+    recipe's quantisation ops."""
+    ops = build(ctx.model, ctx.par, layer, ctx.mbs, ctx.seq, tokens_per_expert=tokens_per_expert,
+                recompute=recompute, fusion=ctx.fusion)
+    return with_quantize_ops(ctx.recipe, ops, ctx.model.num_layers, ctx.fusion.float8_casts)
+
+
+class _LoadTemplate(NamedTuple):
+    """A routed layer's rows for one load, where its load's ops sit among them (``index``)
+    and what they are (``signature``: name, phase, recompute flag, quantised GEMM of each)."""
+
+    rows: list
+    index: list
+    signature: tuple
+
+
+def _load_signature(ops) -> tuple:
+    return tuple((o.name, o.phase, o.recompute, o.quantizes) for o in ops)
+
+
+def _spliced_rows(ctx: _Ctx, layer: int, tokens_per_expert: tuple, recompute: str) -> list[KernelRow]:
+    """:func:`kernel_rows` of a routed layer from the layer's template: the rows of the first
+    load seen, with the rows of this load's ops in place of that load's.  Where the load's
+    ops differ in kind (a quantisation op absent for an expert without tokens, ...) or do
+    not sit among the layer's ops as :func:`layer_load_ops` says, the whole layer is built."""
+    key = ("load_template", _segment_key(ctx, layer, None, recompute))
+    tpl = ctx.seg_cache.get(key)
+    load = _layer_ops(ctx, layer, tokens_per_expert, recompute, layer_load_ops)
+    if tpl is None or (tpl and tpl.signature != _load_signature(load)):
+        rows = _rows(ctx, layer, _layer_ops(ctx, layer, tokens_per_expert, recompute, layer_ops))
+        if tpl is None:
+            names = {o.name for o in load}
+            index = [i for i, r in enumerate(rows) if r.kernel.name in names]
+            ok = [rows[i].kernel for i in index] == load
+            ctx.seg_cache[key] = _LoadTemplate(rows, index, _load_signature(load)) if ok else False
+        return rows
+    if tpl is False:
+        return _rows(ctx, layer, _layer_ops(ctx, layer, tokens_per_expert, recompute, layer_ops))
+    rows = list(tpl.rows)
+    for i, row in zip(tpl.index, _rows(ctx, layer, load)):
+        rows[i] = row
+    return rows
+
+
+def _rows(ctx: _Ctx, layer: int, ops: list) -> list[KernelRow]:
+    """The rows of ``ops``, kernels of ``layer`` (:func:`kernel_rows`)."""
     blocks = layer_blocks(ctx.model, layer)
-    ops = layer_ops(ctx.model, ctx.par, layer, ctx.mbs, ctx.seq, tokens_per_expert=tokens_per_expert,
-                    recompute=recompute, fusion=ctx.fusion)
-    ops = with_quantize_ops(ctx.recipe, ops, ctx.model.num_layers, ctx.fusion.float8_casts)
     times = ctx.compute.op_times_s(ops)
     source_of = getattr(ctx.compute, "op_source", None)
     parts = {name: part for b in blocks for name, part in b.SEGMENTS.items()}
