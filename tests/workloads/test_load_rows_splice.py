@@ -88,14 +88,22 @@ def test_a_load_of_another_kind_builds_the_whole_layer(monkeypatch):
     prog = _program(CASES["fp8-selective"])
     ctx = prog._lowering[1]
     loads = [(40.0, 30.0, 20.0, 10.0), (0.0, 0.0, 0.0, 0.0), (7.0, 0.0, 3.0, 1.0), (41.0, 29.0, 21.0, 9.0)]
+    def segments(t):
+        return {k: _bits(tuple(v) if isinstance(v, list) else v)
+                for k, v in context._kernel_segments(ctx, 1, t, "selective").items()}
+
     for sweep in (loads, loads[::-1]):
         ctx.seg_cache.clear()
         got = [context.kernel_rows(ctx, 1, t, "selective") for t in sweep]
+        got_seg = [list(segments(t).items()) for t in sweep]
         monkeypatch.setattr(context, "SPLICE_LOAD_ROWS", False)
+        ctx.seg_cache.clear()
         want = [context.kernel_rows(ctx, 1, t, "selective") for t in sweep]
+        want_seg = [list(segments(t).items()) for t in sweep]
         monkeypatch.setattr(context, "SPLICE_LOAD_ROWS", True)
         for g, w in zip(got, want):
             assert [_bits(tuple(r)) for r in g] == [_bits(tuple(r)) for r in w]
+        assert got_seg == want_seg          # (segments in the same order too)
 
 
 def test_layer_load_ops_are_the_layer_ops_that_depend_on_the_load():
