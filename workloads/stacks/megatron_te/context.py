@@ -37,6 +37,7 @@ class _Ctx:
     seg_cache: dict = field(default_factory=dict)
     param_cache: dict = field(default_factory=dict)
     layer_keys: dict = field(default_factory=dict)      #: layer -> the load-independent part of its segment key
+    row_context: dict = field(default_factory=dict)     #: layer -> what its kernel rows share (_row_context)
     a2a_scale: dict = field(default_factory=dict)      #: (layer, mb) -> assignments sent / routed (dropping, padding)
     drops: list = field(default_factory=lambda: [0, 0])   #: [routed, dropped] assignments of one EP group
     p2p_overlap: bool = False
@@ -227,32 +228,55 @@ def _replayed(tpl: _LoadTemplate, new: list) -> dict:
     return seg
 
 
+class _RowContext(NamedTuple):
+    """What the rows of one layer's ops share (:func:`_rows`), kept per layer."""
+
+    blocks: tuple
+    parts: dict            #: op name -> the part of the layer it runs in (default ``mlp``)
+    cp_parts: dict         #: with CP, op name -> the part it runs in instead
+    graphed: frozenset     #: the CUDA-graph scopes that capture the layer's kernels
+    gap: float             #: launch seconds a graphed kernel saves
+    scopes: dict           #: op name -> its graph scope (filled as ops are seen)
+
+
+def _row_context(ctx: _Ctx, layer: int) -> _RowContext:
+    hit = ctx.row_context.get(layer)
+    if hit is None:
+        blocks = layer_blocks(ctx.model, layer)
+        parts = {name: part for b in blocks for name, part in b.SEGMENTS.items()}
+        cp_parts = {name: part for b in blocks for name, part in b.CP_SEGMENTS.items()} if ctx.par.cp > 1 else {}
+        graphed = ctx.host.graphed if layer < ctx.model.num_layers else frozenset()     # MTP modules stay eager
+        # a graphed kernel leaves the GPU the graph's launch gap instead of the eager one
+        gap = (_launch_gap(ctx.compute)
+               if graphed and isinstance(ctx.compute, RooflineComputeModel) and not ctx.compute.cuda_graphs else 0.0)
+        hit = ctx.row_context[layer] = _RowContext(blocks, parts, cp_parts, graphed, gap, {})
+    return hit
+
+
 def _rows(ctx: _Ctx, layer: int, ops: list) -> list[KernelRow]:
     """The rows of ``ops``, kernels of ``layer`` (:func:`kernel_rows`)."""
-    blocks = layer_blocks(ctx.model, layer)
+    rc = _row_context(ctx, layer)
     times = ctx.compute.op_times_s(ops)
     source_of = getattr(ctx.compute, "op_source", None)
-    parts = {name: part for b in blocks for name, part in b.SEGMENTS.items()}
-    cp_parts = {name: part for b in blocks for name, part in b.CP_SEGMENTS.items()} if ctx.par.cp > 1 else {}
-    graphed = ctx.host.graphed if layer < ctx.model.num_layers else frozenset()     # MTP modules stay eager
-    # a graphed kernel leaves the GPU the graph's launch gap instead of the eager one
-    gap = (_launch_gap(ctx.compute)
-           if graphed and isinstance(ctx.compute, RooflineComputeModel) and not ctx.compute.cuda_graphs else 0.0)
+    graphed, host = rc.graphed, ctx.host
     rows = []
     for op, t in zip(ops, times):
         phase = "R" if op.recompute else op.phase
         base = op.quantizes or op.name        # a quantisation op belongs with its GEMM
         # Transformer Engine issues a grouped GEMM (and the quantisation of its input) once per
         # local expert with tokens, from a C++ loop: launches beyond the first expert's
-        looped = op.kernel_rounds - 1 if ctx.host.expert_launch_s else 0
-        host_s = op.num_kernels * ctx.host.kernel_s + looped * ctx.host.expert_launch_s
-        scope = graph_scope_of(base, blocks) if graphed else None
-        if scope in graphed or (scope in ("moe_router", "moe") and "moe" in graphed):
-            host_s = 0.0
-            t = float(t) - op.launches * gap
-        part = cp_parts.get(base)               # with CP: core attention per ring step, between the exchanges
+        looped = op.kernel_rounds - 1 if host.expert_launch_s else 0
+        host_s = op.num_kernels * host.kernel_s + looped * host.expert_launch_s
+        if graphed:
+            scope = rc.scopes.get(base)
+            if scope is None:
+                scope = rc.scopes[base] = graph_scope_of(base, rc.blocks)
+            if scope in graphed or (scope in ("moe_router", "moe") and "moe" in graphed):
+                host_s = 0.0
+                t = float(t) - op.launches * rc.gap
+        part = rc.cp_parts.get(base)            # with CP: core attention per ring step, between the exchanges
         if part is None or (part == "attn_post" and phase == "R"):
-            part = parts.get(base, "mlp")
+            part = rc.parts.get(base, "mlp")
         rows.append(KernelRow(f"{phase}:{part}", op, float(t), host_s, op.num_kernels + looped,
                               source_of(op) if source_of is not None else "model"))
     return rows
