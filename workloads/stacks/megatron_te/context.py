@@ -265,7 +265,8 @@ def _rows(ctx: _Ctx, layer: int, ops: list) -> list[KernelRow]:
         base = op.quantizes or op.name        # a quantisation op belongs with its GEMM
         # Transformer Engine issues a grouped GEMM (and the quantisation of its input) once per
         # local expert with tokens, from a C++ loop: launches beyond the first expert's
-        looped = op.kernel_rounds - 1 if host.expert_launch_s else 0
+        rounds = op.kernel_rounds
+        looped = rounds - 1 if host.expert_launch_s else 0
         host_s = op.num_kernels * host.kernel_s + looped * host.expert_launch_s
         if graphed:
             scope = rc.scopes.get(base)
@@ -273,7 +274,7 @@ def _rows(ctx: _Ctx, layer: int, ops: list) -> list[KernelRow]:
                 scope = rc.scopes[base] = graph_scope_of(base, rc.blocks)
             if scope in graphed or (scope in ("moe_router", "moe") and "moe" in graphed):
                 host_s = 0.0
-                t = float(t) - op.launches * rc.gap
+                t = float(t) - op.num_kernels * rounds * rc.gap         # (op.launches)
         part = rc.cp_parts.get(base)            # with CP: core attention per ring step, between the exchanges
         if part is None or (part == "attn_post" and phase == "R"):
             part = rc.parts.get(base, "mlp")
