@@ -58,6 +58,8 @@ orders them.  Per-rank views are built on demand (:meth:`Program.rank_ops`).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 import numpy as np
@@ -350,6 +352,20 @@ def build_program(model: ModelSpec, parallel: ParallelConfig, gpu: GPUSpec, *, n
     return prog
 
 
+@contextlib.contextmanager
+def _few_gc_passes():
+    """Collect cyclic garbage less often while the classes' op lists are built: a skewed MoE
+    program holds a million ops that live to the end, and the default thresholds rescan them
+    at every full collection (about a sixth of such a build, measured).  The thresholds are
+    restored afterwards (as :func:`simulator.engine.simulate.run` does for a whole run)."""
+    old = gc.get_threshold()
+    gc.set_threshold(max(old[0], 50_000), max(old[1], 20), max(old[2], 20))
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+
+
 def _chunk_layers(model: ModelSpec, par: ParallelConfig, sched) -> list[tuple[int, ...]]:
     """The layers of each model chunk, in pipeline order (DualPipe: one chunk per stage of
     the bidirectional layout). MTP modules (layer ``num_layers + j``) run after the decoder
@@ -372,6 +388,7 @@ def _chunk_layers(model: ModelSpec, par: ParallelConfig, sched) -> list[tuple[in
     return chunk_layers
 
 
+@_few_gc_passes()
 def _rank_classes(ctx: _Ctx, grid: RankGrid, a2a_sizes: dict, stage_program) -> tuple[list[RankClass], np.ndarray]:
     """Group ranks into classes with identical programs: same pipeline stage and, for MoE,
     the same tokens per local expert in every (layer, micro-batch) -- EP coordinates whose

@@ -123,6 +123,13 @@ class Block:
     def add_kernels(self, ops: LayerOps, sh: Shard, args: KernelArgs) -> None:
         raise NotImplementedError
 
+    def add_load_kernels(self, ops: LayerOps, sh: Shard, args: KernelArgs) -> None:
+        """The kernels of :meth:`add_kernels` whose shape depends on the routed load
+        (``args.tokens_per_expert``), added as :meth:`add_kernels` adds them (it calls this);
+        none for a block that routes no tokens.  Every other kernel of the block must not
+        depend on the load: :func:`workloads.costs.flops.layer_load_ops` relies on it."""
+        return None
+
     def activation_terms(self, d, modules: frozenset[str], out: dict[str, float]) -> None:
         """Add the bytes the block keeps for one micro-batch to ``out`` (keys
         :data:`workloads.memory.ACTIVATION_TERMS`); ``d`` holds the per-rank dimensions

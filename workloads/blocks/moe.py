@@ -327,21 +327,9 @@ class MoEBlock(Block):
     def add_kernels(self, ops, sh, args) -> None:
         """Norm, router, permute, the local experts' grouped GEMMs, unpermute, shared
         experts, residual."""
-        model, parallel, L = self.model, args.parallel, self.layer
+        model, L = self.model, self.layer
         moe, h = model.moe, model.hidden_size
-        ep, etp = parallel.ep, parallel.expert_tp
-        if moe.num_experts % ep:
-            raise ConfigError("parallel.ep", ep, f"must divide the number of experts ({moe.num_experts})")
-        local = moe.num_experts // ep
-        if args.tokens_per_expert is None:
-            tokens = balanced_tokens(model, parallel, sh)
-        else:
-            tokens = tuple(args.tokens_per_expert)
-            if len(tokens) != local or any(isinstance(t, bool) or not isinstance(t, numbers.Real) or t < 0
-                                           for t in tokens):
-                raise ConfigError("tokens_per_expert", list(tokens),
-                                  f"must be {local} non-negative numbers (experts per rank: {moe.num_experts} / ep {ep})")
-        routed = float(sum(tokens))
+        self._local_tokens(sh, args)             # (checked before any kernel is added)
         Tn, E, k = sh.Tn, moe.num_experts, moe.top_k
         m1 = 2 if model.mlp == "swiglu" else 1
         titan = args.fusion.moe_kernels == "torchtitan_eager"
@@ -350,17 +338,61 @@ class MoEBlock(Block):
         # softmax / sigmoid, top-k, score normalisation and the load-balancing statistics, in FP32
         ops.pair(kn.titan_router(L, Tn, E, k) if titan else
                  kn.ew_pair("router_topk", L, 3 * kn.FP32 * Tn * E, 2 * kn.FP32 * Tn * E, *args.fusion.router_kernels))
-        # permute: read the local tokens, write top_k copies sorted by expert; after the
-        # all-to-all, sort the received chunks by local expert (read + write the routed tokens)
         # latent MoE: the routed tokens are projected down to the latent width before the
         # dispatch (replicated over TP, on this rank's Tn tokens) and back up after the combine
         w = moe.latent_size or h
         if moe.latent_size:
             ops.linear("latent_down_proj", Tn, w, h)
+        self.add_load_kernels(ops, sh, args)
+        if moe.latent_size:
+            ops.linear("latent_up_proj", Tn, h, w)
+        if moe.num_shared_experts:
+            fs = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size / sh.tp
+            ops.linear("shared_fc1", sh.T, int(m1 * fs), h)
+            ops.pair(kn.eager_activation("shared_act", L, sh.T, int(fs)) if titan and m1 == 2 else
+                     kn.activation("shared_act", L, sh.T, int(fs), model.mlp))
+            ops.linear("shared_fc2", sh.T, h, int(fs))
+            if moe.shared_expert_gate:
+                # sigmoid(x W_g) scales the shared output (HF Qwen3NextSparseMoeBlock, eager):
+                # the h -> 1 GEMM, the sigmoid, the product over the T x h output (read 2, write 1)
+                ops.linear("shared_gate", sh.T, 1, h)
+                a = kn.act_bytes() * sh.T * h
+                ops.pair(kn.ew_pair("shared_gate_mul", L, 3 * a, 5 * a, 2, 3))
+        ops.pair((kn.eager_residual if titan else kn.residual)("mlp_residual", L, Tn, h, model.dropout))
+
+    def _local_tokens(self, sh, args) -> tuple:
+        """Tokens each local expert runs: ``args.tokens_per_expert``, checked, or the balanced share."""
+        moe, parallel = self.model.moe, args.parallel
+        ep = parallel.ep
+        if moe.num_experts % ep:
+            raise ConfigError("parallel.ep", ep, f"must divide the number of experts ({moe.num_experts})")
+        local = moe.num_experts // ep
+        if args.tokens_per_expert is None:
+            return balanced_tokens(self.model, parallel, sh)
+        tokens = tuple(args.tokens_per_expert)
+        if len(tokens) != local or any(isinstance(t, bool) or not isinstance(t, numbers.Real) or t < 0
+                                       for t in tokens):
+            raise ConfigError("tokens_per_expert", list(tokens),
+                              f"must be {local} non-negative numbers (experts per rank: {moe.num_experts} / ep {ep})")
+        return tokens
+
+    def add_load_kernels(self, ops, sh, args) -> None:
+        """The kernels that run on the routed load, as :meth:`add_kernels` adds them: permute,
+        the local experts' grouped GEMMs and what runs between them, unpermute."""
+        model, L = self.model, self.layer
+        moe, h = model.moe, model.hidden_size
+        tokens = self._local_tokens(sh, args)
+        routed = float(sum(tokens))
+        Tn, k = sh.Tn, moe.top_k
+        m1 = 2 if model.mlp == "swiglu" else 1
+        titan = args.fusion.moe_kernels == "torchtitan_eager"
+        w = moe.latent_size or h
+        # permute: read the local tokens, write top_k copies sorted by expert; after the
+        # all-to-all, sort the received chunks by local expert (read + write the routed tokens)
         perm = kn.act_bytes() * w * (Tn * (1 + k) + 2 * routed)
         ops.pair(kn.titan_permute(L, Tn, routed, w) if titan else
                  kn.ew_pair("moe_permute", L, perm, perm, *args.fusion.permute_kernels))
-        fe = moe.expert_ffn_hidden_size / etp
+        fe = moe.expert_ffn_hidden_size / args.parallel.expert_tp
         ops.fbw(*kn.grouped_linear("expert_fc1", L, tokens, int(m1 * fe), w))
         # Transformer Engine's op fuser (``use_transformer_engine_op_fuser``, TE >= 2.14) runs the
         # clamped GLU and the probability-scaled fc2 bias inside its fused expert ops
@@ -377,21 +409,6 @@ class MoEBlock(Block):
         # unpermute: the reverse of permute, plus the probability-weighted sum of the top_k copies
         ops.pair(kn.titan_unpermute(L, Tn, routed, w) if titan else
                  kn.ew_pair("moe_unpermute", L, perm, perm, *args.fusion.permute_kernels))
-        if moe.latent_size:
-            ops.linear("latent_up_proj", Tn, h, w)
-        if moe.num_shared_experts:
-            fs = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size / sh.tp
-            ops.linear("shared_fc1", sh.T, int(m1 * fs), h)
-            ops.pair(kn.eager_activation("shared_act", L, sh.T, int(fs)) if titan and m1 == 2 else
-                     kn.activation("shared_act", L, sh.T, int(fs), model.mlp))
-            ops.linear("shared_fc2", sh.T, h, int(fs))
-            if moe.shared_expert_gate:
-                # sigmoid(x W_g) scales the shared output (HF Qwen3NextSparseMoeBlock, eager):
-                # the h -> 1 GEMM, the sigmoid, the product over the T x h output (read 2, write 1)
-                ops.linear("shared_gate", sh.T, 1, h)
-                a = kn.act_bytes() * sh.T * h
-                ops.pair(kn.ew_pair("shared_gate_mul", L, 3 * a, 5 * a, 2, 3))
-        ops.pair((kn.eager_residual if titan else kn.residual)("mlp_residual", L, Tn, h, model.dropout))
 
     def activation_terms(self, d, modules, out) -> None:
         m = self.model

@@ -442,6 +442,7 @@ class GemmModel:
     k_block: int = GEMM_K_BLOCK
     k_overhead: int = GEMM_K_OVERHEAD
     _u_ref: dict = field(default_factory=dict, init=False, compare=False, repr=False)   # cache of U_ref per dtype
+    _per_tile: dict = field(default_factory=dict, init=False, compare=False, repr=False)   # cache of _tile_terms
 
     @classmethod
     def for_gpu(cls, gpu: GPUSpec, constants: Constants | None = None) -> GemmModel:
@@ -466,18 +467,36 @@ class GemmModel:
         if not shapes:
             return 1.0
         useful = sum(m * n * k for m, n, k in shapes)
-        kb, k0, sms = self.k_block, self.k_overhead, self.num_sms
+        sms = self.num_sms
+        terms = [self._tile_terms(shape) for shape in shapes]
         best = 0.0
-        for tm, tn in self.tiles:
+        for j in range(len(self.tiles)):
             tiles = 0
             cost = 0.0
-            for m, n, k in shapes:
-                t = math.ceil(m / tm) * math.ceil(n / tn)
+            for per_tile in terms:
+                t, c = per_tile[j]
                 tiles += t
-                cost += t * tm * tn * (math.ceil(k / kb) * kb + k0)
+                cost += c
             waves = math.ceil(tiles / sms)
             best = max(best, useful / (sms * waves * (cost / tiles)))
         return best
+
+    def _tile_terms(self, shape: tuple[float, float, float]) -> tuple:
+        """Per tile of :attr:`tiles`, ``(tiles, tile cost)`` of one sub-GEMM (:meth:`utilization`):
+        ``ceil(M / TM) ceil(N / TN)`` and that times ``TM TN (ceil(K / 64) 64 + K0)``; kept
+        per shape (a skewed MoE's grouped GEMMs repeat the same per-expert shapes)."""
+        hit = self._per_tile.get(shape)
+        if hit is None:
+            m, n, k = shape
+            kb, k0 = self.k_block, self.k_overhead
+            hit = []
+            for tm, tn in self.tiles:
+                t = math.ceil(m / tm) * math.ceil(n / tn)
+                hit.append((t, t * tm * tn * (math.ceil(k / kb) * kb + k0)))
+            if len(self._per_tile) >= 1 << 16:
+                self._per_tile.clear()
+            hit = self._per_tile[shape] = tuple(hit)
+        return hit
 
     def _reference_utilization(self, dtype: str) -> float:
         u = self._u_ref.get(dtype)

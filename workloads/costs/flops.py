@@ -121,7 +121,7 @@ from ..model import ModelSpec
 from ..parallel import ParallelConfig
 
 __all__ = ["ComputeOp", "EXPERT_GROUPED_LINEARS", "OP_CLASSES", "PHASES", "GEMM_ROLES", "ACT_BYTES", "ATTN_BLOCK_SIZE",
-           "layer_ops", "embedding_ops", "mamba_scan_bytes", "mamba_scan_kernels", "MAMBA_SCAN_LAUNCHES", "check_mamba_split", "output_ops", "optimizer_ops", "OPTIMIZER_IMPLEMENTATIONS", "gemm_role", "sum_flops",
+           "layer_ops", "layer_load_ops", "embedding_ops", "mamba_scan_bytes", "mamba_scan_kernels", "MAMBA_SCAN_LAUNCHES", "check_mamba_split", "output_ops", "optimizer_ops", "OPTIMIZER_IMPLEMENTATIONS", "gemm_role", "sum_flops",
            "balanced_tokens_per_expert", "capacity_tokens_per_expert", "padded_vocab_size",
            "causal_executed_fraction", "window_executed_fraction", "FLOP_CONVENTIONS", "DEFAULT_FLOP_CONVENTION",
            "get_flop_convention", "model_flops_per_step", "model_flops_per_token", "routed_expert_flops_per_step"]
@@ -207,16 +207,9 @@ def layer_ops(model: ModelSpec, parallel: ParallelConfig, layer_index: int, micr
         Forward ops in execution order, then the backward: recomputed forward ops (if
         any, ``recompute=True``), the ``B`` ops in reverse order, then the ``W`` ops.
     """
-    layer_index = _checked_layer_index(model, layer_index)
-    mode = parallel.recompute if recompute is None else recompute
-    if mode not in ("none", "selective", "full"):
-        raise ConfigError("parallel.recompute", mode, "must be one of none, selective, full")
-    sh = _shard(model, parallel, micro_batch_size, seq_len)
+    layer_index, mode, sh, blocks, args = _layer_setup(model, parallel, layer_index, micro_batch_size, seq_len,
+                                                       tokens_per_expert, recompute, causal, attn_block_size, fusion)
     is_mtp = layer_index >= model.num_layers
-    blocks = layer_blocks(model, layer_index)
-    if attn_block_size is None:
-        attn_block_size = active_value("workloads.blocks.kernels.ATTN_BLOCK_SIZE", ATTN_BLOCK_SIZE)
-    args = KernelArgs(parallel, tokens_per_expert, causal, attn_block_size, fusion)
     ops = LayerOps(layer_index)
     if is_mtp:
         mtp_prologue(model, sh, layer_index, ops)
@@ -226,6 +219,46 @@ def layer_ops(model: ModelSpec, parallel: ParallelConfig, layer_index: int, micr
         mtp_epilogue(model, sh, layer_index, ops)
     recomputed = _recomputed(ops.fwd, mode, parallel.recompute_modules, blocks)
     return ops.fwd + recomputed + ops.bwd[::-1] + ops.wgt
+
+
+def layer_load_ops(model: ModelSpec, parallel: ParallelConfig, layer_index: int, micro_batch_size: int | None = None,
+                   seq_len: int | None = None, *, tokens_per_expert: Sequence[float] | None = None,
+                   recompute: str | None = None, causal: bool = True,
+                   attn_block_size: int | None = None, fusion: Fusion = MEGATRON_TE) -> list[ComputeOp]:
+    """The ops of :func:`layer_ops` (same arguments) whose shape depends on ``tokens_per_expert``
+    (the blocks' :meth:`~workloads.blocks.Block.add_load_kernels`: an MoE block's permutation,
+    grouped GEMMs and what runs between them), in the order :func:`layer_ops` lists them; the
+    other ops of the layer are the same whatever the load.
+
+    >>> from workloads import load_model
+    >>> from workloads.parallel import ParallelConfig
+    >>> m, par = load_model("tiny-moe"), ParallelConfig(ep=2)
+    >>> full = layer_ops(m, par, 0, tokens_per_expert=(5, 0))
+    >>> load = layer_load_ops(m, par, 0, tokens_per_expert=(5, 0))
+    >>> [o for o in full if o.name in {o.name for o in load}] == load
+    True
+    """
+    layer_index, mode, sh, blocks, args = _layer_setup(model, parallel, layer_index, micro_batch_size, seq_len,
+                                                       tokens_per_expert, recompute, causal, attn_block_size, fusion)
+    ops = LayerOps(layer_index)
+    for block in blocks:
+        block.add_load_kernels(ops, sh, args)
+    recomputed = _recomputed(ops.fwd, mode, parallel.recompute_modules, blocks)
+    return ops.fwd + recomputed + ops.bwd[::-1] + ops.wgt
+
+
+def _layer_setup(model, parallel, layer_index, micro_batch_size, seq_len, tokens_per_expert, recompute, causal,
+                 attn_block_size, fusion) -> tuple:
+    """(layer index, recompute mode, shard, blocks, kernel arguments) of :func:`layer_ops`."""
+    layer_index = _checked_layer_index(model, layer_index)
+    mode = parallel.recompute if recompute is None else recompute
+    if mode not in ("none", "selective", "full"):
+        raise ConfigError("parallel.recompute", mode, "must be one of none, selective, full")
+    sh = _shard(model, parallel, micro_batch_size, seq_len)
+    blocks = layer_blocks(model, layer_index)
+    if attn_block_size is None:
+        attn_block_size = active_value("workloads.blocks.kernels.ATTN_BLOCK_SIZE", ATTN_BLOCK_SIZE)
+    return layer_index, mode, sh, blocks, KernelArgs(parallel, tokens_per_expert, causal, attn_block_size, fusion)
 
 
 def _checked_layer_index(model: ModelSpec, layer_index) -> int:

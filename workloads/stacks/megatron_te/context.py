@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 from ...costs import RooflineComputeModel, layer_ops
+from ...costs.flops import layer_load_ops
 from ...costs.compute import HostCosts
 from ...blocks import layer_blocks
 from ...blocks.fusion import MEGATRON_TE, Fusion
@@ -35,6 +36,8 @@ class _Ctx:
     seed: int
     seg_cache: dict = field(default_factory=dict)
     param_cache: dict = field(default_factory=dict)
+    layer_keys: dict = field(default_factory=dict)      #: layer -> the load-independent part of its segment key
+    row_context: dict = field(default_factory=dict)     #: layer -> what its kernel rows share (_row_context)
     a2a_scale: dict = field(default_factory=dict)      #: (layer, mb) -> assignments sent / routed (dropping, padding)
     drops: list = field(default_factory=lambda: [0, 0])   #: [routed, dropped] assignments of one EP group
     p2p_overlap: bool = False
@@ -73,9 +76,14 @@ def _segment_key(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> tu
     # everything that makes one layer's ops differ from another's: its blocks, MTP, the
     # routed load, recompute, whether the recipe runs this layer's GEMMs in low precision
     # (precision_options may keep layers at the ends in BF16), and its attention window
-    return (tuple(b.kind for b in layer_blocks(ctx.model, layer)), layer >= ctx.model.num_layers,
-            None if tokens_per_expert is None else tuple(tokens_per_expert), recompute,
-            ctx.recipe.is_low_precision_layer(layer, ctx.model.num_layers), ctx.model.attention_window(layer))
+    fixed = ctx.layer_keys.get(layer)
+    if fixed is None:
+        fixed = ctx.layer_keys[layer] = (tuple(b.kind for b in layer_blocks(ctx.model, layer)),
+                                         layer >= ctx.model.num_layers,
+                                         ctx.recipe.is_low_precision_layer(layer, ctx.model.num_layers),
+                                         ctx.model.attention_window(layer))
+    return (fixed[0], fixed[1], None if tokens_per_expert is None else tuple(tokens_per_expert), recompute,
+            fixed[2], fixed[3])
 
 
 def _launch_gap(compute: RooflineComputeModel) -> float:
@@ -84,35 +92,192 @@ def _launch_gap(compute: RooflineComputeModel) -> float:
     return launch[False] - launch[True]
 
 
+SPLICE_LOAD_ROWS = True
+"""Whether a routed layer's later loads rebuild only the ops the load shapes (False: every
+load builds the whole layer; the same rows and segments either way)."""
+
+
 def kernel_rows(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> list[KernelRow]:
-    """One layer's kernels (quantisation included) with the segment of the program each runs in."""
-    blocks = layer_blocks(ctx.model, layer)
-    ops = layer_ops(ctx.model, ctx.par, layer, ctx.mbs, ctx.seq, tokens_per_expert=tokens_per_expert,
-                    recompute=recompute, fusion=ctx.fusion)
-    ops = with_quantize_ops(ctx.recipe, ops, ctx.model.num_layers, ctx.fusion.float8_casts)
+    """One layer's kernels (quantisation included) with the segment of the program each runs in.
+
+    Under a skewed routing every EP rank and micro-batch brings its own load, yet only the
+    ops of :func:`~workloads.costs.flops.layer_load_ops` depend on it: the first load of a
+    layer builds every row (:class:`_LoadTemplate`), later loads build only those ops and put
+    their rows in the first load's places.  A row depends on its op alone (the compute model
+    times each op by itself), so the rows are the ones the whole layer would give."""
+    tpl, new = _routed(ctx, layer, tokens_per_expert, recompute)
+    if tpl is None:
+        return _rows(ctx, layer, _layer_ops(ctx, layer, tokens_per_expert, recompute, layer_ops))
+    rows = list(tpl.rows)
+    for i, row in zip(tpl.index, new or ()):
+        rows[i] = row
+    return rows
+
+
+def _layer_ops(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str, build) -> list:
+    """``build``'s ops of ``layer`` (:func:`layer_ops` or :func:`layer_load_ops`) with the
+    recipe's quantisation ops."""
+    ops = build(ctx.model, ctx.par, layer, ctx.mbs, ctx.seq, tokens_per_expert=tokens_per_expert,
+                recompute=recompute, fusion=ctx.fusion)
+    return with_quantize_ops(ctx.recipe, ops, ctx.model.num_layers, ctx.fusion.float8_casts)
+
+
+class _LoadTemplate(NamedTuple):
+    """A routed layer's rows for the first load seen, where that load's ops sit among them
+    (``index``), what they are (``signature``: name, phase, recompute flag and quantised GEMM
+    of each), the rows' segments (:func:`_accumulate`) and, for each segment a load's op
+    adds to, its value before the first such op and the rows added from there (``resume``:
+    ``(value, [(position, scalar), ...])``)."""
+
+    rows: list
+    index: list
+    signature: tuple
+    segments: dict
+    resume: dict
+
+
+def _load_signature(ops) -> tuple:
+    return tuple((o.name, o.phase, o.recompute, o.quantizes) for o in ops)
+
+
+def _routed(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -> tuple:
+    """``(template, rows of this load's ops)`` of a routed layer (:func:`kernel_rows`); the
+    rows None when the template was just built from this load; ``(None, None)`` where the
+    whole layer must be built: no load, splicing off, a load whose ops differ in kind from the
+    template's (a quantisation op absent for an expert without tokens, ...), or a layer whose
+    load ops do not sit among its ops as :func:`layer_load_ops` says."""
+    if tokens_per_expert is None or not SPLICE_LOAD_ROWS:
+        return None, None
+    tokens = tuple(tokens_per_expert)
+    key = ("load_template", _segment_key(ctx, layer, None, recompute))
+    tpl = ctx.seg_cache.get(key)
+    load = _layer_ops(ctx, layer, tokens, recompute, layer_load_ops)
+    if tpl is None:
+        rows = _rows(ctx, layer, _layer_ops(ctx, layer, tokens, recompute, layer_ops))
+        names = {o.name for o in load}
+        index = [i for i, r in enumerate(rows) if r.kernel.name in names]
+        tpl = False
+        if [rows[i].kernel for i in index] == load:
+            tpl = _LoadTemplate(rows, index, _load_signature(load), *_accumulate(ctx, rows, frozenset(index)))
+        ctx.seg_cache[key] = tpl
+        return tpl or None, None
+    if tpl is False or tpl.signature != _load_signature(load):
+        return None, None
+    return tpl, _rows(ctx, layer, load)
+
+
+def _targets(ctx: _Ctx, row: KernelRow) -> list:
+    """``(segment, scalar)`` entries ``row`` adds to: its segment (FLOPs, seconds, host
+    seconds, kernels) and where kept apart, the up-projection the cp_mla_latent what-if
+    repeats per received chunk (the same four) and the GPU work after the dispatcher's host
+    sync (``scalar``: seconds only, :func:`_dispatch_sync`)."""
+    op = row.kernel
+    out = [(row.segment, False)]
+    base = op.quantizes or op.name
+    if ctx.cp_mla_latent and base == "kv_up_proj" and not op.recompute:
+        out.append((f"latent_up:{op.phase}", False))
+    phase = row.segment.split(":", 1)[0]
+    if base == "moe_permute" and phase != "B":
+        out.append((f"{phase}:permute_s", True))
+    return out
+
+
+def _add(seg: dict, name: str, row: KernelRow, scalar: bool) -> None:
+    if scalar:
+        seg[name] = seg.get(name, 0.0) + row.time_s
+        return
+    acc = seg.setdefault(name, [0.0, 0.0, 0.0, 0])
+    acc[0] += row.kernel.flops
+    acc[1] += row.time_s
+    acc[2] += row.host_s
+    acc[3] += row.launches
+
+
+def _accumulate(ctx: _Ctx, rows: list, loaded: frozenset = frozenset()) -> tuple[dict, dict]:
+    """``(segments, resume)``: the rows summed into the segments between communication
+    points, ``{"<phase>:<part>": [FLOPs, seconds, host seconds, kernels]}`` (row order), and
+    the :class:`_LoadTemplate` ``resume`` entries of the rows at positions ``loaded``."""
+    seg: dict = {}
+    resume: dict = {}
+    for pos, row in enumerate(rows):
+        for name, scalar in _targets(ctx, row):
+            if name in resume or pos in loaded:
+                if name not in resume:
+                    start = seg.get(name, 0.0 if scalar else [0.0, 0.0, 0.0, 0])
+                    resume[name] = (start if scalar else list(start), [])
+                resume[name][1].append((pos, scalar))
+            _add(seg, name, row, scalar)
+    return seg, resume
+
+
+def _replayed(tpl: _LoadTemplate, new: list) -> dict:
+    """The segments of the template's layer under another load (its ops' rows ``new``, in
+    the template's ``index`` order): the template's segments where no load op adds, the
+    others summed again from where the first load op adds, in the same order."""
+    at = dict(zip(tpl.index, new))
+    seg: dict = {}
+    for name, value in tpl.segments.items():
+        plan = tpl.resume.get(name)
+        if plan is None:
+            seg[name] = list(value) if isinstance(value, list) else value
+            continue
+        start, steps = plan
+        seg[name] = list(start) if isinstance(start, list) else start
+        for pos, scalar in steps:
+            _add(seg, name, at.get(pos) or tpl.rows[pos], scalar)
+    return seg
+
+
+class _RowContext(NamedTuple):
+    """What the rows of one layer's ops share (:func:`_rows`), kept per layer."""
+
+    blocks: tuple
+    parts: dict            #: op name -> the part of the layer it runs in (default ``mlp``)
+    cp_parts: dict         #: with CP, op name -> the part it runs in instead
+    graphed: frozenset     #: the CUDA-graph scopes that capture the layer's kernels
+    gap: float             #: launch seconds a graphed kernel saves
+    scopes: dict           #: op name -> its graph scope (filled as ops are seen)
+
+
+def _row_context(ctx: _Ctx, layer: int) -> _RowContext:
+    hit = ctx.row_context.get(layer)
+    if hit is None:
+        blocks = layer_blocks(ctx.model, layer)
+        parts = {name: part for b in blocks for name, part in b.SEGMENTS.items()}
+        cp_parts = {name: part for b in blocks for name, part in b.CP_SEGMENTS.items()} if ctx.par.cp > 1 else {}
+        graphed = ctx.host.graphed if layer < ctx.model.num_layers else frozenset()     # MTP modules stay eager
+        # a graphed kernel leaves the GPU the graph's launch gap instead of the eager one
+        gap = (_launch_gap(ctx.compute)
+               if graphed and isinstance(ctx.compute, RooflineComputeModel) and not ctx.compute.cuda_graphs else 0.0)
+        hit = ctx.row_context[layer] = _RowContext(blocks, parts, cp_parts, graphed, gap, {})
+    return hit
+
+
+def _rows(ctx: _Ctx, layer: int, ops: list) -> list[KernelRow]:
+    """The rows of ``ops``, kernels of ``layer`` (:func:`kernel_rows`)."""
+    rc = _row_context(ctx, layer)
     times = ctx.compute.op_times_s(ops)
     source_of = getattr(ctx.compute, "op_source", None)
-    parts = {name: part for b in blocks for name, part in b.SEGMENTS.items()}
-    cp_parts = {name: part for b in blocks for name, part in b.CP_SEGMENTS.items()} if ctx.par.cp > 1 else {}
-    graphed = ctx.host.graphed if layer < ctx.model.num_layers else frozenset()     # MTP modules stay eager
-    # a graphed kernel leaves the GPU the graph's launch gap instead of the eager one
-    gap = (_launch_gap(ctx.compute)
-           if graphed and isinstance(ctx.compute, RooflineComputeModel) and not ctx.compute.cuda_graphs else 0.0)
+    graphed, host = rc.graphed, ctx.host
     rows = []
     for op, t in zip(ops, times):
         phase = "R" if op.recompute else op.phase
         base = op.quantizes or op.name        # a quantisation op belongs with its GEMM
         # Transformer Engine issues a grouped GEMM (and the quantisation of its input) once per
         # local expert with tokens, from a C++ loop: launches beyond the first expert's
-        looped = op.kernel_rounds - 1 if ctx.host.expert_launch_s else 0
-        host_s = op.num_kernels * ctx.host.kernel_s + looped * ctx.host.expert_launch_s
-        scope = graph_scope_of(base, blocks) if graphed else None
-        if scope in graphed or (scope in ("moe_router", "moe") and "moe" in graphed):
-            host_s = 0.0
-            t = float(t) - op.launches * gap
-        part = cp_parts.get(base)               # with CP: core attention per ring step, between the exchanges
+        rounds = op.kernel_rounds
+        looped = rounds - 1 if host.expert_launch_s else 0
+        host_s = op.num_kernels * host.kernel_s + looped * host.expert_launch_s
+        if graphed:
+            scope = rc.scopes.get(base)
+            if scope is None:
+                scope = rc.scopes[base] = graph_scope_of(base, rc.blocks)
+            if scope in graphed or (scope in ("moe_router", "moe") and "moe" in graphed):
+                host_s = 0.0
+                t = float(t) - op.num_kernels * rounds * rc.gap         # (op.launches)
+        part = rc.cp_parts.get(base)            # with CP: core attention per ring step, between the exchanges
         if part is None or (part == "attn_post" and phase == "R"):
-            part = parts.get(base, "mlp")
+            part = rc.parts.get(base, "mlp")
         rows.append(KernelRow(f"{phase}:{part}", op, float(t), host_s, op.num_kernels + looped,
                               source_of(op) if source_of is not None else "model"))
     return rows
@@ -202,25 +367,11 @@ def _kernel_segments(ctx: _Ctx, layer: int, tokens_per_expert, recompute: str) -
     hit = ctx.seg_cache.get(key)
     if hit is not None:
         return hit
-    seg: dict[str, list] = {}
-    for row in kernel_rows(ctx, layer, tokens_per_expert, recompute):
-        op = row.kernel
-        acc = seg.setdefault(row.segment, [0.0, 0.0, 0.0, 0])
-        acc[0] += op.flops
-        acc[1] += row.time_s
-        acc[2] += row.host_s
-        acc[3] += row.launches
-        phase = row.segment.split(":", 1)[0]
-        if ctx.cp_mla_latent and (op.quantizes or op.name) == "kv_up_proj" and not op.recompute:
-            # (also kept apart: the up-projection the cp_mla_latent what-if repeats per received chunk)
-            up = seg.setdefault(f"latent_up:{op.phase}", [0.0, 0.0, 0.0, 0])
-            up[0] += op.flops
-            up[1] += row.time_s
-            up[2] += row.host_s
-            up[3] += row.launches
-        if (op.quantizes or op.name) == "moe_permute" and phase != "B":
-            # (also kept apart: the GPU work after the dispatcher's host sync, _dispatch_sync)
-            seg[f"{phase}:permute_s"] = seg.get(f"{phase}:permute_s", 0.0) + row.time_s
+    tpl, new = _routed(ctx, layer, tokens_per_expert, recompute)
+    if tpl is None:
+        seg = _accumulate(ctx, _rows(ctx, layer, _layer_ops(ctx, layer, tokens_per_expert, recompute, layer_ops)))[0]
+    else:
+        seg = _replayed(tpl, new or [tpl.rows[i] for i in tpl.index])
     ctx.seg_cache[key] = seg
     return seg
 

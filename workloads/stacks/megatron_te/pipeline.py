@@ -189,21 +189,21 @@ def _emit_pair_p2p(ctx: _Ctx, em: _Emitter, st: _Stage, a, receive: bool) -> Non
 
 
 def _emit_forward(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where, p2p: bool) -> None:
-    par, model, chunk, mb = ctx.par, ctx.model, a.chunk, a.microbatch
+    par, chunk, mb = ctx.par, a.chunk, a.microbatch
     if p2p and w.prev_stage is not None:
         _p2p(em, ActionKind.RECV_F, st.index, chunk, mb, w.k, w.prev_stage, st.act_p2p)
     if w.prev_stage is not None:
         _gather_received(ctx, em, mb, chunk, Phase.F)
     if w.k == 0:
         dp_rules(ctx).gather_edge(ctx, em, _embedding_params(ctx), -1, mb, chunk, Phase.F)
-        _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), Phase.F, OpName.EMBEDDING, mb, chunk)
+        _add_ops(ctx, em, "embedding", Phase.F, OpName.EMBEDDING, mb, chunk)
     for j, layer in enumerate(w.layers):
         dp_rules(ctx).gather_layer(ctx, em, layer, mb, chunk, Phase.F)
         _layer_forward(ctx, em, layer, mb, chunk, st.tokens.get((layer, mb)), Phase.F,
                        _recompute_kind(par, w.first_idx + j, st.num_layers))
     if w.next_stage is None:
         dp_rules(ctx).gather_edge(ctx, em, _output_params(ctx), -1, mb, chunk, Phase.F)
-        _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq, fused_cross_entropy=ctx.fusion.cross_entropy_fused), Phase.F, OpName.OUTPUT_LOSS, mb, chunk)
+        _add_ops(ctx, em, "output", Phase.F, OpName.OUTPUT_LOSS, mb, chunk)
     elif p2p:
         _p2p(em, ActionKind.SEND_F, st.index, chunk, mb, w.k, w.next_stage, st.act_p2p)
 
@@ -212,7 +212,7 @@ def _emit_forward(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where, p2p: bool) 
 def _emit_backward(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where, p2p: bool) -> None:
     """A backward action: input gradients, and with ``BW`` the weight gradients too (whose
     last micro-batch fills the gradient buckets)."""
-    par, model, chunk, mb = ctx.par, ctx.model, a.chunk, a.microbatch
+    par, chunk, mb = ctx.par, a.chunk, a.microbatch
     with_w = a.kind == ActionKind.BW
     fill = with_w and (w.is_last_mb or _grads_sharded(par))
     if w.next_stage is not None:
@@ -220,11 +220,10 @@ def _emit_backward(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where, p2p: bool)
             _p2p(em, ActionKind.RECV_B, st.index, chunk, mb, w.k, w.next_stage, st.act_p2p)
         _gather_received(ctx, em, mb, chunk, Phase.B)
     else:
-        out = output_ops(model, par, ctx.mbs, ctx.seq, fused_cross_entropy=ctx.fusion.cross_entropy_fused)
         dp_rules(ctx).gather_edge(ctx, em, _output_params(ctx), -1, mb, chunk, Phase.B)
-        _add_ops(ctx, em, out, Phase.B, OpName.OUTPUT_LOSS_BWD, mb, chunk)
+        _add_ops(ctx, em, "output", Phase.B, OpName.OUTPUT_LOSS_BWD, mb, chunk)
         if with_w:
-            _add_ops(ctx, em, out, Phase.W, OpName.OUTPUT_WGRAD, mb, chunk)
+            _add_ops(ctx, em, "output", Phase.W, OpName.OUTPUT_WGRAD, mb, chunk)
             if fill:
                 st.buckets.ready([], chunk, _output_params(ctx))
     for j, layer in reversed(list(enumerate(w.layers))):
@@ -235,7 +234,7 @@ def _emit_backward(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where, p2p: bool)
             st.buckets.ready([layer], chunk)
     if w.k == 0 and with_w:
         dp_rules(ctx).gather_edge(ctx, em, _embedding_params(ctx), -1, mb, chunk, Phase.B)
-        _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), Phase.W, OpName.EMBEDDING_WGRAD, mb, chunk)
+        _add_ops(ctx, em, "embedding", Phase.W, OpName.EMBEDDING_WGRAD, mb, chunk)
         if fill:
             st.buckets.ready([], chunk, _embedding_params(ctx))
     if p2p and w.prev_stage is not None:
@@ -247,10 +246,10 @@ def _emit_backward(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where, p2p: bool)
 
 def _emit_wgrad(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where) -> None:
     """A zero-bubble weight-gradient action (W)."""
-    par, model, chunk, mb = ctx.par, ctx.model, a.chunk, a.microbatch
+    par, chunk, mb = ctx.par, a.chunk, a.microbatch
     w = w._replace(is_last_mb=w.is_last_mb or _grads_sharded(par))
     if w.next_stage is None:
-        _add_ops(ctx, em, output_ops(model, par, ctx.mbs, ctx.seq, fused_cross_entropy=ctx.fusion.cross_entropy_fused), Phase.W, OpName.OUTPUT_WGRAD, mb, chunk)
+        _add_ops(ctx, em, "output", Phase.W, OpName.OUTPUT_WGRAD, mb, chunk)
         if w.is_last_mb:
             st.buckets.ready([], chunk, _output_params(ctx))
     for j, layer in reversed(list(enumerate(w.layers))):
@@ -259,7 +258,7 @@ def _emit_wgrad(ctx: _Ctx, em: _Emitter, st: _Stage, a, w: _Where) -> None:
         if w.is_last_mb:
             st.buckets.ready([layer], chunk)
     if w.k == 0:
-        _add_ops(ctx, em, embedding_ops(model, par, ctx.mbs, ctx.seq), Phase.W, OpName.EMBEDDING_WGRAD, mb, chunk)
+        _add_ops(ctx, em, "embedding", Phase.W, OpName.EMBEDDING_WGRAD, mb, chunk)
         if w.is_last_mb:
             st.buckets.ready([], chunk, _embedding_params(ctx))
     if w.is_last_mb:
@@ -280,12 +279,18 @@ def _last_microbatches(sched, stage) -> dict[int, int]:
 
 
 
-def _add_ops(ctx, em, ops, phase, name, mb, chunk):
-    sel = [o for o in ops if o.phase == phase]
-    if not sel:
-        return
-    t = float(np.sum(ctx.compute.op_times_s(sel)))
-    em.compute(name, -1, mb, chunk, phase, float(sum(o.flops for o in sel)), t, *_host_of(ctx, sel))
+def _add_ops(ctx, em, edge: str, phase, name, mb, chunk):
+    """One compute op for the ``phase`` ops of the ``embedding`` or the ``output`` layer."""
+    key = ("edge", edge, phase)
+    hit = ctx.seg_cache.get(key)
+    if hit is None:
+        ops = embedding_ops(ctx.model, ctx.par, ctx.mbs, ctx.seq) if edge == "embedding" else \
+            output_ops(ctx.model, ctx.par, ctx.mbs, ctx.seq, fused_cross_entropy=ctx.fusion.cross_entropy_fused)
+        sel = [o for o in ops if o.phase == phase]
+        hit = ctx.seg_cache[key] = (float(sum(o.flops for o in sel)), float(np.sum(ctx.compute.op_times_s(sel))),
+                                    *_host_of(ctx, sel)) if sel else ()
+    if hit:
+        em.compute(name, -1, mb, chunk, phase, *hit)
 
 
 
