@@ -109,3 +109,21 @@ def test_the_invariants_refuse_a_streamed_run():
     res = run(copy.deepcopy(JITTER), timeline="stream")
     with pytest.raises(ConfigError, match="timeline"):
         check_invariants(res)
+
+
+@pytest.mark.parametrize("name", ["1f1b", "interleaved", "dualpipe-moe", "ep4-zipf", "host-eager", "slow-gpu",
+                                  "unfolded-jitter", "one-step", "free-comm"])
+def test_metrics_from_the_recorded_rows_equal_those_from_the_frame(name):
+    """A run computes its metrics from the recorder's rows without building the timeline's
+    frame (built when first asked for); from the frame they are the same bit for bit."""
+    from simulator.engine import metrics
+
+    sc, kw = cases()[name]
+    res = run(copy.deepcopy(sc), **kw, timeline="full")
+    n_rows = len(res.timeline_rows())               # the run did not build the frame
+    t0, t1 = res.step_bounds[-1]
+    from_rows, summary = metrics._last_step(res, t0, t1), metrics.summarize(res)
+    assert len(res.timeline) == n_rows
+    assert res.timeline_rows() is None              # built: the metrics now read the frame
+    assert metrics._last_step(res, t0, t1) == from_rows
+    assert metrics.summarize(res) == summary
