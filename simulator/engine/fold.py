@@ -912,7 +912,7 @@ def _hash_parts(gr: _Graph) -> tuple[dict, dict]:
 
     if nl:      # links by the flow colours (and coefficients) that cross them
         part("l", "l<f", "f", lambda c: _sum_into(nl, inc_l, _gather_pairs(
-            _pair_table(_count(c["f"]), 0, n_coef), np.repeat(c["f"], f_lens), coef_id, n_coef)))
+            _pair_table(_count(c["f"]), 0, n_coef), c["f"][inc_f], coef_id, n_coef)))
     if f_some.size:     # flows by their links, their group, or their endpoints
         part("f", "f<l", "l", lambda c: on(nf, f_some, np.add.reduceat(_gather_pairs(
             _pair_table(_count(c["l"]), 1, n_coef), c["l"][inc_l], coef_id, n_coef), f_start)))
