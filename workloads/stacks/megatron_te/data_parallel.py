@@ -137,14 +137,24 @@ def _count_local_params(ctx, layers) -> tuple[int, int]:
 
 def _embedding_params(ctx) -> int:
     """Input embedding (and learned positions) parameters of one first-stage rank."""
-    br = ctx.model.param_breakdown()
+    br = _breakdown(ctx)
     return int((br["embedding"] + br["position_embedding"]) / ctx.par.tp)
+
+
+
+def _breakdown(ctx) -> dict:
+    """The model's :meth:`~workloads.model.ModelSpec.param_breakdown`, worked out once per
+    program (the edges' gathers ask for it every micro-batch)."""
+    hit = ctx.param_cache.get(("param_breakdown",))
+    if hit is None:
+        hit = ctx.param_cache[("param_breakdown",)] = ctx.model.param_breakdown()
+    return hit
 
 
 
 def _output_params(ctx) -> int:
     """Output layer + final norm parameters of one last-stage rank (its own copy when tied)."""
-    m, br = ctx.model, ctx.model.param_breakdown()
+    m, br = ctx.model, _breakdown(ctx)
     out = br["output_layer"]
     if m.tied_embeddings and len(ctx.chunk_layers) > 1:
         out = br["embedding"]
