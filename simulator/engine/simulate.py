@@ -242,7 +242,27 @@ class _Recorder:
                 "layer": f["layer"], "microbatch": f["microbatch"], "chunk": f["chunk"], "phase": f["phase"],
                 "axis": axis, "start_s": start, "end_s": end, "flops": f["flops"], "size_bytes": f["size_bytes"],
                 "step": step, "cell": cell}
-        return pd.DataFrame({k: list(v) for k, v in cols.items()})
+        return pd.DataFrame({k: list(v) if k in _TEXT_COLUMNS else _numeric_column(v) for k, v in cols.items()})
+
+
+_TEXT_COLUMNS = frozenset({"stream", "kind", "name", "phase", "axis"})
+_INTS = frozenset({int, np.int64})
+_NUMBERS = frozenset({int, float, np.int64, np.float64})
+
+
+def _numeric_column(values: tuple):
+    """A timeline column for pandas: an int64 or float64 array where every value is an int,
+    or a number with a float among them -- the dtype and values pandas infers from the plain
+    list, without its per-element inference (half the frame's cost) -- else the list."""
+    types = set(map(type, values))
+    try:
+        if types <= _INTS:
+            return np.array(values, dtype=np.int64)
+        if types <= _NUMBERS:
+            return np.array(values, dtype=np.float64)
+    except OverflowError:           # an int beyond int64: pandas decides
+        pass
+    return list(values)
 
 
 def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: float = 1e7,
