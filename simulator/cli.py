@@ -15,6 +15,7 @@ output paths (:data:`OUTPUTS`) are checked before any work.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -349,22 +350,23 @@ def _run(args) -> int:
     # a folded run's timeline has one row per rank cell; --per-rank expands it to every rank
     # (or to the --ranks / --stages chosen, which imply it)
     per_rank = args.per_rank or chosen is not None
-    tl = res.rank_timeline(chosen) if per_rank else res.timeline
+    # (built only for what is written or drawn: a run that prints its metrics needs no timeline)
+    tl = functools.cache(lambda: res.rank_timeline(chosen) if per_rank else res.timeline)
     if out:
         res.save(out)
         if per_rank:
-            tl.to_csv(out / "timeline_ranks.csv", index=False)
+            tl().to_csv(out / "timeline_ranks.csv", index=False)
     if args.per_kernel:
         import pandas as pd
         pd.DataFrame(res.program.kernel_table()).to_csv(out / "kernels.csv", index=False)
-    last = tl[tl["step"] == tl["step"].max()]
     gantt_path = args.gantt or (str(out / "gantt.png") if out else None)
     trace_path = args.trace or (str(out / "trace.json") if out else None)
-    if res.stream is not None and tl.empty and (gantt_path or trace_path or args.report):
+    if res.stream is not None and (gantt_path or trace_path or args.report) and tl().empty:
         _note_streamed(res, chosen, False, nothing_kept=True)
         gantt_path = trace_path = args.report = None
     if gantt_path:
         from .report import gantt
+        last = tl()[tl()["step"] == tl()["step"].max()]
         whatif = "; ".join(res.metrics.get("whatif", []))
         short = shortfall(res)
         gantt(last, gantt_path, title=f"{res.scenario.name}: {res.metrics.get('layout', '')}, step {len(res.step_bounds)}, "
@@ -373,8 +375,8 @@ def _run(args) -> int:
                                       + (f"\nwhat-if: {whatif}" if whatif else ""))
     if trace_path:
         from .report import to_chrome_trace
-        _warn_large_trace(tl, trace_path)
-        to_chrome_trace(tl, trace_path, metadata={"scenario": res.scenario.name})
+        _warn_large_trace(tl(), trace_path)
+        to_chrome_trace(tl(), trace_path, metadata={"scenario": res.scenario.name})
     if args.report:
         from .report.html import run_report
         print(f"wrote {run_report(res, args.report, interval=step_interval(res))}", file=sys.stderr)

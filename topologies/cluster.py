@@ -118,8 +118,8 @@ def load_preset(name: str) -> dict:
     path = PRESET_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError("cluster.preset", name, f"unknown preset; known: {', '.join(_preset_names())}")
-    with path.open() as f:
-        data = yaml.safe_load(f)
+    with path.open() as f:        # package data: libyaml's parser where PyYAML has it (same mapping)
+        data = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 (safe)
     return data
 
 

@@ -260,15 +260,12 @@ def _sum_into(n: int, idx: np.ndarray, vals: np.ndarray) -> np.ndarray:
 def _relabel(old: np.ndarray, h: np.ndarray) -> np.ndarray:
     """Colours that split ``old`` by ``h``, numbered in order of first occurrence.
 
-    The distinct keys come from a hash table (few: one per colour), and each element finds
-    its key by binary search among them, which is cheaper than sorting the elements."""
-    import pandas as pd     # (its hash table: 4x numpy's unique on 10^6 keys of few values)
-
+    The distinct keys come from a table indexed by their top bits (:func:`_distinct_keys`:
+    few keys, one per colour), which is cheaper than sorting the elements."""
     if old.size == 0:
         return old
     key = _pair(old, h)
-    u = np.sort(pd.unique(key))
-    inv = np.searchsorted(u, key)
+    u, inv = _distinct_keys(key)
     first = np.full(u.size, key.size, dtype=np.int64)
     np.minimum.at(first, inv, np.arange(key.size))
     rank = np.empty(u.size, dtype=np.int64)
@@ -277,6 +274,38 @@ def _relabel(old: np.ndarray, h: np.ndarray) -> np.ndarray:
     if (old[first[inv]] != old).any():
         raise FoldError("colour refinement merged two colours (hash collision)")
     return rank[inv]
+
+
+#: bits of a key that index :func:`_distinct_keys`'s table (2^20 slots: 1 MiB of flags)
+_TABLE_BITS = 20
+
+
+def _distinct_keys(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of ``key`` (well-mixed 64-bit hashes), ascending, and the index of
+    each element's value among them: what ``np.unique(key, return_inverse=True)`` gives.
+
+    Each key goes to the slot of its top :data:`_TABLE_BITS` bits; when no two distinct keys
+    share a slot, the occupied slots in order are the distinct keys in order, found without
+    sorting the elements (10^6 keys of a few hundred values); otherwise it sorts."""
+    if key.size >= 1 << 12:
+        slot = (key >> np.uint64(64 - _TABLE_BITS)).astype(np.intp)
+        rep = np.empty(1 << _TABLE_BITS, dtype=np.uint64)
+        rep[slot] = key
+        if np.array_equal(rep[slot], key):
+            return _occupied(rep, slot)
+    u, inv = np.unique(key, return_inverse=True)        # a short array, or two keys in one slot
+    return u, inv.ravel()
+
+
+def _occupied(rep: np.ndarray, slot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_distinct_keys` from its table: the keys of the occupied slots, and each
+    element's index among them."""
+    used = np.zeros(1 << _TABLE_BITS, dtype=bool)
+    used[slot] = True
+    occupied = np.flatnonzero(used)
+    pos = np.empty(1 << _TABLE_BITS, dtype=np.int64)
+    pos[occupied] = np.arange(occupied.size)
+    return rep[occupied], pos[slot]
 
 
 def _labels(keys: list) -> np.ndarray:
@@ -811,8 +840,53 @@ def _initial_colours(prog, coll, network: bool, group_label: list, flow_label: l
 def _refine(gr: _Graph, rank_c, group_c, flow_c, link_c):
     """Colour refinement to its fixed point: every round splits each colour by the hashed
     multiset of its neighbours' colours, until no colour splits.  Returns the colours of
-    ranks, groups, flows and links and the number of rounds."""
-    n, nl, nf, ng, pairs = gr.n, gr.nl, gr.nf, gr.ng, gr.pairs
+    ranks, groups, flows and links and the number of rounds.
+
+    Each hash is a wrapping sum of parts, each part a function of one kind's colours
+    (:func:`_hash_parts`); a part whose colours did not change in the last round is kept,
+    and a kind none of whose parts changed keeps its colours (refining colours by the hash
+    they were refined by last time splits nothing and renumbers nothing)."""
+    parts, uses = _hash_parts(gr)
+    colours = {"l": link_c, "f": flow_c, "g": group_c, "r": rank_c}
+    sizes = {"l": gr.nl, "f": gr.nf, "g": gr.ng, "r": gr.n}
+    kept: dict = {}
+    changed = set(colours)
+    iters = 0
+    counts = None
+    while True:
+        iters += 1
+        fresh = {name for name, (dep, _) in parts.items() if dep in changed}
+        for name in fresh:
+            kept[name] = parts[name][1](colours)
+        changed = set()
+        # every hash from the colours of the round's start, then every relabelling
+        hashes = {x: _wrapping_sum(sizes[x], [kept[name] for name in uses[x]])
+                  for x in colours if fresh.intersection(uses[x])}
+        for x, h in hashes.items():
+            new = _relabel(colours[x], h)
+            if not np.array_equal(new, colours[x]):
+                changed.add(x)
+            colours[x] = new
+        new_counts = tuple(_count(colours[x]) for x in "lfgr")
+        if new_counts == counts:
+            break
+        counts = new_counts
+    return colours["r"], colours["g"], colours["f"], colours["l"], iters
+
+
+def _wrapping_sum(n: int, arrays: list) -> np.ndarray:
+    """The elementwise sum of ``arrays`` modulo 2**64 (zeros of length ``n`` when none)."""
+    out = np.zeros(n, dtype=np.uint64)
+    for x in arrays:
+        out += x
+    return out
+
+
+def _hash_parts(gr: _Graph) -> tuple[dict, dict]:
+    """The parts of colour refinement's hashes: name -> (the kind whose colours it reads, a
+    function of the colours ``{"l", "f", "g", "r"}: array`` giving its hash of every member of
+    the kind it hashes), and per kind the names of its parts."""
+    n, nl, nf, ng = gr.n, gr.nl, gr.nf, gr.ng
     inc_f, inc_l, coef_id, owner = gr.inc_f, gr.inc_l, gr.coef_id, gr.owner
     mem_g, mem_r, mem_kind, p_src, p_dst = gr.mem_g, gr.mem_r, gr.mem_kind, gr.p_src, gr.p_dst
     n_gflows, gflow, pflow = gr.n_gflows, gr.gflow, gr.pflow
@@ -823,43 +897,43 @@ def _refine(gr: _Graph, rank_c, group_c, flow_c, link_c):
     f_lens = np.bincount(inc_f, minlength=nf) if nf else np.zeros(0, dtype=np.int64)
     f_some = np.flatnonzero(f_lens)
     f_start = (np.cumsum(f_lens) - f_lens)[f_some]
-    iters = 0
-    counts = None
-    while True:
-        iters += 1
-        # links by the flow colours (and coefficients) that cross them
-        h_l = (_sum_into(nl, inc_l, _gather_pairs(_pair_table(_count(flow_c), 0, n_coef), np.repeat(flow_c, f_lens),
-                                                  coef_id, n_coef)) if nl
-               else np.empty(0, np.uint64))
-        # flows by their links, their group, or their endpoints
-        h_f = np.zeros(nf, dtype=np.uint64)
-        if f_some.size:
-            h_f[f_some] = np.add.reduceat(_gather_pairs(_pair_table(_count(link_c), 1, n_coef), link_c[inc_l],
-                                                        coef_id, n_coef), f_start)
-        if n_gflows:
-            h_f[gflow] += _pair(group_c[owner[gflow]], 7)
-        if pflow.size:
-            h_f[pflow] += _pair(rank_c[p_src[p_of_flow]], 11) + _pair(rank_c[p_dst[p_of_flow]], 13)
-        # groups by their members and their flows
-        h_g = _sum_into(ng, mem_g, _pair(rank_c[mem_r], 3))
-        if n_gflows:
-            h_g += _sum_into(ng, owner[gflow], _pair(flow_c[gflow], 5))
-        # ranks by their groups (per kind) and their transfers
-        h_r = _sum_into(n, mem_r, _pair(group_c[mem_g], mem_kind))
-        if pairs:
-            if pflow.size:      # transfers coloured by their endpoints already
-                h_r += _sum_into(n, p_src, _pair(flow_c[pflow], 17)) + _sum_into(n, p_dst, _pair(flow_c[pflow], 19))
-            else:
-                h_r += _sum_into(n, p_src, _pair(rank_c[p_dst], 23)) + _sum_into(n, p_dst, _pair(rank_c[p_src], 29))
-        link_c = _relabel(link_c, h_l)
-        flow_c = _relabel(flow_c, h_f)
-        group_c = _relabel(group_c, h_g)
-        rank_c = _relabel(rank_c, h_r)
-        new = (_count(link_c), _count(flow_c), _count(group_c), _count(rank_c))
-        if new == counts:
-            break
-        counts = new
-    return rank_c, group_c, flow_c, link_c, iters
+
+    def on(size, idx, vals):
+        out = np.zeros(size, dtype=np.uint64)
+        out[idx] = vals
+        return out
+
+    parts: dict = {}
+    uses: dict = {"l": [], "f": [], "g": [], "r": []}
+
+    def part(kind, name, dep, fn):
+        parts[name] = (dep, fn)
+        uses[kind].append(name)
+
+    if nl:      # links by the flow colours (and coefficients) that cross them
+        part("l", "l<f", "f", lambda c: _sum_into(nl, inc_l, _gather_pairs(
+            _pair_table(_count(c["f"]), 0, n_coef), c["f"][inc_f], coef_id, n_coef)))
+    if f_some.size:     # flows by their links, their group, or their endpoints
+        part("f", "f<l", "l", lambda c: on(nf, f_some, np.add.reduceat(_gather_pairs(
+            _pair_table(_count(c["l"]), 1, n_coef), c["l"][inc_l], coef_id, n_coef), f_start)))
+    if n_gflows:
+        part("f", "f<g", "g", lambda c: on(nf, gflow, _pair(c["g"][owner[gflow]], 7)))
+    if pflow.size:
+        part("f", "f<r", "r", lambda c: on(nf, pflow, _pair(c["r"][p_src[p_of_flow]], 11)
+                                           + _pair(c["r"][p_dst[p_of_flow]], 13)))
+    # groups by their members and their flows
+    part("g", "g<r", "r", lambda c: _sum_into(ng, mem_g, _pair(c["r"][mem_r], 3)))
+    if n_gflows:
+        part("g", "g<f", "f", lambda c: _sum_into(ng, owner[gflow], _pair(c["f"][gflow], 5)))
+    # ranks by their groups (per kind) and their transfers
+    part("r", "r<g", "g", lambda c: _sum_into(n, mem_r, _pair(c["g"][mem_g], mem_kind)))
+    if gr.pairs and pflow.size:     # transfers coloured by their endpoints already
+        part("r", "r<f", "f", lambda c: _sum_into(n, p_src, _pair(c["f"][pflow], 17))
+             + _sum_into(n, p_dst, _pair(c["f"][pflow], 19)))
+    elif gr.pairs:
+        part("r", "r<r", "r", lambda c: _sum_into(n, p_src, _pair(c["r"][p_dst], 23))
+             + _sum_into(n, p_dst, _pair(c["r"][p_src], 29)))
+    return parts, uses
 
 
 # -- the quotient --------------------------------------------------------------------------------
@@ -967,7 +1041,7 @@ def _check_equitable(inc_f, inc_l, inc_w, flow_c, link_c, rtol: float = 1e-9) ->
         starts = np.flatnonzero(new)
         u = ks[starts]
         inv = np.empty(ks.size, dtype=np.int64)
-        inv[order] = np.repeat(np.arange(starts.size), np.diff(starts, append=ks.size))
+        inv[order] = np.cumsum(new) - 1         # each incidence's key among the distinct ones
         s = np.bincount(inv, weights=inc_w)
         # per (cell of a, cell of b): how many members touch it, and the least and largest sum
         nca = _count(ca)

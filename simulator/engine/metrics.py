@@ -185,6 +185,10 @@ def _last_step(res, t0: float, t1: float) -> tuple[float, int, dict]:
     if st is not None:
         last_cell = st.last_cell()
         return st.executed_flops(), last_cell, st.breakdown(last_cell, res.waits[last_cell], t0, t1)
+    rows = res.timeline_rows() if hasattr(res, "timeline_rows") else None
+    got = _last_step_of_rows(rows, res, t0, t1) if rows else None
+    if got is not None:
+        return got
     tl = res.timeline
     last_step = tl[tl["step"] == tl["step"].max()]
     sizes = np.array([len(m) for m in res.folding.cells])
@@ -193,6 +197,30 @@ def _last_step(res, t0: float, t1: float) -> tuple[float, int, dict]:
     ends = last_step.groupby("cell")["end_s"].max()
     last_cell = int(ends.idxmax())
     return executed, last_cell, breakdown(tl, res.waits[last_cell], t0, t1, last_cell)
+
+
+def _last_step_of_rows(rows: list, res, t0: float, t1: float) -> "tuple[float, int, dict] | None":
+    """:func:`_last_step` from the recorder's rows (``(op, rank, node, stream, axis, start,
+    end, step, cell)``) without building the timeline's frame: each column an array of the
+    dtype the frame gives it (None, for the frame to be built, when one would not be int64 or
+    float64), filtered and summed in the same order, so the same numbers bit for bit."""
+    ops, _, _, stream, _, start, end, step, cell = zip(*rows)
+    step, cell = np.array(step), np.array(cell)
+    flops, start, end = np.array([op.flops for op in ops]), np.array(start), np.array(end)
+    if (step.dtype != np.int64 or cell.dtype != np.int64 or flops.dtype not in (np.int64, np.float64)
+            or start.dtype != np.float64 or end.dtype != np.float64):
+        return None
+    last = np.flatnonzero(step == step.max())
+    sizes = np.array([len(m) for m in res.folding.cells])
+    executed = float((flops[last] * sizes[cell[last]]).sum())
+    # the cell that finishes the last step last (the lowest-numbered one on a tie)
+    ends = np.full(len(sizes), -np.inf)
+    np.maximum.at(ends, cell[last], end[last])
+    present = np.unique(cell[last])
+    last_cell = int(present[np.argmax(ends[present])])
+    mine = [i for i in np.flatnonzero(cell == last_cell).tolist() if stream[i] == Stream.COMPUTE]
+    bd = breakdown_of(start[mine], end[mine], [ops[i].phase == Phase.R for i in mine], res.waits[last_cell], t0, t1)
+    return executed, last_cell, bd
 
 
 def _measured(prog, bd: dict, step: float) -> dict:

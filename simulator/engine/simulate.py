@@ -131,8 +131,6 @@ class DeadlockError(SimulationError):
 class Result:
     """What a run returns: the timeline, the metrics, the program and the scenario."""
 
-    timeline: "pd.DataFrame"
-    """One row per executed op of each cell: :data:`TIMELINE_COLUMNS`, ``step`` and ``cell``."""
     metrics: dict
     """:func:`~simulator.engine.metrics.summarize` plus the simulator's effort (wall time, events, flows, solves, fold)."""
     program: Program
@@ -158,6 +156,27 @@ class Result:
     """Set when the timeline was streamed (``run(..., timeline="stream")``): the per-cell
     summaries the metrics came from; :attr:`timeline` then holds only the cells of the ranks
     asked for, and :attr:`waits` only those that reach into the last step."""
+    _frame: "pd.DataFrame | None" = field(default=None, repr=False)
+    _recorder: "_Recorder | StreamRecorder | None" = field(default=None, repr=False)
+
+    @property
+    def timeline(self) -> "pd.DataFrame":
+        """One row per executed op of each cell: :data:`TIMELINE_COLUMNS`, ``step`` and ``cell``
+        (built from the run's recorder when first asked for: a run that only reports its
+        metrics never builds it)."""
+        if self._frame is None and self._recorder is not None:
+            self._frame, self._recorder = self._recorder.frame(), None
+        return self._frame
+
+    @timeline.setter
+    def timeline(self, frame: "pd.DataFrame") -> None:
+        self._frame, self._recorder = frame, None
+
+    def timeline_rows(self) -> "list[tuple] | None":
+        """The full timeline's rows as recorded (:class:`_Recorder`), while its frame is not
+        built; None otherwise."""
+        rec = self._recorder
+        return rec.rows if self._frame is None and isinstance(rec, _Recorder) and rec.rows else None
 
     def rank_summary(self, ranks=None):
         """Per rank, its compute stream over the last step: compute, recompute, exposed
@@ -223,7 +242,27 @@ class _Recorder:
                 "layer": f["layer"], "microbatch": f["microbatch"], "chunk": f["chunk"], "phase": f["phase"],
                 "axis": axis, "start_s": start, "end_s": end, "flops": f["flops"], "size_bytes": f["size_bytes"],
                 "step": step, "cell": cell}
-        return pd.DataFrame({k: list(v) for k, v in cols.items()})
+        return pd.DataFrame({k: list(v) if k in _TEXT_COLUMNS else _numeric_column(v) for k, v in cols.items()})
+
+
+_TEXT_COLUMNS = frozenset({"stream", "kind", "name", "phase", "axis"})
+_INTS = frozenset({int, np.int64})
+_NUMBERS = frozenset({int, float, np.int64, np.float64})
+
+
+def _numeric_column(values: tuple):
+    """A timeline column for pandas: an int64 or float64 array where every value is an int,
+    or a number with a float among them -- the dtype and values pandas infers from the plain
+    list, without its per-element inference (half the frame's cost) -- else the list."""
+    types = set(map(type, values))
+    try:
+        if types <= _INTS:
+            return np.array(values, dtype=np.int64)
+        if types <= _NUMBERS:
+            return np.array(values, dtype=np.float64)
+    except OverflowError:           # an int beyond int64: pandas decides
+        pass
+    return list(values)
 
 
 def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: float = 1e7,
@@ -430,13 +469,12 @@ def _result(state: RunState, sc, clock, t_wall) -> Result:
     """The :class:`Result`: the timeline, the step bounds, the metrics and the profile."""
     from .metrics import summarize
     coll, folding = state.coll, state.folding
-    tl = state.rec.frame()
     bounds, prev = [], 0.0
     for k in range(state.n_steps):
         end = max(state.step_end[k])
         bounds.append((prev, end))
         prev = end
-    res = Result(tl, {}, state.prog, sc, bounds, state.waits, state.net, folding=folding)
+    res = Result({}, state.prog, sc, bounds, state.waits, state.net, folding=folding, _recorder=state.rec)
     if not isinstance(state.rec, _Recorder):
         res.stream = state.rec
     res.memory = sc.memory_estimates()
@@ -449,7 +487,7 @@ def _result(state: RunState, sc, clock, t_wall) -> Result:
     res.wall_time_s = time.perf_counter() - t_wall
     m = res.metrics
     m["wall_time_s"] = res.wall_time_s
-    m["num_events"] = int((len(tl) if res.stream is None else res.stream.n_rows) + coll.net.num_solves)
+    m["num_events"] = int((len(state.rec.rows) if res.stream is None else res.stream.n_rows) + coll.net.num_solves)
     m["num_flows"] = int(coll.net.num_flows)
     m["num_solves"] = int(coll.net.num_solves)
     m["fold"] = dict(folding.stats)

@@ -109,3 +109,47 @@ def test_the_invariants_refuse_a_streamed_run():
     res = run(copy.deepcopy(JITTER), timeline="stream")
     with pytest.raises(ConfigError, match="timeline"):
         check_invariants(res)
+
+
+@pytest.mark.parametrize("name", ["1f1b", "interleaved", "dualpipe-moe", "ep4-zipf", "host-eager", "slow-gpu",
+                                  "unfolded-jitter", "one-step", "free-comm"])
+def test_metrics_from_the_recorded_rows_equal_those_from_the_frame(name):
+    """A run computes its metrics from the recorder's rows without building the timeline's
+    frame (built when first asked for); from the frame they are the same bit for bit."""
+    from simulator.engine import metrics
+
+    sc, kw = cases()[name]
+    res = run(copy.deepcopy(sc), **kw, timeline="full")
+    n_rows = len(res.timeline_rows())               # the run did not build the frame
+    t0, t1 = res.step_bounds[-1]
+    from_rows, summary = metrics._last_step(res, t0, t1), metrics.summarize(res)
+    assert len(res.timeline) == n_rows
+    assert res.timeline_rows() is None              # built: the metrics now read the frame
+    assert metrics._last_step(res, t0, t1) == from_rows
+    assert metrics.summarize(res) == summary
+
+
+@pytest.mark.parametrize("name", ["1f1b", "dualpipe-moe", "ep4-zipf", "unfolded-jitter", "free-comm"])
+def test_the_timeline_frame_equals_the_one_from_plain_lists(name):
+    """The frame's numeric columns go to pandas as int64 / float64 arrays; the frame is the
+    one pandas infers from the plain lists, dtypes and values exactly."""
+    import pandas as pd
+
+    from simulator.engine.simulate import _numeric_column
+    from workloads.ops import Op
+
+    sc, kw = cases()[name]
+    res = run(copy.deepcopy(sc), **kw, timeline="full")
+    rows = res.timeline_rows()
+    ops, rank, node, stream, axis, start, end, step, cell = zip(*rows)
+    f = dict(zip(Op._fields, zip(*ops)))
+    plain = pd.DataFrame({"rank": list(rank), "node": list(node), "stream": list(stream), "kind": list(f["kind"]),
+                          "name": list(f["name"]), "layer": list(f["layer"]), "microbatch": list(f["microbatch"]),
+                          "chunk": list(f["chunk"]), "phase": list(f["phase"]), "axis": list(axis),
+                          "start_s": list(start), "end_s": list(end), "flops": list(f["flops"]),
+                          "size_bytes": list(f["size_bytes"]), "step": list(step), "cell": list(cell)})
+    pd.testing.assert_frame_equal(res.timeline, plain, check_exact=True)
+    # values pandas would not read as int64 / float64 stay a list for it to decide
+    for values in ((True, 1), (1, None), (2**70, 1), ("a", 1.0)):
+        assert isinstance(_numeric_column(values), list)
+    assert _numeric_column((0, 1.5)).dtype == "float64" and _numeric_column((3, 4)).dtype == "int64"

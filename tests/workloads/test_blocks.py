@@ -99,3 +99,19 @@ def test_kernels_have_typed_descriptors():
     assert (attn.batch, attn.heads, attn.kv_heads, attn.q_len, attn.mask, attn.window) == (2, 32, 4, 4096, "window", 128)
     assert layer_ops(m, par, 1)[0].descriptor == MemoryBound(ops[("attn_norm", "F")].mem_bytes, "attn_norm")
     assert next(o for o in layer_ops(m, par, 1) if o.name == "core_attn").descriptor.mask == "causal"
+
+
+def test_layer_blocks_follow_the_model_asked_about():
+    """layer_blocks keeps the last model's blocks by identity: asking about models in turn,
+    or about an equal copy, gives each model's own blocks (those of the cached function)."""
+    import copy
+
+    from workloads.blocks.layers import _layer_blocks, layer_blocks
+    from workloads.model_loading import load_model
+
+    dense, moe = load_model("llama3.1-8b"), load_model("deepseek-v3")
+    for model in (dense, moe, dense, copy.deepcopy(moe), moe):
+        for i in (0, 3, model.num_layers - 1):
+            assert layer_blocks(model, i) == _layer_blocks(model, i)
+            assert [b.kind for b in layer_blocks(model, i)] == [b.kind for b in _layer_blocks(model, i)]
+    assert layer_blocks(moe, 5)[-1].kind != layer_blocks(dense, 5)[-1].kind

@@ -672,3 +672,19 @@ def test_hf_nemotron_h_reads_layers_block_type_and_names_bad_keys():
     with pytest.raises(ConfigError) as e:
         model_from_hf_config(cfg)
     assert e.value.field == "hf_config.n_groups"
+
+
+def test_presets_parse_the_same_with_libyaml_as_with_pyyaml():
+    """Model and cluster presets are package data read with libyaml's parser where PyYAML has
+    it (faster); every one gives the mapping the pure-Python parser gives."""
+    import yaml
+
+    from topologies.cluster import PRESET_DIR as CLUSTER_DIR
+    from workloads.model_loading import PRESET_DIR as MODEL_DIR
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    paths = sorted(MODEL_DIR.glob("*.yaml")) + sorted(CLUSTER_DIR.glob("*.yaml"))
+    assert len(paths) > 10
+    for path in paths:
+        text = path.read_text()
+        assert repr(yaml.load(text, Loader=loader)) == repr(yaml.safe_load(text)), path.name  # noqa: S506 (safe)

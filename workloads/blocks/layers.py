@@ -33,22 +33,24 @@ EXTRA_ACTIVATION_TERMS: tuple[str, ...] = tuple(key for cls in BLOCK_CLASSES.val
 """Activation-memory terms the blocks add to :data:`workloads.memory.ACTIVATION_TERMS`."""
 
 
-_LAST: tuple = (None, {})
-"""The model :func:`layer_blocks` was last asked about (by identity: hashing a model spec is
-what the cache below costs) and its layers' blocks; replaced whole, never mutated across models."""
-
-
 def layer_blocks(model, i: int) -> tuple[Block, ...]:
     """The blocks of decoder layer ``i`` (0-based; ``num_layers + k`` is MTP module ``k``'s
     layer, shaped like the last main layer), in execution order."""
-    global _LAST
-    last = _LAST
-    if last[0] is not model:
-        last = _LAST = (model, {})
-    hit = last[1].get(i)
+    # the last model asked about, by identity: a program build asks ~10^4 times about one
+    # model, and the cache below hashes every field of it each time
+    entry = _LAST_MODEL[0]
+    if entry[0] is not model:
+        entry = _LAST_MODEL[0] = (model, {})
+    i = int(i)
+    hit = entry[1].get(i)
     if hit is None:
-        hit = last[1][i] = _layer_blocks(model, int(i))
+        hit = entry[1][i] = _layer_blocks(model, i)
     return hit
+
+
+#: (model, {layer: its blocks}) of the last model :func:`layer_blocks` was asked about (one
+#: tuple, replaced whole: threads asking about different models only miss it)
+_LAST_MODEL: list = [(None, {})]
 
 
 @lru_cache(maxsize=4096)
