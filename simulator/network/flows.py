@@ -117,15 +117,16 @@ class FlowNetwork:
         n = max(16, initial_flows)
         self._rem = np.zeros(n)
         self._rate = np.zeros(n)
-        self._keys = np.empty((n, 3))      # per slot: route id, weight, cap (the solve cache's key)
-        self._key_views()
-        self._weight[:] = 1.0
-        self._cap[:] = np.inf
+        self._weight = np.ones(n)
+        self._cap = np.full(n, np.inf)
         self._size = np.zeros(n)
         self._off = np.zeros(n, dtype=np.int64)
         self._len = np.zeros(n, dtype=np.int64)
         self._group = np.zeros(n, dtype=np.int64)
         self._rid = np.zeros(n, dtype=np.int64)     # interned route id per slot (the solve cache's key)
+        # per slot (route id, weight, cap) as Python values: the cache key of a solve of a few
+        # flows (weights and caps are positive or inf, where equal values are equal bits)
+        self._slot_key: list = [None] * n
         self._free = list(range(n - 1, -1, -1))
         # live ordinary flows' slots, in admission order (the solver's sums run in this order):
         # an array, with the slots admitted since it was last read appended as a list
@@ -266,6 +267,7 @@ class FlowNetwork:
                 slot = self._merge.get(key)
                 if slot is not None:
                     self._weight[slot] += weight
+                    self._slot_key[slot] = (rid, float(self._weight[slot]), cap)
                     continue
                 self._merge[key] = self._add_flow(gid, rid, links, coefs, size, size, weight, cap)
                 count += 1
@@ -447,7 +449,7 @@ class FlowNetwork:
         self._cap[slot] = cap
         self._group[slot] = gid
         self._rid[slot] = rid
-        self._rid_f[slot] = rid
+        self._slot_key[slot] = (rid, weight, cap)
         self._store_route(slot, links, coefs)
         occ = self._occ
         for i in links.tolist():
@@ -472,7 +474,9 @@ class FlowNetwork:
         self._cap[sl] = caps
         self._group[sl] = gid
         self._rid[sl] = rids
-        self._rid_f[sl] = rids
+        slot_key = self._slot_key
+        for s, k in zip(slots, zip(rids.tolist(), weights.tolist(), caps.tolist())):
+            slot_key[s] = k
         top = self._pool_top
         self._pool_links[top:top + links.size] = links
         self._pool_coefs[top:top + links.size] = coefs
@@ -515,20 +519,15 @@ class FlowNetwork:
         return out
 
     # -- internals ---------------------------------------------------------------------------
-    def _key_views(self) -> None:
-        # weights and caps are columns of the key table, so that a solve's cache key is one
-        # gather of its rows (route ids are there as floats too: exact below 2**53)
-        self._rid_f, self._weight, self._cap = self._keys[:, 0], self._keys[:, 1], self._keys[:, 2]
-
     def _alloc(self) -> int:
         if not self._free:
             n = self._rem.size
-            for name in ("_rem", "_rate", "_keys", "_size", "_off", "_len", "_group", "_rid"):
+            for name in ("_rem", "_rate", "_weight", "_cap", "_size", "_off", "_len", "_group", "_rid"):
                 old = getattr(self, name)
-                new = np.empty((2 * n,) + old.shape[1:], dtype=old.dtype)
+                new = np.empty(2 * n, dtype=old.dtype)
                 new[:n] = old
                 setattr(self, name, new)
-            self._key_views()
+            self._slot_key.extend([None] * n)
             self._free = list(range(2 * n - 1, n - 1, -1))
         return self._free.pop()
 
@@ -738,15 +737,21 @@ class FlowNetwork:
             self._load = [] if self._list_links else np.empty(0)
             return
         few = self._act_few()
-        act = self._act()
+        act = None if few is not None else self._act()
         self.num_solves += 1
         # Rates depend only on the live flows' routes, weights and caps, in their order (the
         # solver's sums run in that order), and on the capacities, fixed for the run.  A
         # steady pipeline meets the same few flow sets again and again, so their answers
         # are kept: a hit returns the very arrays the solve returned, bit for bit.
-        key = self._keys[act].tobytes()
+        if few is not None:
+            slot_key = self._slot_key
+            key = tuple([slot_key[s] for s in few])
+        else:
+            key = (self._rid[act].tobytes(), self._weight[act].tobytes(), self._cap[act].tobytes())
         hit = self._solved.get(key)
         if hit is None:
+            if act is None:
+                act = np.array(few, dtype=np.int64)
             lens = self._len[act]
             ptr = np.zeros(act.size + 1, dtype=np.int64)
             np.cumsum(lens, out=ptr[1:])
@@ -759,7 +764,7 @@ class FlowNetwork:
             if self._list_links:
                 load_links, load = load_links.tolist(), load.tolist()
             hit = (rate, load_links, load, rate.tolist() if act.size <= _FEW else None)
-            size = len(key) + rate.nbytes + 16 * len(load)
+            size = 24 * act.size + rate.nbytes + 16 * len(load)
             if len(self._solved) >= _SOLVE_CACHE_ENTRIES or self._solved_bytes + size > _SOLVE_CACHE_BYTES:
                 self._solved.clear()        # a run that never repeats itself: bound the memory
                 self._solved_bytes = 0
