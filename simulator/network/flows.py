@@ -236,12 +236,21 @@ class FlowNetwork:
                     on_use(self.env.now + delay, hit.tolist())
         if delay > 0:
             if not (t.items and self._try_isolated(gid, t, ev, self.env._now + delay)):
-                self.env.timeout(delay).callbacks.append(lambda _e: self._admit(gid, t, ev))
+                self._call_in(delay, partial(self._admit, gid, t, ev))
             return ev
         self._admit(gid, t, ev)
         return ev
 
-    def _admit(self, gid: int, t: "_Template", ev) -> None:
+    def _call_in(self, delay: float, callback) -> None:
+        """``env.timeout(delay)`` with ``callback`` as its callback, scheduled the same way
+        (NORMAL priority, value None) without a Timeout object."""
+        env = self.env
+        e = simpy.Event(env)
+        e._ok, e._value = True, None
+        e.callbacks.append(callback)
+        heappush(env._queue, (env._now + delay, simpy.core.NORMAL, next(env._eid), e))
+
+    def _admit(self, gid: int, t: "_Template", ev, _e=None) -> None:
         """Start template ``t``'s flows now as group ``gid``, completing ``ev``."""
         self._advance()
         now = self.env.now
@@ -422,8 +431,14 @@ class FlowNetwork:
             self.env.timeout(t0 - now).callbacks.append(lambda _e: self._admit(gid, t, ev))
             return
         el = now - t0
-        self._add_links(t.links, t.uniq, t.per_s * el, el)
-        for (lk, cf, size, weight, cap), rid, r in zip(t.items, t.rids, t.rate.tolist()):
+        if self._list_links:            # (_add_links of per_s * el, from the lists)
+            b, busy = self._link_bytes, self._link_busy_s
+            for i, x in zip(t.links, t.per_s_list):
+                b[i] += x * el
+                busy[i] += el
+        else:
+            self._add_links(t.links, t.uniq, t.per_s * el, el)
+        for (lk, cf, size, weight, cap), rid, r in zip(t.items, t.rids, t.rate_list):
             self._add_flow(gid, rid, lk, cf, size, max(size - r * el, 0.0), weight, cap)
         self._stale = True          # a flow may have (about) nothing left
         self._groups[gid] = [len(t.items), ev]
@@ -791,12 +806,7 @@ class FlowNetwork:
                 t_next = float(np.min(self._rem[act] / rate))
         if not math.isfinite(t_next):
             return          # nothing can progress (no capacity): the engine's deadlock check reports it
-        # env.timeout(t_next) calling _on_timer(version), without a Timeout object
-        env = self.env
-        timer = simpy.Event(env)
-        timer._ok, timer._value = True, None
-        timer.callbacks.append(partial(self._on_timer, self._version))
-        heappush(env._queue, (env._now + max(t_next, 0.0), simpy.core.NORMAL, next(env._eid), timer))
+        self._call_in(max(t_next, 0.0), partial(self._on_timer, self._version))
 
 
 class _Template:
@@ -804,8 +814,8 @@ class _Template:
     rates from a solve of the group alone, and per distinct link the bytes/s and total
     bytes it puts there (cached: rates depend only on routes and capacities)."""
 
-    __slots__ = ("items", "rids", "uniq", "links", "rate", "isolatable", "duration", "per_s", "total_bytes",
-                 "done_runs", "done_busy_s", "admitted", "expected", "_batch")
+    __slots__ = ("items", "rids", "uniq", "links", "rate", "rate_list", "per_s_list", "isolatable", "duration",
+                 "per_s", "total_bytes", "done_runs", "done_busy_s", "admitted", "expected", "_batch")
 
     def __init__(self, flows):
         items = []
@@ -823,6 +833,7 @@ class _Template:
         self.isolatable = False
         self.duration = 0.0
         self.per_s = self.total_bytes = None
+        self.rate_list = self.per_s_list = None     # rate and per_s as lists, once isolatable
         self.done_runs = 0
         self.done_busy_s = 0.0
         self.admitted = 0                           # times started on a network
@@ -882,5 +893,6 @@ class _Template:
         self.duration = float(t.max())
         pos = np.searchsorted(self.uniq, links)
         self.per_s = np.bincount(pos, weights=np.repeat(weights * self.rate, lens) * coefs, minlength=self.uniq.size)
+        self.rate_list, self.per_s_list = self.rate.tolist(), self.per_s.tolist()
         self.total_bytes = np.bincount(pos, weights=np.repeat(weights * sizes, lens) * coefs,
                                        minlength=self.uniq.size)
