@@ -765,21 +765,11 @@ class FlowNetwork:
             key = (self._rid[act].tobytes(), self._weight[act].tobytes(), self._cap[act].tobytes())
         hit = self._solved.get(key)
         if hit is None:
-            if act is None:
-                act = np.array(few, dtype=np.int64)
-            lens = self._len[act]
-            ptr = np.zeros(act.size + 1, dtype=np.int64)
-            np.cumsum(lens, out=ptr[1:])
-            links, coefs = self._gather(act)
-            rate = max_min_rates(ptr, links, coefs, self.capacity, self._weight[act], self._cap[act])
-            load = np.bincount(links, weights=np.repeat(rate * self._weight[act], lens) * coefs,
-                               minlength=self.num_links)
-            load_links = np.flatnonzero(load)
-            load = load[load_links]
-            if self._list_links:
-                load_links, load = load_links.tolist(), load.tolist()
-            hit = (rate, load_links, load, rate.tolist() if act.size <= _FEW else None)
-            size = 24 * act.size + rate.nbytes + 16 * len(load)
+            if few is not None:
+                hit = self._solve_few(few)
+            else:
+                hit = self._solve_many(act)
+            size = 24 * len(key if few is not None else act) + hit[0].nbytes + 16 * len(hit[2])
             if len(self._solved) >= _SOLVE_CACHE_ENTRIES or self._solved_bytes + size > _SOLVE_CACHE_BYTES:
                 self._solved.clear()        # a run that never repeats itself: bound the memory
                 self._solved_bytes = 0
@@ -787,6 +777,55 @@ class FlowNetwork:
             self._solved_bytes += size
         else:
             self.num_solve_hits += 1
+        self._retime(few, act, hit)
+
+    def _solve_many(self, act: np.ndarray) -> tuple:
+        """Rates of the live flows ``act`` and the load they put on links: (rates, loaded
+        links, bytes/s on them, the rates as a list for a few flows else None)."""
+        lens = self._len[act]
+        ptr = np.zeros(act.size + 1, dtype=np.int64)
+        np.cumsum(lens, out=ptr[1:])
+        links, coefs = self._gather(act)
+        rate = max_min_rates(ptr, links, coefs, self.capacity, self._weight[act], self._cap[act])
+        load = np.bincount(links, weights=np.repeat(rate * self._weight[act], lens) * coefs,
+                           minlength=self.num_links)
+        load_links = np.flatnonzero(load)
+        load = load[load_links]
+        if self._list_links:
+            load_links, load = load_links.tolist(), load.tolist()
+        return rate, load_links, load, rate.tolist() if act.size <= _FEW else None
+
+    def _solve_few(self, few: list) -> tuple:
+        """:meth:`_solve_many` of a few live flows, from the per-route lists: the same solver
+        call, and each link's load summed entry by entry from 0.0 in route order, as
+        ``np.bincount`` sums it."""
+        routes, slot_key = self._route_lists, self._slot_key
+        links, coefs, ptr, weights, caps = [], [], [0], [], []
+        for s in few:
+            rid, w, cap = slot_key[s]
+            lk, cf = routes[rid]
+            links += lk
+            coefs += cf
+            ptr.append(len(links))
+            weights.append(w)
+            caps.append(cap)
+        rate = max_min_rates(np.array(ptr, dtype=np.int64), np.array(links, dtype=np.int64), np.array(coefs),
+                             self.capacity, np.array(weights), np.array(caps))
+        rates = rate.tolist()
+        acc: dict = {}
+        for f, (x, w) in enumerate(zip(rates, weights)):
+            xw = x * w
+            for e in range(ptr[f], ptr[f + 1]):
+                acc[links[e]] = acc.get(links[e], 0.0) + xw * coefs[e]
+        load_links = sorted(i for i, v in acc.items() if v != 0.0)      # (np.flatnonzero)
+        load = [acc[i] for i in load_links]
+        if not self._list_links:
+            load_links, load = np.array(load_links, dtype=np.int64), np.array(load)
+        return rate, load_links, load, rates
+
+    def _retime(self, few, act, hit) -> None:
+        """Take the rates of a solve (``hit``, :meth:`_solve_many`) and schedule the next
+        completion."""
         rate, self._load_links, self._load, rates = hit
         self._stale = True
         # every live flow has bytes left here (_finish_done retired the rest): 0 rate, no end

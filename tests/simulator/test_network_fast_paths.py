@@ -1,8 +1,8 @@
 """The network's fast paths for few live flows give the same bits as the general ones.
 
 * Per-link counters in Python lists (networks of up to ``flows._LIST_LINKS`` links) against
-  numpy arrays; a few live flows kept as a list (``flows._FEW``) against the vectorised
-  updates: whole golden runs with overlaps on (TP communication, p2p, gradient reduction and
+  numpy arrays; a few live flows kept as a list (``flows._FEW``), and their cache misses
+  solved from per-route lists, against the vectorised updates and solves: whole golden runs with overlaps on (TP communication, p2p, gradient reduction and
   parameter gathers) and one with thousands of all-to-all flows (the paths switch back and
   forth) reproduce their stored digests with the fast paths off.
 * The plain-Python rounds for small solves (:mod:`simulator.network.maxmin_small`) against
