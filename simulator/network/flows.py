@@ -120,6 +120,10 @@ class FlowNetwork:
         self._weight = np.ones(n)
         self._cap = np.full(n, np.inf)
         self._size = np.zeros(n)
+        # rem, rate and size per slot as Python lists too: while a few flows are live
+        # (_few_mode, see _act_few) the lists hold their rem and rate, else the arrays do
+        self._rem_l, self._rate_l, self._size_l = [0.0] * n, [0.0] * n, [0.0] * n
+        self._few_mode = False
         self._off = np.zeros(n, dtype=np.int64)
         self._len = np.zeros(n, dtype=np.int64)
         self._group = np.zeros(n, dtype=np.int64)
@@ -340,6 +344,7 @@ class FlowNetwork:
         coefficient, so a solver or accounting error shows up as a difference.  Brings the
         counters up to now."""
         self._advance()
+        self._leave_few()
         now = self.env.now
         carried = self.link_bytes.copy()
         left = np.zeros(self.num_links)
@@ -457,9 +462,9 @@ class FlowNetwork:
                   cap: float) -> int:
         """A live ordinary flow of group ``gid`` on route ``rid`` in a fresh slot (returned)."""
         slot = self._alloc()
-        self._rem[slot] = remaining
-        self._size[slot] = size
-        self._rate[slot] = 0.0
+        self._rem[slot] = self._rem_l[slot] = remaining
+        self._size[slot] = self._size_l[slot] = size
+        self._rate[slot] = self._rate_l[slot] = 0.0
         self._weight[slot] = weight
         self._cap[slot] = cap
         self._group[slot] = gid
@@ -485,6 +490,10 @@ class FlowNetwork:
         self._rem[sl] = sizes
         self._size[sl] = sizes
         self._rate[sl] = 0.0
+        rem_l, rate_l, size_l = self._rem_l, self._rate_l, self._size_l
+        for s, x in zip(slots, sizes.tolist()):
+            rem_l[s] = size_l[s] = x
+            rate_l[s] = 0.0
         self._weight[sl] = weights
         self._cap[sl] = caps
         self._group[sl] = gid
@@ -543,6 +552,8 @@ class FlowNetwork:
                 new[:n] = old
                 setattr(self, name, new)
             self._slot_key.extend([None] * n)
+            for lst in (self._rem_l, self._rate_l, self._size_l):
+                lst.extend([0.0] * n)
             self._free = list(range(2 * n - 1, n - 1, -1))
         return self._free.pop()
 
@@ -564,22 +575,39 @@ class FlowNetwork:
         if tail:
             if not self._act_arr.size and len(tail) <= _FEW:
                 return np.array(tail, dtype=np.int64)      # (a few: the list stays, see _act_few)
+            self._leave_few()
             self._act_arr = np.concatenate((self._act_arr, np.array(tail, dtype=np.int64)))
             self._act_tail = []
         return self._act_arr
+
+    def _leave_few(self) -> None:
+        """Out of few-flow mode: the live flows' rem and rate back into the arrays."""
+        if self._few_mode:
+            self._few_mode = False
+            rem, rate, rem_l, rate_l = self._rem, self._rate, self._rem_l, self._rate_l
+            for s in self._act_arr.tolist() + self._act_tail:
+                rem[s] = rem_l[s]
+                rate[s] = rate_l[s]
 
     def _act_few(self) -> list | None:
         """The live flows' slots as a list when there are at most _FEW of them, else None.
         A few live flows are kept as the list alone (``_act_tail``, with an empty array),
         which the per-event loops read as it is."""
         arr = self._act_arr
+        if arr.size + len(self._act_tail) > _FEW:
+            self._leave_few()
+            return None
         if arr.size:
-            if arr.size + len(self._act_tail) > _FEW:
-                return None
             self._act_tail = arr.tolist() + self._act_tail
             self._act_arr = _NO_SLOTS
         tail = self._act_tail
-        return tail if len(tail) <= _FEW else None
+        if not self._few_mode:          # into few-flow mode: rem and rate into the lists
+            self._few_mode = True
+            rem, rate, rem_l, rate_l = self._rem, self._rate, self._rem_l, self._rate_l
+            for s in tail:
+                rem_l[s] = float(rem[s])
+                rate_l[s] = float(rate[s])
+        return tail
 
     def _num_active(self) -> int:
         return self._act_arr.size + len(self._act_tail)
@@ -621,7 +649,7 @@ class FlowNetwork:
         if dt > 0 and self._num_active():
             few = self._act_few()
             if few is not None:
-                rem, rate = self._rem, self._rate
+                rem, rate = self._rem_l, self._rate_l
                 for s in few:
                     rem[s] -= rate[s] * dt
             else:
@@ -678,7 +706,7 @@ class FlowNetwork:
         tol = abs(now) * 4e-16 + 1e-18
         few = self._act_few()
         if few is not None:
-            rem, size, rate = self._rem, self._size, self._rate
+            rem, size, rate = self._rem_l, self._size_l, self._rate_l
             keep, done = [], []
             for s in few:
                 r = rem[s]
@@ -723,7 +751,7 @@ class FlowNetwork:
 
     def _retire_few(self, finished: list) -> None:
         """:meth:`_retire` one slot at a time (the same additions in the same order)."""
-        rem, weight, rid, occ, routes = self._rem, self._weight, self._rid, self._occ, self._route_lists
+        rem, weight, rid, occ, routes = self._rem_l, self._weight, self._rid, self._occ, self._route_lists
         lists, b = self._list_links, self._link_bytes
         for s in finished:
             links, coefs = routes[rid[s]]
@@ -830,7 +858,7 @@ class FlowNetwork:
         self._stale = True
         # every live flow has bytes left here (_finish_done retired the rest): 0 rate, no end
         if few is not None:
-            rem, rate_of = self._rem, self._rate
+            rem, rate_of = self._rem_l, self._rate_l
             t_next = math.inf
             for s, r in zip(few, rates):
                 rate_of[s] = r
