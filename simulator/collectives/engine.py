@@ -158,6 +158,7 @@ class CollectiveEngine:
         self.folding = None
         self._mult: dict[int, int] = {}
         self._qcache: dict[tuple, list] = {}
+        self._p2p_plans: dict[tuple, tuple] = {}       # (src, dst, bytes) -> (plan, latency): send_recv
         self._prepared: dict[tuple, tuple] = {}
         # all-at-once calls by signature (group, kind, size, count, algo, proto, root): what
         # _start prepared for them and the network's template of their flows (_issue_whole)
@@ -745,8 +746,11 @@ class CollectiveEngine:
                                   f"{other} {s}->{d} {size} B")
         del self._p2p[key]
         self.p2p_start[key] = self.env.now
-        plan = p2p_plan(self.cluster, src, dst)
-        lat = self.latency_s("send_recv", plan, "Simple", size)
+        planned = self._p2p_plans.get((src, dst, size))
+        if planned is None:
+            plan = p2p_plan(self.cluster, src, dst)
+            planned = self._p2p_plans[(src, dst, size)] = (plan, self.latency_s("send_recv", plan, "Simple", size))
+        plan, lat = planned
         start = self.env.now
         call = _Call("send_recv", size, 2, "direct", "Simple", None, None, first_s=first, event=ev)
 

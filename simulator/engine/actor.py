@@ -553,7 +553,12 @@ class CellActor:
         # issue a collective that runs while the next compute op computes; that op waits for it
         env = self.env
         seq = step * self.plan.per_kind[op.group] + op.seq
-        ev = _issue(env, self.coll, self.groups_of[op.group], seq, op, self.free_comm, self._sizes_of(op))
+        groups = self.groups_of[op.group]
+        if len(groups) == 1 and not self.free_comm and op.size_bytes > 0:     # (_issue's call, inline)
+            ev = self.coll.issue(groups[0][0], seq, op.coll, op.size_bytes, count=groups[0][1],
+                                 sizes=self._sizes_of(op) if op.coll == COLL_ALL_TO_ALL else None)
+        else:
+            ev = _issue(env, self.coll, groups, seq, op, self.free_comm, self._sizes_of(op))
         fin = env.event()
         rec, rep, node, cid, axis, t_issue = self.rec, self.rep, self.node, self.cid, self.plan.axis_of[i], env.now
         ev.callbacks.append(lambda _x: (rec.add(rep, node, op.stream, op, axis, t_issue, env.now, step, cid),

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from heapq import heappush
 import math
 import time
 
@@ -65,8 +66,14 @@ _SOLVE_CACHE_BYTES = 256 << 20
 # per call on tiny arrays, an element ~0.1 us; the same float64 operations in the same order
 # give the same bits either way.
 _FEW = 32
+# Networks with up to this many links keep their per-link byte and busy-time counters in Python
+# lists: the counters are updated a few links at a time at every event, where a list element
+# costs a quarter of a numpy one; the same additions in the same order give the same bits.
+# Larger networks keep numpy arrays (their updates can touch thousands of links at once).
+_LIST_LINKS = 1024
 # simpy's priorities are URGENT (0) and NORMAL (1): the network's solve runs after both
 _AFTER_INSTANT = 2
+_NO_SLOTS = np.empty(0, dtype=np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,15 +138,22 @@ class FlowNetwork:
         self._weight = np.ones(n)
         self._cap = np.full(n, np.inf)
         self._size = np.zeros(n)
+        # rem, rate and size per slot as Python lists too: while a few flows are live
+        # (_few_mode, see _act_few) the lists hold their rem and rate, else the arrays do
+        self._rem_l, self._rate_l, self._size_l = [0.0] * n, [0.0] * n, [0.0] * n
+        self._few_mode = False
         self._off = np.zeros(n, dtype=np.int64)
         self._len = np.zeros(n, dtype=np.int64)
         self._group = np.zeros(n, dtype=np.int64)
         self._rid = np.zeros(n, dtype=np.int64)     # interned route id per slot (the solve cache's key)
+        # per slot (route id, weight, cap) as Python values: the cache key of a solve of a few
+        # flows (weights and caps are positive or inf, where equal values are equal bits)
+        self._slot_key: list = [None] * n
         self._free = list(range(n - 1, -1, -1))
         # live ordinary flows' slots, in admission order (the solver's sums run in this order):
         # an array, with the slots admitted since it was last read appended as a list
         # (:meth:`_act`), so per-event updates over thousands of flows convert nothing
-        self._act_arr = np.empty(0, dtype=np.int64)
+        self._act_arr = _NO_SLOTS
         self._act_tail: list[int] = []
         self._pool_links = np.empty(4096, dtype=np.int64)
         self._pool_coefs = np.empty(4096)
@@ -152,10 +166,17 @@ class FlowNetwork:
         self._stale = False                     # rem may hold a finished flow not yet retired: see _finish_done
         self._pending = False
         self._version = 0
-        self._load_links = np.empty(0, dtype=np.int64)
-        self._load = np.empty(0)
-        self._link_bytes = np.zeros(self.num_links)
-        self._link_busy_s = np.zeros(self.num_links)
+        # per-link counters: Python lists on small networks (_LIST_LINKS), else numpy arrays
+        self._list_links = self.num_links <= _LIST_LINKS
+        if self._list_links:
+            self._link_bytes = [0.0] * self.num_links
+            self._link_busy_s = [0.0] * self.num_links
+        else:
+            self._link_bytes = np.zeros(self.num_links)
+            self._link_busy_s = np.zeros(self.num_links)
+        self._route_lists: list = []            # route id -> (links, coefs) as lists (_retire_few)
+        self._load_links = [] if self._list_links else np.empty(0, dtype=np.int64)    # links in use, and
+        self._load = [] if self._list_links else np.empty(0)        # bytes/s on them, at the last solve
         # templates with finished isolated runs not yet accounted, in the order they finished (a
         # dict, not a set: a set iterates by object address, which made the bytes' summation
         # order, and so link utilisation's last digit, differ from run to run)
@@ -237,12 +258,21 @@ class FlowNetwork:
                     on_use(self.env.now + delay, hit.tolist())
         if delay > 0:
             if not (t.items and self._try_isolated(gid, t, ev, self.env._now + delay)):
-                self.env.timeout(delay).callbacks.append(lambda _e: self._admit(gid, t, ev))
+                self._call_in(delay, partial(self._admit, gid, t, ev))
             return ev
         self._admit(gid, t, ev)
         return ev
 
-    def _admit(self, gid: int, t: "_Template", ev) -> None:
+    def _call_in(self, delay: float, callback) -> None:
+        """``env.timeout(delay)`` with ``callback`` as its callback, scheduled the same way
+        (NORMAL priority, value None) without a Timeout object."""
+        env = self.env
+        e = simpy.Event(env)
+        e._ok, e._value = True, None
+        e.callbacks.append(callback)
+        heappush(env._queue, (env._now + delay, simpy.core.NORMAL, next(env._eid), e))
+
+    def _admit(self, gid: int, t: "_Template", ev, _e=None) -> None:
         """Start template ``t``'s flows now as group ``gid``, completing ``ev``."""
         self._advance()
         now = self.env.now
@@ -268,6 +298,7 @@ class FlowNetwork:
                 slot = self._merge.get(key)
                 if slot is not None:
                     self._weight[slot] += weight
+                    self._slot_key[slot] = (rid, float(self._weight[slot]), cap)
                     continue
                 self._merge[key] = self._add_flow(gid, rid, links, coefs, size, size, weight, cap)
                 count += 1
@@ -294,13 +325,34 @@ class FlowNetwork:
     def link_bytes(self) -> np.ndarray:
         """Bytes carried so far per link (flows still running: up to the last event)."""
         self._flush_isolated()
-        return self._link_bytes
+        return np.array(self._link_bytes) if self._list_links else self._link_bytes
 
     @property
     def link_busy_s(self) -> np.ndarray:
         """Seconds each link has carried traffic."""
         self._flush_isolated()
-        return self._link_busy_s
+        return np.array(self._link_busy_s) if self._list_links else self._link_busy_s
+
+    def _add_links(self, links: list, idx: np.ndarray, values: np.ndarray, busy) -> None:
+        """Add ``values`` to the byte counters of ``links`` (distinct; ``idx``: the same as an
+        array) and ``busy`` (seconds, a scalar) to their busy time, in either storage."""
+        if self._list_links:
+            b, t = self._link_bytes, self._link_busy_s
+            for i, x in zip(links, values.tolist()):
+                b[i] += x
+                t[i] += busy
+        else:
+            self._link_bytes[idx] += values
+            self._link_busy_s[idx] += busy
+
+    def _add_bytes_at(self, links: np.ndarray, values: np.ndarray) -> None:
+        """``np.add.at(link bytes, links, values)`` (links may repeat: added in order)."""
+        if self._list_links:
+            b = self._link_bytes
+            for i, x in zip(links.tolist(), values.tolist()):
+                b[i] += x
+        else:
+            np.add.at(self._link_bytes, links, values)
 
     def byte_balance(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per link: (bytes carried so far, bytes still to carry for flows started and not
@@ -310,6 +362,7 @@ class FlowNetwork:
         coefficient, so a solver or accounting error shows up as a difference.  Brings the
         counters up to now."""
         self._advance()
+        self._leave_few()
         now = self.env.now
         carried = self.link_bytes.copy()
         left = np.zeros(self.num_links)
@@ -330,8 +383,7 @@ class FlowNetwork:
 
     def _flush_isolated(self) -> None:
         for t in self._done_templates:
-            self._link_bytes[t.uniq] += t.total_bytes * t.done_runs
-            self._link_busy_s[t.uniq] += t.done_busy_s
+            self._add_links(t.links, t.uniq, t.total_bytes * t.done_runs, t.done_busy_s)
             t.done_runs = 0
             t.done_busy_s = 0.0
         self._done_templates.clear()
@@ -402,9 +454,14 @@ class FlowNetwork:
             self.env.timeout(t0 - now).callbacks.append(lambda _e: self._admit(gid, t, ev))
             return
         el = now - t0
-        self._link_bytes[t.uniq] += t.per_s * el
-        self._link_busy_s[t.uniq] += el
-        for (lk, cf, size, weight, cap), rid, r in zip(t.items, t.rids, t.rate.tolist()):
+        if self._list_links:            # (_add_links of per_s * el, from the lists)
+            b, busy = self._link_bytes, self._link_busy_s
+            for i, x in zip(t.links, t.per_s_list):
+                b[i] += x * el
+                busy[i] += el
+        else:
+            self._add_links(t.links, t.uniq, t.per_s * el, el)
+        for (lk, cf, size, weight, cap), rid, r in zip(t.items, t.rids, t.rate_list):
             self._add_flow(gid, rid, lk, cf, size, max(size - r * el, 0.0), weight, cap)
         self._stale = True          # a flow may have (about) nothing left
         self._groups[gid] = [len(t.items), ev]
@@ -416,19 +473,21 @@ class FlowNetwork:
         rid = self._route_ids.get(key)
         if rid is None:
             rid = self._route_ids[key] = len(self._route_ids)
+            self._route_lists.append((links.tolist(), coefs.tolist()))
         return rid
 
     def _add_flow(self, gid: int, rid: int, links, coefs, size: float, remaining: float, weight: float,
                   cap: float) -> int:
         """A live ordinary flow of group ``gid`` on route ``rid`` in a fresh slot (returned)."""
         slot = self._alloc()
-        self._rem[slot] = remaining
-        self._size[slot] = size
-        self._rate[slot] = 0.0
+        self._rem[slot] = self._rem_l[slot] = remaining
+        self._size[slot] = self._size_l[slot] = size
+        self._rate[slot] = self._rate_l[slot] = 0.0
         self._weight[slot] = weight
         self._cap[slot] = cap
         self._group[slot] = gid
         self._rid[slot] = rid
+        self._slot_key[slot] = (rid, weight, cap)
         self._store_route(slot, links, coefs)
         occ = self._occ
         for i in links.tolist():
@@ -449,10 +508,17 @@ class FlowNetwork:
         self._rem[sl] = sizes
         self._size[sl] = sizes
         self._rate[sl] = 0.0
+        rem_l, rate_l, size_l = self._rem_l, self._rate_l, self._size_l
+        for s, x in zip(slots, sizes.tolist()):
+            rem_l[s] = size_l[s] = x
+            rate_l[s] = 0.0
         self._weight[sl] = weights
         self._cap[sl] = caps
         self._group[sl] = gid
         self._rid[sl] = rids
+        slot_key = self._slot_key
+        for s, k in zip(slots, zip(rids.tolist(), weights.tolist(), caps.tolist())):
+            slot_key[s] = k
         top = self._pool_top
         self._pool_links[top:top + links.size] = links
         self._pool_coefs[top:top + links.size] = coefs
@@ -503,6 +569,9 @@ class FlowNetwork:
                 new = np.empty(2 * n, dtype=old.dtype)
                 new[:n] = old
                 setattr(self, name, new)
+            self._slot_key.extend([None] * n)
+            for lst in (self._rem_l, self._rate_l, self._size_l):
+                lst.extend([0.0] * n)
             self._free = list(range(2 * n - 1, n - 1, -1))
         return self._free.pop()
 
@@ -520,10 +589,43 @@ class FlowNetwork:
 
     def _act(self) -> np.ndarray:
         """The live flows' slots, in admission order."""
-        if self._act_tail:
-            self._act_arr = np.concatenate((self._act_arr, np.array(self._act_tail, dtype=np.int64)))
+        tail = self._act_tail
+        if tail:
+            if not self._act_arr.size and len(tail) <= _FEW:
+                return np.array(tail, dtype=np.int64)      # (a few: the list stays, see _act_few)
+            self._leave_few()
+            self._act_arr = np.concatenate((self._act_arr, np.array(tail, dtype=np.int64)))
             self._act_tail = []
         return self._act_arr
+
+    def _leave_few(self) -> None:
+        """Out of few-flow mode: the live flows' rem and rate back into the arrays."""
+        if self._few_mode:
+            self._few_mode = False
+            rem, rate, rem_l, rate_l = self._rem, self._rate, self._rem_l, self._rate_l
+            for s in self._act_arr.tolist() + self._act_tail:
+                rem[s] = rem_l[s]
+                rate[s] = rate_l[s]
+
+    def _act_few(self) -> list | None:
+        """The live flows' slots as a list when there are at most _FEW of them, else None.
+        A few live flows are kept as the list alone (``_act_tail``, with an empty array),
+        which the per-event loops read as it is."""
+        arr = self._act_arr
+        if arr.size + len(self._act_tail) > _FEW:
+            self._leave_few()
+            return None
+        if arr.size:
+            self._act_tail = arr.tolist() + self._act_tail
+            self._act_arr = _NO_SLOTS
+        tail = self._act_tail
+        if not self._few_mode:          # into few-flow mode: rem and rate into the lists
+            self._few_mode = True
+            rem, rate, rem_l, rate_l = self._rem, self._rate, self._rem_l, self._rate_l
+            for s in tail:
+                rem_l[s] = float(rem[s])
+                rate_l[s] = float(rate[s])
+        return tail
 
     def _num_active(self) -> int:
         return self._act_arr.size + len(self._act_tail)
@@ -563,15 +665,21 @@ class FlowNetwork:
         now = self.env.now
         dt = now - self._last
         if dt > 0 and self._num_active():
-            act = self._act()
-            if act.size <= _FEW:
-                rem, rate = self._rem, self._rate
-                for s in act.tolist():
+            few = self._act_few()
+            if few is not None:
+                rem, rate = self._rem_l, self._rate_l
+                for s in few:
                     rem[s] -= rate[s] * dt
             else:
+                act = self._act()
                 self._rem[act] -= self._rate[act] * dt
             self._stale = True
-            if self._load_links.size:
+            if self._list_links:
+                b, t = self._link_bytes, self._link_busy_s
+                for i, x in zip(self._load_links, self._load):
+                    b[i] += x * dt
+                    t[i] += dt
+            elif self._load_links.size:
                 self._link_bytes[self._load_links] += self._load * dt
                 self._link_busy_s[self._load_links] += dt
         self._last = now
@@ -582,10 +690,11 @@ class FlowNetwork:
             # Scheduled behind every other event of this instant, including those its
             # processing schedules at it (simpy orders an instant's events by priority, then
             # by when they were scheduled): one solve after all of them.
-            ev = simpy.Event(self.env)
+            env = self.env
+            ev = simpy.Event(env)
             ev._ok, ev._value = True, None
             ev.callbacks.append(self._on_kick)
-            self.env.schedule(ev, _AFTER_INSTANT)
+            heappush(env._queue, (env._now, _AFTER_INSTANT, next(env._eid), ev))    # env.schedule, inline
 
     def _on_kick(self, _ev) -> None:
         self._pending = False
@@ -595,7 +704,7 @@ class FlowNetwork:
             return
         self._solve()
 
-    def _on_timer(self, version: int) -> None:
+    def _on_timer(self, version: int, _ev=None) -> None:
         if version != self._version:
             return
         self._advance()
@@ -613,18 +722,19 @@ class FlowNetwork:
         self._stale = False
         now = self.env.now
         tol = abs(now) * 4e-16 + 1e-18
-        act = self._act()
-        if act.size <= _FEW:
-            rem, size, rate = self._rem, self._size, self._rate
+        few = self._act_few()
+        if few is not None:
+            rem, size, rate = self._rem_l, self._size_l, self._rate_l
             keep, done = [], []
-            for s in act.tolist():
+            for s in few:
                 r = rem[s]
                 (done if r <= size[s] * 1e-12 or r <= rate[s] * tol else keep).append(s)
             if not done:
                 return False
-            self._act_arr = np.array(keep, dtype=np.int64)
+            self._act_tail = keep
             self._retire_few(done)
         else:
+            act = self._act()
             rem = self._rem[act]
             is_done = (rem <= self._size[act] * 1e-12) | (rem <= self._rate[act] * tol)
             if not is_done.any():
@@ -655,20 +765,26 @@ class FlowNetwork:
         lens = self._len[finished]
         w = np.repeat(self._weight[finished], lens)
         rem_nz = np.repeat(self._rem[finished], lens)
-        np.add.at(self._link_bytes, links, rem_nz * w * coefs)
+        self._add_bytes_at(links, rem_nz * w * coefs)
 
     def _retire_few(self, finished: list) -> None:
         """:meth:`_retire` one slot at a time (the same additions in the same order)."""
-        off, lens, pool_links, pool_coefs = self._off, self._len, self._pool_links, self._pool_coefs
-        rem, weight, occ = self._rem, self._weight, self._occ
+        rem, weight, rid, occ, routes = self._rem_l, self._weight, self._rid, self._occ, self._route_lists
+        lists, b = self._list_links, self._link_bytes
         for s in finished:
-            lo = int(off[s])
-            n = int(lens[s])
-            links = pool_links[lo:lo + n]
-            for i in links.tolist():
+            links, coefs = routes[rid[s]]
+            for i in links:
                 occ[i] -= 1
-            np.add.at(self._link_bytes, links, rem[s] * weight[s] * pool_coefs[lo:lo + n])
-            self._pool_live -= n
+            x = rem[s] * weight[s]
+            if lists:
+                if x != 0.0:        # (adding +-0 to a counter, never -0, leaves it as it is)
+                    x = float(x)
+                    for i, c in zip(links, coefs):
+                        b[i] += x * c
+            else:
+                lo = int(self._off[s])
+                np.add.at(b, self._pool_links[lo:lo + len(links)], x * self._pool_coefs[lo:lo + len(links)])
+            self._pool_live -= len(links)
 
     def _solve(self) -> None:
         t0 = time.perf_counter()
@@ -678,28 +794,28 @@ class FlowNetwork:
     def _solve_rates(self) -> None:
         self._version += 1
         if not self._num_active():
-            self._load_links = np.empty(0, dtype=np.int64)
-            self._load = np.empty(0)
+            self._load_links = [] if self._list_links else np.empty(0, dtype=np.int64)
+            self._load = [] if self._list_links else np.empty(0)
             return
-        act = self._act()
+        few = self._act_few()
+        act = None if few is not None else self._act()
         self.num_solves += 1
         # Rates depend only on the live flows' routes, weights and caps, in their order (the
         # solver's sums run in that order), and on the capacities, fixed for the run.  A
         # steady pipeline meets the same few flow sets again and again, so their answers
         # are kept: a hit returns the very arrays the solve returned, bit for bit.
-        key = (self._rid[act].tobytes(), self._weight[act].tobytes(), self._cap[act].tobytes())
+        if few is not None:
+            slot_key = self._slot_key
+            key = tuple([slot_key[s] for s in few])
+        else:
+            key = (self._rid[act].tobytes(), self._weight[act].tobytes(), self._cap[act].tobytes())
         hit = self._solved.get(key)
         if hit is None:
-            lens = self._len[act]
-            ptr = np.zeros(act.size + 1, dtype=np.int64)
-            np.cumsum(lens, out=ptr[1:])
-            links, coefs = self._gather(act)
-            rate = max_min_rates(ptr, links, coefs, self.capacity, self._weight[act], self._cap[act])
-            load = np.bincount(links, weights=np.repeat(rate * self._weight[act], lens) * coefs,
-                               minlength=self.num_links)
-            load_links = np.flatnonzero(load)
-            hit = (rate, load_links, load[load_links], rate.tolist() if act.size <= _FEW else None)
-            size = 3 * len(key[0]) + rate.nbytes + load_links.nbytes + hit[2].nbytes
+            if few is not None:
+                hit = self._solve_few(few)
+            else:
+                hit = self._solve_many(act)
+            size = 24 * len(key if few is not None else act) + hit[0].nbytes + 16 * len(hit[2])
             if len(self._solved) >= _SOLVE_CACHE_ENTRIES or self._solved_bytes + size > _SOLVE_CACHE_BYTES:
                 self._solved.clear()        # a run that never repeats itself: bound the memory
                 self._solved_bytes = 0
@@ -707,21 +823,75 @@ class FlowNetwork:
             self._solved_bytes += size
         else:
             self.num_solve_hits += 1
+        self._retime(few, act, hit)
+
+    def _solve_many(self, act: np.ndarray) -> tuple:
+        """Rates of the live flows ``act`` and the load they put on links: (rates, loaded
+        links, bytes/s on them, the rates as a list for a few flows else None)."""
+        lens = self._len[act]
+        ptr = np.zeros(act.size + 1, dtype=np.int64)
+        np.cumsum(lens, out=ptr[1:])
+        links, coefs = self._gather(act)
+        rate = max_min_rates(ptr, links, coefs, self.capacity, self._weight[act], self._cap[act])
+        load = np.bincount(links, weights=np.repeat(rate * self._weight[act], lens) * coefs,
+                           minlength=self.num_links)
+        load_links = np.flatnonzero(load)
+        load = load[load_links]
+        if self._list_links:
+            load_links, load = load_links.tolist(), load.tolist()
+        return rate, load_links, load, rate.tolist() if act.size <= _FEW else None
+
+    def _solve_few(self, few: list) -> tuple:
+        """:meth:`_solve_many` of a few live flows, from the per-route lists: the same solver
+        call, and each link's load summed entry by entry from 0.0 in route order, as
+        ``np.bincount`` sums it."""
+        routes, slot_key = self._route_lists, self._slot_key
+        links, coefs, ptr, weights, caps = [], [], [0], [], []
+        for s in few:
+            rid, w, cap = slot_key[s]
+            lk, cf = routes[rid]
+            links += lk
+            coefs += cf
+            ptr.append(len(links))
+            weights.append(w)
+            caps.append(cap)
+        rate = max_min_rates(np.array(ptr, dtype=np.int64), np.array(links, dtype=np.int64), np.array(coefs),
+                             self.capacity, np.array(weights), np.array(caps))
+        rates = rate.tolist()
+        acc: dict = {}
+        for f, (x, w) in enumerate(zip(rates, weights)):
+            xw = x * w
+            for e in range(ptr[f], ptr[f + 1]):
+                acc[links[e]] = acc.get(links[e], 0.0) + xw * coefs[e]
+        load_links = sorted(i for i, v in acc.items() if v != 0.0)      # (np.flatnonzero)
+        load = [acc[i] for i in load_links]
+        if not self._list_links:
+            load_links, load = np.array(load_links, dtype=np.int64), np.array(load)
+        return rate, load_links, load, rates
+
+    def _retime(self, few, act, hit) -> None:
+        """Take the rates of a solve (``hit``, :meth:`_solve_many`) and schedule the next
+        completion."""
         rate, self._load_links, self._load, rates = hit
-        self._rate[act] = rate
         self._stale = True
         # every live flow has bytes left here (_finish_done retired the rest): 0 rate, no end
-        if act.size <= _FEW:
-            rem = self._rem
-            t_next = float(min([rem[s] / r if r > 0 else math.inf for s, r in zip(act.tolist(), rates)]))
+        if few is not None:
+            rem, rate_of = self._rem_l, self._rate_l
+            t_next = math.inf
+            for s, r in zip(few, rates):
+                rate_of[s] = r
+                if r > 0:
+                    t = rem[s] / r
+                    if t < t_next:
+                        t_next = t
+            t_next = float(t_next)
         else:
+            self._rate[act] = rate
             with np.errstate(divide="ignore"):
                 t_next = float(np.min(self._rem[act] / rate))
         if not math.isfinite(t_next):
             return          # nothing can progress (no capacity): the engine's deadlock check reports it
-        version = self._version
-        timer = self.env.timeout(max(t_next, 0.0))
-        timer.callbacks.append(lambda _e, v=version: self._on_timer(v))
+        self._call_in(max(t_next, 0.0), partial(self._on_timer, self._version))
 
 
 class _Template:
@@ -729,8 +899,8 @@ class _Template:
     rates from a solve of the group alone, and per distinct link the bytes/s and total
     bytes it puts there (cached: rates depend only on routes and capacities)."""
 
-    __slots__ = ("items", "rids", "uniq", "links", "rate", "isolatable", "duration", "per_s", "total_bytes",
-                 "done_runs", "done_busy_s", "admitted", "expected", "_batch")
+    __slots__ = ("items", "rids", "uniq", "links", "rate", "rate_list", "per_s_list", "isolatable", "duration",
+                 "per_s", "total_bytes", "done_runs", "done_busy_s", "admitted", "expected", "_batch")
 
     def __init__(self, flows):
         items = []
@@ -748,6 +918,7 @@ class _Template:
         self.isolatable = False
         self.duration = 0.0
         self.per_s = self.total_bytes = None
+        self.rate_list = self.per_s_list = None     # rate and per_s as lists, once isolatable
         self.done_runs = 0
         self.done_busy_s = 0.0
         self.admitted = 0                           # times started on a network
@@ -807,5 +978,6 @@ class _Template:
         self.duration = float(t.max())
         pos = np.searchsorted(self.uniq, links)
         self.per_s = np.bincount(pos, weights=np.repeat(weights * self.rate, lens) * coefs, minlength=self.uniq.size)
+        self.rate_list, self.per_s_list = self.rate.tolist(), self.per_s.tolist()
         self.total_bytes = np.bincount(pos, weights=np.repeat(weights * sizes, lens) * coefs,
                                        minlength=self.uniq.size)

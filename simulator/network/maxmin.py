@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import maxmin_jit
+from . import maxmin_jit, maxmin_small
 
 __all__ = ["max_min_rates"]
 
@@ -171,12 +171,18 @@ def max_min_rates(ptr: np.ndarray, links: np.ndarray, coefs: np.ndarray | None, 
 
 def _solve_compiled(ptr, links, coefs, capacity, weight, rate) -> int:
     """Solve with the compiled kernel into ``rate`` (holding the caps) and return the round
-    count; -1 when it is not loaded yet, disabled, absent (no numba) or declines the instance."""
+    count; -1 when it is not loaded yet, disabled, absent (no numba) or declines the instance.
+    Until it is loaded, small instances run its rounds in plain Python
+    (:mod:`.maxmin_small`: the same floats; disabled with it by CLUSTERSIM_NO_JIT)."""
     global _numpy_spent_s, _load_after_s
     if maxmin_jit.disabled():
         return -1
     kernel = maxmin_jit.loaded()
     if kernel is None:
+        if links.size <= maxmin_small.MAX_ENTRIES and not maxmin_jit.forced():
+            rounds = maxmin_small.solve(ptr, links, coefs, weight, capacity, rate)
+            if rounds >= 0:
+                return rounds
         if _load_after_s is None:
             _load_after_s = _LOAD_CACHED_S if maxmin_jit.cached() else _LOAD_COMPILE_S
         _numpy_spent_s += _NUMPY_SOLVE_S + _NUMPY_ENTRY_S * links.size
