@@ -23,9 +23,9 @@ writes ``scatter.png`` (predicted vs measured step time, log-log, +-10 % band,
 one colour per source).
 
 Run: ``python experiments/validate_all.py [--set all|h100|vtrain] [--limit N] [--max-gpus N]
-[--out-dir results/validation] [--workers N]``.  Every set with ``--workers 2`` takes about 32
-CPU-minutes, about 16 minutes on an idle 2-core machine (the Blackwell set 14, the H100 set
-11, the vTrain set 5; the Llama 3.1 405B rows most of it): all sets share one pool of
+[--out-dir results/validation] [--workers N]``.  Every set with ``--workers 2`` takes about 21
+CPU-minutes, about 13 minutes on an idle 2-core machine (the Llama 3.1 405B rows on GB200
+and on 2,304 H100 most of it): all sets share one pool of
 ``--workers`` processes, each distinct scenario is simulated once, costliest first.
 ``--subset ci`` runs the deterministic subset the ``validation`` regression test uses
 (:data:`CI_SUBSET`).
