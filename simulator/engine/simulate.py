@@ -75,9 +75,7 @@ block: the step is then the schedule's longest path (a test compares the two exa
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import heapq
 import os
 import time
@@ -91,7 +89,7 @@ from topologies import ConfigError
 from topologies.constants import DEFAULT, Constants, active, using
 from workloads import build_program
 from workloads.ops import Op
-from workloads.program import Program
+from workloads.program import Program, few_gc_passes
 
 from ..collectives import CollectiveEngine
 from ..collectives.ep_dispatch import flex_compute_slowdown, flex_pair_scale
@@ -308,24 +306,10 @@ def run(scenario, *, free_comm: bool = False, calibration=None, max_sim_time_s: 
     (8, True)
     """
     constants = active() if constants is None else constants
-    with _gc_tuned(), using(constants):
+    with few_gc_passes(), using(constants):   # (the run's events, closures and rows)
         return _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, whatif,
                     3.0 if progress is True else float(progress or 0.0), constants,
                     _TimelineSpec(timeline, timeline_ranks))
-
-
-@contextlib.contextmanager
-def _gc_tuned():
-    """Collect cyclic garbage less often while simulating: a run allocates millions of small
-    objects (events, closures, timeline rows) that mostly die young or live to the end, and
-    the default thresholds rescan the long-lived ones thousands of times (25-35 % of a
-    16k-GPU run's time, measured).  The thresholds are restored afterwards."""
-    old = gc.get_threshold()
-    gc.set_threshold(max(old[0], 50_000), max(old[1], 20), max(old[2], 20))
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
 
 
 def _run(scenario, free_comm, calibration, max_sim_time_s, fold, compute_scale, whatif=None,
