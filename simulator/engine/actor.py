@@ -18,6 +18,7 @@ import itertools
 
 import simpy
 
+from simulator.network.flows import succeed_in_order
 from workloads.ops import (COLL_ALL_TO_ALL, FSDP2_COPIES, KIND_COLLECTIVE, KIND_COMPUTE, KIND_HOST_SYNC, KIND_SEND, PHASE_F, STREAM_COMPUTE,
                            STREAM_PP, Group, Issue, ep_a2a_matrix, is_grad_bucket, is_grad_norm, is_p2p,
                            is_step_sync)
@@ -35,13 +36,17 @@ AXIS = {Group.TP: "tp", Group.SP: "tp", Group.ETP: "tp", Group.CP: "cp", Group.E
 
 
 class _Latch:
-    """Succeeds ``event`` when ``n`` callbacks have fired (no AllOf in hot paths)."""
+    """Succeeds ``event`` when ``n`` hits have come (no AllOf in hot paths): calls of
+    :meth:`hit`, or the processing of the events given to :meth:`on`."""
 
-    __slots__ = ("n", "event")
+    __slots__ = ("n", "event", "env", "waits")
 
     def __init__(self, env, n):
         self.n = n
+        self.env = env
         self.event = env.event()
+        self.waits = []
+        """(event, its callback list) per :meth:`on`."""
         if n == 0:
             self.event.succeed()
 
@@ -50,13 +55,38 @@ class _Latch:
         if self.n == 0:
             self.event.succeed()
 
+    def on(self, ev) -> None:
+        """Hit when ``ev`` (not processed yet) is processed."""
+        cbs = ev.callbacks
+        cbs.append(self._on_done)
+        self.waits.append((ev, cbs))
+
+    def _on_done(self, ev) -> None:
+        # ``ev``'s callback (:meth:`on`).  The latch's event is a relay: if this is the last
+        # callback of ``ev``'s list (the list simpy is running, the one :meth:`on` appended
+        # to), nothing runs after it in ``ev``'s processing, which is itself the last act of
+        # the processing of the event being processed (a heap event, or one processed in
+        # order by :func:`succeed_in_order`, whose callers do nothing after), so it succeeds
+        # in order.  (The hit that brings ``n`` to 0 is the last of the hits on ``ev`` in its
+        # list; the events given to :meth:`on` of one latch are distinct, or, where one can
+        # come twice -- a transfer a cell both sends and receives -- counted twice.)
+        self.n -= 1
+        if self.n == 0:
+            for e, cbs in self.waits:
+                if e is ev:
+                    if cbs[-1] == self._on_done:
+                        succeed_in_order(self.env, self.event)
+                        return
+                    break
+            self.event.succeed()
+
 
 def _wait(env, events, wait_log, axis):
     t0 = env.now
     latch = _Latch(env, sum(1 for e in events if not e.processed))
     for e in events:
         if not e.processed:
-            e.callbacks.append(latch.hit)
+            latch.on(e)
     if not latch.event.processed:
         yield latch.event
     if env.now > t0:
@@ -74,7 +104,7 @@ def _issue(env, coll, groups, seq, op, free_comm, sizes=None):
         return coll.issue(groups[0][0], seq, op.coll, op.size_bytes, count=groups[0][1], sizes=sizes)
     latch = _Latch(env, len(groups))
     for g, n in groups:
-        coll.issue(g, seq, op.coll, op.size_bytes, count=n, sizes=sizes).callbacks.append(latch.hit)
+        latch.on(coll.issue(g, seq, op.coll, op.size_bytes, count=n, sizes=sizes))
     return latch.event
 
 
@@ -265,7 +295,7 @@ def _per_kind(ops) -> dict:
 class _StreamCall:
     """A collective queued on a stream behind the calls before it (:meth:`CellActor._on_stream`)."""
 
-    __slots__ = ("actor", "op", "step", "seq", "axis", "groups", "sizes", "fin", "start")
+    __slots__ = ("actor", "op", "step", "seq", "axis", "groups", "sizes", "fin", "start", "cbs")
 
     def __init__(self, actor, op, step, seq, axis, groups, sizes, fin):
         self.actor, self.op, self.step, self.seq, self.axis = actor, op, step, seq, axis
@@ -275,12 +305,18 @@ class _StreamCall:
     def launch(self, _e=None):
         a = self.actor
         self.start = a.env.now
-        _issue(a.env, a.coll, self.groups, self.seq, self.op, a.free_comm, self.sizes).callbacks.append(self.done)
+        cbs = self.cbs = _issue(a.env, a.coll, self.groups, self.seq, self.op, a.free_comm, self.sizes).callbacks
+        cbs.append(self.done)
 
     def done(self, _e):
+        # the call's completion relayed to ``fin``: in order when this is the last callback
+        # of the call's event (as :meth:`_Latch._on_done`)
         a = self.actor
         a.rec.add(a.rep, a.node, self.op.stream, self.op, self.axis, self.start, a.env.now, self.step, a.cid)
-        self.fin.succeed()
+        if self.cbs[-1] == self.done:
+            succeed_in_order(a.env, self.fin)
+        else:
+            self.fin.succeed()
 
 
 class CellActor:
@@ -561,8 +597,18 @@ class CellActor:
             ev = _issue(env, self.coll, groups, seq, op, self.free_comm, self._sizes_of(op))
         fin = env.event()
         rec, rep, node, cid, axis, t_issue = self.rec, self.rep, self.node, self.cid, self.plan.axis_of[i], env.now
-        ev.callbacks.append(lambda _x: (rec.add(rep, node, op.stream, op, axis, t_issue, env.now, step, cid),
-                                        fin.succeed()))
+        cbs = ev.callbacks
+
+        def landed(_x):
+            # the completion relayed to ``fin``: in order when this is the last callback of
+            # ``ev`` (as :meth:`_Latch._on_done`)
+            rec.add(rep, node, op.stream, op, axis, t_issue, env._now, step, cid)
+            if cbs[-1] is landed:
+                succeed_in_order(env, fin)
+            else:
+                fin.succeed()
+
+        cbs.append(landed)
         self.overlapped.append(fin)
         self.overlapped_axis = op.group
         self.inflight.append(fin)
@@ -663,7 +709,7 @@ class CellActor:
         if pending:
             latch = _Latch(env, len(pending))
             for e in pending:
-                e.callbacks.append(latch.hit)
+                latch.on(e)
             yield latch.event
         for op, _ in waited:
             self.rec.add(self.rep, self.node, STREAM_PP, op, "pp", t0, env.now, step, cid)
@@ -744,7 +790,7 @@ class CellActor:
             t0 = env.now
             first = _Latch(env, 1)
             for ev, _axis in waiting:
-                ev.callbacks.append(first.hit)
+                first.on(ev)
             yield first.event
             self.wait_log.append((t0, env.now, waiting[0][1]))
         elif not any(blocked):      # cannot happen: _pair_turns's order is always followable
