@@ -18,7 +18,7 @@ import itertools
 
 import simpy
 
-from simulator.network.flows import succeed_in_order
+from simulator.network.flows import next_now, succeed_in_order
 from workloads.ops import (COLL_ALL_TO_ALL, FSDP2_COPIES, KIND_COLLECTIVE, KIND_COMPUTE, KIND_HOST_SYNC, KIND_SEND, PHASE_F, STREAM_COMPUTE,
                            STREAM_PP, Group, Issue, ep_a2a_matrix, is_grad_bucket, is_grad_norm, is_p2p,
                            is_step_sync)
@@ -79,6 +79,78 @@ class _Latch:
                         return
                     break
             self.event.succeed()
+
+
+class _FirstOf:
+    """``env.timeout(delay) | env.any_of(events)`` (``events`` not processed yet), as simpy's
+    conditions run it -- the same events scheduled at the same points -- less the relays
+    that provably change nothing.  In simpy the first event of ``events`` processed
+    schedules the AnyOf A; A's processing schedules the Condition C (unless the timeout
+    came first); C's processing resumes the waiting process.  Or the timeout D's processing
+    schedules C.  Here :attr:`event` is C (what the process yields), A is scheduled only
+    when it is not the next event popped anyway, and each relay that is the last act of
+    an event's processing succeeds in order (:func:`succeed_in_order`): A's and D's sole
+    callbacks are private, and a hop's completion is checked to be the last callback of
+    its list.  Once A or C is triggered the callbacks on the events are dropped, as
+    simpy drops its checks when it processes them: before that they only do nothing, or
+    trigger an A nothing waits for."""
+
+    __slots__ = ("env", "events", "lists", "event", "timed_out", "a_fired", "c_fired")
+
+    def __init__(self, env, delay, events):
+        self.env = env
+        d = simpy.Event(env)                # D, scheduled as env.timeout(delay) is
+        d._ok, d._value = True, None
+        d.callbacks.append(self._timer)
+        env.schedule(d, simpy.core.NORMAL, delay)
+        self.events = events
+        self.lists = lists = [e.callbacks for e in events]
+        for cbs in lists:
+            cbs.append(self._hit)
+        self.event = simpy.Event(env)       # C
+        self.timed_out = False
+        """Whether D has been processed (``done.processed``)."""
+        self.a_fired = self.c_fired = False
+        """Whether A, C have been triggered."""
+
+    def _unhook(self) -> None:
+        # (not from a list simpy is running: that of an event being processed is None)
+        for e in self.events:
+            cbs = e.callbacks
+            if cbs is not None and self._hit in cbs:
+                cbs.remove(self._hit)
+
+    def _hit(self, ev) -> None:
+        # A's check, on ``ev``'s processing (once C is triggered, A would be triggered for
+        # nothing: no callback waits for it any more)
+        if self.a_fired or self.c_fired:
+            return
+        self.a_fired = True
+        self._unhook()
+        env = self.env
+        for e, cbs in zip(self.events, self.lists):
+            if e is ev:
+                if cbs[-1] == self._hit and next_now(env):
+                    self._a_done()          # A's processing, in order
+                    return
+                break
+        a = simpy.Event(env)
+        a.callbacks.append(self._a_done)
+        a.succeed()
+
+    def _a_done(self, _a=None) -> None:
+        # A's processing (its sole callback): C succeeds, last, unless D triggered it first
+        if not self.c_fired:
+            self.c_fired = True
+            succeed_in_order(self.env, self.event)
+
+    def _timer(self, _d) -> None:
+        # D's processing (its sole callback)
+        self.timed_out = True
+        if not self.c_fired:
+            self.c_fired = True
+            self._unhook()
+            succeed_in_order(self.env, self.event)
 
 
 def _wait(env, events, wait_log, axis):
@@ -471,9 +543,9 @@ class CellActor:
                 yield env.timeout(left)
                 break
             t = env.now
-            done = env.timeout(left * slowdown)
-            yield done | env.any_of(live)
-            if done.processed:
+            first = _FirstOf(env, left * slowdown, live)      # (done | env.any_of(live))
+            yield first.event
+            if first.timed_out:
                 break
             left -= (env.now - t) / slowdown
         self.hop_fins.difference_update([e for e in hops if e.processed])
