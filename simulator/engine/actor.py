@@ -153,8 +153,19 @@ class _FirstOf:
             succeed_in_order(self.env, self.event)
 
 
-def _wait(env, events, wait_log, axis):
+def _wait(env, events, wait_log, axis, last=False):
+    """Wait for ``events``.  ``last``: the process runs as the last act of the processing of
+    the event that resumed it (a private event whose sole callback is its resume, processed
+    from the heap or in order), so when every event is done already and the latch's event
+    would be the next one popped (:func:`next_now`), the process goes on at once, as it
+    would when that event is processed: nothing runs in between."""
     t0 = env.now
+    if last and next_now(env):
+        for e in events:
+            if not e.processed:
+                break
+        else:
+            return
     latch = _Latch(env, sum(1 for e in events if not e.processed))
     for e in events:
         if not e.processed:
@@ -455,8 +466,8 @@ class CellActor:
 
     # -- waits and the host -----------------------------------------------------------------
 
-    def _wait_overlapped(self):
-        yield from _wait(self.env, list(self.overlapped), self.wait_log, AXIS.get(self.overlapped_axis, "cp"))
+    def _wait_overlapped(self, last=False):
+        yield from _wait(self.env, list(self.overlapped), self.wait_log, AXIS.get(self.overlapped_axis, "cp"), last)
         self.overlapped.clear()
 
     def _host_wait(self, until):
@@ -513,25 +524,33 @@ class CellActor:
 
     def _compute(self, op, step, idx):
         # one compute op: issued, run, and not done before its last kernel (issued at
-        # the cursor) has run its share (host issue inline: one generator fewer per op)
+        # the cursor) has run its share (host issue inline: one generator fewer per op).
+        # Returns whether it waited, and last for a private event whose sole callback is the
+        # process's resume (a timeout, _beside_hops's): see _wait's ``last``.
         env = self.env
+        private = False
         if op.host_s > 0.0:
             first = self.hc + op.host_s / max(op.host_ops, 1)
             self.hc += op.host_s
             if first > env.now:
                 yield from self._host_wait(first)
+                private = True
         t0 = env.now
         dur, hops = self._compute_time(op, step, idx)
         if hops:
             yield from self._beside_hops(hops, dur)
             dur = env.now - t0
+            private = True
         elif dur > 0:
             yield env.timeout(dur)
+            private = True
         self.rec.add(self.rep, self.node, STREAM_COMPUTE, op, "", t0, env.now, step, self.cid)
         if op.host_s > 0.0:
             last = self.hc + dur / max(op.host_ops, 1)
             if last > env.now:
                 yield from self._host_wait(last)
+                private = True
+        return private
 
     def _beside_hops(self, hops, dur):
         # a ring-attention hop is short beside the block it overlaps: the block runs slower
@@ -558,9 +577,9 @@ class CellActor:
             self._prefetch(pre, step)
         if self.param_pending:
             yield from self._wait_params(op)
-        yield from self._compute(op, step, i)
+        private = yield from self._compute(op, step, i)
         if self.overlapped:
-            yield from self._wait_overlapped()
+            yield from self._wait_overlapped(private)
 
     def _prefetch(self, js, step):
         # issue the next layer's ZeRO-3 parameter gathers before this compute op
