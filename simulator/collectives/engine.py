@@ -607,6 +607,7 @@ class CollectiveEngine:
             self._launch(call, group_id, seq, "direct", "Simple", prepared[0], prepared[1], akey)
             return
         elif len(members) == 1:
+            # (not ``last``: this runs inside the issuing member's process, which goes on)
             self._finish(call, group_id, seq, "none", "none", env.now, 0.0)
             return
         else:

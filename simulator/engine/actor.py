@@ -51,6 +51,7 @@ class _Latch:
             self.event.succeed()
 
     def hit(self, _ev=None):
+        # (a plain succeed: the step latch's hit comes from a cell's process, which goes on)
         self.n -= 1
         if self.n == 0:
             self.event.succeed()
@@ -98,6 +99,8 @@ class _FirstOf:
     __slots__ = ("env", "events", "lists", "event", "timed_out", "a_fired", "c_fired")
 
     def __init__(self, env, delay, events):
+        if delay < 0:
+            raise ValueError(f"Negative delay {delay}")      # (as env.timeout)
         self.env = env
         d = simpy.Event(env)                # D, scheduled as env.timeout(delay) is
         d._ok, d._value = True, None

@@ -316,6 +316,7 @@ class FlowNetwork:
             self._merge.clear()
         self.num_flows += count
         if count == 0:
+            # (a plain succeed: from start_template this runs inside an issuing process)
             ev.succeed(now)
             return
         self._groups[gid] = [count, ev]
