@@ -73,7 +73,8 @@ class _Latch:
         # come twice -- a transfer a cell both sends and receives -- counted twice.)
         self.n -= 1
         if self.n == 0:
-            for e, cbs in self.waits:
+            waits, self.waits = self.waits, None      # (a reference cycle through the lists: dropped)
+            for e, cbs in waits:
                 if e is ev:
                     if cbs[-1] == self._on_done:
                         succeed_in_order(self.env, self.event)
@@ -131,7 +132,8 @@ class _FirstOf:
         self.a_fired = True
         self._unhook()
         env = self.env
-        for e, cbs in zip(self.events, self.lists):
+        lists, self.lists = self.lists, None          # (a reference cycle: dropped once used)
+        for e, cbs in zip(self.events, lists):
             if e is ev:
                 if cbs[-1] == self._hit and next_now(env):
                     self._a_done()          # A's processing, in order
@@ -153,6 +155,7 @@ class _FirstOf:
         if not self.c_fired:
             self.c_fired = True
             self._unhook()
+            self.lists = None
             succeed_in_order(self.env, self.event)
 
 
@@ -399,7 +402,8 @@ class _StreamCall:
         # of the call's event (as :meth:`_Latch._on_done`)
         a = self.actor
         a.rec.add(a.rep, a.node, self.op.stream, self.op, self.axis, self.start, a.env.now, self.step, a.cid)
-        if self.cbs[-1] == self.done:
+        cbs, self.cbs = self.cbs, None      # (a reference cycle through the list: dropped)
+        if cbs[-1] == self.done:
             succeed_in_order(a.env, self.fin)
         else:
             self.fin.succeed()
@@ -696,8 +700,11 @@ class CellActor:
         def landed(_x):
             # the completion relayed to ``fin``: in order when this is the last callback of
             # ``ev`` (as :meth:`_Latch._on_done`)
+            nonlocal cbs, landed
             rec.add(rep, node, op.stream, op, axis, t_issue, env._now, step, cid)
-            if cbs[-1] is landed:
+            # (the list and this function's own name close reference cycles: dropped)
+            last, cbs, landed = cbs[-1] is landed, None, None
+            if last:
                 succeed_in_order(env, fin)
             else:
                 fin.succeed()
