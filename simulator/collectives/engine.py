@@ -32,6 +32,7 @@ from topologies.constants import Constants, active
 from topologies.specs import TIERS
 
 from ..network import FlowNetwork, max_min_rates
+from ..network.flows import succeed_in_order
 from . import nccl
 from .algorithms import ALGORITHMS, PROTOCOLS, CollectiveAlgorithm, Protocol
 from .calibration import Calibration, get_calibration
@@ -606,6 +607,7 @@ class CollectiveEngine:
             self._launch(call, group_id, seq, "direct", "Simple", prepared[0], prepared[1], akey)
             return
         elif len(members) == 1:
+            # (not ``last``: this runs inside the issuing member's process, which goes on)
             self._finish(call, group_id, seq, "none", "none", env.now, 0.0)
             return
         else:
@@ -710,7 +712,8 @@ class CollectiveEngine:
         env = self.env
         start = env.now
         if flows is None:               # a tiny call: its predicted time, no flows
-            env.timeout(lat).callbacks.append(lambda _e: self._finish(call, group_id, seq, algo, proto, start, lat))
+            env.timeout(lat).callbacks.append(
+                lambda _e: self._finish(call, group_id, seq, algo, proto, start, lat, True))
         else:
             ev = call.event
             if self.keep_records:
@@ -718,12 +721,20 @@ class CollectiveEngine:
                     group_id, seq, call.kind, call.size, algo, proto, call.first_s, start, env.now, lat)))
             self.net.transfer_group(flows, key, delay=lat, event=ev)
 
-    def _finish(self, call: _Call, group_id, seq, algo, proto, start, lat) -> None:
+    def _finish(self, call: _Call, group_id, seq, algo, proto, start, lat, last: bool = False) -> None:
+        """Complete ``call`` now.  ``last``: this is the last act of the processing of the
+        event being processed, so its event may succeed in order (:func:`succeed_in_order`).
+        It is from the sole callback of a private event: a tiny call's timer (:meth:`_launch`),
+        a transfer's completion (:meth:`send_recv`, whose event nothing else sees); not from
+        :meth:`_start`, which runs inside a member's issue."""
         now = self.env.now
         if self.keep_records:
             self.records.append(CollectiveRecord(group_id, seq, call.kind, call.size, algo, proto, call.first_s,
                                                  start, now, lat))
-        call.event.succeed(now)
+        if last:
+            succeed_in_order(self.env, call.event, now)
+        else:
+            call.event.succeed(now)
 
     # -- point to point ----------------------------------------------------------------------
     def send_recv(self, key, src: int, dst: int, size_bytes: float, side: str, multiplicity: int = 1) -> simpy.Event:
@@ -761,7 +772,7 @@ class CollectiveEngine:
                 f = plan.flows[0]
                 route = self._qcache[rkey] = self._quotient([(f.links, f.coefs)], multiplicity)[0]
             done = self.net.transfer_group([(*route, size, 1.0, np.inf)], rkey + (size,))
-            done.callbacks.append(lambda _x: self._finish(call, -1, key, "direct", "Simple", start, lat))
+            done.callbacks.append(lambda _x: self._finish(call, -1, key, "direct", "Simple", start, lat, True))
 
         if lat > 0:
             self.env.timeout(lat).callbacks.append(go)

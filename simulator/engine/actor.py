@@ -18,6 +18,7 @@ import itertools
 
 import simpy
 
+from simulator.network.flows import next_now, succeed_in_order
 from workloads.ops import (COLL_ALL_TO_ALL, FSDP2_COPIES, KIND_COLLECTIVE, KIND_COMPUTE, KIND_HOST_SYNC, KIND_SEND, PHASE_F, STREAM_COMPUTE,
                            STREAM_PP, Group, Issue, ep_a2a_matrix, is_grad_bucket, is_grad_norm, is_p2p,
                            is_step_sync)
@@ -35,28 +36,146 @@ AXIS = {Group.TP: "tp", Group.SP: "tp", Group.ETP: "tp", Group.CP: "cp", Group.E
 
 
 class _Latch:
-    """Succeeds ``event`` when ``n`` callbacks have fired (no AllOf in hot paths)."""
+    """Succeeds ``event`` when ``n`` hits have come (no AllOf in hot paths): calls of
+    :meth:`hit`, or the processing of the events given to :meth:`on`."""
 
-    __slots__ = ("n", "event")
+    __slots__ = ("n", "event", "env", "waits")
 
     def __init__(self, env, n):
         self.n = n
+        self.env = env
         self.event = env.event()
+        self.waits = []
+        """(event, its callback list) per :meth:`on`."""
         if n == 0:
             self.event.succeed()
 
     def hit(self, _ev=None):
+        # (a plain succeed: the step latch's hit comes from a cell's process, which goes on)
         self.n -= 1
         if self.n == 0:
             self.event.succeed()
 
+    def on(self, ev) -> None:
+        """Hit when ``ev`` (not processed yet) is processed."""
+        cbs = ev.callbacks
+        cbs.append(self._on_done)
+        self.waits.append((ev, cbs))
 
-def _wait(env, events, wait_log, axis):
+    def _on_done(self, ev) -> None:
+        # ``ev``'s callback (:meth:`on`).  The latch's event is a relay: if this is the last
+        # callback of ``ev``'s list (the list simpy is running, the one :meth:`on` appended
+        # to), nothing runs after it in ``ev``'s processing, which is itself the last act of
+        # the processing of the event being processed (a heap event, or one processed in
+        # order by :func:`succeed_in_order`, whose callers do nothing after), so it succeeds
+        # in order.  (The hit that brings ``n`` to 0 is the last of the hits on ``ev`` in its
+        # list; the events given to :meth:`on` of one latch are distinct, or, where one can
+        # come twice -- a transfer a cell both sends and receives -- counted twice.)
+        self.n -= 1
+        if self.n == 0:
+            waits, self.waits = self.waits, None      # (a reference cycle through the lists: dropped)
+            for e, cbs in waits:
+                if e is ev:
+                    if cbs[-1] == self._on_done:
+                        succeed_in_order(self.env, self.event)
+                        return
+                    break
+            self.event.succeed()
+
+
+class _FirstOf:
+    """``env.timeout(delay) | env.any_of(events)`` (``events`` not processed yet), as simpy's
+    conditions run it -- the same events scheduled at the same points -- less the relays
+    that provably change nothing.  In simpy the first event of ``events`` processed
+    schedules the AnyOf A; A's processing schedules the Condition C (unless the timeout
+    came first); C's processing resumes the waiting process.  Or the timeout D's processing
+    schedules C.  Here :attr:`event` is C (what the process yields), A is scheduled only
+    when it is not the next event popped anyway, and each relay that is the last act of
+    an event's processing succeeds in order (:func:`succeed_in_order`): A's and D's sole
+    callbacks are private, and a hop's completion is checked to be the last callback of
+    its list.  Once A or C is triggered the callbacks on the events are dropped, as
+    simpy drops its checks when it processes them: before that they only do nothing, or
+    trigger an A nothing waits for."""
+
+    __slots__ = ("env", "events", "lists", "event", "timed_out", "a_fired", "c_fired")
+
+    def __init__(self, env, delay, events):
+        if delay < 0:
+            raise ValueError(f"Negative delay {delay}")      # (as env.timeout)
+        self.env = env
+        d = simpy.Event(env)                # D, scheduled as env.timeout(delay) is
+        d._ok, d._value = True, None
+        d.callbacks.append(self._timer)
+        env.schedule(d, simpy.core.NORMAL, delay)
+        self.events = events
+        self.lists = lists = [e.callbacks for e in events]
+        for cbs in lists:
+            cbs.append(self._hit)
+        self.event = simpy.Event(env)       # C
+        self.timed_out = False
+        """Whether D has been processed (``done.processed``)."""
+        self.a_fired = self.c_fired = False
+        """Whether A, C have been triggered."""
+
+    def _unhook(self) -> None:
+        # (not from a list simpy is running: that of an event being processed is None)
+        for e in self.events:
+            cbs = e.callbacks
+            if cbs is not None and self._hit in cbs:
+                cbs.remove(self._hit)
+
+    def _hit(self, ev) -> None:
+        # A's check, on ``ev``'s processing (once C is triggered, A would be triggered for
+        # nothing: no callback waits for it any more)
+        if self.a_fired or self.c_fired:
+            return
+        self.a_fired = True
+        self._unhook()
+        env = self.env
+        lists, self.lists = self.lists, None          # (a reference cycle: dropped once used)
+        for e, cbs in zip(self.events, lists):
+            if e is ev:
+                if cbs[-1] == self._hit and next_now(env):
+                    self._a_done()          # A's processing, in order
+                    return
+                break
+        a = simpy.Event(env)
+        a.callbacks.append(self._a_done)
+        a.succeed()
+
+    def _a_done(self, _a=None) -> None:
+        # A's processing (its sole callback): C succeeds, last, unless D triggered it first
+        if not self.c_fired:
+            self.c_fired = True
+            succeed_in_order(self.env, self.event)
+
+    def _timer(self, _d) -> None:
+        # D's processing (its sole callback)
+        self.timed_out = True
+        if not self.c_fired:
+            self.c_fired = True
+            self._unhook()
+            self.lists = None
+            succeed_in_order(self.env, self.event)
+
+
+def _wait(env, events, wait_log, axis, last=False):
+    """Wait for ``events``.  ``last``: the process runs as the last act of the processing of
+    the event that resumed it (a private event whose sole callback is its resume, processed
+    from the heap or in order), so when every event is done already and the latch's event
+    would be the next one popped (:func:`next_now`), the process goes on at once, as it
+    would when that event is processed: nothing runs in between."""
     t0 = env.now
+    if last and next_now(env):
+        for e in events:
+            if not e.processed:
+                break
+        else:
+            return
     latch = _Latch(env, sum(1 for e in events if not e.processed))
     for e in events:
         if not e.processed:
-            e.callbacks.append(latch.hit)
+            latch.on(e)
     if not latch.event.processed:
         yield latch.event
     if env.now > t0:
@@ -74,7 +193,7 @@ def _issue(env, coll, groups, seq, op, free_comm, sizes=None):
         return coll.issue(groups[0][0], seq, op.coll, op.size_bytes, count=groups[0][1], sizes=sizes)
     latch = _Latch(env, len(groups))
     for g, n in groups:
-        coll.issue(g, seq, op.coll, op.size_bytes, count=n, sizes=sizes).callbacks.append(latch.hit)
+        latch.on(coll.issue(g, seq, op.coll, op.size_bytes, count=n, sizes=sizes))
     return latch.event
 
 
@@ -265,7 +384,7 @@ def _per_kind(ops) -> dict:
 class _StreamCall:
     """A collective queued on a stream behind the calls before it (:meth:`CellActor._on_stream`)."""
 
-    __slots__ = ("actor", "op", "step", "seq", "axis", "groups", "sizes", "fin", "start")
+    __slots__ = ("actor", "op", "step", "seq", "axis", "groups", "sizes", "fin", "start", "cbs")
 
     def __init__(self, actor, op, step, seq, axis, groups, sizes, fin):
         self.actor, self.op, self.step, self.seq, self.axis = actor, op, step, seq, axis
@@ -275,12 +394,19 @@ class _StreamCall:
     def launch(self, _e=None):
         a = self.actor
         self.start = a.env.now
-        _issue(a.env, a.coll, self.groups, self.seq, self.op, a.free_comm, self.sizes).callbacks.append(self.done)
+        cbs = self.cbs = _issue(a.env, a.coll, self.groups, self.seq, self.op, a.free_comm, self.sizes).callbacks
+        cbs.append(self.done)
 
     def done(self, _e):
+        # the call's completion relayed to ``fin``: in order when this is the last callback
+        # of the call's event (as :meth:`_Latch._on_done`)
         a = self.actor
         a.rec.add(a.rep, a.node, self.op.stream, self.op, self.axis, self.start, a.env.now, self.step, a.cid)
-        self.fin.succeed()
+        cbs, self.cbs = self.cbs, None      # (a reference cycle through the list: dropped)
+        if cbs[-1] == self.done:
+            succeed_in_order(a.env, self.fin)
+        else:
+            self.fin.succeed()
 
 
 class CellActor:
@@ -347,8 +473,8 @@ class CellActor:
 
     # -- waits and the host -----------------------------------------------------------------
 
-    def _wait_overlapped(self):
-        yield from _wait(self.env, list(self.overlapped), self.wait_log, AXIS.get(self.overlapped_axis, "cp"))
+    def _wait_overlapped(self, last=False):
+        yield from _wait(self.env, list(self.overlapped), self.wait_log, AXIS.get(self.overlapped_axis, "cp"), last)
         self.overlapped.clear()
 
     def _host_wait(self, until):
@@ -405,25 +531,33 @@ class CellActor:
 
     def _compute(self, op, step, idx):
         # one compute op: issued, run, and not done before its last kernel (issued at
-        # the cursor) has run its share (host issue inline: one generator fewer per op)
+        # the cursor) has run its share (host issue inline: one generator fewer per op).
+        # Returns whether it waited, and last for a private event whose sole callback is the
+        # process's resume (a timeout, _beside_hops's): see _wait's ``last``.
         env = self.env
+        private = False
         if op.host_s > 0.0:
             first = self.hc + op.host_s / max(op.host_ops, 1)
             self.hc += op.host_s
             if first > env.now:
                 yield from self._host_wait(first)
+                private = True
         t0 = env.now
         dur, hops = self._compute_time(op, step, idx)
         if hops:
             yield from self._beside_hops(hops, dur)
             dur = env.now - t0
+            private = True
         elif dur > 0:
             yield env.timeout(dur)
+            private = True
         self.rec.add(self.rep, self.node, STREAM_COMPUTE, op, "", t0, env.now, step, self.cid)
         if op.host_s > 0.0:
             last = self.hc + dur / max(op.host_ops, 1)
             if last > env.now:
                 yield from self._host_wait(last)
+                private = True
+        return private
 
     def _beside_hops(self, hops, dur):
         # a ring-attention hop is short beside the block it overlaps: the block runs slower
@@ -435,9 +569,9 @@ class CellActor:
                 yield env.timeout(left)
                 break
             t = env.now
-            done = env.timeout(left * slowdown)
-            yield done | env.any_of(live)
-            if done.processed:
+            first = _FirstOf(env, left * slowdown, live)      # (done | env.any_of(live))
+            yield first.event
+            if first.timed_out:
                 break
             left -= (env.now - t) / slowdown
         self.hop_fins.difference_update([e for e in hops if e.processed])
@@ -450,9 +584,9 @@ class CellActor:
             self._prefetch(pre, step)
         if self.param_pending:
             yield from self._wait_params(op)
-        yield from self._compute(op, step, i)
+        private = yield from self._compute(op, step, i)
         if self.overlapped:
-            yield from self._wait_overlapped()
+            yield from self._wait_overlapped(private)
 
     def _prefetch(self, js, step):
         # issue the next layer's ZeRO-3 parameter gathers before this compute op
@@ -561,8 +695,21 @@ class CellActor:
             ev = _issue(env, self.coll, groups, seq, op, self.free_comm, self._sizes_of(op))
         fin = env.event()
         rec, rep, node, cid, axis, t_issue = self.rec, self.rep, self.node, self.cid, self.plan.axis_of[i], env.now
-        ev.callbacks.append(lambda _x: (rec.add(rep, node, op.stream, op, axis, t_issue, env.now, step, cid),
-                                        fin.succeed()))
+        cbs = ev.callbacks
+
+        def landed(_x):
+            # the completion relayed to ``fin``: in order when this is the last callback of
+            # ``ev`` (as :meth:`_Latch._on_done`)
+            nonlocal cbs, landed
+            rec.add(rep, node, op.stream, op, axis, t_issue, env._now, step, cid)
+            # (the list and this function's own name close reference cycles: dropped)
+            last, cbs, landed = cbs[-1] is landed, None, None
+            if last:
+                succeed_in_order(env, fin)
+            else:
+                fin.succeed()
+
+        cbs.append(landed)
         self.overlapped.append(fin)
         self.overlapped_axis = op.group
         self.inflight.append(fin)
@@ -663,7 +810,7 @@ class CellActor:
         if pending:
             latch = _Latch(env, len(pending))
             for e in pending:
-                e.callbacks.append(latch.hit)
+                latch.on(e)
             yield latch.event
         for op, _ in waited:
             self.rec.add(self.rep, self.node, STREAM_PP, op, "pp", t0, env.now, step, cid)
@@ -744,7 +891,7 @@ class CellActor:
             t0 = env.now
             first = _Latch(env, 1)
             for ev, _axis in waiting:
-                ev.callbacks.append(first.hit)
+                first.on(ev)
             yield first.event
             self.wait_log.append((t0, env.now, waiting[0][1]))
         elif not any(blocked):      # cannot happen: _pair_turns's order is always followable

@@ -85,14 +85,25 @@ class NetworkSnapshot:
     link_busy_s: np.ndarray
 
 
-def succeed_in_order(env: simpy.Environment, ev: simpy.Event, value=None) -> None:
-    """``ev.succeed(value)`` as the last act of an event's callback, in the order simpy would
-    process it but without the heap: when no other event is due at this instant, the event
-    simpy would schedule now is the next one it pops, so its callbacks run at once instead
-    (the same actions in the same order, one scheduled event fewer).  Otherwise, or if the
-    caller does anything after this call, it must be a plain ``succeed``."""
+def next_now(env: simpy.Environment) -> bool:
+    """Whether an event scheduled now at NORMAL priority (a plain ``succeed``) would be the
+    next one simpy pops: it would go in the heap as ``(now, NORMAL, eid)`` with an ``eid``
+    above every queued one, so it comes first unless an event is queued at this instant
+    with priority URGENT or NORMAL (one queued at it with a lower priority -- the network's
+    solve, ``_AFTER_INSTANT`` -- comes after it)."""
     q = env._queue
-    if q and q[0][0] <= env._now:
+    return not (q and q[0][0] <= env._now and q[0][1] <= simpy.core.NORMAL)
+
+
+def succeed_in_order(env: simpy.Environment, ev: simpy.Event, value=None) -> None:
+    """``ev.succeed(value)`` as the last act of an event's processing, in the order simpy
+    would process it but without the heap: when it would be the next event popped
+    (:func:`next_now`), its callbacks run at once instead (the same actions in the same
+    order, one scheduled event fewer).  Otherwise, or if anything runs after this call
+    (in this callback, in a later callback of the event being processed, or in a caller),
+    it must be a plain ``succeed``."""
+    q = env._queue
+    if q and q[0][0] <= env._now and q[0][1] <= simpy.core.NORMAL:      # (not next_now(env), inline)
         ev.succeed(value)
         return
     if ev._value is not simpy.events.PENDING:
@@ -305,6 +316,7 @@ class FlowNetwork:
             self._merge.clear()
         self.num_flows += count
         if count == 0:
+            # (a plain succeed: from start_template this runs inside an issuing process)
             ev.succeed(now)
             return
         self._groups[gid] = [count, ev]
@@ -699,17 +711,17 @@ class FlowNetwork:
     def _on_kick(self, _ev) -> None:
         self._pending = False
         self._advance()
-        if self._finish_done():
-            self._kick()        # the finishes wake processes at this instant: solve after them
-            return
-        self._solve()
+        if not self._finish_done():     # (finishes kick: they wake processes at this instant, solve after them)
+            self._solve()
 
     def _on_timer(self, version: int, _ev=None) -> None:
         if version != self._version:
             return
         self._advance()
-        self._finish_done()
+        # (the kick first, and _finish_done last: see there; the kick goes behind every
+        # event of this instant either way, being the only one queued at _AFTER_INSTANT)
         self._kick()
+        self._finish_done()
 
     def _finish_done(self) -> bool:
         # Only time passing (_advance), new rates (the test below counts a flow finished when
@@ -743,15 +755,25 @@ class FlowNetwork:
             self._act_arr = act[~is_done]
             done = finished.tolist()
             self._retire(finished)
-        groups, free = self._groups, self._free
+        # The finished groups' events succeed last: after the slots are freed and the solve
+        # behind this instant's events is queued (_kick), which a plain succeed would have
+        # done before any of their callbacks ran.  This is the last act of the processing of
+        # the event being processed -- the sole callback (_on_kick, _on_timer) of a private
+        # event, which do nothing after -- so the last group's event succeeds in order.
+        groups, last = self._groups, None
         for slot in done:
             gid = int(self._group[slot])
             g = groups[gid]
             g[0] -= 1
             if g[0] == 0:
                 del groups[gid]
-                g[1].succeed(now)
-            free.append(slot)
+                if last is not None:
+                    last.succeed(now)
+                last = g[1]
+        self._free.extend(done)
+        self._kick()
+        if last is not None:
+            succeed_in_order(self.env, last, now)
         return True
 
     def _retire(self, finished: np.ndarray) -> None:

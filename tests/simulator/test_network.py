@@ -289,7 +289,7 @@ def test_isolated_groups_finished_in_order_give_the_same_run_as_a_plain_succeed(
     inline, real = [], flows.succeed_in_order
 
     def counted(env, ev, value=None):
-        inline.append(not (env._queue and env._queue[0][0] <= env._now))
+        inline.append(flows.next_now(env))
         real(env, ev, value)
 
     monkeypatch.setattr(flows, "succeed_in_order", counted)
@@ -299,3 +299,31 @@ def test_isolated_groups_finished_in_order_give_the_same_run_as_a_plain_succeed(
     slow = run(load_scenario(sc))
     assert fast.metrics["step_time_s"] == slow.metrics["step_time_s"]
     assert fast.timeline.equals(slow.timeline)
+
+
+def test_succeed_in_order_goes_ahead_of_an_event_queued_behind_the_instant():
+    """An event queued at this instant with a lower priority than NORMAL (the network's
+    solve) comes after one a plain ``succeed`` would schedule now: the relay still skips
+    the heap, and the order is the same."""
+    import heapq
+    import simpy
+    from simulator.network import flows
+
+    def trace(inline: bool) -> tuple:
+        env, out = simpy.Environment(), []
+        done = env.event()
+        done.callbacks.append(lambda e: out.append(("done", env.now, e.value)))
+
+        def fire(_e):
+            late = simpy.Event(env)
+            late._ok, late._value = True, None
+            late.callbacks.append(lambda _x: out.append(("after the instant", env.now)))
+            heapq.heappush(env._queue, (env._now, flows._AFTER_INSTANT, next(env._eid), late))
+            out.append(("next now", flows.next_now(env)))
+            (flows.succeed_in_order(env, done, 3) if inline else done.succeed(3))
+
+        env.timeout(1.0).callbacks.append(fire)
+        env.run()
+        return out
+
+    assert trace(True) == trace(False) == [("next now", True), ("done", 1.0, 3), ("after the instant", 1.0)]
