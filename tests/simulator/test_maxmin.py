@@ -80,20 +80,24 @@ def test_allocator_tuning_is_idempotent_and_changes_no_result():
     np.testing.assert_array_equal(solve(routes, [4.0, 6.0]), before)
 
 
-def random_instances(seed: int, n: int):
+def random_instances(seed: int, n: int, *, flows=(1, 300), links=(2, 200), empty_every: int = 5,
+                     max_route: int = 12, weights=(1.0, 2.0, 8.0, 3.0), tie_every: int = 0):
     """``n`` seeded random solver instances (ptr, links, coefs, capacity, weight, cap):
-    coefficients, weights, caps, empty routes, dense and sparse link use."""
+    coefficients, weights, caps, empty routes (every ``empty_every``-th instance may have
+    them), dense and sparse link use; every ``tie_every``-th instance (0: none) has equal
+    link capacities, so links and flows tie."""
     rng = np.random.default_rng(seed)
     for trial in range(n):
-        F, L = int(rng.integers(1, 300)), int(rng.integers(2, 200))
-        lens = rng.integers(0 if trial % 5 == 0 else 1, 12, F)
+        F, L = int(rng.integers(*flows)), int(rng.integers(*links))
+        lens = rng.integers(0 if trial % empty_every == 0 else 1, max_route, F)
         ptr = np.zeros(F + 1, dtype=np.int64)
         np.cumsum(lens, out=ptr[1:])
-        links = rng.integers(0, L, ptr[-1])
+        lk = rng.integers(0, L, ptr[-1])
         coefs = None if trial % 3 == 0 else rng.choice([1.0, 2.0, 0.25, 1 / 3], ptr[-1])
-        w = None if trial % 4 == 0 else rng.choice([1.0, 2.0, 8.0, 3.0], F)
+        w = None if trial % 4 == 0 else rng.choice(list(weights), F)
         cap = None if trial % 2 == 0 else np.where(rng.random(F) < 0.3, rng.uniform(0.1, 50, F), np.inf)
-        yield ptr, links, coefs, rng.uniform(1, 1000, L), w, cap
+        capacity = np.full(L, 100.0) if tie_every and trial % tie_every == 0 else rng.uniform(1, 1000, L)
+        yield ptr, lk, coefs, capacity, w, cap
 
 
 def _digest_of_random_solves() -> str:

@@ -34,20 +34,10 @@ def test_fast_paths_off_give_the_stored_digest(name, monkeypatch):
 
 
 def _small_instances(seed: int, n: int):
-    """Solver instances of a few flows over a few links, as a pipeline's network meets them."""
-    rng = np.random.default_rng(seed)
-    for trial in range(n):
-        F, L = int(rng.integers(2, 9)), int(rng.integers(1, 12))
-        lens = rng.integers(0 if trial % 7 == 0 else 1, 6, F)
-        ptr = np.zeros(F + 1, dtype=np.int64)
-        np.cumsum(lens, out=ptr[1:])
-        links = rng.integers(0, L, ptr[-1])
-        coefs = None if trial % 3 == 0 else rng.choice([1.0, 2.0, 0.25, 1 / 3], ptr[-1])
-        w = None if trial % 4 == 0 else rng.choice([1.0, 2.0, 4.0, 3.0], F)
-        cap = None if trial % 2 == 0 else np.where(rng.random(F) < 0.3, rng.uniform(0.1, 50, F), np.inf)
-        # equal capacities on some: ties between links and flows
-        capacity = np.full(L, 100.0) if trial % 5 == 0 else rng.uniform(1, 1000, L)
-        yield ptr, links, coefs, capacity, w, cap
+    """Solver instances of a few flows over a few links, as a pipeline's network meets them
+    (equal capacities on some: ties between links and flows)."""
+    return random_instances(seed, n, flows=(2, 9), links=(1, 12), empty_every=7, max_route=6,
+                            weights=(1.0, 2.0, 4.0, 3.0), tie_every=5)
 
 
 def test_small_solver_matches_the_numpy_solver(monkeypatch):
